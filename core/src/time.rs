@@ -1,0 +1,159 @@
+//! Time as a value: milliseconds since the Unix epoch, and durations in milliseconds.
+//!
+//! Core never reads a clock; every input carries `now`. This module only converts between the
+//! millisecond numbers the machines use and the RFC 3339 strings the wire and the records show.
+
+/// Milliseconds since 1970-01-01T00:00:00Z (UTC). The only notion of time in core.
+pub type Millis = u64;
+
+pub const SECOND: Millis = 1_000;
+pub const MINUTE: Millis = 60 * SECOND;
+pub const HOUR: Millis = 60 * MINUTE;
+pub const DAY: Millis = 24 * HOUR;
+
+/// Formats `ms` as RFC 3339 in UTC: `2026-09-22T15:32:00Z`, with `.mmm` only when the
+/// milliseconds are not zero.
+pub fn rfc3339(ms: Millis) -> String {
+    let secs = ms / SECOND;
+    let millis = ms % SECOND;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days as i64);
+    let (hh, mm, ss) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    if millis == 0 {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
+    } else {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}.{millis:03}Z")
+    }
+}
+
+/// Parses the RFC 3339 forms [`rfc3339`] writes (UTC `Z`, optional fraction of up to 9 digits,
+/// truncated to milliseconds). Offsets other than `Z` are accepted as `+HH:MM` / `-HH:MM`.
+pub fn parse_rfc3339(s: &str) -> Option<Millis> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let part = s.get(r)?;
+        if part.bytes().all(|c| c.is_ascii_digit()) {
+            part.parse().ok()
+        } else {
+            None
+        }
+    };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mi, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || d == 0 || d > days_in_month(y as i64, mo as u32) as u64 {
+        return None;
+    }
+    if hh > 23 || mi > 59 || ss > 59 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut millis = 0u64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 9 {
+            return None;
+        }
+        let mut ms_digits: String = frac[..digits.min(3)].to_string();
+        while ms_digits.len() < 3 {
+            ms_digits.push('0');
+        }
+        millis = ms_digits.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_secs: i64 = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let ob = rest.as_bytes();
+            if ob.len() != 6 || ob[3] != b':' || !(ob[0] == b'+' || ob[0] == b'-') {
+                return None;
+            }
+            let oh: i64 = rest[1..3].parse().ok()?;
+            let om: i64 = rest[4..6].parse().ok()?;
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            let v = oh * 3600 + om * 60;
+            if ob[0] == b'+' { v } else { -v }
+        }
+    };
+    let days = days_from_civil(y as i64, mo as u32, d as u32);
+    let secs = days * 86_400 + (hh * 3600 + mi * 60 + ss) as i64 - offset_secs;
+    if secs < 0 {
+        return None;
+    }
+    Some(secs as u64 * SECOND + millis)
+}
+
+fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn days_in_month(y: i64, m: u32) -> u32 {
+    match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        _ if is_leap(y) => 29,
+        _ => 28,
+    }
+}
+
+// Howard Hinnant's civil-calendar algorithms (public domain), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 } as i64;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_790_000_000_000), "2026-09-21T14:13:20Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+    }
+
+    #[test]
+    fn parses_offsets_and_fractions() {
+        assert_eq!(parse_rfc3339("2026-09-21T14:13:20Z"), Some(1_790_000_000_000));
+        assert_eq!(parse_rfc3339("2026-09-21T16:13:20+02:00"), Some(1_790_000_000_000));
+        assert_eq!(parse_rfc3339("2000-02-29T00:00:00.1239Z"), Some(951_782_400_123));
+        assert_eq!(parse_rfc3339("2001-02-29T00:00:00Z"), None);
+        assert_eq!(parse_rfc3339("2026-09-22 14:13:20Z"), None);
+        assert_eq!(parse_rfc3339("2026-09-22T14:13:20"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(ms in 0u64..253_402_300_799_999) {
+            prop_assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
+        }
+    }
+}

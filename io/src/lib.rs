@@ -1,0 +1,9 @@
+//! relay-io: the tokio shell around relay-core.
+//!
+//! It moves bytes and time: the SQLite and Postgres stores, the MCP Streamable HTTP server, the
+//! lease client, the daemon's processes and files. It never decides a lifecycle rule: every rule
+//! is a call into `relay_core`, so the simulator and the fuzz targets exercise the same logic.
+//!
+//! This crate is filled in by the store, server and daemon work; today it only re-exports core.
+
+pub use relay_core as core;
