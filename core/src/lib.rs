@@ -10,6 +10,8 @@
 //! or as a seed. Maps are `BTreeMap`s so that iteration is deterministic. `core/clippy.toml`
 //! enforces the rule, and `io`, `sim` and `fuzz` are the drivers.
 
+pub mod bounds;
+pub mod error;
 pub mod ledger;
 pub mod time;
 pub mod wire;
@@ -17,4 +19,5 @@ pub mod wire;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use error::{Error, ErrorCode};
 pub use time::Millis;

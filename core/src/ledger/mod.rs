@@ -1,0 +1,659 @@
+//! The queue ledger: todos, their attempts and fenced leases, as a pure in-memory model.
+//!
+//! This is the reference for the queue side. The lifecycle rules are the pure functions of
+//! [`transition`]; [`Ledger`] keeps todos and attempts in ordered maps and applies those
+//! transitions, and the SQLite and Postgres stores apply the very same transitions inside their
+//! transactions. Model-based tests hold the stores to the ledger, the simulator runs the ledger
+//! as the queue server, and the fuzz targets call [`Ledger::check`] after every operation.
+//!
+//! Every operation takes `now` (milliseconds since the epoch). Nothing here draws randomness:
+//! todo ids and fence-token hashes come in as values, and the backoff jitter is seeded.
+
+mod backoff;
+pub mod transition;
+mod types;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+pub use backoff::Backoff;
+pub use transition::{
+    Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
+};
+pub use types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+
+use crate::error::Error;
+use crate::time::Millis;
+
+/// The longest lease a claim or heartbeat may ask for, in seconds (a day).
+pub const LEASE_TTL_MAX_SECS: u64 = 86_400;
+/// The lease a claim gets when it asks for none, in seconds.
+pub const LEASE_TTL_DEFAULT_SECS: u64 = 300;
+/// How many closed attempts a claim answer carries.
+pub const PRIOR_ATTEMPTS: usize = 5;
+/// `max_attempts` when a todo is added without one, and its bounds.
+pub const MAX_ATTEMPTS_DEFAULT: u32 = 5;
+pub const MAX_ATTEMPTS_MAX: u32 = 100;
+/// Bounds of what a todo may carry.
+pub const TITLE_MAX_BYTES: usize = 1024;
+pub const LABEL_MAX_BYTES: usize = 128;
+pub const JSON_MAX_BYTES: usize = 64 * 1024;
+
+/// A todo to add. The id is chosen by the caller (the server draws a random one).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NewTodo {
+    pub id: String,
+    pub queue: String,
+    pub title: String,
+    pub kind: Option<String>,
+    pub source: Option<String>,
+    pub payload: Option<Value>,
+    pub work_order: Option<Value>,
+    pub max_attempts: Option<u32>,
+    pub assignee: Option<String>,
+}
+
+/// The answer to a successful claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimed {
+    pub todo: Todo,
+    pub attempt_seq: u32,
+    pub attempts_total: u32,
+    /// The newest closed attempts (at most [`PRIOR_ATTEMPTS`]), newest first.
+    pub prior_attempts: Vec<Attempt>,
+    /// The claim took over a lapsed lease (and closed its attempt as `lease_expired`).
+    pub takeover: bool,
+}
+
+/// A todo with its attempt timeline, as `get_todo` and `relay todo show` present it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TodoView {
+    pub todo: Todo,
+    /// Newest first, the open attempt included, at most the requested limit.
+    pub attempts: Vec<Attempt>,
+    pub attempts_total: u32,
+    pub attempts_pruned: u32,
+}
+
+/// What `list_todos` filters on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TodoFilter {
+    /// Only todos in these queues (`None`: any queue).
+    pub queues: Option<Vec<String>>,
+    pub state: Option<TodoState>,
+    pub limit: usize,
+}
+
+/// Validates a new todo and builds its row. One rule for every path that adds todos.
+pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
+    let bad = |what: String| Error::invalid(format!("add_todo: {what}"));
+    if new.id.is_empty()
+        || new.id.len() > 64
+        || !new
+            .id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(bad("id must be 1 to 64 letters, digits, '_' or '-'".into()));
+    }
+    if !valid_queue_name(&new.queue) {
+        return Err(bad(format!(
+            "queue {:?} must start with a letter or digit and hold at most 64 letters, digits, \
+             '_', '-' or '.'",
+            new.queue
+        )));
+    }
+    if new.title.trim().is_empty() || new.title.len() > TITLE_MAX_BYTES {
+        return Err(bad(format!(
+            "title must be non-empty and at most {TITLE_MAX_BYTES} bytes"
+        )));
+    }
+    if new.title.chars().any(char::is_control) {
+        return Err(bad(
+            "title must not contain control characters (newlines, tabs); put detail in payload"
+                .into(),
+        ));
+    }
+    for (name, v) in [
+        ("kind", &new.kind),
+        ("source", &new.source),
+        ("assignee", &new.assignee),
+    ] {
+        if let Some(v) = v
+            && (v.is_empty() || v.len() > LABEL_MAX_BYTES || v.chars().any(char::is_control))
+        {
+            return Err(bad(format!(
+                "{name} must be 1 to {LABEL_MAX_BYTES} bytes without control characters"
+            )));
+        }
+    }
+    for (name, v) in [("payload", &new.payload), ("work_order", &new.work_order)] {
+        if let Some(v) = v {
+            let len = v.to_string().len();
+            if len > JSON_MAX_BYTES {
+                return Err(bad(format!(
+                    "{name} is {len} bytes of JSON; at most {JSON_MAX_BYTES} bytes are accepted \
+                     (store large inputs elsewhere and pass a reference)"
+                )));
+            }
+        }
+    }
+    let max_attempts = new.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT);
+    if !(1..=MAX_ATTEMPTS_MAX).contains(&max_attempts) {
+        return Err(bad(format!(
+            "max_attempts must be between 1 and {MAX_ATTEMPTS_MAX}; got {max_attempts}"
+        )));
+    }
+    Ok(Todo {
+        id: new.id,
+        endpoint: endpoint.to_string(),
+        queue: new.queue,
+        title: new.title,
+        kind: new.kind,
+        source: new.source,
+        payload: new.payload,
+        work_order: new.work_order,
+        assignee: new.assignee,
+        state: TodoState::Pending,
+        owner: None,
+        attempt: 0,
+        max_attempts,
+        attempts_total: 0,
+        attempts_pruned: 0,
+        lease_expires_at: None,
+        claimed_at: None,
+        next_retry_at: None,
+        result: None,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+/// Queue names: a letter or digit, then up to 63 letters, digits, `_`, `-` or `.`.
+pub fn valid_queue_name(q: &str) -> bool {
+    let b = q.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Entry {
+    todo: Todo,
+    attempts: BTreeMap<u32, Attempt>,
+}
+
+impl Entry {
+    fn open(&self) -> Option<&Attempt> {
+        self.attempts.values().next_back().filter(|a| a.is_open())
+    }
+}
+
+/// The in-memory ledger. See the module doc.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ledger {
+    cfg: LedgerConfig,
+    todos: BTreeMap<String, Entry>,
+    /// FIFO order for `claim_next`: (created_at, id).
+    order: BTreeSet<(Millis, String)>,
+}
+
+impl Ledger {
+    pub fn new(cfg: LedgerConfig) -> Ledger {
+        Ledger {
+            cfg,
+            ..Ledger::default()
+        }
+    }
+
+    pub fn config(&self) -> &LedgerConfig {
+        &self.cfg
+    }
+
+    fn entry(&self, op: &str, id: &str) -> Result<&Entry, Error> {
+        self.todos
+            .get(id)
+            .ok_or_else(|| transition::not_found(op, id))
+    }
+
+    /// Applies a transition's change. All-or-nothing: the writes are checked first, so a change
+    /// that would break the attempt rows is refused as an internal error with nothing applied.
+    fn apply(&mut self, change: Change) -> Result<Todo, Error> {
+        let id = change.todo.id.clone();
+        let entry = self
+            .todos
+            .get(&id)
+            .ok_or_else(|| Error::internal(format!("apply {id}: the todo vanished")))?;
+        for w in &change.writes {
+            match w {
+                AttemptWrite::Open(a) if entry.attempts.contains_key(&a.seq) => {
+                    return Err(Error::internal(format!(
+                        "apply {id}: attempt {} already exists",
+                        a.seq
+                    )));
+                }
+                AttemptWrite::Update(a)
+                    if !entry.attempts.get(&a.seq).is_some_and(Attempt::is_open) =>
+                {
+                    return Err(Error::internal(format!(
+                        "apply {id}: attempt {} is not open; an attempt closes exactly once",
+                        a.seq
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let entry = self.todos.get_mut(&id).expect("checked above");
+        for w in change.writes {
+            match w {
+                AttemptWrite::Open(a) | AttemptWrite::Update(a) => {
+                    entry.attempts.insert(a.seq, a);
+                }
+                AttemptWrite::PruneThrough(n) => {
+                    entry.attempts.retain(|seq, a| *seq > n || a.is_open());
+                }
+            }
+        }
+        entry.todo = change.todo;
+        Ok(entry.todo.clone())
+    }
+
+    /// Runs a transition on one todo and applies its change.
+    fn transit(
+        &mut self,
+        op: &str,
+        id: &str,
+        f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
+    ) -> Result<Todo, Error> {
+        let entry = self.entry(op, id)?;
+        let change = f(&entry.todo, entry.open())?;
+        self.apply(change)
+    }
+
+    pub fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
+        let todo = new_todo(now, endpoint, new)?;
+        if self.todos.contains_key(&todo.id) {
+            return Err(Error::conflict(format!(
+                "add_todo {}: a todo with this id exists; choose another id",
+                todo.id
+            )));
+        }
+        self.order.insert((todo.created_at, todo.id.clone()));
+        self.todos.insert(
+            todo.id.clone(),
+            Entry {
+                todo: todo.clone(),
+                attempts: BTreeMap::new(),
+            },
+        );
+        Ok(todo)
+    }
+
+    /// Claims one todo by id.
+    pub fn claim(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        opts: &ClaimOpts,
+    ) -> Result<Claimed, Error> {
+        let prior_state = self.entry("claim", id)?.todo.state;
+        let cfg = self.cfg.clone();
+        let todo = self.transit("claim", id, |t, open| {
+            transition::claim(&cfg, now, t, open, actor, opts)
+        })?;
+        Ok(self.claimed(todo, prior_state == TodoState::Claimed))
+    }
+
+    /// Claims the oldest claimable todo (FIFO by creation) in the given queues, or `None`.
+    pub fn claim_next(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        opts: &ClaimOpts,
+    ) -> Result<Option<Claimed>, Error> {
+        transition::check_ttl("claim_next", opts.ttl)?;
+        let next = self
+            .order
+            .iter()
+            .map(|(_, id)| &self.todos[id].todo)
+            .find(|t| claimable(now, t, actor, queues))
+            .map(|t| t.id.clone());
+        match next {
+            Some(id) => self.claim(now, actor, &id, opts).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn claimed(&self, todo: Todo, takeover: bool) -> Claimed {
+        let entry = &self.todos[&todo.id];
+        Claimed {
+            attempt_seq: todo.attempts_total,
+            attempts_total: todo.attempts_total,
+            prior_attempts: entry
+                .attempts
+                .values()
+                .rev()
+                .filter(|a| !a.is_open())
+                .take(PRIOR_ATTEMPTS)
+                .cloned()
+                .collect(),
+            takeover,
+            todo,
+        }
+    }
+
+    pub fn heartbeat(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        ttl: Millis,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        self.transit("heartbeat", id, |t, open| {
+            transition::heartbeat(now, t, open, actor, ttl, token_hash)
+        })
+    }
+
+    pub fn complete(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        report: &Report,
+    ) -> Result<Todo, Error> {
+        let cfg = self.cfg.clone();
+        self.transit("complete", id, |t, open| {
+            transition::complete(&cfg, now, t, open, actor, report)
+        })
+    }
+
+    /// Fails the attempt. The returned todo carries `next_retry_at` and `dead_letter()`.
+    pub fn fail(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        report: &Report,
+    ) -> Result<Todo, Error> {
+        let cfg = self.cfg.clone();
+        self.transit("fail", id, |t, open| {
+            transition::fail(&cfg, now, t, open, actor, report)
+        })
+    }
+
+    pub fn release(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        summary: Option<&str>,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        self.transit("release", id, |t, open| {
+            transition::release(now, t, open, actor, summary, token_hash)
+        })
+    }
+
+    /// The operator's manual retry.
+    pub fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        self.transit("retry", id, |t, _| transition::retry(now, t, actor))
+    }
+
+    pub fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        self.transit("cancel", id, |t, open| {
+            transition::cancel(now, t, open, actor)
+        })
+    }
+
+    /// Runs `f` over every todo whose transition yields a change; returns the changed todos.
+    fn sweep(
+        &mut self,
+        f: impl Fn(&Todo, Option<&Attempt>) -> Result<Option<Change>, Error>,
+    ) -> Result<Vec<Todo>, Error> {
+        let mut changes = Vec::new();
+        for entry in self.todos.values() {
+            if let Some(c) = f(&entry.todo, entry.open())? {
+                changes.push(c);
+            }
+        }
+        changes.into_iter().map(|c| self.apply(c)).collect()
+    }
+
+    /// The reaper: closes every lapsed lease as `reaped` (requeued or dead-lettered).
+    pub fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
+        self.sweep(|t, open| transition::reap(now, t, open))
+    }
+
+    /// Moves failed todos whose retry is due back to pending; returns them (for the doorbell).
+    pub fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
+        self.sweep(|t, _| Ok(transition::requeue_due(now, t)))
+    }
+
+    /// Revokes an endpoint: its open attempts close `revoked`, its claimed todos dead-letter.
+    pub fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
+        self.sweep(|t, open| {
+            if t.endpoint == endpoint {
+                transition::revoke(now, t, open)
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    /// A todo and its newest `attempts_limit` attempts.
+    pub fn get_todo(
+        &self,
+        actor: &Actor,
+        id: &str,
+        attempts_limit: usize,
+    ) -> Result<TodoView, Error> {
+        let entry = self.entry("get_todo", id)?;
+        if !actor.sees(&entry.todo) {
+            return Err(transition::not_found("get_todo", id));
+        }
+        Ok(TodoView {
+            todo: entry.todo.clone(),
+            attempts: entry
+                .attempts
+                .values()
+                .rev()
+                .take(attempts_limit)
+                .cloned()
+                .collect(),
+            attempts_total: entry.todo.attempts_total,
+            attempts_pruned: entry.todo.attempts_pruned,
+        })
+    }
+
+    /// Todos in the actor's scope, oldest first.
+    pub fn list_todos(&self, actor: &Actor, filter: &TodoFilter) -> Vec<Todo> {
+        self.order
+            .iter()
+            .map(|(_, id)| &self.todos[id].todo)
+            .filter(|t| actor.sees(t))
+            .filter(|t| {
+                filter
+                    .queues
+                    .as_ref()
+                    .is_none_or(|qs| qs.iter().any(|q| q == &t.queue))
+            })
+            .filter(|t| filter.state.is_none_or(|s| s == t.state))
+            .take(filter.limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Deletes a todo and, with it, all its attempts.
+    pub fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error> {
+        let entry = self.entry("delete", id)?;
+        if !actor.sees(&entry.todo) {
+            return Err(transition::not_found("delete", id));
+        }
+        let key = (entry.todo.created_at, id.to_string());
+        self.order.remove(&key);
+        self.todos.remove(id);
+        Ok(())
+    }
+
+    /// Retention: deletes finished todos (done, canceled, dead letters) untouched for
+    /// `retention`, with their attempts. Returns the deleted ids.
+    pub fn purge_finished(&mut self, now: Millis, retention: Millis) -> Vec<String> {
+        let old: Vec<String> = self
+            .todos
+            .values()
+            .map(|e| &e.todo)
+            .filter(|t| finished(t) && t.updated_at.saturating_add(retention) <= now)
+            .map(|t| t.id.clone())
+            .collect();
+        for id in &old {
+            let created = self.todos[id].todo.created_at;
+            self.order.remove(&(created, id.clone()));
+            self.todos.remove(id);
+        }
+        old
+    }
+
+    /// Every todo, in FIFO order (for checkers and tests).
+    pub fn todos(&self) -> impl Iterator<Item = &Todo> {
+        self.order.iter().map(|(_, id)| &self.todos[id].todo)
+    }
+
+    /// Every attempt of a todo, oldest first (for checkers and tests).
+    pub fn attempts(&self, id: &str) -> impl Iterator<Item = &Attempt> {
+        self.todos
+            .get(id)
+            .into_iter()
+            .flat_map(|e| e.attempts.values())
+    }
+
+    /// Checks every invariant of the ledger; the first broken one is described in the error.
+    pub fn check(&self) -> Result<(), String> {
+        if self.order.len() != self.todos.len() {
+            return Err("the FIFO index and the todo map disagree".into());
+        }
+        for (id, entry) in &self.todos {
+            if !self.order.contains(&(entry.todo.created_at, id.clone())) {
+                return Err(format!("todo {id} is missing from the FIFO index"));
+            }
+            check_todo(
+                &entry.todo,
+                &entry.attempts.values().cloned().collect::<Vec<_>>(),
+            )
+            .map_err(|e| format!("todo {id}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Done, canceled, or a dead letter: nothing will happen to it unless an operator acts.
+pub fn finished(t: &Todo) -> bool {
+    matches!(t.state, TodoState::Done | TodoState::Canceled) || t.dead_letter()
+}
+
+/// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and
+/// the stores' tests, which read rows back from SQL and hold them to the same rules.
+pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
+    let open: Vec<&Attempt> = attempts.iter().filter(|a| a.is_open()).collect();
+    if open.len() > 1 {
+        return Err(format!("{} open attempts; at most one may be open", open.len()));
+    }
+    let claimed = t.state == TodoState::Claimed;
+    if claimed != (open.len() == 1) {
+        return Err(format!(
+            "state {} with {} open attempts; a todo is claimed exactly when one is open",
+            t.state,
+            open.len()
+        ));
+    }
+    if claimed != (t.owner.is_some() && t.lease_expires_at.is_some()) {
+        return Err(format!(
+            "state {} but owner {:?} and lease {:?}",
+            t.state, t.owner, t.lease_expires_at
+        ));
+    }
+    if let Some(o) = open.first() {
+        if o.seq != t.attempts_total {
+            return Err(format!(
+                "the open attempt is {} but attempts_total is {}",
+                o.seq, t.attempts_total
+            ));
+        }
+        if Some(o.lease_expires_at) != t.lease_expires_at || Some(&o.owner) != t.owner.as_ref() {
+            return Err("the open attempt's lease or owner differs from the todo's".into());
+        }
+    }
+    let seqs: Vec<u32> = attempts.iter().map(|a| a.seq).collect();
+    let expected: Vec<u32> = (t.attempts_pruned + 1..=t.attempts_total).collect();
+    if seqs != expected {
+        return Err(format!(
+            "attempt seqs {seqs:?} are not {}..={} (pruned {}, total {})",
+            t.attempts_pruned + 1,
+            t.attempts_total,
+            t.attempts_pruned,
+            t.attempts_total
+        ));
+    }
+    if t.attempt > t.attempts_total || t.attempt > t.max_attempts {
+        return Err(format!(
+            "attempt {} exceeds attempts_total {} or max_attempts {}",
+            t.attempt, t.attempts_total, t.max_attempts
+        ));
+    }
+    match t.state {
+        TodoState::Pending if t.attempt >= t.max_attempts => {
+            return Err(format!(
+                "pending with attempt {} of {}: nothing could claim it",
+                t.attempt, t.max_attempts
+            ));
+        }
+        TodoState::Failed if t.next_retry_at.is_some() && t.attempt >= t.max_attempts => {
+            return Err("a retry is scheduled but no attempts remain".into());
+        }
+        s if s != TodoState::Failed && t.next_retry_at.is_some() => {
+            return Err(format!("state {s} with next_retry_at set"));
+        }
+        _ => {}
+    }
+    for a in attempts {
+        let ended = a.ended_at.is_some();
+        if ended != a.outcome.is_some() || ended != a.disposition.is_some() {
+            return Err(format!(
+                "attempt {}: ended_at, outcome and disposition must be set together",
+                a.seq
+            ));
+        }
+        if a.ended_at.is_some_and(|e| e < a.claimed_at) {
+            return Err(format!("attempt {} ended before it was claimed", a.seq));
+        }
+        if a.todo_id != t.id {
+            return Err(format!("attempt {} belongs to {}", a.seq, a.todo_id));
+        }
+        if a.summary.as_ref().is_some_and(|s| s.len() > crate::bounds::SUMMARY_MAX_BYTES)
+            || a.claimant
+                .as_ref()
+                .is_some_and(|c| c.len() > crate::bounds::CLAIMANT_MAX_BYTES)
+            || a.artifact
+                .as_ref()
+                .is_some_and(|x| crate::bounds::check_artifact(x).is_err())
+        {
+            return Err(format!("attempt {}: summary, claimant or artifact out of bounds", a.seq));
+        }
+    }
+    if t.state == TodoState::Done
+        && attempts
+            .last()
+            .is_some_and(|a| a.outcome != Some(Outcome::Completed))
+    {
+        return Err("done, but the newest attempt did not complete".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,672 @@
+//! One named test per rule of the queue side.
+
+use serde_json::json;
+
+use super::*;
+use crate::error::ErrorCode;
+use crate::time::{MINUTE, SECOND};
+
+const T0: Millis = 1_790_000_000_000;
+const TTL: Millis = 5 * MINUTE;
+
+fn ep(name: &str) -> Actor {
+    Actor::endpoint(name)
+}
+
+fn opts() -> ClaimOpts {
+    ClaimOpts {
+        ttl: TTL,
+        claimant: Some("harness/box/fixer/run-1".into()),
+        token_hash: None,
+    }
+}
+
+fn fenced(token: &str) -> ClaimOpts {
+    ClaimOpts {
+        token_hash: Some(TokenHash::of(token)),
+        ..opts()
+    }
+}
+
+fn new(id: &str, queue: &str) -> NewTodo {
+    NewTodo {
+        id: id.into(),
+        queue: queue.into(),
+        title: format!("title of {id}"),
+        ..NewTodo::default()
+    }
+}
+
+/// A ledger with todos `td_1..=td_n` on queue `ci`, owned by endpoint `e`, created 1 ms apart.
+fn ledger_with(n: u32, max_attempts: u32) -> Ledger {
+    let mut l = Ledger::new(LedgerConfig::default());
+    for i in 1..=n {
+        l.add_todo(
+            T0 + Millis::from(i),
+            "e",
+            NewTodo {
+                max_attempts: Some(max_attempts),
+                ..new(&format!("td_{i}"), "ci")
+            },
+        )
+        .unwrap();
+    }
+    l
+}
+
+fn report(token: Option<&str>) -> Report {
+    Report {
+        token_hash: token.map(TokenHash::of),
+        ..Report::default()
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, Error>) -> ErrorCode {
+    r.expect_err("expected an error").code
+}
+
+#[test]
+fn claim_opens_an_attempt_whose_seq_is_attempts_total() {
+    let mut l = ledger_with(1, 5);
+    let c = l.claim(T0 + 10, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    assert_eq!((c.attempt_seq, c.attempts_total, c.todo.attempt), (1, 1, 1));
+    assert_eq!(c.todo.state, TodoState::Claimed);
+    assert_eq!(c.todo.lease_expires_at, Some(T0 + 10 + TTL));
+    assert!(c.prior_attempts.is_empty() && !c.takeover);
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(a.claimer_kind, ClaimerKind::Endpoint);
+    assert_eq!(a.claimer_endpoint.as_deref(), Some("e"));
+    assert_eq!(a.owner, "e");
+    assert_eq!(a.claimant.as_deref(), Some("harness/box/fixer/run-1"));
+    assert_eq!(a.lease_token_hash, Some(TokenHash::of("tok")));
+    assert!(a.is_open() && !a.died());
+    l.check().unwrap();
+}
+
+#[test]
+fn claim_next_is_fifo_by_creation_within_the_queue_filter() {
+    let mut l = ledger_with(0, 5);
+    l.add_todo(T0 + 3, "e", new("c", "ci")).unwrap();
+    l.add_todo(T0 + 1, "e", new("b", "other")).unwrap();
+    l.add_todo(T0 + 2, "e", new("a", "ci")).unwrap();
+    let ci = ["ci".to_string()];
+    let first = l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().unwrap();
+    assert_eq!(first.todo.id, "a");
+    let second = l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().unwrap();
+    assert_eq!(second.todo.id, "c");
+    assert!(l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().is_none());
+    let any = l.claim_next(T0 + 5, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!(any.todo.id, "b");
+    l.check().unwrap();
+}
+
+#[test]
+fn claim_next_never_sees_another_endpoints_todos() {
+    let mut l = ledger_with(2, 5);
+    assert!(l.claim_next(T0 + 5, &ep("other"), None, &opts()).unwrap().is_none());
+    assert_eq!(code(l.claim(T0 + 5, &ep("other"), "td_1", &opts())), ErrorCode::NotFound);
+}
+
+#[test]
+fn assignee_restricts_who_may_claim() {
+    let mut l = ledger_with(0, 5);
+    l.add_todo(
+        T0,
+        "e",
+        NewTodo {
+            assignee: Some("someone-else".into()),
+            ..new("mine-not", "ci")
+        },
+    )
+    .unwrap();
+    l.add_todo(
+        T0 + 1,
+        "e",
+        NewTodo {
+            assignee: Some("e".into()),
+            ..new("mine", "ci")
+        },
+    )
+    .unwrap();
+    let c = l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!(c.todo.id, "mine");
+    assert!(l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().is_none());
+}
+
+#[test]
+fn takeover_closes_the_dead_attempt_first() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("old")).unwrap();
+    // Still held: nobody else gets it.
+    assert!(l.claim_next(T0 + TTL - 1, &ep("e"), None, &fenced("new")).unwrap().is_none());
+    let c = l.claim_next(T0 + TTL, &ep("e"), None, &fenced("new")).unwrap().unwrap();
+    assert!(c.takeover);
+    assert_eq!((c.attempt_seq, c.todo.attempt), (2, 2));
+    let dead = &c.prior_attempts[0];
+    assert_eq!(dead.seq, 1);
+    assert_eq!(dead.outcome, Some(Outcome::LeaseExpired));
+    assert_eq!(dead.disposition, Some(Disposition::Requeued));
+    assert_eq!(dead.ended_at, Some(T0 + TTL));
+    assert!(dead.died());
+    // The stale holder can no longer write, with or without its token.
+    let stale = l.complete(T0 + TTL + 1, &ep("e"), "td_1", &report(Some("old")));
+    assert_eq!(code(stale), ErrorCode::Conflict);
+    l.check().unwrap();
+}
+
+#[test]
+fn takeover_only_while_attempts_remain() {
+    let mut l = ledger_with(1, 1);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    assert!(l.claim_next(T0 + TTL + 1, &ep("e"), None, &opts()).unwrap().is_none());
+    // The reaper dead-letters it instead.
+    let reaped = l.reap(T0 + TTL + 1).unwrap();
+    assert!(reaped[0].dead_letter());
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition),
+        (Some(Outcome::Reaped), Some(Disposition::DeadLettered))
+    );
+    l.check().unwrap();
+}
+
+#[test]
+fn a_failed_todo_is_claimable_once_its_retry_is_due() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let failed = l.fail(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    let due = failed.next_retry_at.unwrap();
+    assert!(due > T0 + 1);
+    assert!(l.claim_next(due - 1, &ep("e"), None, &opts()).unwrap().is_none());
+    let c = l.claim_next(due, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!((c.todo.attempt, c.todo.next_retry_at), (2, None));
+    assert_eq!(c.prior_attempts[0].disposition, Some(Disposition::RetryScheduled));
+    l.check().unwrap();
+}
+
+#[test]
+fn heartbeat_extends_the_lease_and_records_last_heartbeat_at() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    let t = l
+        .heartbeat(T0 + MINUTE, &ep("e"), "td_1", 2 * TTL, Some(TokenHash::of("tok")))
+        .unwrap();
+    assert_eq!(t.lease_expires_at, Some(T0 + MINUTE + 2 * TTL));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(a.last_heartbeat_at, Some(T0 + MINUTE));
+    assert_eq!(a.lease_expires_at, T0 + MINUTE + 2 * TTL);
+    l.check().unwrap();
+}
+
+#[test]
+fn a_lapsed_lease_cannot_be_revived() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    let hb = l.heartbeat(T0 + TTL, &ep("e"), "td_1", TTL, Some(TokenHash::of("tok")));
+    assert_eq!(code(hb), ErrorCode::Conflict);
+    let done = l.complete(T0 + TTL, &ep("e"), "td_1", &report(Some("tok")));
+    assert_eq!(code(done), ErrorCode::Conflict);
+}
+
+#[test]
+fn the_fence_is_no_oracle() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("Zq9-secret")).unwrap();
+    let wrong = l
+        .complete(T0 + 1, &ep("e"), "td_1", &report(Some("Wx7-guess")))
+        .unwrap_err();
+    let missing = l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap_err();
+    // td_2 is held by the operator: "not the owner" must read exactly like a fence mismatch.
+    l.claim(T0, &Actor::Operator, "td_2", &opts()).unwrap();
+    let not_owner = l.complete(T0 + 1, &ep("e"), "td_2", &report(None)).unwrap_err();
+    assert_eq!(wrong.code, ErrorCode::Conflict);
+    assert_eq!(wrong, missing);
+    assert_eq!(
+        wrong.message.replace("td_1", "ID"),
+        not_owner.message.replace("td_2", "ID")
+    );
+    assert!(!wrong.message.contains("Wx7-guess") && !wrong.message.contains("Zq9-secret"));
+    // Nothing changed.
+    assert_eq!(l.get_todo(&ep("e"), "td_1", 10).unwrap().todo.state, TodoState::Claimed);
+    l.check().unwrap();
+}
+
+#[test]
+fn an_unfenced_claim_refuses_a_token() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let r = l.complete(T0 + 1, &ep("e"), "td_1", &report(Some("made-up")));
+    assert_eq!(code(r), ErrorCode::Conflict);
+    l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+}
+
+#[test]
+fn operator_variants_skip_the_fence_and_the_owner() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    l.heartbeat(T0 + 1, &Actor::Operator, "td_1", TTL, None).unwrap();
+    let t = l.complete(T0 + 2, &Actor::Operator, "td_1", &report(None)).unwrap();
+    assert_eq!(t.state, TodoState::Done);
+    // An operator's own claim is recorded as the owner's and is never fenced.
+    l.retry(T0 + 3, &Actor::Operator, "td_1").unwrap();
+    l.claim(T0 + 4, &Actor::Operator, "td_1", &fenced("ignored")).unwrap();
+    let a = l.attempts("td_1").last().unwrap();
+    assert_eq!((a.claimer_kind, a.lease_token_hash), (ClaimerKind::Owner, None));
+    assert_eq!(a.owner, OPERATOR_OWNER);
+    l.check().unwrap();
+}
+
+#[test]
+fn complete_closes_the_attempt_completed_and_keeps_the_result() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    let r = Report {
+        result: Some(json!({"ok": true})),
+        summary: Some("all green".into()),
+        artifact: Some("mcp://cairn/Ab12".into()),
+        token_hash: Some(TokenHash::of("tok")),
+    };
+    let t = l.complete(T0 + SECOND, &ep("e"), "td_1", &r).unwrap();
+    assert_eq!((t.state, t.owner.as_deref(), t.lease_expires_at), (TodoState::Done, None, None));
+    assert_eq!(t.result, Some(json!({"ok": true})));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(a.outcome, Some(Outcome::Completed));
+    assert_eq!(a.disposition, Some(Disposition::Done));
+    assert_eq!(a.summary.as_deref(), Some("all green"));
+    assert_eq!(a.artifact.as_deref(), Some("mcp://cairn/Ab12"));
+    assert!(!a.died());
+    // Reporting twice is a conflict, and the attempt is not closed again.
+    assert_eq!(code(l.complete(T0 + 2 * SECOND, &ep("e"), "td_1", &r)), ErrorCode::Conflict);
+    l.check().unwrap();
+}
+
+#[test]
+fn fail_schedules_a_retry_with_backoff() {
+    let mut l = ledger_with(1, 3);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let t = l.fail(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    assert_eq!(t.state, TodoState::Failed);
+    assert!(!t.dead_letter());
+    let expected = T0 + 1 + l.config().backoff.delay("td_1", 1, 1);
+    assert_eq!(t.next_retry_at, Some(expected));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition),
+        (Some(Outcome::Failed), Some(Disposition::RetryScheduled))
+    );
+}
+
+#[test]
+fn fail_at_max_attempts_dead_letters() {
+    let mut l = ledger_with(1, 2);
+    let mut now = T0;
+    for n in 1..=2 {
+        l.requeue_due(now).unwrap();
+        let c = l.claim_next(now, &ep("e"), None, &opts()).unwrap().unwrap();
+        assert_eq!(c.todo.attempt, n);
+        let t = l.fail(now + 1, &ep("e"), "td_1", &report(None)).unwrap();
+        assert_eq!(t.dead_letter(), n == 2);
+        now = t.next_retry_at.unwrap_or(now) + 1;
+    }
+    let last = l.attempts("td_1").last().unwrap();
+    assert_eq!(last.disposition, Some(Disposition::DeadLettered));
+    assert!(l.claim_next(now + TTL * 100, &ep("e"), None, &opts()).unwrap().is_none());
+    l.check().unwrap();
+}
+
+#[test]
+fn release_requeues_and_does_not_burn_an_attempt() {
+    let mut l = ledger_with(1, 1);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    let t = l
+        .release(T0 + 1, &ep("e"), "td_1", Some("daemon stopping"), Some(TokenHash::of("tok")))
+        .unwrap();
+    assert_eq!((t.state, t.attempt, t.attempts_total), (TodoState::Pending, 0, 1));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition, a.summary.as_deref()),
+        (Some(Outcome::Released), Some(Disposition::Requeued), Some("daemon stopping"))
+    );
+    // max_attempts = 1 and the released attempt did not count: it can be claimed again.
+    let c = l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!((c.attempt_seq, c.todo.attempt), (2, 1));
+    l.check().unwrap();
+}
+
+#[test]
+fn the_reaper_closes_lapsed_leases_as_reaped() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.claim(T0 + MINUTE, &ep("e"), "td_2", &opts()).unwrap();
+    assert!(l.reap(T0 + TTL - 1).unwrap().is_empty());
+    let reaped = l.reap(T0 + TTL).unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!((reaped[0].id.as_str(), reaped[0].state), ("td_1", TodoState::Pending));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition, a.died()),
+        (Some(Outcome::Reaped), Some(Disposition::Requeued), true)
+    );
+    l.check().unwrap();
+}
+
+#[test]
+fn the_reaper_and_a_takeover_close_the_dead_attempt_exactly_once() {
+    // Takeover first: the reaper then finds a valid lease and does nothing.
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.claim_next(T0 + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert!(l.reap(T0 + TTL).unwrap().is_empty());
+    let outcomes: Vec<_> = l.attempts("td_1").map(|a| a.outcome).collect();
+    assert_eq!(outcomes, vec![Some(Outcome::LeaseExpired), None]);
+    // Reaper first: the todo is pending, so the claim is fresh and closes nothing.
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.reap(T0 + TTL).unwrap();
+    let c = l.claim_next(T0 + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert!(!c.takeover);
+    let outcomes: Vec<_> = l.attempts("td_1").map(|a| a.outcome).collect();
+    assert_eq!(outcomes, vec![Some(Outcome::Reaped), None]);
+    l.check().unwrap();
+}
+
+#[test]
+fn requeue_due_moves_failed_todos_back_to_pending() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let due = l.fail(T0, &ep("e"), "td_1", &report(None)).unwrap().next_retry_at.unwrap();
+    assert!(l.requeue_due(due - 1).unwrap().is_empty());
+    let moved = l.requeue_due(due).unwrap();
+    assert_eq!((moved[0].state, moved[0].next_retry_at), (TodoState::Pending, None));
+    assert_eq!(l.attempts("td_1").count(), 1, "requeue writes no attempt");
+    l.check().unwrap();
+}
+
+#[test]
+fn retry_never_resets_attempts_total() {
+    let mut l = ledger_with(1, 1);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let t = l
+        .fail(T0 + 1, &ep("e"), "td_1", &Report { result: Some(json!(1)), ..report(None) })
+        .unwrap();
+    assert!(t.dead_letter());
+    let t = l.retry(T0 + 2, &Actor::Operator, "td_1").unwrap();
+    assert_eq!((t.state, t.attempt, t.attempts_total), (TodoState::Pending, 0, 1));
+    assert_eq!((t.result, t.next_retry_at), (None, None));
+    let c = l.claim_next(T0 + 3, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!((c.attempt_seq, c.todo.attempt), (2, 1));
+    // A live lease cannot be retried out from under its holder.
+    assert_eq!(code(l.retry(T0 + 4, &Actor::Operator, "td_1")), ErrorCode::Conflict);
+    l.check().unwrap();
+}
+
+#[test]
+fn cancel_closes_the_open_attempt_as_canceled() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let t = l.cancel(T0 + 1, &Actor::Operator, "td_1").unwrap();
+    assert_eq!((t.state, t.owner), (TodoState::Canceled, None));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition, a.died()),
+        (Some(Outcome::Canceled), Some(Disposition::Canceled), false)
+    );
+    l.cancel(T0 + 1, &Actor::Operator, "td_2").unwrap();
+    assert_eq!(l.attempts("td_2").count(), 0);
+    assert_eq!(code(l.cancel(T0 + 2, &Actor::Operator, "td_2")), ErrorCode::Conflict);
+    // A late report from the canceled holder is refused.
+    assert_eq!(code(l.complete(T0 + 2, &ep("e"), "td_1", &report(None))), ErrorCode::Conflict);
+    l.check().unwrap();
+}
+
+#[test]
+fn revoking_an_endpoint_dead_letters_its_claimed_todos() {
+    let mut l = ledger_with(2, 5);
+    l.add_todo(T0, "other", new("theirs", "ci")).unwrap();
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.claim(T0, &ep("other"), "theirs", &opts()).unwrap();
+    let changed = l.revoke_endpoint(T0 + 1, "e").unwrap();
+    assert_eq!(changed.len(), 1);
+    assert!(changed[0].dead_letter());
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a.outcome, a.disposition),
+        (Some(Outcome::Revoked), Some(Disposition::DeadLettered))
+    );
+    assert_eq!(l.get_todo(&Actor::Operator, "td_2", 5).unwrap().todo.state, TodoState::Pending);
+    assert_eq!(
+        l.get_todo(&Actor::Operator, "theirs", 5).unwrap().todo.state,
+        TodoState::Claimed
+    );
+    l.check().unwrap();
+}
+
+#[test]
+fn get_todo_lists_attempts_newest_first_with_the_open_one() {
+    let mut l = ledger_with(1, 5);
+    for i in 0..3 {
+        let now = T0 + i * TTL;
+        l.claim_next(now, &ep("e"), None, &opts()).unwrap().unwrap();
+    }
+    let v = l.get_todo(&ep("e"), "td_1", 2).unwrap();
+    assert_eq!(v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![3, 2]);
+    assert!(v.attempts[0].is_open());
+    assert_eq!((v.attempts_total, v.attempts_pruned), (3, 0));
+}
+
+#[test]
+fn a_foreign_or_unknown_id_is_not_found() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let other = ep("other");
+    for id in ["td_1", "td_404"] {
+        assert_eq!(code(l.claim(T0, &other, id, &opts())), ErrorCode::NotFound);
+        assert_eq!(code(l.heartbeat(T0, &other, id, TTL, None)), ErrorCode::NotFound);
+        assert_eq!(code(l.complete(T0, &other, id, &report(None))), ErrorCode::NotFound);
+        assert_eq!(code(l.fail(T0, &other, id, &report(None))), ErrorCode::NotFound);
+        assert_eq!(code(l.release(T0, &other, id, None, None)), ErrorCode::NotFound);
+        assert_eq!(code(l.get_todo(&other, id, 5)), ErrorCode::NotFound);
+        assert_eq!(code(l.cancel(T0, &other, id)), ErrorCode::NotFound);
+        assert_eq!(code(l.retry(T0, &other, id)), ErrorCode::NotFound);
+        assert_eq!(code(l.delete_todo(&other, id)), ErrorCode::NotFound);
+    }
+    // The foreign and the unknown id read the same, but for the id itself.
+    let foreign = l.get_todo(&other, "td_1", 5).unwrap_err().message;
+    let unknown = l.get_todo(&other, "td_404", 5).unwrap_err().message;
+    assert_eq!(foreign.replace("td_1", "X"), unknown.replace("td_404", "X"));
+    assert!(l.list_todos(&other, &TodoFilter { limit: 10, ..TodoFilter::default() }).is_empty());
+}
+
+#[test]
+fn a_long_summary_is_truncated_never_rejected() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let long = "ü".repeat(3000);
+    let r = Report {
+        summary: Some(long),
+        ..report(None)
+    };
+    l.fail(T0 + 1, &ep("e"), "td_1", &r).unwrap();
+    let a = l.attempts("td_1").next().unwrap();
+    assert!(a.summary_truncated);
+    assert_eq!(a.summary.as_ref().unwrap().len(), 2048);
+}
+
+#[test]
+fn the_claimant_is_stripped_of_control_characters_and_capped() {
+    let mut l = ledger_with(1, 5);
+    let o = ClaimOpts {
+        claimant: Some(format!("run\n-1\u{1b}{}", "x".repeat(200))),
+        ..opts()
+    };
+    l.claim(T0, &ep("e"), "td_1", &o).unwrap();
+    let c = l.attempts("td_1").next().unwrap().claimant.clone().unwrap();
+    assert!(c.starts_with("run-1x") && c.len() == 128, "{c}");
+}
+
+#[test]
+fn a_malformed_artifact_is_invalid_and_changes_nothing() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let before = l.clone();
+    let r = Report {
+        artifact: Some("file:///etc/passwd".into()),
+        ..report(None)
+    };
+    let err = l.complete(T0 + 1, &ep("e"), "td_1", &r).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+    assert!(err.message.contains("artifact") && err.message.contains("td_1"), "{err}");
+    assert_eq!(l, before);
+}
+
+#[test]
+fn summary_from_result_only_when_the_operator_opts_in() {
+    let r = Report {
+        result: Some(json!({"harness": {"reason": "check_failed"}})),
+        ..report(None)
+    };
+    let mut off = ledger_with(1, 5);
+    off.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    off.fail(T0 + 1, &ep("e"), "td_1", &r).unwrap();
+    assert_eq!(off.attempts("td_1").next().unwrap().summary, None);
+
+    let mut on = Ledger::new(LedgerConfig {
+        summary_from_result: true,
+        ..LedgerConfig::default()
+    });
+    on.add_todo(T0, "e", new("td_1", "ci")).unwrap();
+    on.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    on.fail(T0 + 1, &ep("e"), "td_1", &r).unwrap();
+    assert_eq!(
+        on.attempts("td_1").next().unwrap().summary.as_deref(),
+        Some(r#"{"harness":{"reason":"check_failed"}}"#)
+    );
+}
+
+#[test]
+fn the_cap_keeps_the_newest_attempts() {
+    let mut l = Ledger::new(LedgerConfig {
+        attempts_cap: 3,
+        ..LedgerConfig::default()
+    });
+    l.add_todo(T0, "e", NewTodo { max_attempts: Some(100), ..new("td_1", "ci") }).unwrap();
+    for i in 0..7 {
+        l.claim(T0 + i * TTL, &ep("e"), "td_1", &opts()).unwrap();
+        l.check().unwrap();
+    }
+    let v = l.get_todo(&ep("e"), "td_1", 100).unwrap();
+    assert_eq!(v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![7, 6, 5]);
+    assert_eq!((v.attempts_total, v.attempts_pruned), (7, 4));
+    assert!(v.attempts[0].is_open());
+}
+
+#[test]
+fn prior_attempts_are_the_five_newest_closed() {
+    let mut l = ledger_with(1, 100);
+    for i in 0..8 {
+        l.claim(T0 + i * TTL, &ep("e"), "td_1", &opts()).unwrap();
+    }
+    let c = l.claim(T0 + 8 * TTL, &ep("e"), "td_1", &opts()).unwrap();
+    assert_eq!(c.prior_attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![8, 7, 6, 5, 4]);
+    assert!(c.prior_attempts.iter().all(|a| !a.is_open()));
+}
+
+#[test]
+fn deleting_a_todo_deletes_its_attempts() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    l.delete_todo(&Actor::Operator, "td_1").unwrap();
+    assert_eq!(l.attempts("td_1").count(), 0);
+    assert_eq!(code(l.get_todo(&Actor::Operator, "td_1", 5)), ErrorCode::NotFound);
+    l.check().unwrap();
+}
+
+#[test]
+fn retention_purges_finished_todos_only() {
+    let mut l = ledger_with(3, 1);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    l.claim(T0, &ep("e"), "td_2", &opts()).unwrap();
+    l.fail(T0 + 1, &ep("e"), "td_2", &report(None)).unwrap(); // a dead letter
+    assert!(l.purge_finished(T0 + 1 + MINUTE - 1, MINUTE).is_empty());
+    let gone = l.purge_finished(T0 + 1 + MINUTE, MINUTE);
+    assert_eq!(gone, vec!["td_1".to_string(), "td_2".to_string()]);
+    assert_eq!(l.todos().map(|t| t.id.as_str()).collect::<Vec<_>>(), vec!["td_3"]);
+    l.check().unwrap();
+}
+
+#[test]
+fn add_todo_rejects_bad_input_naming_the_field() {
+    let mut l = ledger_with(0, 5);
+    let cases = [
+        (NewTodo { id: "".into(), ..new("x", "ci") }, "id"),
+        (new("td_1", "bad queue"), "queue"),
+        (NewTodo { title: " ".into(), ..new("td_1", "ci") }, "title"),
+        (NewTodo { title: "a\nb".into(), ..new("td_1", "ci") }, "title"),
+        (NewTodo { max_attempts: Some(0), ..new("td_1", "ci") }, "max_attempts"),
+        (NewTodo { kind: Some("k".repeat(200)), ..new("td_1", "ci") }, "kind"),
+        (
+            NewTodo { payload: Some(json!("x".repeat(70_000))), ..new("td_1", "ci") },
+            "payload",
+        ),
+    ];
+    for (bad, field) in cases {
+        let err = l.add_todo(T0, "e", bad).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid);
+        assert!(err.message.contains(field), "{field}: {err}");
+    }
+    assert_eq!(l.todos().count(), 0);
+    l.add_todo(T0, "e", new("td_1", "ci")).unwrap();
+    assert_eq!(code(l.add_todo(T0, "e", new("td_1", "ci"))), ErrorCode::Conflict);
+}
+
+#[test]
+fn ttl_outside_one_second_to_a_day_is_invalid() {
+    let mut l = ledger_with(1, 5);
+    let o = ClaimOpts { ttl: 0, ..opts() };
+    assert_eq!(code(l.claim_next(T0, &ep("e"), None, &o)), ErrorCode::Invalid);
+    let o = ClaimOpts { ttl: (LEASE_TTL_MAX_SECS + 1) * 1000, ..opts() };
+    assert_eq!(code(l.claim(T0, &ep("e"), "td_1", &o)), ErrorCode::Invalid);
+}
+
+// The safety checks themselves: break each rule behind the ledger's back and see it caught.
+
+#[test]
+fn check_catches_a_second_open_attempt() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let entry = l.todos.get_mut("td_1").unwrap();
+    let mut second = entry.attempts[&1].clone();
+    second.seq = 2;
+    entry.attempts.insert(2, second);
+    entry.todo.attempts_total = 2;
+    assert!(l.check().unwrap_err().contains("open attempts"));
+}
+
+#[test]
+fn check_catches_a_half_closed_attempt_and_a_seq_gap() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    let mut broken = l.clone();
+    broken.todos.get_mut("td_1").unwrap().attempts.get_mut(&1).unwrap().outcome = None;
+    assert!(broken.check().unwrap_err().contains("together"));
+    let mut gap = l.clone();
+    gap.todos.get_mut("td_1").unwrap().todo.attempts_total = 2;
+    assert!(gap.check().unwrap_err().contains("seqs"));
+}
+
+#[test]
+fn an_attempt_cannot_be_closed_twice() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let entry = &l.todos["td_1"];
+    let change = transition::reap(T0 + TTL, &entry.todo, entry.open()).unwrap().unwrap();
+    l.apply(change.clone()).unwrap();
+    let before = l.clone();
+    let again = l.apply(change).unwrap_err();
+    assert_eq!(again.code, ErrorCode::Internal);
+    assert!(again.message.contains("exactly once"));
+    assert_eq!(l, before, "nothing applied");
+}

@@ -1,0 +1,647 @@
+//! Every lifecycle rule of a todo, as pure functions over one todo's state.
+//!
+//! Each transition takes the todo row and its open attempt (if any) as they are now, and returns
+//! the new row plus the attempt writes that go with it ([`Change`]). The in-memory
+//! [`Ledger`](super::Ledger) applies a change to its maps; a SQL store applies the same change
+//! inside one transaction (read the row, call the transition, write the result). So the rules
+//! live here once, and the stores only decide which row a `claim_next` looks at.
+//!
+//! Choices this module makes where the design leaves room (each as Temporal/SQS users expect):
+//! - A lease is valid strictly before `lease_expires_at`. From that instant on, the holder's
+//!   heartbeat and reports are refused with `conflict`: a lapsed lease is suspect, and the
+//!   attempt will be recorded as having died (by a takeover or the reaper), never revived.
+//! - `release` gives the todo back unworked: the attempt row is closed `released`/`requeued`,
+//!   and the todo's `attempt` counter is decremented, so a release (e.g. a worker shutting down)
+//!   does not burn one of `max_attempts`. `attempts_total` still counts it (seq is history).
+//! - A manual retry is allowed from `failed`, `done` and `canceled`; it resets `attempt` to 0
+//!   and clears `result` and `next_retry_at`, and never touches `attempts_total`.
+//! - Cancel is allowed from `pending`, `claimed` and `failed`.
+
+use serde_json::Value;
+
+use super::backoff::Backoff;
+use super::types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+use crate::bounds;
+use crate::error::Error;
+use crate::time::Millis;
+
+/// Settings of the queue side that change what a transition does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerConfig {
+    /// Closed attempts kept per todo (the newest ones, the open one included). Default 100.
+    pub attempts_cap: u32,
+    /// Derive a missing summary from the compact JSON of `result`. Default off: results were
+    /// never shown to later claimers, so turning this on is the operator's explicit choice.
+    pub summary_from_result: bool,
+    pub backoff: Backoff,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        LedgerConfig {
+            attempts_cap: 100,
+            summary_from_result: false,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// Who is asking. Endpoints are scoped to their own todos and must hold the lease (and present
+/// the fence) to touch a claimed todo; the owning operator sees every todo and skips both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Actor {
+    Endpoint {
+        endpoint: String,
+        /// The MCP session id, recorded on the attempts it opens.
+        session: Option<String>,
+    },
+    Operator,
+}
+
+/// The owner identity an operator's claims are recorded under.
+pub const OPERATOR_OWNER: &str = "operator";
+
+impl Actor {
+    pub fn endpoint(name: impl Into<String>) -> Actor {
+        Actor::Endpoint {
+            endpoint: name.into(),
+            session: None,
+        }
+    }
+
+    /// The identity that holds a lease this actor takes.
+    pub fn owner(&self) -> &str {
+        match self {
+            Actor::Endpoint { endpoint, .. } => endpoint,
+            Actor::Operator => OPERATOR_OWNER,
+        }
+    }
+
+    /// Whether the todo is in this actor's scope. Outside it, a todo does not exist.
+    pub fn sees(&self, todo: &Todo) -> bool {
+        match self {
+            Actor::Endpoint { endpoint, .. } => &todo.endpoint == endpoint,
+            Actor::Operator => true,
+        }
+    }
+}
+
+/// What a claim asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimOpts {
+    pub ttl: Millis,
+    pub claimant: Option<String>,
+    /// The SHA-256 of the fence token the server made, when the claim asked for a fence.
+    pub token_hash: Option<TokenHash>,
+}
+
+/// What a report (complete, fail) carries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub result: Option<Value>,
+    pub summary: Option<String>,
+    pub artifact: Option<String>,
+    /// The SHA-256 of the lease token the caller presented, if any.
+    pub token_hash: Option<TokenHash>,
+}
+
+/// One write to the attempt rows of a todo.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttemptWrite {
+    /// Insert a new open attempt.
+    Open(Attempt),
+    /// Rewrite the open attempt with this seq (a heartbeat, or its close). A store must update
+    /// only a row that is still open, and treat "no row" as an internal error: that is how an
+    /// attempt is closed exactly once.
+    Update(Attempt),
+    /// Delete closed attempts whose seq is at most this (the per-todo cap).
+    PruneThrough(u32),
+}
+
+/// The result of a transition: the todo's new row and the attempt writes, applied together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub todo: Todo,
+    pub writes: Vec<AttemptWrite>,
+}
+
+impl Change {
+    fn new(todo: Todo) -> Change {
+        Change {
+            todo,
+            writes: Vec::new(),
+        }
+    }
+}
+
+/// The error for an id that is unknown or outside the caller's scope (they look the same).
+pub fn not_found(op: &str, id: &str) -> Error {
+    Error::not_found(format!(
+        "{op} {id}: no such todo for this endpoint; check the id (get_todo or list_todos)"
+    ))
+}
+
+fn scoped(op: &str, todo: &Todo, actor: &Actor) -> Result<(), Error> {
+    if actor.sees(todo) {
+        Ok(())
+    } else {
+        Err(not_found(op, &todo.id))
+    }
+}
+
+/// Checks that the open attempt agrees with the todo's state before a transition relies on it.
+fn consistent<'a>(
+    op: &str,
+    todo: &Todo,
+    open: Option<&'a Attempt>,
+) -> Result<Option<&'a Attempt>, Error> {
+    match (todo.state == TodoState::Claimed, open) {
+        (true, Some(a)) if a.is_open() && a.seq == todo.attempts_total => Ok(Some(a)),
+        (false, None) => Ok(None),
+        (true, _) => Err(Error::internal(format!(
+            "{op} {}: todo is claimed but its open attempt is missing or not the newest",
+            todo.id
+        ))),
+        (false, Some(a)) => Err(Error::internal(format!(
+            "{op} {}: todo is {} but attempt {} is still open",
+            todo.id, todo.state, a.seq
+        ))),
+    }
+}
+
+/// Whether `claim_next` may take this todo: in scope and queue, assignee allows the actor, and
+/// pending, or claimed with a lapsed lease (a takeover), or failed with its retry due, in both
+/// latter cases only while attempts remain. This is the rule the stores' SQL mirrors.
+pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[String]>) -> bool {
+    actor.sees(todo)
+        && queues.is_none_or(|qs| qs.iter().any(|q| q == &todo.queue))
+        && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
+        && match todo.state {
+            TodoState::Pending => true,
+            TodoState::Claimed => {
+                !todo.lease_valid_at(now) && todo.attempt < todo.max_attempts
+            }
+            TodoState::Failed => {
+                todo.next_retry_at.is_some_and(|t| t <= now) && todo.attempt < todo.max_attempts
+            }
+            TodoState::Done | TodoState::Canceled => false,
+        }
+}
+
+/// Validates a lease TTL in milliseconds: more than zero, at most a day.
+pub fn check_ttl(op: &str, ttl: Millis) -> Result<(), Error> {
+    if ttl == 0 || ttl > super::LEASE_TTL_MAX_SECS * 1000 {
+        return Err(Error::invalid(format!(
+            "{op}: lease_ttl_seconds must be between 1 and {}; got {} ms",
+            super::LEASE_TTL_MAX_SECS,
+            ttl
+        )));
+    }
+    Ok(())
+}
+
+/// Claims the todo: closes a lapsed holder's attempt as `lease_expired`/`requeued` first, then
+/// opens attempt `attempts_total + 1`, and prunes the oldest closed attempts past the cap.
+pub fn claim(
+    cfg: &LedgerConfig,
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    opts: &ClaimOpts,
+) -> Result<Change, Error> {
+    let op = "claim";
+    check_ttl(op, opts.ttl)?;
+    scoped(op, todo, actor)?;
+    let open = consistent(op, todo, open)?;
+    if !claimable(now, todo, actor, None) {
+        return Err(Error::conflict(format!(
+            "{op} {}: todo is {} and cannot be claimed now{}",
+            todo.id,
+            todo.state,
+            if todo.state == TodoState::Claimed {
+                " (its lease is held)"
+            } else {
+                ""
+            }
+        )));
+    }
+    let mut change = Change::new(todo.clone());
+    if let Some(dead) = open {
+        change.writes.push(AttemptWrite::Update(close(
+            op,
+            dead,
+            now,
+            Outcome::LeaseExpired,
+            Disposition::Requeued,
+        )?));
+    }
+    let t = &mut change.todo;
+    t.state = TodoState::Claimed;
+    t.owner = Some(actor.owner().to_string());
+    t.lease_expires_at = Some(now + opts.ttl);
+    t.attempt += 1;
+    t.attempts_total += 1;
+    t.claimed_at = Some(now);
+    t.next_retry_at = None;
+    t.updated_at = now;
+    let (claimer_kind, claimer_endpoint, claimer_session, token_hash) = match actor {
+        Actor::Endpoint { endpoint, session } => (
+            ClaimerKind::Endpoint,
+            Some(endpoint.clone()),
+            session.clone(),
+            opts.token_hash,
+        ),
+        // An operator's claim is never fenced: the owning human can always act.
+        Actor::Operator => (ClaimerKind::Owner, None, None, None),
+    };
+    change.writes.push(AttemptWrite::Open(Attempt {
+        todo_id: t.id.clone(),
+        seq: t.attempts_total,
+        attempt: t.attempt,
+        claimer_kind,
+        claimer_endpoint,
+        claimer_session,
+        owner: actor.owner().to_string(),
+        claimant: opts.claimant.as_deref().and_then(bounds::bound_claimant),
+        claimed_at: now,
+        last_heartbeat_at: None,
+        lease_expires_at: now + opts.ttl,
+        ended_at: None,
+        outcome: None,
+        disposition: None,
+        summary: None,
+        summary_truncated: false,
+        artifact: None,
+        lease_token_hash: token_hash,
+    }));
+    // The cap keeps the newest `attempts_cap` attempts, the open one included. Everything at or
+    // below the new floor is closed (only the newest attempt can be open), so the pruned count
+    // is the floor itself.
+    let cap = cfg.attempts_cap.max(1);
+    if t.attempts_total > cap && t.attempts_total - cap > t.attempts_pruned {
+        t.attempts_pruned = t.attempts_total - cap;
+        change
+            .writes
+            .push(AttemptWrite::PruneThrough(t.attempts_pruned));
+    }
+    Ok(change)
+}
+
+/// The one check every holder-only operation makes. A wrong owner, a wrong or missing fence
+/// token, and a lapsed lease all answer the same `conflict`, so the fence is no oracle.
+fn held<'a>(
+    op: &str,
+    now: Millis,
+    todo: &Todo,
+    open: Option<&'a Attempt>,
+    actor: &Actor,
+    token_hash: Option<TokenHash>,
+) -> Result<&'a Attempt, Error> {
+    scoped(op, todo, actor)?;
+    let open = consistent(op, todo, open)?;
+    let Some(open) = open else {
+        return Err(Error::conflict(format!(
+            "{op} {}: todo is {}, not claimed; nothing to {op}",
+            todo.id, todo.state
+        )));
+    };
+    let holds = match actor {
+        Actor::Operator => true,
+        Actor::Endpoint { .. } => {
+            todo.owner.as_deref() == Some(actor.owner())
+                && todo.lease_valid_at(now)
+                && open.lease_token_hash == token_hash
+        }
+    };
+    if holds {
+        Ok(open)
+    } else {
+        Err(Error::conflict(format!(
+            "{op} {}: this caller does not hold the todo's lease (it lapsed, was taken over, or \
+             the lease token does not match); claim again to work on it",
+            todo.id
+        )))
+    }
+}
+
+fn close(
+    op: &str,
+    open: &Attempt,
+    now: Millis,
+    outcome: Outcome,
+    disposition: Disposition,
+) -> Result<Attempt, Error> {
+    if !open.is_open() {
+        return Err(Error::internal(format!(
+            "{op} {}: attempt {} is already closed ({}); an attempt closes exactly once",
+            open.todo_id,
+            open.seq,
+            open.outcome.map_or("?", Outcome::as_str)
+        )));
+    }
+    let mut a = open.clone();
+    a.ended_at = Some(now);
+    a.outcome = Some(outcome);
+    a.disposition = Some(disposition);
+    Ok(a)
+}
+
+/// Drops the lease from a todo row that is leaving `claimed`.
+fn unlease(t: &mut Todo, state: TodoState, now: Millis) {
+    t.state = state;
+    t.owner = None;
+    t.lease_expires_at = None;
+    t.updated_at = now;
+}
+
+/// Extends the lease to `now + ttl` and records the heartbeat on the open attempt.
+pub fn heartbeat(
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    ttl: Millis,
+    token_hash: Option<TokenHash>,
+) -> Result<Change, Error> {
+    let op = "heartbeat";
+    check_ttl(op, ttl)?;
+    let open = held(op, now, todo, open, actor, token_hash)?;
+    let mut change = Change::new(todo.clone());
+    change.todo.lease_expires_at = Some(now + ttl);
+    change.todo.updated_at = now;
+    let mut a = open.clone();
+    a.last_heartbeat_at = Some(now);
+    a.lease_expires_at = now + ttl;
+    change.writes.push(AttemptWrite::Update(a));
+    Ok(change)
+}
+
+/// The summary and artifact a report stores, bounded; `invalid` for a malformed artifact.
+fn report_text(
+    cfg: &LedgerConfig,
+    op: &str,
+    todo_id: &str,
+    summary: Option<&str>,
+    result: Option<&Value>,
+    artifact: Option<&str>,
+) -> Result<(Option<String>, bool, Option<String>), Error> {
+    if let Some(a) = artifact {
+        bounds::validate_artifact(op, todo_id, a)?;
+    }
+    let derived;
+    let summary = match (summary, result) {
+        (Some(s), _) => Some(s),
+        (None, Some(r)) if cfg.summary_from_result => {
+            derived = r.to_string();
+            Some(derived.as_str())
+        }
+        _ => None,
+    };
+    let (summary, truncated) = match summary.map(bounds::bound_summary) {
+        Some((s, t)) => (Some(s), t),
+        None => (None, false),
+    };
+    Ok((summary, truncated, artifact.map(str::to_string)))
+}
+
+fn close_reported(
+    op: &str,
+    open: &Attempt,
+    now: Millis,
+    outcome: Outcome,
+    disposition: Disposition,
+    text: (Option<String>, bool, Option<String>),
+) -> Result<Attempt, Error> {
+    let mut a = close(op, open, now, outcome, disposition)?;
+    (a.summary, a.summary_truncated, a.artifact) = text;
+    Ok(a)
+}
+
+/// Completes the todo and closes the attempt `completed`/`done`.
+pub fn complete(
+    cfg: &LedgerConfig,
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    report: &Report,
+) -> Result<Change, Error> {
+    let op = "complete";
+    let text = report_text(
+        cfg,
+        op,
+        &todo.id,
+        report.summary.as_deref(),
+        report.result.as_ref(),
+        report.artifact.as_deref(),
+    )?;
+    let open = held(op, now, todo, open, actor, report.token_hash)?;
+    let mut change = Change::new(todo.clone());
+    unlease(&mut change.todo, TodoState::Done, now);
+    change.todo.result = report.result.clone();
+    change.writes.push(AttemptWrite::Update(close_reported(
+        op,
+        open,
+        now,
+        Outcome::Completed,
+        Disposition::Done,
+        text,
+    )?));
+    Ok(change)
+}
+
+/// Fails the attempt: schedules a retry after the backoff while attempts remain, otherwise
+/// dead-letters the todo. The answer's `next_retry_at` and `dead_letter` are on the new row.
+pub fn fail(
+    cfg: &LedgerConfig,
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    report: &Report,
+) -> Result<Change, Error> {
+    let op = "fail";
+    let text = report_text(
+        cfg,
+        op,
+        &todo.id,
+        report.summary.as_deref(),
+        report.result.as_ref(),
+        report.artifact.as_deref(),
+    )?;
+    let open = held(op, now, todo, open, actor, report.token_hash)?;
+    let mut change = Change::new(todo.clone());
+    let t = &mut change.todo;
+    unlease(t, TodoState::Failed, now);
+    t.result = report.result.clone();
+    let disposition = if t.attempt >= t.max_attempts {
+        t.next_retry_at = None;
+        Disposition::DeadLettered
+    } else {
+        t.next_retry_at = Some(now + cfg.backoff.delay(&t.id, t.attempts_total, t.attempt));
+        Disposition::RetryScheduled
+    };
+    change.writes.push(AttemptWrite::Update(close_reported(
+        op,
+        open,
+        now,
+        Outcome::Failed,
+        disposition,
+        text,
+    )?));
+    Ok(change)
+}
+
+/// Gives the todo back unworked: pending again, the attempt refunded (see the module doc).
+pub fn release(
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    summary: Option<&str>,
+    token_hash: Option<TokenHash>,
+) -> Result<Change, Error> {
+    let op = "release";
+    let open = held(op, now, todo, open, actor, token_hash)?;
+    let mut change = Change::new(todo.clone());
+    unlease(&mut change.todo, TodoState::Pending, now);
+    change.todo.attempt = change.todo.attempt.saturating_sub(1);
+    let (summary, truncated) = match summary.map(bounds::bound_summary) {
+        Some((s, t)) => (Some(s), t),
+        None => (None, false),
+    };
+    change.writes.push(AttemptWrite::Update(close_reported(
+        op,
+        open,
+        now,
+        Outcome::Released,
+        Disposition::Requeued,
+        (summary, truncated, None),
+    )?));
+    Ok(change)
+}
+
+/// The reaper's transition for one todo: a lapsed lease is closed `reaped`, and the todo goes
+/// back to pending, or to a dead letter when it has no attempts left. `None` when the lease is
+/// still valid (or the todo is not claimed): the reaper lost the race and does nothing.
+pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<Change>, Error> {
+    let op = "reap";
+    let Some(open) = consistent(op, todo, open)? else {
+        return Ok(None);
+    };
+    if todo.lease_valid_at(now) {
+        return Ok(None);
+    }
+    let mut change = Change::new(todo.clone());
+    let dead = todo.attempt >= todo.max_attempts;
+    let (state, disposition) = if dead {
+        (TodoState::Failed, Disposition::DeadLettered)
+    } else {
+        (TodoState::Pending, Disposition::Requeued)
+    };
+    unlease(&mut change.todo, state, now);
+    change.todo.next_retry_at = None;
+    change.writes.push(AttemptWrite::Update(close(
+        op,
+        open,
+        now,
+        Outcome::Reaped,
+        disposition,
+    )?));
+    Ok(Some(change))
+}
+
+/// Moves a failed todo whose retry is due back to pending. Ends no lease, writes no attempt.
+pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
+    let due = todo.state == TodoState::Failed
+        && todo.next_retry_at.is_some_and(|t| t <= now)
+        && todo.attempt < todo.max_attempts;
+    due.then(|| {
+        let mut change = Change::new(todo.clone());
+        change.todo.state = TodoState::Pending;
+        change.todo.next_retry_at = None;
+        change.todo.updated_at = now;
+        change
+    })
+}
+
+/// The operator's manual retry: back to pending with a fresh attempt budget.
+pub fn retry(now: Millis, todo: &Todo, actor: &Actor) -> Result<Change, Error> {
+    let op = "retry";
+    scoped(op, todo, actor)?;
+    match todo.state {
+        TodoState::Failed | TodoState::Done | TodoState::Canceled => {}
+        TodoState::Pending | TodoState::Claimed => {
+            return Err(Error::conflict(format!(
+                "{op} {}: todo is {}; only failed, done or canceled todos can be retried{}",
+                todo.id,
+                todo.state,
+                if todo.state == TodoState::Claimed {
+                    " (cancel it first to stop the current attempt)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    let mut change = Change::new(todo.clone());
+    let t = &mut change.todo;
+    t.state = TodoState::Pending;
+    t.attempt = 0;
+    t.next_retry_at = None;
+    t.result = None;
+    t.updated_at = now;
+    Ok(change)
+}
+
+/// Cancels the todo; an open attempt is closed `canceled`/`canceled`.
+pub fn cancel(
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+) -> Result<Change, Error> {
+    let op = "cancel";
+    scoped(op, todo, actor)?;
+    let open = consistent(op, todo, open)?;
+    if matches!(todo.state, TodoState::Done | TodoState::Canceled) {
+        return Err(Error::conflict(format!(
+            "{op} {}: todo is already {}; nothing to cancel",
+            todo.id, todo.state
+        )));
+    }
+    let mut change = Change::new(todo.clone());
+    unlease(&mut change.todo, TodoState::Canceled, now);
+    change.todo.next_retry_at = None;
+    if let Some(open) = open {
+        change.writes.push(AttemptWrite::Update(close(
+            op,
+            open,
+            now,
+            Outcome::Canceled,
+            Disposition::Canceled,
+        )?));
+    }
+    Ok(change)
+}
+
+/// Revoking the owning endpoint: a claimed todo's attempt is closed `revoked` and the todo is
+/// dead-lettered. `None` for a todo that is not claimed (it is left as it is).
+pub fn revoke(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<Change>, Error> {
+    let op = "revoke";
+    let Some(open) = consistent(op, todo, open)? else {
+        return Ok(None);
+    };
+    let mut change = Change::new(todo.clone());
+    unlease(&mut change.todo, TodoState::Failed, now);
+    change.todo.next_retry_at = None;
+    change.writes.push(AttemptWrite::Update(close(
+        op,
+        open,
+        now,
+        Outcome::Revoked,
+        Disposition::DeadLettered,
+    )?));
+    Ok(Some(change))
+}

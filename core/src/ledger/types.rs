@@ -1,0 +1,195 @@
+//! The rows of the ledger: todos and their attempts, and the values that describe them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::time::Millis;
+
+/// Where a todo is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TodoState {
+    /// Waiting to be claimed.
+    Pending,
+    /// Held under a lease by one attempt.
+    Claimed,
+    /// The last attempt failed: a retry is scheduled (`next_retry_at`) or it is a dead letter.
+    Failed,
+    /// Completed. Terminal until an operator retries it.
+    Done,
+    /// Canceled by an operator. Terminal until an operator retries it.
+    Canceled,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Completed,
+    Failed,
+    Released,
+    /// The lease lapsed and another claimer took the todo over.
+    LeaseExpired,
+    /// The lease lapsed and the reaper closed it.
+    Reaped,
+    Canceled,
+    Revoked,
+}
+
+/// What the end of an attempt did to its todo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    Done,
+    RetryScheduled,
+    Requeued,
+    DeadLettered,
+    Canceled,
+}
+
+/// Who opened an attempt: an endpoint (over MCP) or the owning operator (the CLI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimerKind {
+    Endpoint,
+    Owner,
+}
+
+macro_rules! names {
+    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $name),* }
+            }
+            pub fn parse(s: &str) -> Option<$ty> {
+                match s { $($name => Some($ty::$variant),)* _ => None }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+names!(TodoState { Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done", Canceled => "canceled" });
+names!(Outcome {
+    Completed => "completed", Failed => "failed", Released => "released",
+    LeaseExpired => "lease_expired", Reaped => "reaped", Canceled => "canceled", Revoked => "revoked",
+});
+names!(Disposition {
+    Done => "done", RetryScheduled => "retry_scheduled", Requeued => "requeued",
+    DeadLettered => "dead_lettered", Canceled => "canceled",
+});
+names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
+
+impl Outcome {
+    /// An attempt died when its lease lapsed; every other outcome was reported or decided.
+    pub fn died(self) -> bool {
+        matches!(self, Outcome::LeaseExpired | Outcome::Reaped)
+    }
+}
+
+/// The SHA-256 of a lease token. The token itself never reaches the ledger or a store.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TokenHash(pub [u8; 32]);
+
+impl TokenHash {
+    /// The hash of a token as the caller presented it.
+    pub fn of(token: &str) -> TokenHash {
+        use sha2::Digest;
+        TokenHash(sha2::Sha256::digest(token.as_bytes()).into())
+    }
+}
+
+impl std::fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenHash({:02x}{:02x}…)", self.0[0], self.0[1])
+    }
+}
+
+/// One todo: the unit of work, preserved across every attempt at it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Todo {
+    pub id: String,
+    /// The endpoint that owns the todo; every endpoint operation is scoped to it.
+    pub endpoint: String,
+    pub queue: String,
+    pub title: String,
+    pub kind: Option<String>,
+    pub source: Option<String>,
+    pub payload: Option<Value>,
+    pub work_order: Option<Value>,
+    /// When set, only a claimer whose owner identity equals it may claim.
+    pub assignee: Option<String>,
+    pub state: TodoState,
+    /// The identity holding the lease while claimed (the endpoint name, or `operator`).
+    pub owner: Option<String>,
+    /// Attempts counted toward `max_attempts` since the last manual retry.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// Attempts ever opened; never reset. The newest attempt's seq.
+    pub attempts_total: u32,
+    /// Closed attempts deleted by the per-todo cap; the oldest kept seq is `attempts_pruned + 1`.
+    pub attempts_pruned: u32,
+    pub lease_expires_at: Option<Millis>,
+    pub claimed_at: Option<Millis>,
+    pub next_retry_at: Option<Millis>,
+    /// The last report's result object; cleared by a manual retry.
+    pub result: Option<Value>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl Todo {
+    /// Failed with no retry scheduled: the attempt cap was reached, or the endpoint was revoked.
+    /// Derived, so it cannot disagree with the state.
+    pub fn dead_letter(&self) -> bool {
+        self.state == TodoState::Failed && self.next_retry_at.is_none()
+    }
+
+    /// The lease is held and has not lapsed at `now`. A lease is valid strictly before its
+    /// expiry instant and lapsed from it on.
+    pub fn lease_valid_at(&self, now: Millis) -> bool {
+        self.state == TodoState::Claimed && self.lease_expires_at.is_some_and(|t| now < t)
+    }
+}
+
+/// One claim of a todo: opened by the claim, closed exactly once by whatever ended the lease.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub todo_id: String,
+    /// The todo's `attempts_total` right after this claim: 1, 2, 3 … never reused.
+    pub seq: u32,
+    /// The todo's `attempt` right after this claim (resets with a manual retry).
+    pub attempt: u32,
+    pub claimer_kind: ClaimerKind,
+    pub claimer_endpoint: Option<String>,
+    /// The MCP session the claim came over, when it came over MCP.
+    pub claimer_session: Option<String>,
+    pub owner: String,
+    pub claimant: Option<String>,
+    pub claimed_at: Millis,
+    pub last_heartbeat_at: Option<Millis>,
+    pub lease_expires_at: Millis,
+    pub ended_at: Option<Millis>,
+    pub outcome: Option<Outcome>,
+    pub disposition: Option<Disposition>,
+    pub summary: Option<String>,
+    pub summary_truncated: bool,
+    pub artifact: Option<String>,
+    #[serde(skip)]
+    pub lease_token_hash: Option<TokenHash>,
+}
+
+impl Attempt {
+    pub fn is_open(&self) -> bool {
+        self.ended_at.is_none()
+    }
+    /// True exactly when the lease lapsed (`lease_expired` or `reaped`).
+    pub fn died(&self) -> bool {
+        self.outcome.is_some_and(Outcome::died)
+    }
+}
