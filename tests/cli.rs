@@ -13,7 +13,10 @@ fn unknown_command_is_one_clear_line_on_stderr_and_nonzero() {
     assert!(out.stdout.is_empty());
     let err = String::from_utf8(out.stderr).expect("utf-8 stderr");
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
-    assert!(err.contains("frobnicate") && err.contains("relay --help"), "{err}");
+    assert!(
+        err.contains("frobnicate") && err.contains("relay --help"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -21,7 +24,15 @@ fn help_lists_the_contract_commands() {
     let out = relay().arg("--help").output().expect("run relay");
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).expect("utf-8 stdout");
-    for cmd in ["serve", "endpoint", "todo", "daemon", "up", "sim", "check-config"] {
+    for cmd in [
+        "serve",
+        "endpoint",
+        "todo",
+        "daemon",
+        "up",
+        "sim",
+        "check-config",
+    ] {
         assert!(text.contains(cmd), "help lacks {cmd}: {text}");
     }
 }

@@ -39,11 +39,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(cmd) if COMMANDS.contains(&cmd) => {
-            eprintln!("relay: `{cmd}` is not built yet in this version; see README.md for what works today");
+            eprintln!(
+                "relay: `{cmd}` is not built yet in this version; see README.md for what works today"
+            );
             ExitCode::from(2)
         }
         Some(other) => {
-            eprintln!("relay: unknown command `{other}`; run `relay --help` for the list of commands");
+            eprintln!(
+                "relay: unknown command `{other}`; run `relay --help` for the list of commands"
+            );
             ExitCode::from(2)
         }
     }

@@ -142,9 +142,18 @@ mod tests {
 
     #[test]
     fn parses_offsets_and_fractions() {
-        assert_eq!(parse_rfc3339("2026-09-21T14:13:20Z"), Some(1_790_000_000_000));
-        assert_eq!(parse_rfc3339("2026-09-21T16:13:20+02:00"), Some(1_790_000_000_000));
-        assert_eq!(parse_rfc3339("2000-02-29T00:00:00.1239Z"), Some(951_782_400_123));
+        assert_eq!(
+            parse_rfc3339("2026-09-21T14:13:20Z"),
+            Some(1_790_000_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-09-21T16:13:20+02:00"),
+            Some(1_790_000_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339("2000-02-29T00:00:00.1239Z"),
+            Some(951_782_400_123)
+        );
         assert_eq!(parse_rfc3339("2001-02-29T00:00:00Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22 14:13:20Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22T14:13:20"), None);

@@ -26,7 +26,7 @@ impl Default for Backoff {
             base: 30 * SECOND,
             cap: HOUR,
             jitter_percent: 20,
-            seed: 0x5eed_0f_4e1a_7,
+            seed: 0x05ee_d0f4_e1a7,
         }
     }
 }
@@ -87,10 +87,17 @@ mod tests {
         let distinct: std::collections::BTreeSet<_> =
             (0..50).map(|i| b.delay(&format!("td_{i}"), 3, 3)).collect();
         assert!(distinct.len() > 40, "jitter barely varies: {distinct:?}");
-        let other = Backoff { seed: 7, ..b.clone() };
+        let other = Backoff {
+            seed: 7,
+            ..b.clone()
+        };
         assert_ne!(
-            (0..10).map(|i| b.delay(&format!("td_{i}"), 1, 1)).collect::<Vec<_>>(),
-            (0..10).map(|i| other.delay(&format!("td_{i}"), 1, 1)).collect::<Vec<_>>()
+            (0..10)
+                .map(|i| b.delay(&format!("td_{i}"), 1, 1))
+                .collect::<Vec<_>>(),
+            (0..10)
+                .map(|i| other.delay(&format!("td_{i}"), 1, 1))
+                .collect::<Vec<_>>()
         );
     }
 

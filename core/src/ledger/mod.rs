@@ -561,7 +561,10 @@ pub fn finished(t: &Todo) -> bool {
 pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
     let open: Vec<&Attempt> = attempts.iter().filter(|a| a.is_open()).collect();
     if open.len() > 1 {
-        return Err(format!("{} open attempts; at most one may be open", open.len()));
+        return Err(format!(
+            "{} open attempts; at most one may be open",
+            open.len()
+        ));
     }
     let claimed = t.state == TodoState::Claimed;
     if claimed != (open.len() == 1) {
@@ -634,7 +637,9 @@ pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
         if a.todo_id != t.id {
             return Err(format!("attempt {} belongs to {}", a.seq, a.todo_id));
         }
-        if a.summary.as_ref().is_some_and(|s| s.len() > crate::bounds::SUMMARY_MAX_BYTES)
+        if a.summary
+            .as_ref()
+            .is_some_and(|s| s.len() > crate::bounds::SUMMARY_MAX_BYTES)
             || a.claimant
                 .as_ref()
                 .is_some_and(|c| c.len() > crate::bounds::CLAIMANT_MAX_BYTES)
@@ -642,7 +647,10 @@ pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
                 .as_ref()
                 .is_some_and(|x| crate::bounds::check_artifact(x).is_err())
         {
-            return Err(format!("attempt {}: summary, claimant or artifact out of bounds", a.seq));
+            return Err(format!(
+                "attempt {}: summary, claimant or artifact out of bounds",
+                a.seq
+            ));
         }
     }
     if t.state == TodoState::Done

@@ -90,12 +90,25 @@ fn claim_next_is_fifo_by_creation_within_the_queue_filter() {
     l.add_todo(T0 + 1, "e", new("b", "other")).unwrap();
     l.add_todo(T0 + 2, "e", new("a", "ci")).unwrap();
     let ci = ["ci".to_string()];
-    let first = l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().unwrap();
+    let first = l
+        .claim_next(T0 + 5, &ep("e"), Some(&ci), &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(first.todo.id, "a");
-    let second = l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().unwrap();
+    let second = l
+        .claim_next(T0 + 5, &ep("e"), Some(&ci), &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(second.todo.id, "c");
-    assert!(l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts()).unwrap().is_none());
-    let any = l.claim_next(T0 + 5, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert!(
+        l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts())
+            .unwrap()
+            .is_none()
+    );
+    let any = l
+        .claim_next(T0 + 5, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(any.todo.id, "b");
     l.check().unwrap();
 }
@@ -103,8 +116,15 @@ fn claim_next_is_fifo_by_creation_within_the_queue_filter() {
 #[test]
 fn claim_next_never_sees_another_endpoints_todos() {
     let mut l = ledger_with(2, 5);
-    assert!(l.claim_next(T0 + 5, &ep("other"), None, &opts()).unwrap().is_none());
-    assert_eq!(code(l.claim(T0 + 5, &ep("other"), "td_1", &opts())), ErrorCode::NotFound);
+    assert!(
+        l.claim_next(T0 + 5, &ep("other"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        code(l.claim(T0 + 5, &ep("other"), "td_1", &opts())),
+        ErrorCode::NotFound
+    );
 }
 
 #[test]
@@ -128,9 +148,16 @@ fn assignee_restricts_who_may_claim() {
         },
     )
     .unwrap();
-    let c = l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().unwrap();
+    let c = l
+        .claim_next(T0 + 2, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(c.todo.id, "mine");
-    assert!(l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(
+        l.claim_next(T0 + 2, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[test]
@@ -138,8 +165,15 @@ fn takeover_closes_the_dead_attempt_first() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &fenced("old")).unwrap();
     // Still held: nobody else gets it.
-    assert!(l.claim_next(T0 + TTL - 1, &ep("e"), None, &fenced("new")).unwrap().is_none());
-    let c = l.claim_next(T0 + TTL, &ep("e"), None, &fenced("new")).unwrap().unwrap();
+    assert!(
+        l.claim_next(T0 + TTL - 1, &ep("e"), None, &fenced("new"))
+            .unwrap()
+            .is_none()
+    );
+    let c = l
+        .claim_next(T0 + TTL, &ep("e"), None, &fenced("new"))
+        .unwrap()
+        .unwrap();
     assert!(c.takeover);
     assert_eq!((c.attempt_seq, c.todo.attempt), (2, 2));
     let dead = &c.prior_attempts[0];
@@ -158,7 +192,11 @@ fn takeover_closes_the_dead_attempt_first() {
 fn takeover_only_while_attempts_remain() {
     let mut l = ledger_with(1, 1);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
-    assert!(l.claim_next(T0 + TTL + 1, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(
+        l.claim_next(T0 + TTL + 1, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
     // The reaper dead-letters it instead.
     let reaped = l.reap(T0 + TTL + 1).unwrap();
     assert!(reaped[0].dead_letter());
@@ -177,10 +215,17 @@ fn a_failed_todo_is_claimable_once_its_retry_is_due() {
     let failed = l.fail(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
     let due = failed.next_retry_at.unwrap();
     assert!(due > T0 + 1);
-    assert!(l.claim_next(due - 1, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(
+        l.claim_next(due - 1, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
     let c = l.claim_next(due, &ep("e"), None, &opts()).unwrap().unwrap();
     assert_eq!((c.todo.attempt, c.todo.next_retry_at), (2, None));
-    assert_eq!(c.prior_attempts[0].disposition, Some(Disposition::RetryScheduled));
+    assert_eq!(
+        c.prior_attempts[0].disposition,
+        Some(Disposition::RetryScheduled)
+    );
     l.check().unwrap();
 }
 
@@ -189,7 +234,13 @@ fn heartbeat_extends_the_lease_and_records_last_heartbeat_at() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
     let t = l
-        .heartbeat(T0 + MINUTE, &ep("e"), "td_1", 2 * TTL, Some(TokenHash::of("tok")))
+        .heartbeat(
+            T0 + MINUTE,
+            &ep("e"),
+            "td_1",
+            2 * TTL,
+            Some(TokenHash::of("tok")),
+        )
         .unwrap();
     assert_eq!(t.lease_expires_at, Some(T0 + MINUTE + 2 * TTL));
     let a = l.attempts("td_1").next().unwrap();
@@ -211,14 +262,19 @@ fn a_lapsed_lease_cannot_be_revived() {
 #[test]
 fn the_fence_is_no_oracle() {
     let mut l = ledger_with(2, 5);
-    l.claim(T0, &ep("e"), "td_1", &fenced("Zq9-secret")).unwrap();
+    l.claim(T0, &ep("e"), "td_1", &fenced("Zq9-secret"))
+        .unwrap();
     let wrong = l
         .complete(T0 + 1, &ep("e"), "td_1", &report(Some("Wx7-guess")))
         .unwrap_err();
-    let missing = l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap_err();
+    let missing = l
+        .complete(T0 + 1, &ep("e"), "td_1", &report(None))
+        .unwrap_err();
     // td_2 is held by the operator: "not the owner" must read exactly like a fence mismatch.
     l.claim(T0, &Actor::Operator, "td_2", &opts()).unwrap();
-    let not_owner = l.complete(T0 + 1, &ep("e"), "td_2", &report(None)).unwrap_err();
+    let not_owner = l
+        .complete(T0 + 1, &ep("e"), "td_2", &report(None))
+        .unwrap_err();
     assert_eq!(wrong.code, ErrorCode::Conflict);
     assert_eq!(wrong, missing);
     assert_eq!(
@@ -227,7 +283,10 @@ fn the_fence_is_no_oracle() {
     );
     assert!(!wrong.message.contains("Wx7-guess") && !wrong.message.contains("Zq9-secret"));
     // Nothing changed.
-    assert_eq!(l.get_todo(&ep("e"), "td_1", 10).unwrap().todo.state, TodoState::Claimed);
+    assert_eq!(
+        l.get_todo(&ep("e"), "td_1", 10).unwrap().todo.state,
+        TodoState::Claimed
+    );
     l.check().unwrap();
 }
 
@@ -244,14 +303,21 @@ fn an_unfenced_claim_refuses_a_token() {
 fn operator_variants_skip_the_fence_and_the_owner() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
-    l.heartbeat(T0 + 1, &Actor::Operator, "td_1", TTL, None).unwrap();
-    let t = l.complete(T0 + 2, &Actor::Operator, "td_1", &report(None)).unwrap();
+    l.heartbeat(T0 + 1, &Actor::Operator, "td_1", TTL, None)
+        .unwrap();
+    let t = l
+        .complete(T0 + 2, &Actor::Operator, "td_1", &report(None))
+        .unwrap();
     assert_eq!(t.state, TodoState::Done);
     // An operator's own claim is recorded as the owner's and is never fenced.
     l.retry(T0 + 3, &Actor::Operator, "td_1").unwrap();
-    l.claim(T0 + 4, &Actor::Operator, "td_1", &fenced("ignored")).unwrap();
+    l.claim(T0 + 4, &Actor::Operator, "td_1", &fenced("ignored"))
+        .unwrap();
     let a = l.attempts("td_1").last().unwrap();
-    assert_eq!((a.claimer_kind, a.lease_token_hash), (ClaimerKind::Owner, None));
+    assert_eq!(
+        (a.claimer_kind, a.lease_token_hash),
+        (ClaimerKind::Owner, None)
+    );
     assert_eq!(a.owner, OPERATOR_OWNER);
     l.check().unwrap();
 }
@@ -267,7 +333,10 @@ fn complete_closes_the_attempt_completed_and_keeps_the_result() {
         token_hash: Some(TokenHash::of("tok")),
     };
     let t = l.complete(T0 + SECOND, &ep("e"), "td_1", &r).unwrap();
-    assert_eq!((t.state, t.owner.as_deref(), t.lease_expires_at), (TodoState::Done, None, None));
+    assert_eq!(
+        (t.state, t.owner.as_deref(), t.lease_expires_at),
+        (TodoState::Done, None, None)
+    );
     assert_eq!(t.result, Some(json!({"ok": true})));
     let a = l.attempts("td_1").next().unwrap();
     assert_eq!(a.outcome, Some(Outcome::Completed));
@@ -276,7 +345,10 @@ fn complete_closes_the_attempt_completed_and_keeps_the_result() {
     assert_eq!(a.artifact.as_deref(), Some("mcp://cairn/Ab12"));
     assert!(!a.died());
     // Reporting twice is a conflict, and the attempt is not closed again.
-    assert_eq!(code(l.complete(T0 + 2 * SECOND, &ep("e"), "td_1", &r)), ErrorCode::Conflict);
+    assert_eq!(
+        code(l.complete(T0 + 2 * SECOND, &ep("e"), "td_1", &r)),
+        ErrorCode::Conflict
+    );
     l.check().unwrap();
 }
 
@@ -310,7 +382,11 @@ fn fail_at_max_attempts_dead_letters() {
     }
     let last = l.attempts("td_1").last().unwrap();
     assert_eq!(last.disposition, Some(Disposition::DeadLettered));
-    assert!(l.claim_next(now + TTL * 100, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(
+        l.claim_next(now + TTL * 100, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
     l.check().unwrap();
 }
 
@@ -319,16 +395,32 @@ fn release_requeues_and_does_not_burn_an_attempt() {
     let mut l = ledger_with(1, 1);
     l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
     let t = l
-        .release(T0 + 1, &ep("e"), "td_1", Some("daemon stopping"), Some(TokenHash::of("tok")))
+        .release(
+            T0 + 1,
+            &ep("e"),
+            "td_1",
+            Some("daemon stopping"),
+            Some(TokenHash::of("tok")),
+        )
         .unwrap();
-    assert_eq!((t.state, t.attempt, t.attempts_total), (TodoState::Pending, 0, 1));
+    assert_eq!(
+        (t.state, t.attempt, t.attempts_total),
+        (TodoState::Pending, 0, 1)
+    );
     let a = l.attempts("td_1").next().unwrap();
     assert_eq!(
         (a.outcome, a.disposition, a.summary.as_deref()),
-        (Some(Outcome::Released), Some(Disposition::Requeued), Some("daemon stopping"))
+        (
+            Some(Outcome::Released),
+            Some(Disposition::Requeued),
+            Some("daemon stopping")
+        )
     );
     // max_attempts = 1 and the released attempt did not count: it can be claimed again.
-    let c = l.claim_next(T0 + 2, &ep("e"), None, &opts()).unwrap().unwrap();
+    let c = l
+        .claim_next(T0 + 2, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!((c.attempt_seq, c.todo.attempt), (2, 1));
     l.check().unwrap();
 }
@@ -341,7 +433,10 @@ fn the_reaper_closes_lapsed_leases_as_reaped() {
     assert!(l.reap(T0 + TTL - 1).unwrap().is_empty());
     let reaped = l.reap(T0 + TTL).unwrap();
     assert_eq!(reaped.len(), 1);
-    assert_eq!((reaped[0].id.as_str(), reaped[0].state), ("td_1", TodoState::Pending));
+    assert_eq!(
+        (reaped[0].id.as_str(), reaped[0].state),
+        ("td_1", TodoState::Pending)
+    );
     let a = l.attempts("td_1").next().unwrap();
     assert_eq!(
         (a.outcome, a.disposition, a.died()),
@@ -355,7 +450,9 @@ fn the_reaper_and_a_takeover_close_the_dead_attempt_exactly_once() {
     // Takeover first: the reaper then finds a valid lease and does nothing.
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
-    l.claim_next(T0 + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    l.claim_next(T0 + TTL, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert!(l.reap(T0 + TTL).unwrap().is_empty());
     let outcomes: Vec<_> = l.attempts("td_1").map(|a| a.outcome).collect();
     assert_eq!(outcomes, vec![Some(Outcome::LeaseExpired), None]);
@@ -363,7 +460,10 @@ fn the_reaper_and_a_takeover_close_the_dead_attempt_exactly_once() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
     l.reap(T0 + TTL).unwrap();
-    let c = l.claim_next(T0 + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    let c = l
+        .claim_next(T0 + TTL, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert!(!c.takeover);
     let outcomes: Vec<_> = l.attempts("td_1").map(|a| a.outcome).collect();
     assert_eq!(outcomes, vec![Some(Outcome::Reaped), None]);
@@ -374,10 +474,17 @@ fn the_reaper_and_a_takeover_close_the_dead_attempt_exactly_once() {
 fn requeue_due_moves_failed_todos_back_to_pending() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
-    let due = l.fail(T0, &ep("e"), "td_1", &report(None)).unwrap().next_retry_at.unwrap();
+    let due = l
+        .fail(T0, &ep("e"), "td_1", &report(None))
+        .unwrap()
+        .next_retry_at
+        .unwrap();
     assert!(l.requeue_due(due - 1).unwrap().is_empty());
     let moved = l.requeue_due(due).unwrap();
-    assert_eq!((moved[0].state, moved[0].next_retry_at), (TodoState::Pending, None));
+    assert_eq!(
+        (moved[0].state, moved[0].next_retry_at),
+        (TodoState::Pending, None)
+    );
     assert_eq!(l.attempts("td_1").count(), 1, "requeue writes no attempt");
     l.check().unwrap();
 }
@@ -387,16 +494,33 @@ fn retry_never_resets_attempts_total() {
     let mut l = ledger_with(1, 1);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
     let t = l
-        .fail(T0 + 1, &ep("e"), "td_1", &Report { result: Some(json!(1)), ..report(None) })
+        .fail(
+            T0 + 1,
+            &ep("e"),
+            "td_1",
+            &Report {
+                result: Some(json!(1)),
+                ..report(None)
+            },
+        )
         .unwrap();
     assert!(t.dead_letter());
     let t = l.retry(T0 + 2, &Actor::Operator, "td_1").unwrap();
-    assert_eq!((t.state, t.attempt, t.attempts_total), (TodoState::Pending, 0, 1));
+    assert_eq!(
+        (t.state, t.attempt, t.attempts_total),
+        (TodoState::Pending, 0, 1)
+    );
     assert_eq!((t.result, t.next_retry_at), (None, None));
-    let c = l.claim_next(T0 + 3, &ep("e"), None, &opts()).unwrap().unwrap();
+    let c = l
+        .claim_next(T0 + 3, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!((c.attempt_seq, c.todo.attempt), (2, 1));
     // A live lease cannot be retried out from under its holder.
-    assert_eq!(code(l.retry(T0 + 4, &Actor::Operator, "td_1")), ErrorCode::Conflict);
+    assert_eq!(
+        code(l.retry(T0 + 4, &Actor::Operator, "td_1")),
+        ErrorCode::Conflict
+    );
     l.check().unwrap();
 }
 
@@ -413,9 +537,15 @@ fn cancel_closes_the_open_attempt_as_canceled() {
     );
     l.cancel(T0 + 1, &Actor::Operator, "td_2").unwrap();
     assert_eq!(l.attempts("td_2").count(), 0);
-    assert_eq!(code(l.cancel(T0 + 2, &Actor::Operator, "td_2")), ErrorCode::Conflict);
+    assert_eq!(
+        code(l.cancel(T0 + 2, &Actor::Operator, "td_2")),
+        ErrorCode::Conflict
+    );
     // A late report from the canceled holder is refused.
-    assert_eq!(code(l.complete(T0 + 2, &ep("e"), "td_1", &report(None))), ErrorCode::Conflict);
+    assert_eq!(
+        code(l.complete(T0 + 2, &ep("e"), "td_1", &report(None))),
+        ErrorCode::Conflict
+    );
     l.check().unwrap();
 }
 
@@ -433,9 +563,15 @@ fn revoking_an_endpoint_dead_letters_its_claimed_todos() {
         (a.outcome, a.disposition),
         (Some(Outcome::Revoked), Some(Disposition::DeadLettered))
     );
-    assert_eq!(l.get_todo(&Actor::Operator, "td_2", 5).unwrap().todo.state, TodoState::Pending);
     assert_eq!(
-        l.get_todo(&Actor::Operator, "theirs", 5).unwrap().todo.state,
+        l.get_todo(&Actor::Operator, "td_2", 5).unwrap().todo.state,
+        TodoState::Pending
+    );
+    assert_eq!(
+        l.get_todo(&Actor::Operator, "theirs", 5)
+            .unwrap()
+            .todo
+            .state,
         TodoState::Claimed
     );
     l.check().unwrap();
@@ -449,7 +585,10 @@ fn get_todo_lists_attempts_newest_first_with_the_open_one() {
         l.claim_next(now, &ep("e"), None, &opts()).unwrap().unwrap();
     }
     let v = l.get_todo(&ep("e"), "td_1", 2).unwrap();
-    assert_eq!(v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![3, 2]);
+    assert_eq!(
+        v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        vec![3, 2]
+    );
     assert!(v.attempts[0].is_open());
     assert_eq!((v.attempts_total, v.attempts_pruned), (3, 0));
 }
@@ -461,10 +600,22 @@ fn a_foreign_or_unknown_id_is_not_found() {
     let other = ep("other");
     for id in ["td_1", "td_404"] {
         assert_eq!(code(l.claim(T0, &other, id, &opts())), ErrorCode::NotFound);
-        assert_eq!(code(l.heartbeat(T0, &other, id, TTL, None)), ErrorCode::NotFound);
-        assert_eq!(code(l.complete(T0, &other, id, &report(None))), ErrorCode::NotFound);
-        assert_eq!(code(l.fail(T0, &other, id, &report(None))), ErrorCode::NotFound);
-        assert_eq!(code(l.release(T0, &other, id, None, None)), ErrorCode::NotFound);
+        assert_eq!(
+            code(l.heartbeat(T0, &other, id, TTL, None)),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(l.complete(T0, &other, id, &report(None))),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(l.fail(T0, &other, id, &report(None))),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(l.release(T0, &other, id, None, None)),
+            ErrorCode::NotFound
+        );
         assert_eq!(code(l.get_todo(&other, id, 5)), ErrorCode::NotFound);
         assert_eq!(code(l.cancel(T0, &other, id)), ErrorCode::NotFound);
         assert_eq!(code(l.retry(T0, &other, id)), ErrorCode::NotFound);
@@ -474,7 +625,16 @@ fn a_foreign_or_unknown_id_is_not_found() {
     let foreign = l.get_todo(&other, "td_1", 5).unwrap_err().message;
     let unknown = l.get_todo(&other, "td_404", 5).unwrap_err().message;
     assert_eq!(foreign.replace("td_1", "X"), unknown.replace("td_404", "X"));
-    assert!(l.list_todos(&other, &TodoFilter { limit: 10, ..TodoFilter::default() }).is_empty());
+    assert!(
+        l.list_todos(
+            &other,
+            &TodoFilter {
+                limit: 10,
+                ..TodoFilter::default()
+            }
+        )
+        .is_empty()
+    );
 }
 
 #[test]
@@ -515,7 +675,10 @@ fn a_malformed_artifact_is_invalid_and_changes_nothing() {
     };
     let err = l.complete(T0 + 1, &ep("e"), "td_1", &r).unwrap_err();
     assert_eq!(err.code, ErrorCode::Invalid);
-    assert!(err.message.contains("artifact") && err.message.contains("td_1"), "{err}");
+    assert!(
+        err.message.contains("artifact") && err.message.contains("td_1"),
+        "{err}"
+    );
     assert_eq!(l, before);
 }
 
@@ -549,13 +712,24 @@ fn the_cap_keeps_the_newest_attempts() {
         attempts_cap: 3,
         ..LedgerConfig::default()
     });
-    l.add_todo(T0, "e", NewTodo { max_attempts: Some(100), ..new("td_1", "ci") }).unwrap();
+    l.add_todo(
+        T0,
+        "e",
+        NewTodo {
+            max_attempts: Some(100),
+            ..new("td_1", "ci")
+        },
+    )
+    .unwrap();
     for i in 0..7 {
         l.claim(T0 + i * TTL, &ep("e"), "td_1", &opts()).unwrap();
         l.check().unwrap();
     }
     let v = l.get_todo(&ep("e"), "td_1", 100).unwrap();
-    assert_eq!(v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![7, 6, 5]);
+    assert_eq!(
+        v.attempts.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        vec![7, 6, 5]
+    );
     assert_eq!((v.attempts_total, v.attempts_pruned), (7, 4));
     assert!(v.attempts[0].is_open());
 }
@@ -567,7 +741,10 @@ fn prior_attempts_are_the_five_newest_closed() {
         l.claim(T0 + i * TTL, &ep("e"), "td_1", &opts()).unwrap();
     }
     let c = l.claim(T0 + 8 * TTL, &ep("e"), "td_1", &opts()).unwrap();
-    assert_eq!(c.prior_attempts.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![8, 7, 6, 5, 4]);
+    assert_eq!(
+        c.prior_attempts.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        vec![8, 7, 6, 5, 4]
+    );
     assert!(c.prior_attempts.iter().all(|a| !a.is_open()));
 }
 
@@ -578,7 +755,10 @@ fn deleting_a_todo_deletes_its_attempts() {
     l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
     l.delete_todo(&Actor::Operator, "td_1").unwrap();
     assert_eq!(l.attempts("td_1").count(), 0);
-    assert_eq!(code(l.get_todo(&Actor::Operator, "td_1", 5)), ErrorCode::NotFound);
+    assert_eq!(
+        code(l.get_todo(&Actor::Operator, "td_1", 5)),
+        ErrorCode::NotFound
+    );
     l.check().unwrap();
 }
 
@@ -592,7 +772,10 @@ fn retention_purges_finished_todos_only() {
     assert!(l.purge_finished(T0 + 1 + MINUTE - 1, MINUTE).is_empty());
     let gone = l.purge_finished(T0 + 1 + MINUTE, MINUTE);
     assert_eq!(gone, vec!["td_1".to_string(), "td_2".to_string()]);
-    assert_eq!(l.todos().map(|t| t.id.as_str()).collect::<Vec<_>>(), vec!["td_3"]);
+    assert_eq!(
+        l.todos().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+        vec!["td_3"]
+    );
     l.check().unwrap();
 }
 
@@ -600,14 +783,47 @@ fn retention_purges_finished_todos_only() {
 fn add_todo_rejects_bad_input_naming_the_field() {
     let mut l = ledger_with(0, 5);
     let cases = [
-        (NewTodo { id: "".into(), ..new("x", "ci") }, "id"),
-        (new("td_1", "bad queue"), "queue"),
-        (NewTodo { title: " ".into(), ..new("td_1", "ci") }, "title"),
-        (NewTodo { title: "a\nb".into(), ..new("td_1", "ci") }, "title"),
-        (NewTodo { max_attempts: Some(0), ..new("td_1", "ci") }, "max_attempts"),
-        (NewTodo { kind: Some("k".repeat(200)), ..new("td_1", "ci") }, "kind"),
         (
-            NewTodo { payload: Some(json!("x".repeat(70_000))), ..new("td_1", "ci") },
+            NewTodo {
+                id: "".into(),
+                ..new("x", "ci")
+            },
+            "id",
+        ),
+        (new("td_1", "bad queue"), "queue"),
+        (
+            NewTodo {
+                title: " ".into(),
+                ..new("td_1", "ci")
+            },
+            "title",
+        ),
+        (
+            NewTodo {
+                title: "a\nb".into(),
+                ..new("td_1", "ci")
+            },
+            "title",
+        ),
+        (
+            NewTodo {
+                max_attempts: Some(0),
+                ..new("td_1", "ci")
+            },
+            "max_attempts",
+        ),
+        (
+            NewTodo {
+                kind: Some("k".repeat(200)),
+                ..new("td_1", "ci")
+            },
+            "kind",
+        ),
+        (
+            NewTodo {
+                payload: Some(json!("x".repeat(70_000))),
+                ..new("td_1", "ci")
+            },
             "payload",
         ),
     ];
@@ -618,15 +834,24 @@ fn add_todo_rejects_bad_input_naming_the_field() {
     }
     assert_eq!(l.todos().count(), 0);
     l.add_todo(T0, "e", new("td_1", "ci")).unwrap();
-    assert_eq!(code(l.add_todo(T0, "e", new("td_1", "ci"))), ErrorCode::Conflict);
+    assert_eq!(
+        code(l.add_todo(T0, "e", new("td_1", "ci"))),
+        ErrorCode::Conflict
+    );
 }
 
 #[test]
 fn ttl_outside_one_second_to_a_day_is_invalid() {
     let mut l = ledger_with(1, 5);
     let o = ClaimOpts { ttl: 0, ..opts() };
-    assert_eq!(code(l.claim_next(T0, &ep("e"), None, &o)), ErrorCode::Invalid);
-    let o = ClaimOpts { ttl: (LEASE_TTL_MAX_SECS + 1) * 1000, ..opts() };
+    assert_eq!(
+        code(l.claim_next(T0, &ep("e"), None, &o)),
+        ErrorCode::Invalid
+    );
+    let o = ClaimOpts {
+        ttl: (LEASE_TTL_MAX_SECS + 1) * 1000,
+        ..opts()
+    };
     assert_eq!(code(l.claim(T0, &ep("e"), "td_1", &o)), ErrorCode::Invalid);
 }
 
@@ -650,7 +875,14 @@ fn check_catches_a_half_closed_attempt_and_a_seq_gap() {
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
     l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
     let mut broken = l.clone();
-    broken.todos.get_mut("td_1").unwrap().attempts.get_mut(&1).unwrap().outcome = None;
+    broken
+        .todos
+        .get_mut("td_1")
+        .unwrap()
+        .attempts
+        .get_mut(&1)
+        .unwrap()
+        .outcome = None;
     assert!(broken.check().unwrap_err().contains("together"));
     let mut gap = l.clone();
     gap.todos.get_mut("td_1").unwrap().todo.attempts_total = 2;
@@ -662,11 +894,91 @@ fn an_attempt_cannot_be_closed_twice() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
     let entry = &l.todos["td_1"];
-    let change = transition::reap(T0 + TTL, &entry.todo, entry.open()).unwrap().unwrap();
+    let change = transition::reap(T0 + TTL, &entry.todo, entry.open())
+        .unwrap()
+        .unwrap();
     l.apply(change.clone()).unwrap();
     let before = l.clone();
     let again = l.apply(change).unwrap_err();
     assert_eq!(again.code, ErrorCode::Internal);
     assert!(again.message.contains("exactly once"));
     assert_eq!(l, before, "nothing applied");
+}
+
+mod properties {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    use crate::testing::{Op, apply_op, decode_ops, ledger_ops};
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn random_operation_sequences_never_break_check(bytes in vec(any::<u8>(), 0..600)) {
+            prop_assert_eq!(ledger_ops(&bytes), Ok(()));
+        }
+    }
+
+    /// The property above is only worth something if its random programs reach the interesting
+    /// transitions; count them over a fixed batch of programs.
+    #[test]
+    fn random_programs_reach_takeovers_dead_letters_pruning_and_conflicts() {
+        let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut x: u64 = 0x1234_5678;
+        for _ in 0..300 {
+            let bytes: Vec<u8> = (0..600)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (x >> 33) as u8
+                })
+                .collect();
+            let mut l = Ledger::new(LedgerConfig {
+                attempts_cap: 4,
+                ..LedgerConfig::default()
+            });
+            let mut now = T0;
+            for op in decode_ops(&bytes) {
+                if let Op::Advance(d) = op {
+                    now += d;
+                }
+                let obs = apply_op(&mut l, now, &op);
+                let mut count = |k| *seen.entry(k).or_default() += 1;
+                match (&op, &obs) {
+                    (_, Err(ErrorCode::Conflict)) => count("conflict"),
+                    (_, Err(ErrorCode::NotFound)) => count("not_found"),
+                    (Op::ClaimNext { .. } | Op::Claim { .. }, Ok(v)) if v["takeover"] == true => {
+                        count("takeover")
+                    }
+                    (Op::Fail { .. }, Ok(v)) if v["dead_letter"] == true => count("dead_letter"),
+                    (Op::Reap, Ok(v)) if v.as_array().is_some_and(|a| !a.is_empty()) => {
+                        count("reaped")
+                    }
+                    (Op::Complete { .. }, Ok(_)) => count("completed"),
+                    _ => {}
+                }
+                if l.todos().any(|t| t.attempts_pruned > 0) {
+                    count("pruned");
+                }
+            }
+        }
+        for k in [
+            "conflict",
+            "not_found",
+            "takeover",
+            "dead_letter",
+            "reaped",
+            "completed",
+            "pruned",
+        ] {
+            assert!(
+                seen.get(k).copied().unwrap_or(0) > 0,
+                "never reached {k}: {seen:?}"
+            );
+        }
+    }
 }

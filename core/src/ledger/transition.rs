@@ -178,9 +178,7 @@ pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[Strin
         && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
         && match todo.state {
             TodoState::Pending => true,
-            TodoState::Claimed => {
-                !todo.lease_valid_at(now) && todo.attempt < todo.max_attempts
-            }
+            TodoState::Claimed => !todo.lease_valid_at(now) && todo.attempt < todo.max_attempts,
             TodoState::Failed => {
                 todo.next_retry_at.is_some_and(|t| t <= now) && todo.attempt < todo.max_attempts
             }
