@@ -412,3 +412,27 @@ pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Wire decoding: arbitrary bytes as a tool's arguments.
+// ---------------------------------------------------------------------------------------------
+
+/// The first byte picks the tool, the rest is read as the JSON of its arguments. Decoding never
+/// panics, and every refusal is `invalid` and names the tool.
+pub fn wire_decode(data: &[u8]) {
+    use crate::wire::Tool;
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let tool = Tool::ALL[usize::from(pick) % Tool::ALL.len()];
+    let Ok(args) = serde_json::from_slice::<Value>(rest) else {
+        return;
+    };
+    match tool.decode(Some(&args)) {
+        Ok(call) => assert_eq!(call.tool(), tool),
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::Invalid, "{e}");
+            assert!(e.message.starts_with(tool.name()), "{e}");
+        }
+    }
+}
