@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::error::ErrorCode;
+use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Attempt, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, Todo, TodoFilter, TokenHash,
+    Actor, Attempt, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Report, Todo, TodoFilter,
+    TodoView, TokenHash,
 };
 use crate::time::{MINUTE, Millis, SECOND};
 
@@ -22,6 +23,139 @@ const ENDPOINTS: [&str; 2] = ["e1", "e2"];
 const QUEUES: [&str; 2] = ["q1", "q2"];
 const TODOS: u8 = 6;
 const TOKENS: u8 = 4;
+
+/// The queue side's operations, as the ledger offers them. The stores implement it too (in
+/// their tests, blocking on each call), so one random program can drive both and their answers
+/// can be compared: that is the model-based test that holds every store to the ledger.
+#[allow(missing_docs)]
+pub trait Queue {
+    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error>;
+    fn claim(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        opts: &ClaimOpts,
+    ) -> Result<Claimed, Error>;
+    fn claim_next(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        opts: &ClaimOpts,
+    ) -> Result<Option<Claimed>, Error>;
+    fn heartbeat(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        ttl: Millis,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error>;
+    fn complete(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report)
+    -> Result<Todo, Error>;
+    fn fail(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report) -> Result<Todo, Error>;
+    fn release(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        summary: Option<&str>,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error>;
+    fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error>;
+    fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error>;
+    fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error>;
+    fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error>;
+    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error>;
+    fn get_todo(&mut self, actor: &Actor, id: &str, limit: usize) -> Result<TodoView, Error>;
+    fn list_todos(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error>;
+    fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error>;
+    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Result<Vec<String>, Error>;
+}
+
+impl Queue for Ledger {
+    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
+        Ledger::add_todo(self, now, endpoint, new)
+    }
+    fn claim(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        opts: &ClaimOpts,
+    ) -> Result<Claimed, Error> {
+        Ledger::claim(self, now, actor, id, opts)
+    }
+    fn claim_next(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        opts: &ClaimOpts,
+    ) -> Result<Option<Claimed>, Error> {
+        Ledger::claim_next(self, now, actor, queues, opts)
+    }
+    fn heartbeat(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        ttl: Millis,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        Ledger::heartbeat(self, now, actor, id, ttl, token_hash)
+    }
+    fn complete(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        r: &Report,
+    ) -> Result<Todo, Error> {
+        Ledger::complete(self, now, actor, id, r)
+    }
+    fn fail(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report) -> Result<Todo, Error> {
+        Ledger::fail(self, now, actor, id, r)
+    }
+    fn release(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        summary: Option<&str>,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        Ledger::release(self, now, actor, id, summary, token_hash)
+    }
+    fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        Ledger::retry(self, now, actor, id)
+    }
+    fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        Ledger::cancel(self, now, actor, id)
+    }
+    fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
+        Ledger::reap(self, now)
+    }
+    fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
+        Ledger::requeue_due(self, now)
+    }
+    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
+        Ledger::revoke_endpoint(self, now, endpoint)
+    }
+    fn get_todo(&mut self, actor: &Actor, id: &str, limit: usize) -> Result<TodoView, Error> {
+        Ledger::get_todo(self, actor, id, limit)
+    }
+    fn list_todos(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
+        Ok(Ledger::list_todos(self, actor, filter))
+    }
+    fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error> {
+        Ledger::delete_todo(self, actor, id)
+    }
+    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Result<Vec<String>, Error> {
+        Ok(Ledger::purge_finished(self, now, retention))
+    }
+}
 
 /// One operation on the queue side, as the property test and the fuzz target generate it.
 #[derive(Clone, Debug, PartialEq)]
@@ -217,10 +351,9 @@ fn attempt_obs(a: &Attempt) -> Value {
 
 /// Applies one operation to the ledger at `now` and says what it answered. `Advance` is the
 /// caller's business (it moves `now`) and answers `null`.
-pub fn apply_op(l: &mut Ledger, now: Millis, op: &Op) -> Observation {
-    let todos = |r: Result<Vec<Todo>, crate::Error>| {
-        r.map(|ts| Value::Array(ts.iter().map(todo_obs).collect()))
-    };
+pub fn apply_op<Q: Queue>(l: &mut Q, now: Millis, op: &Op) -> Observation {
+    let todos =
+        |r: Result<Vec<Todo>, Error>| r.map(|ts| Value::Array(ts.iter().map(todo_obs).collect()));
     let r = match op {
         Op::Advance(_) => Ok(Value::Null),
         Op::Add {
@@ -343,22 +476,17 @@ pub fn apply_op(l: &mut Ledger, now: Millis, op: &Op) -> Observation {
                     "attempts": v.attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
                 })
             }),
-        Op::List { actor } => Ok(Value::Array(
-            l.list_todos(
-                &actor_of(*actor),
-                &TodoFilter {
-                    limit: 100,
-                    ..TodoFilter::default()
-                },
-            )
-            .iter()
-            .map(todo_obs)
-            .collect(),
+        Op::List { actor } => todos(l.list_todos(
+            &actor_of(*actor),
+            &TodoFilter {
+                limit: 100,
+                ..TodoFilter::default()
+            },
         )),
         Op::Delete { todo } => l
             .delete_todo(&Actor::Operator, &todo_id(*todo))
             .map(|()| Value::Null),
-        Op::Purge { retention } => Ok(json!(l.purge_finished(now, *retention))),
+        Op::Purge { retention } => l.purge_finished(now, *retention).map(|ids| json!(ids)),
     };
     r.map_err(|e| e.code)
 }
