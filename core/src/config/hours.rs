@@ -31,7 +31,7 @@ struct Window {
 }
 
 impl OperatingHours {
-    /// Parses each window with [`OperatingHours::parse_window`]; the error carries the index of
+    /// Parses each window (format in the module doc); the error carries the index of
     /// the window that failed.
     pub fn parse<S: AsRef<str>>(windows: &[S]) -> Result<OperatingHours, (usize, String)> {
         let mut out = Vec::with_capacity(windows.len());

@@ -55,8 +55,9 @@ impl Schedule {
     /// rules out, so callers may treat it as unreachable.
     pub fn next_after(&self, now: Millis) -> Millis {
         match self {
-            Schedule::Every(every) => (now / every)
-                .checked_add(1)
+            Schedule::Every(every) => now
+                .checked_div(*every)
+                .and_then(|n| n.checked_add(1))
                 .and_then(|n| n.checked_mul(*every))
                 .unwrap_or(Millis::MAX),
             Schedule::Cron(cron) => cron.next_after(now),
@@ -206,10 +207,8 @@ impl Field {
                 // `a/n` means from a to the end of the field, stepping by n.
                 (a, if item.contains('/') { self.max } else { a })
             };
-            let mut v = lo;
-            while v <= hi {
+            for v in (lo..=hi).step_by(step as usize) {
                 bits |= 1 << v;
-                v += step;
             }
         }
         Ok((bits, text.starts_with('*')))
@@ -277,9 +276,12 @@ impl Cron {
 
     /// The first whole minute strictly after `now` that the expression matches, in UTC.
     pub fn next_after(&self, now: Millis) -> Millis {
-        let Some(mut t) = (now / MINUTE).checked_add(1).map(|m| m * MINUTE) else {
-            return Millis::MAX;
-        };
+        self.search(now).unwrap_or(Millis::MAX)
+    }
+
+    // `None` when the answer would not fit in a `Millis`.
+    fn search(&self, now: Millis) -> Option<Millis> {
+        let mut t = (now / MINUTE + 1).checked_mul(MINUTE)?;
         // Each step moves to the next month, day, hour or minute; parsing guarantees a match
         // within a few years (29 February under an 8-year gap at most), far below this bound.
         for _ in 0..200_000 {
@@ -287,27 +289,27 @@ impl Cron {
             let (y, m, d) = civil_from_days(days as i64);
             if self.months & (1 << m) == 0 {
                 let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-                t = days_from_civil(ny, nm, 1) as Millis * DAY;
+                t = (days_from_civil(ny, nm, 1) as Millis).checked_mul(DAY)?;
                 continue;
             }
             let weekday = ((days + 4) % 7) as u32; // 1970-01-01 was a Thursday
             if !self.day_matches(d, weekday) {
-                t = (days + 1) * DAY;
+                t = (days + 1).checked_mul(DAY)?;
                 continue;
             }
             let hour = (t % DAY) / HOUR;
             if self.hours & (1 << hour) == 0 {
-                t = (t / HOUR + 1) * HOUR;
+                t = (t / HOUR + 1).checked_mul(HOUR)?;
                 continue;
             }
             let minute = (t % HOUR) / MINUTE;
             if self.minutes & (1 << minute) == 0 {
-                t += MINUTE;
+                t = t.checked_add(MINUTE)?;
                 continue;
             }
-            return t;
+            return Some(t);
         }
-        Millis::MAX
+        None
     }
 }
 
@@ -315,6 +317,7 @@ impl Cron {
 mod tests {
     use super::*;
     use crate::time::{parse_rfc3339, rfc3339};
+    use proptest::prelude::*;
 
     fn at(s: &str) -> Millis {
         parse_rfc3339(s).unwrap()
@@ -396,7 +399,55 @@ mod tests {
             "2026-09-22T16:30:00Z"
         );
         assert_eq!(s.next_after(Millis::MAX), Millis::MAX);
+        assert_eq!(Schedule::Every(0).next_after(5), Millis::MAX);
+        let cron = Schedule::parse("*/5 * * * *").unwrap();
+        assert_eq!(cron.next_after(Millis::MAX), Millis::MAX);
+        assert!(cron.next_after(Millis::MAX - 2 * DAY) > Millis::MAX - 2 * DAY);
+        assert_eq!(
+            Schedule::parse("*/4294967295 * * * *")
+                .unwrap()
+                .next_after(0),
+            HOUR
+        );
         assert_eq!(s.to_string(), "@every 30m");
+    }
+
+    /// A direct, non-skipping matcher to check the search against.
+    fn matches(c: &Cron, t: Millis) -> bool {
+        let days = t / DAY;
+        let (_, m, d) = civil_from_days(days as i64);
+        c.months & (1 << m) != 0
+            && c.day_matches(d, ((days + 4) % 7) as u32)
+            && c.hours & (1 << ((t % DAY) / HOUR)) != 0
+            && c.minutes & (1 << ((t % HOUR) / MINUTE)) != 0
+    }
+
+    proptest! {
+        #[test]
+        fn cron_next_after_is_the_first_match(
+            minute in prop::sample::select(vec!["*", "0", "*/7", "5,35", "10-20/5", "59"]),
+            hour in prop::sample::select(vec!["*", "0", "9-17", "*/6", "23"]),
+            dom in prop::sample::select(vec!["*", "1", "15", "29", "31", "1-7", "*/10"]),
+            month in prop::sample::select(vec!["*", "feb", "1,7", "jun-aug", "*/5"]),
+            dow in prop::sample::select(vec!["*", "mon-fri", "sun", "6", "*/3"]),
+            now in 0u64..4_102_444_800_000,
+        ) {
+            let expr = format!("{minute} {hour} {dom} {month} {dow}");
+            let Ok(Schedule::Cron(cron)) = Schedule::parse(&expr) else {
+                return Ok(()); // combinations that never fire are refused at parse
+            };
+            let next = cron.next_after(now);
+            prop_assert!(next > now && next % MINUTE == 0, "{expr}");
+            prop_assert!(matches(&cron, next), "{expr}: {} does not match", rfc3339(next));
+            // No earlier minute matches (checked where the gap is small enough to walk).
+            if next - now <= 40 * DAY {
+                let mut t = (now / MINUTE + 1) * MINUTE;
+                while t < next {
+                    prop_assert!(!matches(&cron, t), "{expr}: skipped {}", rfc3339(t));
+                    t += MINUTE;
+                }
+            }
+        }
     }
 
     #[test]
