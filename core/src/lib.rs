@@ -11,6 +11,7 @@
 //! enforces the rule, and `io`, `sim` and `fuzz` are the drivers.
 
 pub mod bounds;
+pub mod config;
 pub mod error;
 pub mod ledger;
 pub mod time;
