@@ -13,6 +13,7 @@
 pub mod bounds;
 pub mod error;
 pub mod ledger;
+pub mod relay;
 pub mod time;
 pub mod wire;
 
