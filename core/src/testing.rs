@@ -504,6 +504,42 @@ pub mod relay {
         }
     }
 
+    /// A tools/list answer declaring `verbs`, each with its input properties (and
+    /// `additionalProperties: false`, as the queue server's schemas have it).
+    pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
+        let tools: Vec<Value> = verbs
+            .iter()
+            .map(|(name, props)| {
+                let props: serde_json::Map<String, Value> =
+                    props.iter().map(|p| (p.to_string(), json!({}))).collect();
+                json!({"name": name, "inputSchema": {"type": "object", "properties": props,
+                    "additionalProperties": false}})
+            })
+            .collect();
+        json!({ "tools": tools })
+    }
+
+    /// The drain verbs with every argument SPEC-0034 adds, release included.
+    pub fn spec_0034_tools() -> Value {
+        tools_list(&[
+            (
+                "claim_next",
+                &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
+            ),
+            ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
+            (
+                "complete",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
+            (
+                "fail",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
+            ("release", &["id", "summary", "lease_token"]),
+            ("list_todos", &["queue", "state", "limit"]),
+        ])
+    }
+
     /// The request id of the last command in `cmds` that `pick` selects.
     pub fn request_in(cmds: &[Command], pick: fn(&Command) -> bool) -> Option<RequestId> {
         cmds.iter().rev().filter(|c| pick(c)).find_map(request_of)
@@ -1060,6 +1096,8 @@ pub mod relay {
         pub commands: Vec<Command>,
         /// `harness describe` after the step, as JSON.
         pub describe: String,
+        /// The relay's own `Debug` after the step.
+        pub debug: String,
     }
 
     /// What a program did.
@@ -1110,11 +1148,13 @@ pub mod relay {
                 commands.push(c);
             }
             let describe = serde_json::to_string(&self.relay.describe()).unwrap_or_default();
+            let debug = format!("{:?}", self.relay);
             self.trace.steps.push(Step {
                 now: self.now,
                 input,
                 commands,
                 describe,
+                debug,
             });
             if self.auto_heartbeat {
                 for request in std::mem::take(&mut self.heartbeats) {
@@ -1581,8 +1621,10 @@ pub mod relay {
         let tokens: Vec<&String> = trace.tokens.values().collect();
         for (i, step) in trace.steps.iter().enumerate() {
             let leaked = |text: &str| tokens.iter().any(|t| text.contains(t.as_str()));
-            if leaked(&step.describe) {
-                return Err(format!("step {i}: describe shows a token"));
+            if leaked(&step.describe) || leaked(&step.debug) {
+                return Err(format!(
+                    "step {i}: describe or the relay's Debug shows a token"
+                ));
             }
             if leaked(&format!("{:?}", step.input)) {
                 return Err(format!("step {i}: an input's Debug shows a token"));
@@ -1633,7 +1675,7 @@ pub mod relay {
         Ok(())
     }
 
-    /// Keeps `Value` in use for programs built by hand in tests.
+    /// `harness describe` as JSON.
     pub fn describe_json(relay: &Relay) -> Value {
         serde_json::to_value(relay.describe()).unwrap_or_default()
     }

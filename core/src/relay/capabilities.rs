@@ -91,48 +91,19 @@ pub fn check_capabilities(tools_list: &Value) -> Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    /// A tools/list answer declaring `verbs`, each with the given properties.
-    pub(crate) fn tools(verbs: &[(&str, &[&str])]) -> Value {
-        let tools: Vec<Value> = verbs
-            .iter()
-            .map(|(name, props)| {
-                let props: serde_json::Map<String, Value> = props
-                    .iter()
-                    .map(|p| (p.to_string(), json!({"type": "string"})))
-                    .collect();
-                json!({"name": name, "inputSchema": {"type": "object", "properties": props,
-                    "additionalProperties": false}})
-            })
-            .collect();
-        json!({ "tools": tools })
-    }
+    use crate::testing::relay::{spec_0034_tools, tools_list};
 
     #[test]
     fn the_spec_0034_surface_is_supported() {
-        let list = tools(&[
-            (
-                "claim_next",
-                &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
-            ),
-            ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
-            (
-                "complete",
-                &["id", "result", "summary", "artifact", "lease_token"],
-            ),
-            (
-                "fail",
-                &["id", "result", "summary", "artifact", "lease_token"],
-            ),
-            ("release", &["id", "summary", "lease_token"]),
-        ]);
-        assert_eq!(check_capabilities(&list), Capabilities::full(true));
+        assert_eq!(
+            check_capabilities(&spec_0034_tools()),
+            Capabilities::full(true)
+        );
     }
 
     #[test]
     fn a_release_without_the_fence_is_refused() {
-        let list = tools(&[
+        let list = tools_list(&[
             ("claim_next", &["require_fence", "claimant"]),
             ("heartbeat", &["lease_token"]),
             ("complete", &["lease_token", "summary", "artifact"]),

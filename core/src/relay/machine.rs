@@ -11,14 +11,13 @@ use super::record::{Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason};
 use super::redact::Redactor;
 use super::summary::{
     ALREADY_SATISFIED, AgentRun, AgentSummary, CHECK_TAIL_LINES, CheckRunSummary,
-    RECEIPT_LOG_LINES, RECEIPT_TAGS, abort_summary, agent_artifact, compose_summary, first_line,
+    RECEIPT_LOG_LINES, RECEIPT_TAGS, abort_summary, choose_artifact, compose_summary, first_line,
     last_lines, parse_summary_file, receipt_markdown,
 };
 use super::types::{
     ClaimedTodo, Command, ExitStatus, HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap,
     ProcessEnv, ReportVerb, RequestId, Signal, StopReason, TimerReason,
 };
-use crate::bounds::check_artifact;
 use crate::time::{Millis, SECOND, rfc3339};
 
 /// A receipt upload may hold the report back this long, no longer (REQ-13).
@@ -195,7 +194,8 @@ struct Check {
     state: CheckState,
     last_exit: Option<ExitStatus>,
     last_end: Millis,
-    output_tail: Vec<u8>,
+    /// The last lines of the last run's output, folded and redacted on arrival.
+    output: String,
     killed: Option<KillCause>,
 }
 
@@ -296,50 +296,54 @@ impl Relay {
             Input::Firing {
                 trigger,
                 within_hours,
-            } => self.on_firing(now, trigger, within_hours),
-            Input::ClaimAnswered { request, claim } => return self.on_claimed(now, request, claim),
-            Input::ClaimEmpty { request } => return self.on_claim_refused(now, request, None),
+            } => self.handle_firing(now, trigger, within_hours),
+            Input::ClaimAnswered { request, claim } => {
+                return self.handle_claim_answer(now, request, claim);
+            }
+            Input::ClaimEmpty { request } => return self.handle_claim_refused(now, request, None),
             Input::ClaimFailed { request, error } => {
-                return self.on_claim_refused(now, request, Some(error));
+                return self.handle_claim_refused(now, request, Some(error));
             }
-            Input::HeartbeatOk { request } => return self.on_heartbeat(now, request, None),
+            Input::HeartbeatOk { request } => {
+                return self.handle_heartbeat_answer(now, request, None);
+            }
             Input::HeartbeatFailed { request, error } => {
-                return self.on_heartbeat(now, request, Some(error));
+                return self.handle_heartbeat_answer(now, request, Some(error));
             }
-            Input::ProcessSpawned { run_id } => return self.on_spawned(now, run_id),
+            Input::ProcessSpawned { run_id } => return self.handle_spawned(now, run_id),
             Input::SpawnFailed { run_id, error } => {
-                return self.on_process_end(now, run_id, Err(error));
+                return self.handle_process_end(now, run_id, Err(error));
             }
             Input::ProcessExited {
                 run_id,
                 exit,
                 summary_file,
-            } => return self.on_process_end(now, run_id, Ok((exit, summary_file))),
+            } => return self.handle_process_end(now, run_id, Ok((exit, summary_file))),
             Input::CheckExited {
                 run_id,
                 exit,
                 output_tail,
-            } => return self.on_check_end(now, run_id, Ok((exit, output_tail))),
+            } => return self.handle_check_end(now, run_id, Ok((exit, output_tail))),
             Input::CheckFailedToStart { run_id, error } => {
-                return self.on_check_end(now, run_id, Err(error));
+                return self.handle_check_end(now, run_id, Err(error));
             }
             Input::ReportAnswered {
                 request,
                 dead_letter,
                 next_retry_at: _,
-            } => return self.on_report(now, request, Ok(dead_letter)),
+            } => return self.handle_report_answer(now, request, Ok(dead_letter)),
             Input::ReportFailed { request, error } => {
-                return self.on_report(now, request, Err(error));
+                return self.handle_report_answer(now, request, Err(error));
             }
             Input::ReceiptUploaded { request, handle } => {
-                return self.on_receipt(request, Ok(handle));
+                return self.handle_receipt_answer(request, Ok(handle));
             }
             Input::ReceiptFailed { request, error } => {
-                return self.on_receipt(request, Err(error));
+                return self.handle_receipt_answer(request, Err(error));
             }
             Input::TimerFired => {}
-            Input::StopRequested { reason } => self.on_stop(now, reason),
-            Input::CapabilitiesKnown(caps) => self.on_capabilities(caps),
+            Input::StopRequested { reason } => self.handle_stop(now, reason),
+            Input::CapabilitiesKnown(caps) => self.handle_capabilities(caps),
             Input::SessionExpired => self.source = SourceState::Unverified,
         }
         Ok(())
@@ -354,14 +358,14 @@ impl Relay {
         // Every timer handler disarms or moves its timer; the bound only guards that promise.
         for _ in 0..1024 {
             match self.poll_timeout() {
-                Some((at, reason)) if at <= now => self.on_timer(now, reason),
+                Some((at, reason)) if at <= now => self.handle_timer(now, reason),
                 _ => return,
             }
         }
         debug_assert!(false, "timers did not settle at {now}");
     }
 
-    fn on_firing(&mut self, now: Millis, trigger: String, within_hours: bool) {
+    fn handle_firing(&mut self, now: Millis, trigger: String, within_hours: bool) {
         if !self.settings.enabled {
             return self.skip(now, &trigger, SkippedReason::Disabled);
         }
@@ -398,7 +402,7 @@ impl Relay {
             return self.skip(now, trigger, SkippedReason::LeaseSourceUnsupported);
         }
         let run_id = self.alloc_run_id();
-        let request = self.alloc_request();
+        let request = next_request(&mut self.next_request);
         let s = &self.settings;
         let record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, now);
         // The running record goes first, so a crash after the claim leaves something to
@@ -435,7 +439,7 @@ impl Relay {
         });
     }
 
-    fn on_claimed(
+    fn handle_claim_answer(
         &mut self,
         now: Millis,
         request: RequestId,
@@ -469,7 +473,7 @@ impl Relay {
                 .map(String::as_str)
                 .chain([token.expose()]),
         );
-        // The claim request's send time, not the answer's: see `on_heartbeat`.
+        // The claim request's send time, not the answer's: see `handle_heartbeat_answer`.
         a.lease = Some(Lease {
             deadline: a.claim_sent_at.saturating_add(s.lease_ttl),
             next_heartbeat: a.claim_sent_at.saturating_add(s.heartbeat_interval.max(1)),
@@ -507,7 +511,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_claim_refused(
+    fn handle_claim_refused(
         &mut self,
         now: Millis,
         request: RequestId,
@@ -531,7 +535,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_heartbeat(
+    fn handle_heartbeat_answer(
         &mut self,
         now: Millis,
         request: RequestId,
@@ -574,7 +578,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_spawned(&mut self, now: Millis, run_id: u64) -> Result<(), ContractError> {
+    fn handle_spawned(&mut self, now: Millis, run_id: u64) -> Result<(), ContractError> {
         let a = self.process_of(run_id, "ProcessSpawned", |s| s == ProcState::Requested)?;
         a.process.state = ProcState::Running { since: now };
         if a.end.is_some() || a.stop.is_some() {
@@ -583,7 +587,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_process_end(
+    fn handle_process_end(
         &mut self,
         now: Millis,
         run_id: u64,
@@ -617,10 +621,12 @@ impl Relay {
                     exit: exit.code(),
                     duration: now.saturating_sub(since),
                 };
-                let summary = summary_file
+                // Redacted on arrival, so that not even this machine's Debug shows a secret.
+                let mut summary = summary_file
                     .as_deref()
                     .map(parse_summary_file)
                     .unwrap_or_default();
+                summary.summary = summary.summary.map(|text| a.redactor.redact(&text));
                 (run, summary, None)
             }
             Err(error) => {
@@ -658,7 +664,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_check_end(
+    fn handle_check_end(
         &mut self,
         now: Millis,
         run_id: u64,
@@ -696,7 +702,7 @@ impl Relay {
         let exit = match end {
             Ok((exit, tail)) => {
                 check.last_exit = Some(exit);
-                check.output_tail = tail;
+                check.output = a.redactor.redact(&last_lines(&tail, CHECK_TAIL_LINES));
                 a.record.check_exit = Some(exit.code());
                 Some(exit)
             }
@@ -727,7 +733,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_report(
+    fn handle_report_answer(
         &mut self,
         now: Millis,
         request: RequestId,
@@ -795,7 +801,7 @@ impl Relay {
         Ok(())
     }
 
-    fn on_receipt(
+    fn handle_receipt_answer(
         &mut self,
         request: RequestId,
         answer: Result<String, String>,
@@ -809,31 +815,27 @@ impl Relay {
         };
         let run_id = a.run_id;
         let source = self.settings.attempt_receipt.clone().unwrap_or_default();
-        let warning = match answer {
-            Ok(handle) => match check_artifact(&handle) {
-                Ok(()) => {
-                    if let Some(report) = a.report.as_mut() {
-                        report.artifact = Some(handle);
-                    }
-                    None
+        let warnings = match answer {
+            Ok(handle) => {
+                let (artifact, warnings) = choose_artifact(None, Some(&handle), &a.redactor);
+                if let Some(report) = a.report.as_mut() {
+                    report.artifact = artifact;
                 }
-                Err(why) => Some(format!(
-                    "dropped the receipt handle from {source}: it {why}"
-                )),
-            },
-            Err(error) => Some(format!(
+                warnings
+            }
+            Err(error) => vec![format!(
                 "the attempt receipt upload to {source} failed: {}; reporting without it",
                 a.redactor.redact(&error)
-            )),
+            )],
         };
-        if let Some(text) = warning {
+        for text in warnings {
             self.warn(run_id, text);
         }
         self.send_report();
         Ok(())
     }
 
-    fn on_stop(&mut self, now: Millis, reason: StopReason) {
+    fn handle_stop(&mut self, now: Millis, reason: StopReason) {
         // A stopping harness does not start its held firing later.
         self.held = None;
         let Some(a) = self.attempt.as_mut() else {
@@ -857,7 +859,7 @@ impl Relay {
         self.try_abort_report();
     }
 
-    fn on_capabilities(&mut self, caps: Capabilities) {
+    fn handle_capabilities(&mut self, caps: Capabilities) {
         self.source = if caps.supported() {
             SourceState::Supported
         } else {
@@ -866,7 +868,7 @@ impl Relay {
         self.release_advertised = caps.release_advertised;
     }
 
-    fn on_timer(&mut self, now: Millis, reason: TimerReason) {
+    fn handle_timer(&mut self, now: Millis, reason: TimerReason) {
         let interval = self.settings.heartbeat_interval.max(1);
         let Some(a) = self.attempt.as_mut() else {
             return;
@@ -878,8 +880,7 @@ impl Relay {
                 let Some(lease) = a.lease.as_mut() else {
                     return;
                 };
-                let request = RequestId(self.next_request);
-                self.next_request += 1;
+                let request = next_request(&mut self.next_request);
                 // Every unanswered heartbeat stays awaited (a late conflict still means loss);
                 // the bound only keeps a driver that never answers from growing the map.
                 if lease.outstanding.len() >= MAX_OUTSTANDING_HEARTBEATS {
@@ -942,12 +943,6 @@ impl Relay {
     fn alloc_run_id(&mut self) -> u64 {
         let id = self.next_run_id;
         self.next_run_id += 1;
-        id
-    }
-
-    fn alloc_request(&mut self) -> RequestId {
-        let id = RequestId(self.next_request);
-        self.next_request += 1;
         id
     }
 
@@ -1085,7 +1080,7 @@ impl Relay {
             state: CheckState::Done,
             last_exit: None,
             last_end: now,
-            output_tail: Vec::new(),
+            output: String::new(),
             killed: None,
         });
         self.run_check();
@@ -1182,18 +1177,14 @@ impl Relay {
             agent_run,
             check_summary,
         );
-        let check_tail = check.map(|c| last_lines(&c.output_tail, CHECK_TAIL_LINES));
         let summary = compose_summary(
             &first,
             agent.and_then(|g| g.summary.summary.as_deref()),
-            check_tail.as_deref(),
+            check.map(|c| c.output.as_str()),
             &a.redactor,
         );
-        let (artifact, warning) =
-            match agent_artifact(agent.and_then(|g| g.summary.artifact.as_deref())) {
-                Ok(artifact) => (artifact, None),
-                Err(text) => (None, Some(text)),
-            };
+        let agent_candidate = agent.and_then(|g| g.summary.artifact.as_deref());
+        let (artifact, warnings) = choose_artifact(agent_candidate, None, &a.redactor);
         let result = result_json(
             s,
             a.run_id,
@@ -1220,7 +1211,7 @@ impl Relay {
             outcome,
         });
         let run_id = a.run_id;
-        if let Some(text) = warning {
+        for text in warnings {
             self.warn(run_id, text);
         }
         self.receipt_or_report(now);
@@ -1267,8 +1258,7 @@ impl Relay {
             (Some(source), None) => source.clone(),
             _ => return self.send_report(),
         };
-        let request = RequestId(self.next_request);
-        self.next_request += 1;
+        let request = next_request(&mut self.next_request);
         self.commands.push_back(Command::UploadReceipt {
             request,
             run_id: a.run_id,
@@ -1317,14 +1307,13 @@ impl Relay {
     }
 
     fn send_report(&mut self) {
-        let request = RequestId(self.next_request);
         let Some(a) = self.attempt.as_mut() else {
             return;
         };
         let (Some(report), Some(lease)) = (a.report.as_ref(), a.live_lease()) else {
             return;
         };
-        self.next_request += 1;
+        let request = next_request(&mut self.next_request);
         let failures = match a.phase {
             Phase::Reporting { failures, .. } => failures,
             _ => 0,
@@ -1483,6 +1472,13 @@ impl Relay {
     pub fn in_flight(&self) -> bool {
         self.attempt.is_some()
     }
+}
+
+/// Takes the next request id from the machine's counter.
+fn next_request(counter: &mut u64) -> RequestId {
+    let id = RequestId(*counter);
+    *counter += 1;
+    id
 }
 
 /// The attempt, when it is waiting for the answer to `request`'s claim.

@@ -229,18 +229,33 @@ pub fn cap_parts(p1: &str, p2: Option<&str>, p3: Option<&str>, max: usize) -> St
     )
 }
 
-/// REQ-12's first choice: the agent's artifact when it has the shape of a handle. `Err` carries
-/// the run-log warning for a dropped one (which never repeats the handle: it may be anything).
-pub fn agent_artifact(candidate: Option<&str>) -> Result<Option<String>, String> {
-    match candidate {
-        None => Ok(None),
-        Some(handle) => match check_artifact(handle) {
-            Ok(()) => Ok(Some(handle.to_string())),
-            Err(why) => Err(format!(
-                "dropped the artifact named in the attempt summary file: it {why}"
-            )),
-        },
+/// REQ-12: at most one handle for a report: the agent's when it has the shape of one (an
+/// `mcp://cairn/<id>` handle or an https URL of at most 512 bytes), else the receipt's, else
+/// none. A handle dropped for its shape, or because it carries a credential (it would reach
+/// the server and the run record), comes back as a run-log warning that never repeats it.
+pub fn choose_artifact(
+    agent: Option<&str>,
+    receipt: Option<&str>,
+    redactor: &Redactor,
+) -> (Option<String>, Vec<String>) {
+    let mut warnings = Vec::new();
+    for (whose, handle) in [
+        ("the attempt summary file", agent),
+        ("the attempt receipt", receipt),
+    ] {
+        let Some(handle) = handle else {
+            continue;
+        };
+        let why = match check_artifact(handle) {
+            Err(why) => why,
+            Ok(()) if redactor.redact(handle) != handle => "carries a credential".to_string(),
+            Ok(()) => return (Some(handle.to_string()), warnings),
+        };
+        warnings.push(format!(
+            "dropped the artifact handle from {whose}: it {why}"
+        ));
     }
+    (None, warnings)
 }
 
 /// The receipt's Markdown without its run-log section.
@@ -354,13 +369,24 @@ mod tests {
     }
 
     #[test]
-    fn artifact_shapes_come_from_bounds() {
+    fn artifact_choice() {
+        let r = Redactor::new(["tok-secret-1"]);
+        let agent = Some("mcp://cairn/Ab12");
+        let receipt = Some("mcp://cairn/Rc1");
         assert_eq!(
-            agent_artifact(Some("mcp://cairn/Ab12")),
-            Ok(Some("mcp://cairn/Ab12".into()))
+            choose_artifact(agent, receipt, &r),
+            (Some("mcp://cairn/Ab12".into()), vec![])
         );
-        assert_eq!(agent_artifact(None), Ok(None));
-        let warning = agent_artifact(Some("file:///etc/passwd")).unwrap_err();
-        assert!(!warning.contains("passwd"));
+        assert_eq!(
+            choose_artifact(None, receipt, &r),
+            (Some("mcp://cairn/Rc1".into()), vec![])
+        );
+        assert_eq!(choose_artifact(None, None, &r), (None, vec![]));
+        let (artifact, warnings) = choose_artifact(Some("file:///etc/passwd"), receipt, &r);
+        assert_eq!(artifact.as_deref(), Some("mcp://cairn/Rc1"));
+        assert!(warnings.len() == 1 && !warnings[0].contains("passwd"));
+        let (artifact, warnings) = choose_artifact(Some("https://x.io/?t=tok-secret-1"), None, &r);
+        assert_eq!(artifact, None);
+        assert!(warnings[0].contains("credential") && !warnings[0].contains("tok-secret-1"));
     }
 }

@@ -98,41 +98,6 @@ fn var(env: &[(String, String)], name: &str) -> Option<String> {
     env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
 }
 
-/// A tools/list answer declaring `verbs` with their input properties.
-fn tools(verbs: &[(&str, &[&str])]) -> Value {
-    let tools: Vec<Value> = verbs
-        .iter()
-        .map(|(name, props)| {
-            let props: serde_json::Map<String, Value> =
-                props.iter().map(|p| (p.to_string(), json!({}))).collect();
-            json!({"name": name, "inputSchema": {"type": "object", "properties": props,
-                "additionalProperties": false}})
-        })
-        .collect();
-    json!({ "tools": tools })
-}
-
-/// The SPEC-0034 drain verbs, release included.
-fn spec_0034_tools() -> Value {
-    tools(&[
-        (
-            "claim_next",
-            &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
-        ),
-        ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
-        (
-            "complete",
-            &["id", "result", "summary", "artifact", "lease_token"],
-        ),
-        (
-            "fail",
-            &["id", "result", "summary", "artifact", "lease_token"],
-        ),
-        ("release", &["id", "summary", "lease_token"]),
-        ("list_todos", &["queue", "state", "limit"]),
-    ])
-}
-
 // ---- REQ-4: admission before claim ------------------------------------------------------------
 
 #[test]
@@ -303,7 +268,7 @@ fn endpoint_lacks_the_verb() {
     assert_eq!(record.claim_error.as_deref(), Some("forbidden"));
     assert_eq!(cmds.len(), 1, "nothing spawned");
     // The doctor half: the endpoint's tools/list lacks the verb.
-    let caps = check_capabilities(&tools(&[("list_todos", &["queue"])]));
+    let caps = check_capabilities(&tools_list(&[("list_todos", &["queue"])]));
     assert!(caps.missing_verbs.contains(&"claim_next".to_string()));
 }
 
@@ -1210,7 +1175,7 @@ fn doctor_output() {
 // ---- REQ-19: capabilities -------------------------------------------------------------------
 
 fn predating_tools() -> Value {
-    tools(&[
+    tools_list(&[
         ("claim_next", &["queue", "lease_ttl_seconds"]),
         ("heartbeat", &["id", "lease_ttl_seconds"]),
         ("complete", &["id", "result"]),
@@ -1324,7 +1289,7 @@ fn a_failed_attempts_record() {
 
 #[test]
 fn doctor_on_a_read_only_endpoint() {
-    let caps = check_capabilities(&tools(&[("list_todos", &["queue", "state", "limit"])]));
+    let caps = check_capabilities(&tools_list(&[("list_todos", &["queue", "state", "limit"])]));
     assert_eq!(
         caps.missing_verbs,
         ["claim_next", "heartbeat", "complete", "fail"]
