@@ -647,19 +647,17 @@ impl Relay {
             self.warn(run_id, text);
         }
         self.after_children_change(now, |relay, now| {
-            match relay.settings.success_check.is_some() {
-                true => relay.start_check(now, false),
-                false => {
-                    let success = run.outcome == "success";
-                    let reason = match run.outcome {
-                        "success" => "agent_succeeded",
-                        "timed_out" => "agent_timed_out",
-                        _ if spawn_failed => "spawn_failed",
-                        _ => "agent_failed",
-                    };
-                    relay.verdict(now, success, reason);
-                }
+            if relay.settings.success_check.is_some() {
+                // The check runs whatever the agent did: it, not the exit code, is the verdict.
+                return relay.start_check(now, false);
             }
+            let reason = match run.outcome {
+                "success" => "agent_succeeded",
+                "timed_out" => "agent_timed_out",
+                _ if spawn_failed => "spawn_failed",
+                _ => "agent_failed",
+            };
+            relay.verdict(now, run.outcome == "success", reason);
         });
         Ok(())
     }
@@ -675,26 +673,15 @@ impl Relay {
         } else {
             "CheckFailedToStart"
         };
-        let Some(a) = self
-            .attempt
-            .as_mut()
-            .filter(|a| a.run_id == run_id)
-            .filter(|a| {
-                a.check
-                    .as_ref()
-                    .is_some_and(|c| c.state == CheckState::Running)
-            })
-        else {
-            return Err(ContractError::NoCheck {
-                run_id,
-                input: name,
-            });
+        let no_check = ContractError::NoCheck {
+            run_id,
+            input: name,
         };
-        let Some(check) = a.check.as_mut() else {
-            return Err(ContractError::NoCheck {
-                run_id,
-                input: name,
-            });
+        let Some(a) = self.attempt.as_mut().filter(|a| a.run_id == run_id) else {
+            return Err(no_check);
+        };
+        let Some(check) = a.check.as_mut().filter(|c| c.state == CheckState::Running) else {
+            return Err(no_check);
         };
         check.state = CheckState::Done;
         check.last_end = now;
@@ -789,8 +776,8 @@ impl Relay {
                 a.end = Some((report.outcome, RelayOutcome::ReportLost));
                 a.phase = Phase::Ending;
                 let text = format!(
-                    "{:?} on {} was refused with {}; the report is lost and the lease will lapse",
-                    report.verb,
+                    "{} on {} was refused with {}; the report is lost and the lease will lapse",
+                    report.verb.as_str(),
                     self.settings.lease,
                     error.code()
                 );

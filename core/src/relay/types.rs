@@ -325,6 +325,17 @@ pub enum ReportVerb {
     Release,
 }
 
+impl ReportVerb {
+    /// The tool's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportVerb::Complete => "complete",
+            ReportVerb::Fail => "fail",
+            ReportVerb::Release => "release",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {
     Term,
