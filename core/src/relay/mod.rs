@@ -34,6 +34,28 @@
 //! Restart reconciliation is the driver's: a new machine knows nothing of an old one's
 //! attempts, and [`reconcile_interrupted`] turns a record left `running` into `interrupted`.
 
+//! # Choices the spec leaves open
+//!
+//! - Admission order: enabled, overlap, hours, lease source enabled, lease source supported.
+//!   With `on_overlap = "queue"` a firing outside its hours is skipped, not held; one firing is
+//!   held, a further one is skipped `overlap`; the held one re-checks enabled and the lease
+//!   source when it starts, and any stop request drops it.
+//! - The source counts as supported only after a capability check on the current session:
+//!   before the first one and after `SessionExpired`, firings are skipped
+//!   `lease_source_unsupported` (there is no unchecked mode to fall back to).
+//! - The lease deadline runs from the send time of the last successful claim or heartbeat.
+//! - A heartbeat answered forbidden/invalid is logged and the regular cadence goes on (the
+//!   deadline decides); a report answered forbidden/invalid is `report_lost` at once.
+//! - A stop during the claim releases the lease as soon as the claim answers; a stop after the
+//!   verdict lets the report go out as decided. A released or failed abort waits for the process
+//!   to exit first, so no other worker starts while this one still runs.
+//! - A run record is written when the claim is sent (`running`), when it is answered and when
+//!   the run ends, after its process and check have exited.
+//! - Exit 75 whose re-run would start past the check's total time is inconclusive at once.
+//! - A receipt is also made when the agent's handle was dropped as malformed, and for an
+//!   attempt the check found already satisfied; an artifact that carries a known secret is
+//!   dropped like a malformed one.
+
 mod capabilities;
 mod context;
 mod machine;
