@@ -466,13 +466,7 @@ impl Relay {
         let s = &self.settings;
         a.record.todo_id = Some(claim.todo_id.clone());
         a.record.attempt = Some(claim.attempt);
-        a.redactor = Redactor::new(
-            s.secrets
-                .iter()
-                .chain(s.env_file.iter().map(|(_, v)| v))
-                .map(String::as_str)
-                .chain([token.expose()]),
-        );
+        a.redactor = Redactor::new(s.secret_values().chain([token.expose()]));
         // The claim request's send time, not the answer's: see `handle_heartbeat_answer`.
         a.lease = Some(Lease {
             deadline: a.claim_sent_at.saturating_add(s.lease_ttl),
@@ -1252,6 +1246,7 @@ impl Relay {
             source,
             markdown: receipt_markdown(&s.harness, a.run_id, &report.summary),
             run_log_lines: RECEIPT_LOG_LINES,
+            redactor: Redactor::new(s.secret_values()),
             tags: RECEIPT_TAGS.iter().map(|t| t.to_string()).collect(),
             timeout: RECEIPT_TIMEOUT,
         });

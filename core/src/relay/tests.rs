@@ -930,6 +930,7 @@ fn receipt_on_failure() {
         tags,
         timeout,
         run_log_lines,
+        redactor,
         ..
     }) = cmds.iter().find(|c| is_receipt(c)).cloned()
     else {
@@ -941,6 +942,9 @@ fn receipt_on_failure() {
     );
     assert_eq!(tags, ["receipt", "harness", "relay"]);
     assert!(markdown.contains("attempt 1/5 · agent failed (exit 1)"));
+    let log = format!("\u{1b}[1mcurl -H 'X-Key: {HEADER_SECRET}'\u{1b}[0m\nline 2\n");
+    let section = summary::receipt_log_section(log.as_bytes(), run_log_lines, &redactor);
+    assert!(section.contains("curl -H 'X-Key: [REDACTED]'\nline 2") && !section.contains('\u{1b}'));
     let cmds = d.input(Input::ReceiptUploaded {
         request,
         handle: "mcp://cairn/Rc1pt".into(),

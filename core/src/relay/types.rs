@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::capabilities::Capabilities;
 use super::record::{Event, RunRecord};
+use super::redact::Redactor;
 use crate::error::ErrorCode;
 use crate::time::{Millis, SECOND};
 
@@ -101,6 +102,14 @@ impl std::fmt::Debug for HarnessSettings {
 impl HarnessSettings {
     pub fn lease_ttl_seconds(&self) -> u64 {
         self.lease_ttl / SECOND
+    }
+
+    /// Every value the redactor must mask for this harness: header values and env_file values.
+    pub fn secret_values(&self) -> impl Iterator<Item = &str> {
+        self.secrets
+            .iter()
+            .chain(self.env_file.iter().map(|(_, v)| v))
+            .map(String::as_str)
     }
 }
 
@@ -447,6 +456,7 @@ pub enum Command {
     },
     /// `markdown` is the receipt without its log section; the driver appends the last
     /// `run_log_lines` lines of the run log with [`super::summary::receipt_log_section`] and
+    /// `redactor` (the harness's secret values; the run log never saw the lease token), and
     /// bounds the upload by `timeout` (the machine stops waiting then anyway).
     UploadReceipt {
         request: RequestId,
@@ -454,6 +464,7 @@ pub enum Command {
         source: String,
         markdown: String,
         run_log_lines: usize,
+        redactor: Redactor,
         tags: Vec<String>,
         timeout: Millis,
     },
