@@ -637,3 +637,1283 @@ pub fn config_parse_never_panics(text: &str) {
     }
 }
 // ---- end config -------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// Relay attempt machine (core-relay): a scripted driver for tests, a lease source backed by the
+// ledger, and the property bodies over input programs decoded from bytes.
+// ---------------------------------------------------------------------------------------------
+
+pub mod relay {
+    //! Everything a relay test needs to drive [`crate::relay::Relay`] in a few lines, and the
+    //! bodies of its property tests (each takes the bytes of a program, so a fuzz target can
+    //! reuse it as it is).
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use serde_json::{Value, json};
+
+    use crate::error::ErrorCode;
+    use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
+    use crate::relay::{
+        Capabilities, ClaimedTodo, Command, ContractError, ExitStatus, HarnessSettings, Input,
+        LeaseError, LeaseToken, OnOverlap, PriorAttempt, Relay, ReportVerb, RequestId, RunOutcome,
+        RunRecord, StopReason, SuccessCheck,
+    };
+    use crate::time::{MINUTE, Millis, SECOND, parse_rfc3339, rfc3339};
+
+    /// 2026-09-22T12:00:00Z, where every scripted test starts.
+    pub fn t0() -> Millis {
+        parse_rfc3339("2026-09-22T12:00:00Z").unwrap_or_default()
+    }
+
+    /// Header and env_file values the tests plant, to prove they never leak.
+    pub const HEADER_SECRET: &str = "hdr-s3cr3t-value";
+    pub const ENV_FILE_SECRET: &str = "envfile-s3cr3t-value";
+
+    /// `fixer` on `buildbox`, bound to `queue.ci`: 5 m lease, 1 m heartbeats, no check.
+    pub fn settings() -> HarnessSettings {
+        HarnessSettings {
+            harness: "fixer".into(),
+            host: "buildbox".into(),
+            lease: "queue.ci".into(),
+            queue: Some("ci-failures".into()),
+            lease_ttl: 5 * MINUTE,
+            heartbeat_interval: MINUTE,
+            argv: vec!["claude".into(), "-p".into()],
+            prompt: Some(b"Fix the CI failure described in $HARNESS_RELAY_FILE.".to_vec()),
+            workdir: "/src/app".into(),
+            timeout: None,
+            kill_grace: crate::relay::DEFAULT_KILL_GRACE,
+            on_overlap: OnOverlap::Skip,
+            enabled: true,
+            lease_enabled: true,
+            success_check: None,
+            attempt_receipt: None,
+            jobs_dir: "/state/jobs".into(),
+            secrets: vec![HEADER_SECRET.into()],
+            env_file: vec![("GH_TOKEN".into(), ENV_FILE_SECRET.into())],
+        }
+    }
+
+    /// The settings with a success check.
+    pub fn with_check(
+        mut s: HarnessSettings,
+        timeout: Millis,
+        interval: Millis,
+    ) -> HarnessSettings {
+        s.success_check = Some(SuccessCheck {
+            argv: vec!["./scripts/required-checks-green.sh".into()],
+            timeout,
+            interval,
+            before: false,
+        });
+        s
+    }
+
+    /// A claim answer for `todo_id` at `attempt` of `max`, fenced with `token` when given.
+    pub fn claimed(todo_id: &str, attempt: u32, max: u32, token: Option<&str>) -> ClaimedTodo {
+        ClaimedTodo {
+            todo_id: todo_id.into(),
+            attempt,
+            max_attempts: max,
+            attempt_seq: u64::from(attempt),
+            lease_token: token.map(LeaseToken::new),
+            claimed_at: "2026-09-22T12:00:00Z".into(),
+            todo: json!({
+                "id": todo_id, "queue": "ci-failures", "title": "CI red on main",
+                "kind": "check_suite", "source": "gitea", "payload": {"sha": "abc123"},
+                "work_order": null, "created_at": "2026-09-22T11:58:00Z", "state": "claimed",
+                "attempt": attempt, "max_attempts": max,
+            }),
+            prior_attempts: Vec::new(),
+        }
+    }
+
+    /// A tools/list answer declaring `verbs`, each with its input properties (and
+    /// `additionalProperties: false`, as the queue server's schemas have it).
+    pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
+        let tools: Vec<Value> = verbs
+            .iter()
+            .map(|(name, props)| {
+                let props: serde_json::Map<String, Value> =
+                    props.iter().map(|p| (p.to_string(), json!({}))).collect();
+                json!({"name": name, "inputSchema": {"type": "object", "properties": props,
+                    "additionalProperties": false}})
+            })
+            .collect();
+        json!({ "tools": tools })
+    }
+
+    /// The drain verbs with every argument SPEC-0034 adds, release included.
+    pub fn spec_0034_tools() -> Value {
+        tools_list(&[
+            (
+                "claim_next",
+                &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
+            ),
+            ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
+            (
+                "complete",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
+            (
+                "fail",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
+            ("release", &["id", "summary", "lease_token"]),
+            ("list_todos", &["queue", "state", "limit"]),
+        ])
+    }
+
+    /// The request id of the last command in `cmds` that `pick` selects.
+    pub fn request_in(cmds: &[Command], pick: fn(&Command) -> bool) -> Option<RequestId> {
+        cmds.iter().rev().filter(|c| pick(c)).find_map(request_of)
+    }
+
+    pub fn request_of(c: &Command) -> Option<RequestId> {
+        match c {
+            Command::SendClaimNext { request, .. }
+            | Command::SendHeartbeat { request, .. }
+            | Command::SendReport { request, .. }
+            | Command::UploadReceipt { request, .. } => Some(*request),
+            _ => None,
+        }
+    }
+
+    pub fn is_claim(c: &Command) -> bool {
+        matches!(c, Command::SendClaimNext { .. })
+    }
+    pub fn is_heartbeat(c: &Command) -> bool {
+        matches!(c, Command::SendHeartbeat { .. })
+    }
+    pub fn is_report(c: &Command) -> bool {
+        matches!(c, Command::SendReport { .. })
+    }
+    pub fn is_receipt(c: &Command) -> bool {
+        matches!(c, Command::UploadReceipt { .. })
+    }
+
+    /// The run records among `cmds`.
+    pub fn records(cmds: &[Command]) -> Vec<&RunRecord> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                Command::WriteRunRecord { record } => Some(record),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A Debug-and-JSON rendering of a command, for "does this byte string appear" checks.
+    pub fn rendered(c: &Command) -> String {
+        let mut text = format!("{c:?}");
+        match c {
+            Command::WriteContextFile { bytes, .. } => {
+                text.push_str(&String::from_utf8_lossy(bytes));
+            }
+            Command::Spawn { env, .. } | Command::RunCheck { env, .. } => {
+                for (k, v) in env.merged([]) {
+                    text.push_str(&format!(" {k}={v}"));
+                }
+            }
+            Command::WriteRunRecord { record } => {
+                text.push_str(&serde_json::to_string(record).unwrap_or_default());
+            }
+            Command::Emit { event } => {
+                text.push_str(&serde_json::to_string(event).unwrap_or_default());
+            }
+            Command::SendReport { result, .. } => text.push_str(&result.to_string()),
+            _ => {}
+        }
+        text
+    }
+
+    /// How the scripted driver answers heartbeats on its own.
+    #[derive(Clone, Debug, PartialEq)]
+    pub enum AutoHeartbeat {
+        /// Leave them unanswered; the test answers.
+        Off,
+        /// Answer each at once, with this result.
+        Reply(Result<(), LeaseError>),
+    }
+
+    /// A scripted driver: feeds inputs at explicit times, fires due timers at their own
+    /// instants, and keeps every command it saw.
+    pub struct Driver {
+        pub relay: Relay,
+        pub now: Millis,
+        /// Every command with the time it was emitted.
+        pub log: Vec<(Millis, Command)>,
+        pub auto_heartbeat: AutoHeartbeat,
+    }
+
+    impl Driver {
+        /// A relay at [`t0`] whose lease source advertises SPEC-0034 with release.
+        pub fn new(settings: HarnessSettings) -> Driver {
+            Self::with_capabilities(settings, Capabilities::full(true))
+        }
+
+        pub fn with_capabilities(settings: HarnessSettings, caps: Capabilities) -> Driver {
+            Self::new_with(settings, caps, 1, t0())
+        }
+
+        /// A relay whose first run id is `first_run_id`, starting at `now`.
+        pub fn new_with(
+            settings: HarnessSettings,
+            caps: Capabilities,
+            first_run_id: u64,
+            now: Millis,
+        ) -> Driver {
+            let mut d = Driver {
+                relay: Relay::new(settings, 7, first_run_id),
+                now,
+                log: Vec::new(),
+                auto_heartbeat: AutoHeartbeat::Reply(Ok(())),
+            };
+            d.input(Input::CapabilitiesKnown(caps));
+            d
+        }
+
+        /// Feeds `input` at the current time; panics on a contract error.
+        pub fn input(&mut self, input: Input) -> Vec<Command> {
+            match self.try_input(input) {
+                Ok(cmds) => cmds,
+                Err(e) => panic!("contract error: {e}"),
+            }
+        }
+
+        pub fn try_input(&mut self, input: Input) -> Result<Vec<Command>, ContractError> {
+            self.relay.handle_input(self.now, input)?;
+            Ok(self.drain())
+        }
+
+        fn drain(&mut self) -> Vec<Command> {
+            let mut out = Vec::new();
+            while let Some(c) = self.relay.poll_command() {
+                self.log.push((self.now, c.clone()));
+                out.push(c);
+            }
+            if let AutoHeartbeat::Reply(reply) = self.auto_heartbeat.clone() {
+                let requests: Vec<RequestId> = out
+                    .iter()
+                    .filter(|c| is_heartbeat(c))
+                    .filter_map(request_of)
+                    .collect();
+                for request in requests {
+                    let input = match reply.clone() {
+                        Ok(()) => Input::HeartbeatOk { request },
+                        Err(error) => Input::HeartbeatFailed { request, error },
+                    };
+                    out.extend(self.input(input));
+                }
+            }
+            out
+        }
+
+        /// Moves time to `t`, handling each timer at the instant it is due.
+        pub fn advance_to(&mut self, t: Millis) -> Vec<Command> {
+            let mut out = Vec::new();
+            while let Some((at, _)) = self.relay.poll_timeout().filter(|(at, _)| *at <= t) {
+                self.now = self.now.max(at);
+                out.extend(self.input(Input::TimerFired));
+            }
+            self.now = self.now.max(t);
+            out
+        }
+
+        pub fn advance(&mut self, by: Millis) -> Vec<Command> {
+            self.advance_to(self.now + by)
+        }
+
+        /// A doorbell firing within hours.
+        pub fn fire(&mut self) -> Vec<Command> {
+            self.input(Input::Firing {
+                trigger: "channel.sb".into(),
+                within_hours: true,
+            })
+        }
+
+        /// The last request of the kind `pick` selects, over the whole log.
+        pub fn last_request(&self, pick: fn(&Command) -> bool) -> RequestId {
+            let cmds: Vec<Command> = self.log.iter().map(|(_, c)| c.clone()).collect();
+            request_in(&cmds, pick).unwrap_or_else(|| panic!("no such request in the log"))
+        }
+
+        /// The run id of the attempt in flight.
+        pub fn run_id(&self) -> u64 {
+            self.relay
+                .describe()
+                .attempt
+                .map(|a| a.run_id)
+                .unwrap_or_else(|| panic!("no attempt in flight"))
+        }
+
+        /// Fires and answers the claim with `claim`.
+        pub fn claim(&mut self, claim: ClaimedTodo) -> Vec<Command> {
+            let mut out = self.fire();
+            let request = request_in(&out, is_claim).unwrap_or_else(|| panic!("no claim sent"));
+            out.extend(self.input(Input::ClaimAnswered { request, claim }));
+            out
+        }
+
+        /// Fires, claims `claim` and reports the process started.
+        pub fn start(&mut self, claim: ClaimedTodo) -> Vec<Command> {
+            let mut out = self.claim(claim);
+            let run_id = self.run_id();
+            out.extend(self.input(Input::ProcessSpawned { run_id }));
+            out
+        }
+
+        pub fn spawned(&mut self) -> Vec<Command> {
+            let run_id = self.run_id();
+            self.input(Input::ProcessSpawned { run_id })
+        }
+
+        pub fn exit(&mut self, code: i32, summary_file: Option<&[u8]>) -> Vec<Command> {
+            let run_id = self.run_id();
+            self.input(Input::ProcessExited {
+                run_id,
+                exit: if code < 0 {
+                    ExitStatus::Signal(-code)
+                } else {
+                    ExitStatus::Code(code)
+                },
+                summary_file: summary_file.map(<[u8]>::to_vec),
+            })
+        }
+
+        pub fn check_exit(&mut self, code: i32, output: &str) -> Vec<Command> {
+            let run_id = self.run_id();
+            self.input(Input::CheckExited {
+                run_id,
+                exit: ExitStatus::Code(code),
+                output_tail: output.as_bytes().to_vec(),
+            })
+        }
+
+        /// Accepts the last report.
+        pub fn report_ok(&mut self, dead_letter: bool) -> Vec<Command> {
+            let request = self.last_request(is_report);
+            self.input(Input::ReportAnswered {
+                request,
+                dead_letter,
+                next_retry_at: None,
+            })
+        }
+
+        pub fn report_failed(&mut self, error: LeaseError) -> Vec<Command> {
+            let request = self.last_request(is_report);
+            self.input(Input::ReportFailed { request, error })
+        }
+
+        /// Every command so far.
+        pub fn commands(&self) -> Vec<Command> {
+            self.log.iter().map(|(_, c)| c.clone()).collect()
+        }
+
+        /// The last record written.
+        pub fn last_record(&self) -> RunRecord {
+            let cmds = self.commands();
+            records(&cmds)
+                .last()
+                .map(|r| (*r).clone())
+                .unwrap_or_else(|| panic!("no record written"))
+        }
+    }
+
+    /// A lease source backed by the real [`Ledger`], speaking the machine's commands. Tokens
+    /// are `tok-<n>`; each relay is a different endpoint-session of one endpoint.
+    pub struct LedgerSource {
+        pub ledger: Ledger,
+        pub endpoint: String,
+        next_token: u32,
+    }
+
+    impl LedgerSource {
+        pub fn new(ledger: Ledger, endpoint: &str) -> LedgerSource {
+            LedgerSource {
+                ledger,
+                endpoint: endpoint.into(),
+                next_token: 0,
+            }
+        }
+
+        fn error(e: crate::error::Error) -> LeaseError {
+            match e.code {
+                ErrorCode::Internal => LeaseError::Other("internal".into()),
+                code => LeaseError::Code(code),
+            }
+        }
+
+        /// Serves one lease-source command at `now`; `None` for any other command.
+        pub fn serve(&mut self, now: Millis, c: &Command) -> Option<Input> {
+            let actor = Actor::endpoint(self.endpoint.clone());
+            Some(match c {
+                Command::SendClaimNext {
+                    request,
+                    queue,
+                    lease_ttl_seconds,
+                    claimant,
+                    ..
+                } => {
+                    self.next_token += 1;
+                    let token = format!("tok-{}-{}", self.endpoint, self.next_token);
+                    let opts = ClaimOpts {
+                        ttl: lease_ttl_seconds * SECOND,
+                        claimant: Some(claimant.clone()),
+                        token_hash: Some(TokenHash::of(&token)),
+                    };
+                    let queues = queue.clone().map(|q| vec![q]);
+                    match self
+                        .ledger
+                        .claim_next(now, &actor, queues.as_deref(), &opts)
+                    {
+                        Ok(None) => Input::ClaimEmpty { request: *request },
+                        Err(e) => Input::ClaimFailed {
+                            request: *request,
+                            error: Self::error(e),
+                        },
+                        Ok(Some(c)) => Input::ClaimAnswered {
+                            request: *request,
+                            claim: ClaimedTodo {
+                                todo_id: c.todo.id.clone(),
+                                attempt: c.todo.attempt,
+                                max_attempts: c.todo.max_attempts,
+                                attempt_seq: u64::from(c.attempt_seq),
+                                lease_token: Some(LeaseToken::new(token)),
+                                claimed_at: rfc3339(c.todo.claimed_at.unwrap_or(now)),
+                                todo: json!({
+                                    "id": c.todo.id, "queue": c.todo.queue, "title": c.todo.title,
+                                    "kind": c.todo.kind, "source": c.todo.source,
+                                    "payload": c.todo.payload, "work_order": c.todo.work_order,
+                                    "created_at": rfc3339(c.todo.created_at),
+                                }),
+                                prior_attempts: c
+                                    .prior_attempts
+                                    .iter()
+                                    .map(|a| PriorAttempt {
+                                        seq: u64::from(a.seq),
+                                        number: a.attempt,
+                                        outcome: a.outcome.map(|o| o.as_str().to_string()),
+                                        died: a.died(),
+                                        claimant: a.claimant.clone(),
+                                        claimed_at: Some(rfc3339(a.claimed_at)),
+                                        ended_at: a.ended_at.map(rfc3339),
+                                        summary: a.summary.clone(),
+                                        artifact: a.artifact.clone(),
+                                    })
+                                    .collect(),
+                            },
+                        },
+                    }
+                }
+                Command::SendHeartbeat {
+                    request,
+                    todo_id,
+                    lease_ttl_seconds,
+                    lease_token,
+                    ..
+                } => {
+                    let hash = Some(TokenHash::of(lease_token.expose()));
+                    let ttl = lease_ttl_seconds * SECOND;
+                    match self.ledger.heartbeat(now, &actor, todo_id, ttl, hash) {
+                        Ok(_) => Input::HeartbeatOk { request: *request },
+                        Err(e) => Input::HeartbeatFailed {
+                            request: *request,
+                            error: Self::error(e),
+                        },
+                    }
+                }
+                Command::SendReport {
+                    request,
+                    verb,
+                    todo_id,
+                    lease_token,
+                    summary,
+                    artifact,
+                    result,
+                    ..
+                } => {
+                    let hash = Some(TokenHash::of(lease_token.expose()));
+                    let report = Report {
+                        result: Some(result.clone()).filter(|r| !r.is_null()),
+                        summary: Some(summary.clone()),
+                        artifact: artifact.clone(),
+                        token_hash: hash,
+                    };
+                    let answer = match verb {
+                        ReportVerb::Complete => self.ledger.complete(now, &actor, todo_id, &report),
+                        ReportVerb::Fail => self.ledger.fail(now, &actor, todo_id, &report),
+                        ReportVerb::Release => {
+                            self.ledger
+                                .release(now, &actor, todo_id, Some(summary), hash)
+                        }
+                    };
+                    match answer {
+                        Ok(todo) => Input::ReportAnswered {
+                            request: *request,
+                            dead_letter: todo.dead_letter(),
+                            next_retry_at: todo.next_retry_at.map(rfc3339),
+                        },
+                        Err(e) => Input::ReportFailed {
+                            request: *request,
+                            error: Self::error(e),
+                        },
+                    }
+                }
+                _ => return None,
+            })
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Property bodies: a program of inputs decoded from bytes, run against one relay with a
+    // world that answers only what was asked (plus stale replays), then healed until the
+    // machine is idle. Each property reads the recorded trace.
+    // -----------------------------------------------------------------------------------------
+
+    /// One step of a program.
+    #[derive(Clone, Debug, PartialEq)]
+    pub enum RelayOp {
+        Advance(Millis),
+        Fire {
+            within_hours: bool,
+        },
+        /// Answers the awaited claim (by `x % 8`): 0-2 fenced todo, 3 unfenced todo, 4 empty,
+        /// 5 transport, 6 conflict, 7 forbidden.
+        ClaimAnswer(u8),
+        /// Answers one awaited heartbeat (by `answer % 8`): 0-4 ok, 5 transport, 6 conflict,
+        /// 7 not_found.
+        HeartbeatAnswer {
+            pick: u8,
+            answer: u8,
+        },
+        /// Answers the awaited report (by `x % 8`): 0-2 ok, 3 ok with dead letter,
+        /// 4-5 transport, 6 conflict, 7 invalid.
+        ReportAnswer(u8),
+        ReceiptAnswer {
+            ok: bool,
+        },
+        Spawned,
+        SpawnFailed,
+        /// The process exits; `summary` 0 none, 1 text, 2 JSON naming the lease token and a
+        /// handle, 3 JSON with a malformed handle.
+        Exit {
+            code: i32,
+            summary: u8,
+        },
+        /// The check exits; its output names the lease token when `leak`.
+        CheckExit {
+            code: i32,
+            leak: bool,
+        },
+        CheckFailedToStart,
+        Stop(StopReason),
+        Capabilities {
+            supported: bool,
+            release: bool,
+        },
+        SessionExpired,
+        /// Feeds an answer given earlier once more.
+        Replay(u8),
+    }
+
+    /// A decoded program: the harness settings it runs under and its steps.
+    #[derive(Clone, Debug)]
+    pub struct RelayProgram {
+        pub settings: HarnessSettings,
+        pub ops: Vec<RelayOp>,
+        /// The world answers every heartbeat at once with success (long attempts get to their
+        /// check and report); otherwise heartbeats wait for `HeartbeatAnswer` operations.
+        pub auto_heartbeat: bool,
+    }
+
+    /// Every byte string is a valid program: the first bytes choose the settings, the rest are
+    /// operations.
+    pub fn decode_relay_program(bytes: &[u8]) -> RelayProgram {
+        let mut it = bytes.iter().copied();
+        let mut b = || it.next().unwrap_or(0);
+        let mut s = settings();
+        let (f0, f1, f2) = (b(), b(), b());
+        s.on_overlap = if f0 & 1 == 0 {
+            OnOverlap::Skip
+        } else {
+            OnOverlap::Queue
+        };
+        // Mostly enabled: a disabled harness only ever writes skipped records.
+        s.enabled = f0 & 0b1110 != 0b1110;
+        s.lease_enabled = f0 & 0b111_0000 != 0b111_0000;
+        s.heartbeat_interval = [MINUTE, 30 * SECOND, 2 * MINUTE][usize::from(f1 % 3)];
+        if f1 & 0b100 != 0 {
+            let mut c = with_check(settings(), 3 * MINUTE, 30 * SECOND).success_check;
+            if let Some(c) = c.as_mut() {
+                c.before = f1 & 0b1000 != 0;
+            }
+            s.success_check = c;
+        }
+        s.attempt_receipt = (f1 & 0b10000 != 0).then(|| "cairn.main".into());
+        s.timeout = (f1 & 0b100000 != 0).then_some(4 * MINUTE);
+        let mut ops = vec![RelayOp::Capabilities {
+            supported: f2 & 0b111 != 0b111,
+            release: f2 & 0b1000 == 0,
+        }];
+        let auto_heartbeat = f1 & 0b100_0000 == 0;
+        let rest: Vec<u8> = it.collect();
+        let mut it = rest.into_iter();
+        while let Some(tag) = it.next() {
+            let mut b = || it.next().unwrap_or(0);
+            ops.push(match tag % 20 {
+                0 => RelayOp::Advance(Millis::from(b()) * SECOND),
+                1 => RelayOp::Advance(Millis::from(b() % 32) * 15 * SECOND),
+                2 | 3 => RelayOp::Fire {
+                    within_hours: b() % 4 != 0,
+                },
+                4 | 5 => RelayOp::ClaimAnswer(b()),
+                6 | 7 => RelayOp::HeartbeatAnswer {
+                    pick: b(),
+                    answer: b(),
+                },
+                8 | 9 => RelayOp::ReportAnswer(b()),
+                10 => RelayOp::ReceiptAnswer { ok: b() % 3 != 0 },
+                11 | 12 => RelayOp::Spawned,
+                13 | 14 => match b() % 8 {
+                    0 => RelayOp::SpawnFailed,
+                    x => RelayOp::Exit {
+                        code: [0, 1, 2, -9, 0, 75, 0][usize::from(x - 1)],
+                        summary: b() % 4,
+                    },
+                },
+                15 | 16 => match b() % 6 {
+                    0 => RelayOp::CheckFailedToStart,
+                    x => RelayOp::CheckExit {
+                        code: [0, 1, 75, 75, 0][usize::from(x - 1)],
+                        leak: b() % 2 == 0,
+                    },
+                },
+                17 => match b() % 8 {
+                    0..=2 => RelayOp::Stop(
+                        [
+                            StopReason::Shutdown,
+                            StopReason::OperatorStop,
+                            StopReason::HarnessRemoved,
+                            StopReason::UsageLimit,
+                        ][usize::from(b() % 4)],
+                    ),
+                    3 => RelayOp::SessionExpired,
+                    _ => RelayOp::Capabilities {
+                        supported: b() % 4 != 0,
+                        release: b() % 2 == 0,
+                    },
+                },
+                _ => RelayOp::Replay(b()),
+            });
+        }
+        RelayProgram {
+            settings: s,
+            ops,
+            auto_heartbeat,
+        }
+    }
+
+    /// One input and what it led to.
+    #[derive(Clone, Debug)]
+    pub struct Step {
+        pub now: Millis,
+        pub input: Input,
+        pub commands: Vec<Command>,
+        /// `harness describe` after the step, as JSON.
+        pub describe: String,
+        /// The relay's own `Debug` after the step.
+        pub debug: String,
+    }
+
+    /// What a program did.
+    #[derive(Clone, Debug)]
+    pub struct Trace {
+        pub settings: HarnessSettings,
+        pub steps: Vec<Step>,
+        /// The lease token handed to each run.
+        pub tokens: BTreeMap<u64, String>,
+    }
+
+    /// The world around one relay: what it asked for and has not been answered yet.
+    struct World {
+        relay: Relay,
+        now: Millis,
+        trace: Trace,
+        claim: Option<(RequestId, u64)>,
+        heartbeats: Vec<RequestId>,
+        report: Option<RequestId>,
+        receipt: Option<RequestId>,
+        /// The process: run id and whether it started.
+        process: Option<(u64, bool)>,
+        check: Option<u64>,
+        answered: Vec<Input>,
+        auto_heartbeat: bool,
+    }
+
+    impl World {
+        fn feed(&mut self, input: Input) -> Result<(), String> {
+            // A timer due now goes first, in a step of its own, as a punctual driver delivers
+            // it; the machine would handle it first anyway, and the trace then shows which
+            // commands the timer caused and which the input.
+            if input != Input::TimerFired
+                && self
+                    .relay
+                    .poll_timeout()
+                    .is_some_and(|(at, _)| at <= self.now)
+            {
+                self.feed(Input::TimerFired)?;
+            }
+            self.relay
+                .handle_input(self.now, input.clone())
+                .map_err(|e| format!("at {}: {input:?} was refused: {e}", self.now))?;
+            let mut commands = Vec::new();
+            while let Some(c) = self.relay.poll_command() {
+                match &c {
+                    Command::SendClaimNext {
+                        request, run_id, ..
+                    } => {
+                        self.claim = Some((*request, *run_id));
+                    }
+                    Command::SendHeartbeat { request, .. } => self.heartbeats.push(*request),
+                    Command::SendReport { request, .. } => self.report = Some(*request),
+                    Command::UploadReceipt { request, .. } => self.receipt = Some(*request),
+                    Command::Spawn { run_id, .. } => self.process = Some((*run_id, false)),
+                    Command::RunCheck { run_id, .. } => self.check = Some(*run_id),
+                    _ => {}
+                }
+                commands.push(c);
+            }
+            let describe = serde_json::to_string(&self.relay.describe()).unwrap_or_default();
+            let debug = format!("{:?}", self.relay);
+            self.trace.steps.push(Step {
+                now: self.now,
+                input,
+                commands,
+                describe,
+                debug,
+            });
+            if self.auto_heartbeat {
+                for request in std::mem::take(&mut self.heartbeats) {
+                    self.answer(Input::HeartbeatOk { request })?;
+                }
+            }
+            Ok(())
+        }
+
+        fn answer(&mut self, input: Input) -> Result<(), String> {
+            self.answered.push(input.clone());
+            self.feed(input)
+        }
+
+        /// Moves to `t` the way a driver does: each timer at its own instant.
+        fn advance_to(&mut self, t: Millis) -> Result<(), String> {
+            for _ in 0..10_000 {
+                match self.relay.poll_timeout() {
+                    Some((at, _)) if at <= t => {
+                        self.now = self.now.max(at);
+                        self.feed(Input::TimerFired)?;
+                    }
+                    _ => break,
+                }
+            }
+            self.now = self.now.max(t);
+            Ok(())
+        }
+
+        fn token_of(&self, run_id: u64) -> String {
+            self.trace.tokens.get(&run_id).cloned().unwrap_or_default()
+        }
+
+        fn apply(&mut self, op: &RelayOp) -> Result<(), String> {
+            let lease_error = |x: u8| match x {
+                1 => LeaseError::Transport,
+                2 => LeaseError::Code(ErrorCode::Conflict),
+                3 => LeaseError::Code(ErrorCode::NotFound),
+                4 => LeaseError::Code(ErrorCode::Forbidden),
+                _ => LeaseError::Code(ErrorCode::Invalid),
+            };
+            match op {
+                RelayOp::Advance(by) => self.advance_to(self.now + by)?,
+                RelayOp::Fire { within_hours } => self.feed(Input::Firing {
+                    trigger: "channel.sb".into(),
+                    within_hours: *within_hours,
+                })?,
+                RelayOp::ClaimAnswer(kind) => {
+                    let Some((request, run_id)) = self.claim.take() else {
+                        return Ok(());
+                    };
+                    let input = match kind % 8 {
+                        k @ 0..=3 => {
+                            let token = format!("LT{run_id}-q3vZw8Kp");
+                            let fenced = k < 3;
+                            if fenced {
+                                self.trace.tokens.insert(run_id, token.clone());
+                            }
+                            let token = fenced.then_some(token.as_str());
+                            let claim = claimed(&format!("td_{run_id}"), 1, 3, token);
+                            Input::ClaimAnswered { request, claim }
+                        }
+                        4 => Input::ClaimEmpty { request },
+                        x => Input::ClaimFailed {
+                            request,
+                            error: lease_error(x - 4),
+                        },
+                    };
+                    self.answer(input)?;
+                }
+                RelayOp::HeartbeatAnswer { pick, answer } => {
+                    if self.heartbeats.is_empty() {
+                        return Ok(());
+                    }
+                    let i = usize::from(*pick) % self.heartbeats.len();
+                    let request = self.heartbeats.remove(i);
+                    let input = match answer % 8 {
+                        0..=4 => Input::HeartbeatOk { request },
+                        x => Input::HeartbeatFailed {
+                            request,
+                            error: lease_error(x - 4),
+                        },
+                    };
+                    self.answer(input)?;
+                }
+                RelayOp::ReportAnswer(kind) => {
+                    let Some(request) = self.report.take() else {
+                        return Ok(());
+                    };
+                    let input = match kind % 8 {
+                        k @ 0..=3 => Input::ReportAnswered {
+                            request,
+                            dead_letter: k == 3,
+                            next_retry_at: None,
+                        },
+                        4 | 5 => Input::ReportFailed {
+                            request,
+                            error: LeaseError::Transport,
+                        },
+                        6 => Input::ReportFailed {
+                            request,
+                            error: lease_error(2),
+                        },
+                        _ => Input::ReportFailed {
+                            request,
+                            error: lease_error(7),
+                        },
+                    };
+                    self.answer(input)?;
+                }
+                RelayOp::ReceiptAnswer { ok } => {
+                    let Some(request) = self.receipt.take() else {
+                        return Ok(());
+                    };
+                    let input = if *ok {
+                        Input::ReceiptUploaded {
+                            request,
+                            handle: "mcp://cairn/Rc9".into(),
+                        }
+                    } else {
+                        Input::ReceiptFailed {
+                            request,
+                            error: "connection refused".into(),
+                        }
+                    };
+                    self.answer(input)?;
+                }
+                RelayOp::Spawned => {
+                    if let Some((run_id, false)) = self.process {
+                        self.process = Some((run_id, true));
+                        self.feed(Input::ProcessSpawned { run_id })?;
+                    }
+                }
+                RelayOp::SpawnFailed => {
+                    if let Some((run_id, false)) = self.process {
+                        self.process = None;
+                        self.feed(Input::SpawnFailed {
+                            run_id,
+                            error: "ENOENT".into(),
+                        })?;
+                    }
+                }
+                RelayOp::Exit { code, summary } => {
+                    if let Some((run_id, true)) = self.process {
+                        self.process = None;
+                        let token = self.token_of(run_id);
+                        let summary_file = match summary {
+                            0 => None,
+                            1 => Some(format!("tried; {ENV_FILE_SECRET} was set").into_bytes()),
+                            2 => Some(
+                                json!({"summary": format!("lease {token} in hand"),
+                                       "artifact": "mcp://cairn/Ab12Cd34"})
+                                .to_string()
+                                .into_bytes(),
+                            ),
+                            _ => Some(
+                                br#"{"summary": "x", "artifact": "file:///etc/passwd"}"#.to_vec(),
+                            ),
+                        };
+                        let exit = if *code < 0 {
+                            ExitStatus::Signal(-code)
+                        } else {
+                            ExitStatus::Code(*code)
+                        };
+                        self.feed(Input::ProcessExited {
+                            run_id,
+                            exit,
+                            summary_file,
+                        })?;
+                    }
+                }
+                RelayOp::CheckExit { code, leak } => {
+                    if let Some(run_id) = self.check.take() {
+                        let output = if *leak {
+                            format!("FAIL auth with {}\n", self.token_of(run_id))
+                        } else {
+                            "ok\n".to_string()
+                        };
+                        self.feed(Input::CheckExited {
+                            run_id,
+                            exit: ExitStatus::Code(*code),
+                            output_tail: output.into_bytes(),
+                        })?;
+                    }
+                }
+                RelayOp::CheckFailedToStart => {
+                    if let Some(run_id) = self.check.take() {
+                        self.feed(Input::CheckFailedToStart {
+                            run_id,
+                            error: "EACCES".into(),
+                        })?;
+                    }
+                }
+                RelayOp::Stop(reason) => self.feed(Input::StopRequested { reason: *reason })?,
+                RelayOp::Capabilities { supported, release } => {
+                    let caps = if *supported {
+                        Capabilities::full(*release)
+                    } else {
+                        Capabilities {
+                            missing: vec!["claim_next.require_fence".into()],
+                            release_advertised: *release,
+                            missing_verbs: Vec::new(),
+                        }
+                    };
+                    self.feed(Input::CapabilitiesKnown(caps))?;
+                }
+                RelayOp::SessionExpired => self.feed(Input::SessionExpired)?,
+                RelayOp::Replay(pick) => {
+                    if !self.answered.is_empty() {
+                        let i = usize::from(*pick) % self.answered.len();
+                        let input = self.answered[i].clone();
+                        self.feed(input)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        /// Answers everything favourably and lets time pass until the relay is idle.
+        fn heal(&mut self) -> Result<(), String> {
+            for _ in 0..2_000 {
+                if !self.relay.in_flight() {
+                    return Ok(());
+                }
+                if let Some((request, _)) = self.claim.take() {
+                    self.answer(Input::ClaimEmpty { request })?;
+                } else if let Some(request) = self.report.take() {
+                    self.answer(Input::ReportAnswered {
+                        request,
+                        dead_letter: false,
+                        next_retry_at: None,
+                    })?;
+                } else if self.receipt.is_some() {
+                    self.apply(&RelayOp::ReceiptAnswer { ok: true })?;
+                } else if !self.heartbeats.is_empty() {
+                    self.apply(&RelayOp::HeartbeatAnswer { pick: 0, answer: 0 })?;
+                } else if let Some((_, false)) = self.process {
+                    self.apply(&RelayOp::Spawned)?;
+                } else if let Some((_, true)) = self.process {
+                    self.apply(&RelayOp::Exit {
+                        code: 0,
+                        summary: 0,
+                    })?;
+                } else if self.check.is_some() {
+                    self.apply(&RelayOp::CheckExit {
+                        code: 0,
+                        leak: false,
+                    })?;
+                } else if let Some((at, _)) = self.relay.poll_timeout() {
+                    self.advance_to(at)?;
+                } else {
+                    return Err(format!(
+                        "stuck: in flight with nothing awaited and no timer: {}",
+                        serde_json::to_string(&self.relay.describe()).unwrap_or_default()
+                    ));
+                }
+            }
+            Err("the relay did not become idle".into())
+        }
+    }
+
+    /// Runs a program and heals the world; the trace is what the properties read.
+    pub fn run_relay_program(program: &RelayProgram) -> Result<Trace, String> {
+        let mut w = World {
+            relay: Relay::new(program.settings.clone(), 11, 1),
+            now: t0(),
+            trace: Trace {
+                settings: program.settings.clone(),
+                steps: Vec::new(),
+                tokens: BTreeMap::new(),
+            },
+            claim: None,
+            heartbeats: Vec::new(),
+            report: None,
+            receipt: None,
+            process: None,
+            check: None,
+            answered: Vec::new(),
+            auto_heartbeat: program.auto_heartbeat,
+        };
+        for op in &program.ops {
+            w.apply(op)?;
+        }
+        w.heal()?;
+        Ok(w.trace)
+    }
+
+    fn trace_of(bytes: &[u8]) -> Result<Trace, String> {
+        run_relay_program(&decode_relay_program(bytes))
+    }
+
+    /// Nothing reaches the lease source before admission: a claim only for a firing within its
+    /// hours (or the held one, when the previous run closed), only on a verified source, only
+    /// with no run in flight, always fenced; heartbeats and reports only for a fenced claim.
+    pub fn relay_admission_before_lease_calls(bytes: &[u8]) -> Result<(), String> {
+        let trace = trace_of(bytes)?;
+        let s = &trace.settings;
+        let (mut verified, mut open, mut held) = (false, None::<u64>, false);
+        let mut fenced: BTreeSet<u64> = BTreeSet::new();
+        for (i, step) in trace.steps.iter().enumerate() {
+            let mut held_may_start = false;
+            match &step.input {
+                Input::CapabilitiesKnown(caps) => verified = caps.supported(),
+                Input::SessionExpired => verified = false,
+                Input::StopRequested { .. } => held = false,
+                Input::Firing { within_hours, .. } => {
+                    let queue = s.on_overlap == OnOverlap::Queue;
+                    if open.is_some() && queue && *within_hours && !held && s.enabled {
+                        held = true;
+                    }
+                }
+                Input::ClaimAnswered { claim, .. } if claim.lease_token.is_some() => {
+                    fenced.extend(open);
+                }
+                _ => {}
+            }
+            for c in &step.commands {
+                let err = |what: &str| Err(format!("step {i} ({:?}): {what}: {c:?}", step.input));
+                match c {
+                    Command::WriteRunRecord { record }
+                        if record.outcome != RunOutcome::Running && open == Some(record.run_id) =>
+                    {
+                        open = None;
+                        held_may_start = std::mem::take(&mut held);
+                    }
+                    Command::SendClaimNext {
+                        run_id,
+                        require_fence,
+                        ..
+                    } => {
+                        if !(verified && s.enabled && s.lease_enabled && *require_fence) {
+                            return err("claim on an unverified, disabled or unfenced source");
+                        }
+                        if open.is_some() {
+                            return err("claim while a run is in flight");
+                        }
+                        match &step.input {
+                            Input::Firing { within_hours, .. } if !within_hours => {
+                                return err("claim for a firing outside its hours");
+                            }
+                            Input::Firing { .. } => {}
+                            _ if held_may_start => held_may_start = false,
+                            _ => return err("claim without a firing"),
+                        }
+                        open = Some(*run_id);
+                    }
+                    Command::SendHeartbeat { run_id, .. } | Command::SendReport { run_id, .. }
+                        if !fenced.contains(run_id) || open != Some(*run_id) =>
+                    {
+                        return err("lease call without a fenced claim in flight");
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the lease is lost (a conflict or not_found, or the deadline measured from the
+    /// send time of the last successful claim or heartbeat) no heartbeat and no report goes out.
+    pub fn relay_silent_after_lease_loss(bytes: &[u8]) -> Result<(), String> {
+        let trace = trace_of(bytes)?;
+        let ttl = trace.settings.lease_ttl;
+        // Per run: deadline, lost. Per request: its run and send time.
+        let mut lease: BTreeMap<u64, (Millis, bool)> = BTreeMap::new();
+        let mut sent: BTreeMap<RequestId, (u64, Millis)> = BTreeMap::new();
+        let mut claim_of: BTreeMap<RequestId, u64> = BTreeMap::new();
+        let mut awaited: BTreeSet<RequestId> = BTreeSet::new();
+        for (i, step) in trace.steps.iter().enumerate() {
+            let now = step.now;
+            for (deadline, lost) in lease.values_mut() {
+                *lost |= now >= *deadline;
+            }
+            match &step.input {
+                Input::ClaimAnswered { request, claim } if claim.lease_token.is_some() => {
+                    if let (Some(run), Some((_, at))) = (claim_of.get(request), sent.get(request))
+                        && awaited.remove(request)
+                    {
+                        lease.insert(*run, (at + ttl, now >= at + ttl));
+                    }
+                }
+                Input::HeartbeatOk { request } if awaited.remove(request) => {
+                    if let Some((run, at)) = sent.get(request)
+                        && let Some((deadline, lost)) = lease.get_mut(run)
+                        && !*lost
+                    {
+                        *deadline = (*deadline).max(at + ttl);
+                    }
+                }
+                Input::HeartbeatFailed { request, error }
+                | Input::ReportFailed { request, error }
+                    if awaited.remove(request) && error.is_lease_loss() =>
+                {
+                    if let Some((run, _)) = sent.get(request)
+                        && let Some((_, lost)) = lease.get_mut(run)
+                    {
+                        *lost = true;
+                    }
+                }
+                Input::HeartbeatFailed { request, .. }
+                | Input::ReportFailed { request, .. }
+                | Input::ReportAnswered { request, .. } => {
+                    awaited.remove(request);
+                }
+                _ => {}
+            }
+            for c in &step.commands {
+                match c {
+                    Command::SendClaimNext {
+                        request, run_id, ..
+                    } => {
+                        claim_of.insert(*request, *run_id);
+                        sent.insert(*request, (*run_id, now));
+                        awaited.insert(*request);
+                    }
+                    Command::SendHeartbeat {
+                        request, run_id, ..
+                    }
+                    | Command::SendReport {
+                        request, run_id, ..
+                    } => {
+                        match lease.get(run_id) {
+                            Some((_, false)) => {}
+                            _ => {
+                                return Err(format!(
+                                    "step {i} at {now}: lease call after the lease was lost: {c:?}"
+                                ));
+                            }
+                        }
+                        sent.insert(*request, (*run_id, now));
+                        awaited.insert(*request);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Once a run's final record is written, no command names that run again.
+    pub fn relay_nothing_after_close(bytes: &[u8]) -> Result<(), String> {
+        let trace = trace_of(bytes)?;
+        let mut closed: BTreeSet<u64> = BTreeSet::new();
+        for (i, step) in trace.steps.iter().enumerate() {
+            for c in &step.commands {
+                if closed.contains(&c.run_id()) {
+                    return Err(format!("step {i}: command after run closed: {c:?}"));
+                }
+                if let Command::WriteRunRecord { record } = c
+                    && record.outcome != RunOutcome::Running
+                {
+                    closed.insert(record.run_id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A lease token appears only as the `lease_token` of its own run's heartbeats and
+    /// reports: never in any other command, any summary, result, record, event, context file,
+    /// environment, warning or `describe` — even when the agent and the check print it.
+    pub fn relay_token_stays_in_lease_calls(bytes: &[u8]) -> Result<(), String> {
+        let trace = trace_of(bytes)?;
+        let tokens: Vec<&String> = trace.tokens.values().collect();
+        for (i, step) in trace.steps.iter().enumerate() {
+            let leaked = |text: &str| tokens.iter().any(|t| text.contains(t.as_str()));
+            if leaked(&step.describe) || leaked(&step.debug) {
+                return Err(format!(
+                    "step {i}: describe or the relay's Debug shows a token"
+                ));
+            }
+            if leaked(&format!("{:?}", step.input)) {
+                return Err(format!("step {i}: an input's Debug shows a token"));
+            }
+            for c in &step.commands {
+                if leaked(&rendered(c)) {
+                    return Err(format!("step {i}: token in {}", rendered(c)));
+                }
+                if let Command::SendHeartbeat {
+                    run_id,
+                    lease_token,
+                    ..
+                }
+                | Command::SendReport {
+                    run_id,
+                    lease_token,
+                    ..
+                } = c
+                    && trace.tokens.get(run_id).map(String::as_str) != Some(lease_token.expose())
+                {
+                    return Err(format!("step {i}: run {run_id} presents another token"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every fenced claim ends in exactly one record with a relay outcome; nothing else gets
+    /// more than one.
+    pub fn relay_one_outcome_per_claim(bytes: &[u8]) -> Result<(), String> {
+        let trace = trace_of(bytes)?;
+        let mut outcomes: BTreeMap<u64, u32> = BTreeMap::new();
+        for step in &trace.steps {
+            for record in records(&step.commands) {
+                if record.relay_outcome.is_some() {
+                    *outcomes.entry(record.run_id).or_default() += 1;
+                }
+            }
+        }
+        if let Some((run, n)) = outcomes.iter().find(|(_, n)| **n > 1) {
+            return Err(format!("run {run} recorded {n} relay outcomes"));
+        }
+        for run in trace.tokens.keys() {
+            if outcomes.get(run) != Some(&1) {
+                return Err(format!("fenced run {run} ended without a relay outcome"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `harness describe` as JSON.
+    pub fn describe_json(relay: &Relay) -> Value {
+        serde_json::to_value(relay.describe()).unwrap_or_default()
+    }
+}
