@@ -1,0 +1,133 @@
+//! REQ-19: is this lease source's server one relay can work with? Read from the input schemas
+//! of its tools/list answer, never from a version string: the schemas forbid unknown
+//! properties, so what they declare is exactly what the server accepts. Doctor (REQ-21) uses
+//! the same answer.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The drain verbs relay needs, with the arguments each must declare.
+const REQUIRED: [(&str, &[&str]); 4] = [
+    ("claim_next", &["require_fence", "claimant"]),
+    ("heartbeat", &["lease_token"]),
+    ("complete", &["lease_token", "summary", "artifact"]),
+    ("fail", &["lease_token", "summary", "artifact"]),
+];
+/// `release` is optional (an endpoint may not be granted it), but when it is advertised its
+/// schema must carry these.
+const RELEASE: (&str, &[&str]) = ("release", &["lease_token", "summary"]);
+
+/// The verdict over one tools/list answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// What is missing, `verb` for an absent verb and `verb.argument` for an undeclared
+    /// argument. Empty means supported.
+    pub missing: Vec<String>,
+    pub release_advertised: bool,
+    /// The required verbs that are absent altogether (doctor names them).
+    pub missing_verbs: Vec<String>,
+}
+
+impl Capabilities {
+    pub fn supported(&self) -> bool {
+        self.missing.is_empty()
+    }
+
+    /// What a server with the full SPEC-0034 surface answers (tests and drivers use it).
+    pub fn full(release_advertised: bool) -> Capabilities {
+        Capabilities {
+            missing: Vec::new(),
+            release_advertised,
+            missing_verbs: Vec::new(),
+        }
+    }
+}
+
+/// Checks a tools/list result: `{"tools": [{"name", "inputSchema": {"properties"}}]}` (a bare
+/// array of tools is accepted too).
+pub fn check_capabilities(tools_list: &Value) -> Capabilities {
+    let tools = tools_list
+        .get("tools")
+        .unwrap_or(tools_list)
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let declared = |verb: &str| -> Option<Vec<&str>> {
+        let tool = tools
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(verb))?;
+        let props = tool
+            .get("inputSchema")
+            .and_then(|s| s.get("properties"))
+            .and_then(Value::as_object);
+        Some(props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default())
+    };
+    let mut caps = Capabilities::default();
+    let check = |verb: &str, args: &[&str], caps: &mut Capabilities| match declared(verb) {
+        None => false,
+        Some(props) => {
+            for arg in args {
+                if !props.contains(arg) {
+                    caps.missing.push(format!("{verb}.{arg}"));
+                }
+            }
+            true
+        }
+    };
+    for (verb, args) in REQUIRED {
+        if !check(verb, args, &mut caps) {
+            caps.missing.push(verb.to_string());
+            caps.missing_verbs.push(verb.to_string());
+        }
+    }
+    caps.release_advertised = check(RELEASE.0, RELEASE.1, &mut caps);
+    caps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A tools/list answer declaring `verbs`, each with the given properties.
+    pub(crate) fn tools(verbs: &[(&str, &[&str])]) -> Value {
+        let tools: Vec<Value> = verbs
+            .iter()
+            .map(|(name, props)| {
+                let props: serde_json::Map<String, Value> = props
+                    .iter()
+                    .map(|p| (p.to_string(), json!({"type": "string"})))
+                    .collect();
+                json!({"name": name, "inputSchema": {"type": "object", "properties": props,
+                    "additionalProperties": false}})
+            })
+            .collect();
+        json!({ "tools": tools })
+    }
+
+    #[test]
+    fn the_spec_0034_surface_is_supported() {
+        let list = tools(&[
+            ("claim_next", &["queue", "lease_ttl_seconds", "require_fence", "claimant"]),
+            ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
+            ("complete", &["id", "result", "summary", "artifact", "lease_token"]),
+            ("fail", &["id", "result", "summary", "artifact", "lease_token"]),
+            ("release", &["id", "summary", "lease_token"]),
+        ]);
+        assert_eq!(check_capabilities(&list), Capabilities::full(true));
+    }
+
+    #[test]
+    fn a_release_without_the_fence_is_refused() {
+        let list = tools(&[
+            ("claim_next", &["require_fence", "claimant"]),
+            ("heartbeat", &["lease_token"]),
+            ("complete", &["lease_token", "summary", "artifact"]),
+            ("fail", &["lease_token", "summary", "artifact"]),
+            ("release", &["id", "summary"]),
+        ]);
+        let caps = check_capabilities(&list);
+        assert!(!caps.supported());
+        assert_eq!(caps.missing, ["release.lease_token"]);
+    }
+}

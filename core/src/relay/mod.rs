@@ -1,0 +1,63 @@
+//! The relay attempt machine: one per leased harness, pure and sans-IO.
+//!
+//! A firing of a leased harness is admitted (enabled, overlap, hours, lease source enabled and
+//! supported) before anything is sent; an admitted firing claims one todo with a fence, gets a
+//! fresh process with a private context file, keeps its lease alive with heartbeats, asks the
+//! operator's success check for the verdict, and reports complete, fail or release with a
+//! bounded, redacted summary. Per attempt the phases are
+//! `claiming → (checking_before) → running → checking → (receipt) → reporting → closed`, and a
+//! lost lease or an abort can cut in anywhere before the report.
+//!
+//! # Driving it
+//!
+//! ```text
+//! relay.handle_input(now, input)?;           // or relay.handle_timeout(now)
+//! while let Some(cmd) = relay.poll_command() { execute(cmd) }
+//! sleep_until(relay.poll_timeout())           // then Input::TimerFired
+//! ```
+//!
+//! Drain [`Relay::poll_command`] until `None` after every input, then ask
+//! [`Relay::poll_timeout`] for the next deadline and its [`TimerReason`]. Answers to network
+//! commands carry the command's [`RequestId`]; an answer to a request that is no longer awaited
+//! (a heartbeat answer after the attempt ended, a duplicate report answer) is an ordinary input
+//! and is ignored. Only inputs that name something the machine never asked for are
+//! [`ContractError`]s.
+//!
+//! # What the machine never does
+//!
+//! It never reads a clock, draws randomness (retry jitter comes from the seed), touches a file,
+//! the environment or the network, or starts a process: it returns [`Command`]s. It never
+//! persists the lease token, never puts it anywhere but the `SendHeartbeat` and `SendReport`
+//! commands (not in records, events, context files, environments, summaries or warnings, and
+//! not in any `Debug` output), never opens a notification stream (there is no command for one),
+//! never retries a claim, and never sends anything for an attempt after its lease is lost.
+//! Restart reconciliation is the driver's: a new machine knows nothing of an old one's
+//! attempts, and [`reconcile_interrupted`] turns a record left `running` into `interrupted`.
+
+mod capabilities;
+mod context;
+mod machine;
+mod record;
+pub mod redact;
+pub mod summary;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use capabilities::{Capabilities, check_capabilities};
+pub use context::{
+    RunFiles, UNTRUSTED, claimant, context_file, context_file_bytes, relay_env, run_files,
+};
+pub use machine::{
+    AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Relay, SourceState,
+};
+pub use record::{
+    Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason, reconcile_interrupted,
+};
+pub use redact::Redactor;
+pub use types::{
+    ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input, LeaseError,
+    LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal, StopReason,
+    SuccessCheck, TimerReason,
+};

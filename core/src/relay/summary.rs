@@ -1,0 +1,336 @@
+//! The attempt summary (REQ-11), the artifact choice (REQ-12) and the receipt text (REQ-13):
+//! pure functions the machine calls and the driver may reuse.
+
+use serde_json::Value;
+
+use super::redact::Redactor;
+use crate::bounds::{SUMMARY_MAX_BYTES, check_artifact, cut_at_char_boundary};
+use crate::time::{Millis, SECOND};
+
+/// The driver reads at most this much of the attempt summary file; the machine cuts longer
+/// input to it as well.
+pub const AGENT_SUMMARY_MAX_BYTES: usize = 16 * 1024;
+/// How many of the check's last output lines the summary carries.
+pub const CHECK_TAIL_LINES: usize = 20;
+/// How many run-log lines a receipt carries.
+pub const RECEIPT_LOG_LINES: usize = 200;
+pub const RECEIPT_TAGS: [&str; 3] = ["receipt", "harness", "relay"];
+/// Marks every cut.
+pub const CUT: &str = "…";
+
+/// `45s`, `12m04s`, `16m`, `1h05m`: short, and exact enough for a summary line.
+pub fn format_duration(ms: Millis) -> String {
+    let s = ms / SECOND;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 if s % 60 == 0 => format!("{}m", s / 60),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ if (s % 3600) / 60 == 0 => format!("{}h", s / 3600),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// What the agent did, for the first line and the report's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentRun {
+    /// `success`, `failed` or `timed_out`, as `HARNESS_AGENT_OUTCOME` says it.
+    pub outcome: &'static str,
+    /// The exit code, -1 when signalled or never started.
+    pub exit: i32,
+    pub duration: Millis,
+}
+
+/// What the success check did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckRunSummary {
+    pub exit: i32,
+    /// From the first start to the last exit, waits included.
+    pub duration: Millis,
+}
+
+/// The line the daemon authors: `attempt 2/5 · agent success (exit 0) after 12m04s · check exit
+/// 1 after 2m`, without the check clause when no check ran.
+pub fn first_line(
+    attempt: u32,
+    max_attempts: u32,
+    agent: AgentRun,
+    check: Option<CheckRunSummary>,
+) -> String {
+    let mut line = format!(
+        "attempt {attempt}/{max_attempts} · agent {} (exit {}) after {}",
+        agent.outcome,
+        agent.exit,
+        format_duration(agent.duration)
+    );
+    if let Some(check) = check {
+        line.push_str(&format!(
+            " · check exit {} after {}",
+            check.exit,
+            format_duration(check.duration)
+        ));
+    }
+    line
+}
+
+/// The summary of an attempt the daemon ended without a verdict (REQ-14).
+pub fn abort_summary(attempt: u32, max_attempts: u32, reason_words: &str) -> String {
+    format!("attempt {attempt}/{max_attempts} · stopped: {reason_words}")
+}
+
+/// The summary sent when the check passed before the spawn (REQ-9).
+pub const ALREADY_SATISFIED: &str = "success_check passed before spawn";
+
+/// What the agent's summary file said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentSummary {
+    pub summary: Option<String>,
+    /// The agent's artifact candidate, not yet shape-checked.
+    pub artifact: Option<String>,
+}
+
+/// Reads the summary file: a JSON object with a string `summary` (and maybe a string
+/// `artifact`), or otherwise the whole content as the summary.
+pub fn parse_summary_file(bytes: &[u8]) -> AgentSummary {
+    let bytes = &bytes[..bytes.len().min(AGENT_SUMMARY_MAX_BYTES)];
+    let text = String::from_utf8_lossy(bytes);
+    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&text)
+        && let Some(Value::String(summary)) = obj.get("summary")
+    {
+        return AgentSummary {
+            summary: Some(summary.trim().to_string()).filter(|s| !s.is_empty()),
+            artifact: obj.get("artifact").and_then(Value::as_str).map(str::to_string),
+        };
+    }
+    let text = text.trim();
+    AgentSummary {
+        summary: (!text.is_empty()).then(|| text.to_string()),
+        artifact: None,
+    }
+}
+
+/// Terminal escapes removed and carriage-return overwrites applied, as a reader saw the text.
+pub fn fold_ansi(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            plain.push(c);
+            continue;
+        }
+        match chars.next() {
+            // CSI: parameters up to a final byte in @..~
+            Some('[') => {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            // OSC: up to BEL or ESC \
+            Some(']') => {
+                while let Some(c) = chars.next() {
+                    if c == '\u{7}' || (c == '\u{1b}' && chars.peek() == Some(&'\\')) {
+                        if c == '\u{1b}' {
+                            chars.next();
+                        }
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    plain
+        .split('\n')
+        .map(|line| {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            line.rsplit('\r').next().unwrap_or(line)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The last `lines` lines of raw output, folded; empty lines at the end are dropped.
+pub fn last_lines(output: &[u8], lines: usize) -> String {
+    let text = fold_ansi(&String::from_utf8_lossy(output));
+    let all: Vec<&str> = text.trim_end().lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The REQ-11 summary: the three parts redacted, joined by newlines, and capped at
+/// [`SUMMARY_MAX_BYTES`] by cutting the check output (keeping its end), then the agent's text
+/// (keeping its start), and the first line only when it alone is too long.
+pub fn compose_summary(
+    first: &str,
+    agent: Option<&str>,
+    check_output: Option<&str>,
+    redactor: &Redactor,
+) -> String {
+    let first = redactor.redact(first);
+    let agent = agent.map(|s| redactor.redact(s)).filter(|s| !s.is_empty());
+    let check = check_output.map(|s| redactor.redact(s)).filter(|s| !s.is_empty());
+    cap_parts(&first, agent.as_deref(), check.as_deref(), SUMMARY_MAX_BYTES)
+}
+
+fn join(parts: &[Option<&str>]) -> String {
+    parts.iter().flatten().copied().collect::<Vec<_>>().join("\n")
+}
+
+/// The longest suffix of `s` of at most `max` bytes that starts on a char boundary.
+fn tail_within(s: &str, max: usize) -> &str {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Caps the joined parts at `max` bytes, cutting part 3, then part 2, then part 1.
+pub fn cap_parts(p1: &str, p2: Option<&str>, p3: Option<&str>, max: usize) -> String {
+    let whole = join(&[Some(p1), p2, p3]);
+    if whole.len() <= max {
+        return whole;
+    }
+    if let Some(p3) = p3 {
+        let room = max.saturating_sub(join(&[Some(p1), p2]).len() + 1 + CUT.len());
+        let kept = tail_within(p3, room);
+        if !kept.trim().is_empty() {
+            return join(&[Some(p1), p2, Some(&format!("{CUT}{kept}"))]);
+        }
+    }
+    if let Some(p2) = p2 {
+        let room = max.saturating_sub(p1.len() + 1 + CUT.len());
+        let kept = cut_at_char_boundary(p2, room);
+        if !kept.trim().is_empty() {
+            return join(&[Some(p1), Some(&format!("{kept}{CUT}"))]);
+        }
+    }
+    if p1.len() <= max {
+        return p1.to_string();
+    }
+    format!("{}{CUT}", cut_at_char_boundary(p1, max.saturating_sub(CUT.len())))
+}
+
+/// REQ-12's first choice: the agent's artifact when it has the shape of a handle. `Err` carries
+/// the run-log warning for a dropped one (which never repeats the handle: it may be anything).
+pub fn agent_artifact(candidate: Option<&str>) -> Result<Option<String>, String> {
+    match candidate {
+        None => Ok(None),
+        Some(handle) => match check_artifact(handle) {
+            Ok(()) => Ok(Some(handle.to_string())),
+            Err(why) => Err(format!(
+                "dropped the artifact named in the attempt summary file: it {why}"
+            )),
+        },
+    }
+}
+
+/// The receipt's Markdown without its run-log section.
+pub fn receipt_markdown(harness: &str, run_id: u64, summary: &str) -> String {
+    format!("# Attempt receipt: {harness} run {run_id}\n\n## Summary\n\n~~~~\n{summary}\n~~~~\n")
+}
+
+/// The run-log section the driver appends to [`receipt_markdown`]: the last `lines` lines of
+/// the run log, folded and redacted.
+pub fn receipt_log_section(run_log_tail: &[u8], lines: usize, redactor: &Redactor) -> String {
+    let tail = redactor.redact(&last_lines(run_log_tail, lines));
+    format!("\n## Run log (last {lines} lines)\n\n~~~~\n{tail}\n~~~~\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let cases = [
+            (0, "0s"),
+            (45_999, "45s"),
+            (60_000, "1m"),
+            (724_000, "12m04s"),
+            (3_600_000, "1h"),
+            (3_900_000, "1h05m"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(format_duration(ms), text);
+        }
+    }
+
+    #[test]
+    fn first_line_with_and_without_check() {
+        let agent = AgentRun {
+            outcome: "success",
+            exit: 0,
+            duration: 16 * 60_000,
+        };
+        assert_eq!(
+            first_line(2, 5, agent, None),
+            "attempt 2/5 · agent success (exit 0) after 16m"
+        );
+        let check = CheckRunSummary {
+            exit: 1,
+            duration: 120_000,
+        };
+        assert_eq!(
+            first_line(2, 5, agent, Some(check)),
+            "attempt 2/5 · agent success (exit 0) after 16m · check exit 1 after 2m"
+        );
+    }
+
+    #[test]
+    fn summary_file_shapes() {
+        let json = br#"{"summary": " fixed it ", "artifact": "mcp://cairn/x1"}"#;
+        assert_eq!(
+            parse_summary_file(json),
+            AgentSummary {
+                summary: Some("fixed it".into()),
+                artifact: Some("mcp://cairn/x1".into())
+            }
+        );
+        assert_eq!(parse_summary_file(b"plain words\n").summary.as_deref(), Some("plain words"));
+        // An object without a string summary is just text.
+        assert_eq!(
+            parse_summary_file(br#"{"summary": 3}"#).summary.as_deref(),
+            Some(r#"{"summary": 3}"#)
+        );
+        assert_eq!(parse_summary_file(b"  \n"), AgentSummary::default());
+        let big = vec![b'a'; 40_000];
+        assert_eq!(parse_summary_file(&big).summary.map(|s| s.len()), Some(16 * 1024));
+    }
+
+    #[test]
+    fn cap_cuts_check_then_agent_then_first_line() {
+        let first = "attempt 1/5 · agent failed (exit 1) after 1m";
+        let agent = "é".repeat(400); // 800 bytes
+        let check = (0..400).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n");
+        let s = cap_parts(first, Some(&agent), Some(&check), 2048);
+        assert_eq!(s.len(), 2048);
+        assert!(s.starts_with(first) && s.contains(&agent) && s.ends_with("line 399"));
+        assert!(s.contains(&format!("\n{CUT}")));
+
+        let agent = "é".repeat(2000);
+        let s = cap_parts(first, Some(&agent), Some(&check), 2048);
+        assert!(s.len() <= 2048 && s.starts_with(first) && s.ends_with(&format!("é{CUT}")));
+        assert!(!s.contains("line"));
+
+        let s = cap_parts(&"x".repeat(3000), None, None, 2048);
+        assert_eq!(s.len(), 2048);
+        assert!(s.ends_with(CUT));
+    }
+
+    #[test]
+    fn ansi_is_folded_and_tails_are_last_lines() {
+        assert_eq!(fold_ansi("\u{1b}[31mred\u{1b}[0m ok"), "red ok");
+        assert_eq!(fold_ansi("50%\r100%\nnext"), "100%\nnext");
+        assert_eq!(fold_ansi("\u{1b}]0;title\u{7}text"), "text");
+        assert_eq!(last_lines(b"a\nb\nc\n\n", 2), "b\nc");
+    }
+
+    #[test]
+    fn artifact_shapes_come_from_bounds() {
+        assert_eq!(agent_artifact(Some("mcp://cairn/Ab12")), Ok(Some("mcp://cairn/Ab12".into())));
+        assert_eq!(agent_artifact(None), Ok(None));
+        let warning = agent_artifact(Some("file:///etc/passwd")).unwrap_err();
+        assert!(!warning.contains("passwd"));
+    }
+}
