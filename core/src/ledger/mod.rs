@@ -219,9 +219,11 @@ impl Ledger {
             .ok_or_else(|| transition::not_found(op, id))
     }
 
-    /// Applies a transition's change. All-or-nothing: the writes are checked first, so a change
-    /// that would break the attempt rows is refused as an internal error with nothing applied.
-    fn apply(&mut self, change: Change) -> Result<Todo, Error> {
+    /// Applies a transition's change, as a store applies one inside its transaction.
+    /// All-or-nothing: the writes are checked first, so a change that would break the attempt
+    /// rows (a second open attempt, closing a closed one) is refused as an internal error with
+    /// nothing applied. The simulator's canaries call it directly to plant such bugs.
+    pub fn apply(&mut self, change: Change) -> Result<Todo, Error> {
         let id = change.todo.id.clone();
         let entry = self
             .todos
@@ -368,9 +370,10 @@ impl Ledger {
         report: &Report,
     ) -> Result<Todo, Error> {
         let cfg = self.cfg.clone();
-        self.transit("complete", id, |t, open| {
+        let r = self.transit("complete", id, |t, open| {
             transition::complete(&cfg, now, t, open, actor, report)
-        })
+        });
+        self.or_replay(r, id, actor, report.token_hash, Outcome::Completed)
     }
 
     /// Fails the attempt. The returned todo carries `next_retry_at` and `dead_letter()`.
@@ -382,9 +385,10 @@ impl Ledger {
         report: &Report,
     ) -> Result<Todo, Error> {
         let cfg = self.cfg.clone();
-        self.transit("fail", id, |t, open| {
+        let r = self.transit("fail", id, |t, open| {
             transition::fail(&cfg, now, t, open, actor, report)
-        })
+        });
+        self.or_replay(r, id, actor, report.token_hash, Outcome::Failed)
     }
 
     pub fn release(
@@ -395,9 +399,36 @@ impl Ledger {
         summary: Option<&str>,
         token_hash: Option<TokenHash>,
     ) -> Result<Todo, Error> {
-        self.transit("release", id, |t, open| {
+        let r = self.transit("release", id, |t, open| {
             transition::release(now, t, open, actor, summary, token_hash)
-        })
+        });
+        self.or_replay(r, id, actor, token_hash, Outcome::Released)
+    }
+
+    /// A report refused as a `conflict` may be a repeat of one already applied (its answer was
+    /// lost): then it answers as the first did. See [`transition::replay`].
+    fn or_replay(
+        &self,
+        r: Result<Todo, Error>,
+        id: &str,
+        actor: &Actor,
+        token_hash: Option<TokenHash>,
+        outcome: Outcome,
+    ) -> Result<Todo, Error> {
+        match r {
+            Err(e) if e.code == crate::ErrorCode::Conflict => {
+                let entry = &self.todos[id];
+                transition::replay(
+                    &entry.todo,
+                    entry.attempts.values().next_back(),
+                    actor,
+                    token_hash,
+                    outcome,
+                )
+                .ok_or(e)
+            }
+            r => r,
+        }
     }
 
     /// The operator's manual retry.

@@ -291,6 +291,45 @@ fn the_fence_is_no_oracle() {
 }
 
 #[test]
+fn a_fenced_report_repeated_after_its_answer_was_lost_is_answered_again() {
+    for verb in ["complete", "fail", "release"] {
+        let mut l = ledger_with(1, 1);
+        l.claim(T0, &ep("e"), "td_1", &fenced("Zq9")).unwrap();
+        let send = |l: &mut Ledger, now| match verb {
+            "complete" => l.complete(now, &ep("e"), "td_1", &report(Some("Zq9"))),
+            "fail" => l.fail(now, &ep("e"), "td_1", &report(Some("Zq9"))),
+            _ => l.release(now, &ep("e"), "td_1", None, Some(TokenHash::of("Zq9"))),
+        };
+        let first = send(&mut l, T0 + 1).unwrap();
+        let after = l.clone();
+        let again = send(&mut l, T0 + 2).unwrap();
+        assert_eq!(again, first, "{verb}: the repeat answers as the first did");
+        assert_eq!(l, after, "{verb}: and changes nothing");
+        // Another verb, another token or another endpoint is not a repeat.
+        let other = if verb == "complete" {
+            l.fail(T0 + 3, &ep("e"), "td_1", &report(Some("Zq9")))
+        } else {
+            l.complete(T0 + 3, &ep("e"), "td_1", &report(Some("Zq9")))
+        };
+        assert_eq!(code(other), ErrorCode::Conflict, "{verb}");
+        let wrong = l.complete(T0 + 3, &ep("e"), "td_1", &report(Some("nope")));
+        assert_eq!(code(wrong), ErrorCode::Conflict);
+        l.check().unwrap();
+    }
+}
+
+#[test]
+fn an_unfenced_report_is_never_replayed() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
+    assert_eq!(
+        code(l.complete(T0 + 2, &ep("e"), "td_1", &report(None))),
+        ErrorCode::Conflict
+    );
+}
+
+#[test]
 fn an_unfenced_claim_refuses_a_token() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
@@ -344,10 +383,18 @@ fn complete_closes_the_attempt_completed_and_keeps_the_result() {
     assert_eq!(a.summary.as_deref(), Some("all green"));
     assert_eq!(a.artifact.as_deref(), Some("mcp://cairn/Ab12"));
     assert!(!a.died());
-    // Reporting twice is a conflict, and the attempt is not closed again.
+    // A second report under another token is a conflict, and the attempt is not closed again.
+    let stranger = Report {
+        token_hash: Some(TokenHash::of("other")),
+        ..r.clone()
+    };
     assert_eq!(
-        code(l.complete(T0 + 2 * SECOND, &ep("e"), "td_1", &r)),
+        code(l.complete(T0 + 2 * SECOND, &ep("e"), "td_1", &stranger)),
         ErrorCode::Conflict
+    );
+    assert_eq!(
+        l.attempts("td_1").next().unwrap().ended_at,
+        Some(T0 + SECOND)
     );
     l.check().unwrap();
 }

@@ -16,6 +16,10 @@
 //! - A manual retry is allowed from `failed`, `done` and `canceled`; it resets `attempt` to 0
 //!   and clears `result` and `next_retry_at`, and never touches `attempts_total`.
 //! - Cancel is allowed from `pending`, `claimed` and `failed`.
+//! - A fenced report is idempotent: repeated under the same lease token after it was applied
+//!   (its answer was lost on the way back), it answers the todo as it is now and changes
+//!   nothing ([`replay`]). Without a fence a repeat cannot be told from a stranger's report, so
+//!   it answers `conflict`.
 
 use serde_json::Value;
 
@@ -548,6 +552,26 @@ pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<C
         disposition,
     )?));
     Ok(Some(change))
+}
+
+/// A report the caller already made: the newest attempt was closed with `outcome` under the
+/// same lease token, by the same endpoint. Then the report's answer is the todo as it is now,
+/// and nothing changes. `None` when it is not such a repeat (the caller then gets the
+/// transition's own error).
+pub fn replay(
+    todo: &Todo,
+    newest: Option<&Attempt>,
+    actor: &Actor,
+    token_hash: Option<TokenHash>,
+    outcome: Outcome,
+) -> Option<Todo> {
+    let a = newest?;
+    let repeat = actor.sees(todo)
+        && token_hash.is_some()
+        && a.lease_token_hash == token_hash
+        && a.outcome == Some(outcome)
+        && matches!(actor, Actor::Endpoint { endpoint, .. } if a.claimer_endpoint.as_ref() == Some(endpoint));
+    repeat.then(|| todo.clone())
 }
 
 /// Moves a failed todo whose retry is due back to pending. Ends no lease, writes no attempt.
