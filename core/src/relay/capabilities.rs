@@ -60,7 +60,11 @@ pub fn check_capabilities(tools_list: &Value) -> Capabilities {
             .get("inputSchema")
             .and_then(|s| s.get("properties"))
             .and_then(Value::as_object);
-        Some(props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default())
+        Some(
+            props
+                .map(|p| p.keys().map(String::as_str).collect())
+                .unwrap_or_default(),
+        )
     };
     let mut caps = Capabilities::default();
     let check = |verb: &str, args: &[&str], caps: &mut Capabilities| match declared(verb) {
@@ -108,10 +112,19 @@ mod tests {
     #[test]
     fn the_spec_0034_surface_is_supported() {
         let list = tools(&[
-            ("claim_next", &["queue", "lease_ttl_seconds", "require_fence", "claimant"]),
+            (
+                "claim_next",
+                &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
+            ),
             ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
-            ("complete", &["id", "result", "summary", "artifact", "lease_token"]),
-            ("fail", &["id", "result", "summary", "artifact", "lease_token"]),
+            (
+                "complete",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
+            (
+                "fail",
+                &["id", "result", "summary", "artifact", "lease_token"],
+            ),
             ("release", &["id", "summary", "lease_token"]),
         ]);
         assert_eq!(check_capabilities(&list), Capabilities::full(true));

@@ -53,7 +53,12 @@ pub const UNTRUSTED: [&str; 4] = [
 pub fn context_file(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &str) -> Value {
     let todo: serde_json::Map<String, Value> = TODO_FIELDS
         .iter()
-        .map(|f| (f.to_string(), claim.todo.get(f).cloned().unwrap_or(Value::Null)))
+        .map(|f| {
+            (
+                f.to_string(),
+                claim.todo.get(f).cloned().unwrap_or(Value::Null),
+            )
+        })
         .collect();
     let mut prior: Vec<&PriorAttempt> = claim.prior_attempts.iter().collect();
     prior.sort_by(|a, b| b.seq.cmp(&a.seq));
@@ -74,9 +79,14 @@ pub fn context_file(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &
 }
 
 /// The context file's bytes as written.
-pub fn context_file_bytes(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &str) -> Vec<u8> {
-    let mut bytes = serde_json::to_vec_pretty(&context_file(claim, lease_ttl_seconds, summary_file))
-        .unwrap_or_default();
+pub fn context_file_bytes(
+    claim: &ClaimedTodo,
+    lease_ttl_seconds: u64,
+    summary_file: &str,
+) -> Vec<u8> {
+    let mut bytes =
+        serde_json::to_vec_pretty(&context_file(claim, lease_ttl_seconds, summary_file))
+            .unwrap_or_default();
     bytes.push(b'\n');
     bytes
 }

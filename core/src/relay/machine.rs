@@ -491,7 +491,12 @@ impl Relay {
             self.lose_lease(now);
         } else if stopping {
             self.try_abort_report();
-        } else if self.settings.success_check.as_ref().is_some_and(|c| c.before) {
+        } else if self
+            .settings
+            .success_check
+            .as_ref()
+            .is_some_and(|c| c.before)
+        {
             self.start_check(now, true);
         } else {
             self.spawn();
@@ -621,7 +626,10 @@ impl Relay {
                     exit: -1,
                     duration: 0,
                 };
-                let text = format!("the agent could not be started: {}", a.redactor.redact(&error));
+                let text = format!(
+                    "the agent could not be started: {}",
+                    a.redactor.redact(&error)
+                );
                 (run, AgentSummary::default(), Some(text))
             }
         };
@@ -653,17 +661,31 @@ impl Relay {
         run_id: u64,
         end: Result<(ExitStatus, Vec<u8>), String>,
     ) -> Result<(), ContractError> {
-        let name = if end.is_ok() { "CheckExited" } else { "CheckFailedToStart" };
+        let name = if end.is_ok() {
+            "CheckExited"
+        } else {
+            "CheckFailedToStart"
+        };
         let Some(a) = self
             .attempt
             .as_mut()
             .filter(|a| a.run_id == run_id)
-            .filter(|a| a.check.as_ref().is_some_and(|c| c.state == CheckState::Running))
+            .filter(|a| {
+                a.check
+                    .as_ref()
+                    .is_some_and(|c| c.state == CheckState::Running)
+            })
         else {
-            return Err(ContractError::NoCheck { run_id, input: name });
+            return Err(ContractError::NoCheck {
+                run_id,
+                input: name,
+            });
         };
         let Some(check) = a.check.as_mut() else {
-            return Err(ContractError::NoCheck { run_id, input: name });
+            return Err(ContractError::NoCheck {
+                run_id,
+                input: name,
+            });
         };
         check.state = CheckState::Done;
         check.last_end = now;
@@ -676,7 +698,10 @@ impl Relay {
                 Some(exit)
             }
             Err(error) => {
-                let text = format!("the success check could not be started: {}", a.redactor.redact(&error));
+                let text = format!(
+                    "the success check could not be started: {}",
+                    a.redactor.redact(&error)
+                );
                 self.warn(run_id, text);
                 None
             }
@@ -706,9 +731,9 @@ impl Relay {
         answer: Result<bool, LeaseError>,
     ) -> Result<(), ContractError> {
         let interval = self.settings.heartbeat_interval;
-        let Some(a) = self.attempt.as_mut().filter(|a| {
-            matches!(a.phase, Phase::Reporting { request: Some(r), .. } if r == request)
-        }) else {
+        let Some(a) = self.attempt.as_mut().filter(
+            |a| matches!(a.phase, Phase::Reporting { request: Some(r), .. } if r == request),
+        ) else {
             return self.stale(request);
         };
         let Some(report) = a.report.clone() else {
@@ -789,7 +814,9 @@ impl Relay {
                     }
                     None
                 }
-                Err(why) => Some(format!("dropped the receipt handle from {source}: it {why}")),
+                Err(why) => Some(format!(
+                    "dropped the receipt handle from {source}: it {why}"
+                )),
             },
             Err(error) => Some(format!(
                 "the attempt receipt upload to {source} failed: {}; reporting without it",
@@ -933,7 +960,8 @@ impl Relay {
     }
 
     fn warn(&mut self, run_id: u64, text: String) {
-        self.commands.push_back(Command::WarnRunLog { run_id, text });
+        self.commands
+            .push_back(Command::WarnRunLog { run_id, text });
     }
 
     /// An answer to a request that is no longer awaited is ignored; one that was never asked
@@ -1029,7 +1057,8 @@ impl Relay {
         match check.state {
             CheckState::Running if check.killed.is_none() => {
                 check.killed = Some(KillCause::Abandon);
-                self.commands.push_back(Command::KillCheck { run_id: a.run_id });
+                self.commands
+                    .push_back(Command::KillCheck { run_id: a.run_id });
             }
             CheckState::Running => check.killed = Some(KillCause::Abandon),
             CheckState::Waiting { .. } => check.state = CheckState::Done,
@@ -1060,7 +1089,11 @@ impl Relay {
     }
 
     fn run_check(&mut self) {
-        let agent = self.attempt.as_ref().and_then(|a| a.agent.as_ref()).map(|g| g.run);
+        let agent = self
+            .attempt
+            .as_ref()
+            .and_then(|a| a.agent.as_ref())
+            .map(|g| g.run);
         let Some(env) = self.relay_process_env(agent) else {
             return;
         };
@@ -1140,7 +1173,12 @@ impl Relay {
             exit: c.last_exit.map_or(-1, ExitStatus::code),
             duration: c.last_end.saturating_sub(c.first_start),
         });
-        let first = first_line(lease.claim.attempt, lease.claim.max_attempts, agent_run, check_summary);
+        let first = first_line(
+            lease.claim.attempt,
+            lease.claim.max_attempts,
+            agent_run,
+            check_summary,
+        );
         let check_tail = check.map(|c| last_lines(&c.output_tail, CHECK_TAIL_LINES));
         let summary = compose_summary(
             &first,
@@ -1253,7 +1291,11 @@ impl Relay {
         if a.children_alive() || a.report.is_some() || a.end.is_some() {
             return;
         }
-        let summary = abort_summary(lease.claim.attempt, lease.claim.max_attempts, reason.words());
+        let summary = abort_summary(
+            lease.claim.attempt,
+            lease.claim.max_attempts,
+            reason.words(),
+        );
         let (verb, result) = if self.release_advertised {
             (ReportVerb::Release, Value::Null)
         } else {
@@ -1352,7 +1394,8 @@ impl Relay {
             a.record.relay_outcome = Some(relay_outcome);
         }
         a.record.ended_at = Some(rfc3339(now));
-        self.commands.push_back(Command::WriteRunRecord { record: a.record });
+        self.commands
+            .push_back(Command::WriteRunRecord { record: a.record });
         if let Some(trigger) = self.held.take() {
             self.start(now, &trigger);
         }
@@ -1436,6 +1479,14 @@ impl Relay {
     /// Whether an attempt is in flight (from the claim's send to its final record).
     pub fn in_flight(&self) -> bool {
         self.attempt.is_some()
+    }
+
+    /// The local lease deadline of the attempt in flight, while its lease is live.
+    pub fn lease_deadline(&self) -> Option<Millis> {
+        self.attempt
+            .as_ref()
+            .and_then(Attempt::live_lease)
+            .map(|l| l.deadline)
     }
 }
 

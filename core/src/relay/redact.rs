@@ -103,7 +103,12 @@ fn redact_shapes(text: &str) -> String {
 /// `Some((kept prefix length, matched length))` when a credential shape starts `s`.
 fn match_shape(s: &str) -> Option<(usize, usize)> {
     let b = s.as_bytes();
-    let run = |from: usize, ok: &dyn Fn(u8) -> bool| b[from.min(b.len())..].iter().take_while(|&&c| ok(c)).count();
+    let run = |from: usize, ok: &dyn Fn(u8) -> bool| {
+        b[from.min(b.len())..]
+            .iter()
+            .take_while(|&&c| ok(c))
+            .count()
+    };
     let alnum = |c: u8| c.is_ascii_alphanumeric();
     let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let dashed = |c: u8| c.is_ascii_alphanumeric() || c == b'-';
@@ -189,7 +194,9 @@ fn secret_pair(s: &str) -> Option<(usize, usize)> {
     }
     let value = &s[start..i];
     // `Authorization: Bearer x` is left to the Bearer shape, which masks the token itself.
-    let scheme = ["bearer", "basic"].iter().any(|w| value.eq_ignore_ascii_case(w));
+    let scheme = ["bearer", "basic"]
+        .iter()
+        .any(|w| value.eq_ignore_ascii_case(w));
     if value.is_empty() || value.starts_with(MASK) || scheme {
         return None;
     }
@@ -207,7 +214,10 @@ mod tests {
     #[test]
     fn shapes_are_masked_with_their_prefix() {
         let gh = format!("ghp_{}", "a1B2".repeat(9));
-        assert_eq!(r(&format!("token {gh} leaked")), "token ghp_[REDACTED] leaked");
+        assert_eq!(
+            r(&format!("token {gh} leaked")),
+            "token ghp_[REDACTED] leaked"
+        );
         assert_eq!(
             r("github_pat_11ABCDEFG0123456789_abcdefghijklmnop"),
             "github_pat_[REDACTED]"
@@ -215,17 +225,32 @@ mod tests {
         assert_eq!(r("id AKIAIOSFODNN7EXAMPLE."), "id AKIA[REDACTED].");
         assert_eq!(r("xoxb-1234567890-abcdef"), "xoxb-[REDACTED]");
         assert_eq!(r("key sk-proj-abcdefghijklmnopqrstuv"), "key sk-[REDACTED]");
-        assert_eq!(r("Authorization: Bearer abc.def-123456"), "Authorization: Bearer [REDACTED]");
-        assert_eq!(r("jwt eyJhbGciOi.eyJzdWIiOi.SflKxwRJSM end"), "jwt [REDACTED] end");
+        assert_eq!(
+            r("Authorization: Bearer abc.def-123456"),
+            "Authorization: Bearer [REDACTED]"
+        );
+        assert_eq!(
+            r("jwt eyJhbGciOi.eyJzdWIiOi.SflKxwRJSM end"),
+            "jwt [REDACTED] end"
+        );
         assert_eq!(r("password=hunter22&user=x"), "password=[REDACTED]&user=x");
-        assert_eq!(r(r#"{"api_key": "abc123"}"#), r#"{"api_key": "[REDACTED]"}"#);
+        assert_eq!(
+            r(r#"{"api_key": "abc123"}"#),
+            r#"{"api_key": "[REDACTED]"}"#
+        );
         assert_eq!(r("GITHUB_TOKEN=abc123"), "GITHUB_TOKEN=[REDACTED]");
     }
 
     #[test]
     fn known_values_and_ordinary_text() {
         assert_eq!(r("x hunter2-secret-value y"), "x [REDACTED] y");
-        for plain in ["task-1234 passed", "tokens: 5", "ask-me", "the tokenizer: fine", "é ü"] {
+        for plain in [
+            "task-1234 passed",
+            "tokens: 5",
+            "ask-me",
+            "the tokenizer: fine",
+            "é ü",
+        ] {
             assert_eq!(r(plain), plain);
         }
         // Too short to search for by value.

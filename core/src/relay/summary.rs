@@ -98,7 +98,10 @@ pub fn parse_summary_file(bytes: &[u8]) -> AgentSummary {
     {
         return AgentSummary {
             summary: Some(summary.trim().to_string()).filter(|s| !s.is_empty()),
-            artifact: obj.get("artifact").and_then(Value::as_str).map(str::to_string),
+            artifact: obj
+                .get("artifact")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         };
     }
     let text = text.trim();
@@ -168,12 +171,24 @@ pub fn compose_summary(
 ) -> String {
     let first = redactor.redact(first);
     let agent = agent.map(|s| redactor.redact(s)).filter(|s| !s.is_empty());
-    let check = check_output.map(|s| redactor.redact(s)).filter(|s| !s.is_empty());
-    cap_parts(&first, agent.as_deref(), check.as_deref(), SUMMARY_MAX_BYTES)
+    let check = check_output
+        .map(|s| redactor.redact(s))
+        .filter(|s| !s.is_empty());
+    cap_parts(
+        &first,
+        agent.as_deref(),
+        check.as_deref(),
+        SUMMARY_MAX_BYTES,
+    )
 }
 
 fn join(parts: &[Option<&str>]) -> String {
-    parts.iter().flatten().copied().collect::<Vec<_>>().join("\n")
+    parts
+        .iter()
+        .flatten()
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The longest suffix of `s` of at most `max` bytes that starts on a char boundary.
@@ -208,7 +223,10 @@ pub fn cap_parts(p1: &str, p2: Option<&str>, p3: Option<&str>, max: usize) -> St
     if p1.len() <= max {
         return p1.to_string();
     }
-    format!("{}{CUT}", cut_at_char_boundary(p1, max.saturating_sub(CUT.len())))
+    format!(
+        "{}{CUT}",
+        cut_at_char_boundary(p1, max.saturating_sub(CUT.len()))
+    )
 }
 
 /// REQ-12's first choice: the agent's artifact when it has the shape of a handle. `Err` carries
@@ -287,7 +305,10 @@ mod tests {
                 artifact: Some("mcp://cairn/x1".into())
             }
         );
-        assert_eq!(parse_summary_file(b"plain words\n").summary.as_deref(), Some("plain words"));
+        assert_eq!(
+            parse_summary_file(b"plain words\n").summary.as_deref(),
+            Some("plain words")
+        );
         // An object without a string summary is just text.
         assert_eq!(
             parse_summary_file(br#"{"summary": 3}"#).summary.as_deref(),
@@ -295,14 +316,20 @@ mod tests {
         );
         assert_eq!(parse_summary_file(b"  \n"), AgentSummary::default());
         let big = vec![b'a'; 40_000];
-        assert_eq!(parse_summary_file(&big).summary.map(|s| s.len()), Some(16 * 1024));
+        assert_eq!(
+            parse_summary_file(&big).summary.map(|s| s.len()),
+            Some(16 * 1024)
+        );
     }
 
     #[test]
     fn cap_cuts_check_then_agent_then_first_line() {
         let first = "attempt 1/5 · agent failed (exit 1) after 1m";
         let agent = "é".repeat(400); // 800 bytes
-        let check = (0..400).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n");
+        let check = (0..400)
+            .map(|i| format!("line {i}"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let s = cap_parts(first, Some(&agent), Some(&check), 2048);
         assert_eq!(s.len(), 2048);
         assert!(s.starts_with(first) && s.contains(&agent) && s.ends_with("line 399"));
@@ -328,7 +355,10 @@ mod tests {
 
     #[test]
     fn artifact_shapes_come_from_bounds() {
-        assert_eq!(agent_artifact(Some("mcp://cairn/Ab12")), Ok(Some("mcp://cairn/Ab12".into())));
+        assert_eq!(
+            agent_artifact(Some("mcp://cairn/Ab12")),
+            Ok(Some("mcp://cairn/Ab12".into()))
+        );
         assert_eq!(agent_artifact(None), Ok(None));
         let warning = agent_artifact(Some("file:///etc/passwd")).unwrap_err();
         assert!(!warning.contains("passwd"));

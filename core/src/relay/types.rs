@@ -89,7 +89,10 @@ impl std::fmt::Debug for HarnessSettings {
             .field("success_check", &self.success_check)
             .field("attempt_receipt", &self.attempt_receipt)
             .field("jobs_dir", &self.jobs_dir)
-            .field("secrets", &format_args!("<{} redacted>", self.secrets.len()))
+            .field(
+                "secrets",
+                &format_args!("<{} redacted>", self.secrets.len()),
+            )
             .field("env_file", &env_names)
             .finish()
     }
@@ -241,7 +244,10 @@ impl StopReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     /// The harness fired. `within_hours` is the config's operating-hours answer for `now`.
-    Firing { trigger: String, within_hours: bool },
+    Firing {
+        trigger: String,
+        within_hours: bool,
+    },
     ClaimAnswered {
         request: RequestId,
         claim: ClaimedTodo,
@@ -457,7 +463,9 @@ impl Command {
     pub fn is_lease_call(&self) -> bool {
         matches!(
             self,
-            Command::SendClaimNext { .. } | Command::SendHeartbeat { .. } | Command::SendReport { .. }
+            Command::SendClaimNext { .. }
+                | Command::SendHeartbeat { .. }
+                | Command::SendReport { .. }
         )
     }
 
