@@ -1,53 +1,96 @@
-//! The `relay` binary: one command line over relay-io and relay-core.
+//! The `relay` binary: one command line over relay-io, relay-sim and relay-core.
 //!
-//! The commands of the contract (`serve`, `daemon`, `up`, `todo`, `endpoint`, `sim`, …) are wired
-//! here as the parts they drive land; until then a command that is not built says so and exits 2.
+//! Every command has `--help`. Errors go to stderr as one line saying what was wrong and what to
+//! do, with a non-zero exit status (2 for a usage error).
+
+mod check_config;
+mod sim;
 
 use std::process::ExitCode;
 
-const COMMANDS: &[&str] = &[
-    "serve",
-    "endpoint",
-    "todo",
-    "daemon",
-    "trigger",
-    "describe",
-    "runs",
-    "doctor",
-    "check-config",
-    "up",
-    "sim",
-];
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "relay", version, about = "Leased work for AI-agent workers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the deterministic simulator: seeds, faults, invariants after every event.
+    Sim(sim::Args),
+    /// Validate a harness.toml (and the harness.d/ drop-ins beside it).
+    CheckConfig(check_config::Args),
+    /// The queue server (MCP Streamable HTTP). Not built yet.
+    Serve,
+    /// Vend, list and revoke endpoints. Not built yet.
+    Endpoint,
+    /// Add, list, show, retry and cancel todos. Not built yet.
+    Todo,
+    /// The supervisor daemon. Not built yet.
+    Daemon,
+    /// Fire a harness of the running daemon. Not built yet.
+    Trigger,
+    /// Describe a harness of the running daemon. Not built yet.
+    Describe,
+    /// List a harness's runs. Not built yet.
+    Runs,
+    /// Check the daemon's sources. Not built yet.
+    Doctor,
+    /// The quick start: server, daemon and sample work on embedded SQLite. Not built yet.
+    Up,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None | Some("--help" | "-h" | "help") => {
-            #[allow(clippy::print_stdout)]
-            {
-                println!("relay {}", env!("CARGO_PKG_VERSION"));
-                println!("usage: relay <command> [options]");
-                println!("commands: {}", COMMANDS.join(", "));
-            }
-            ExitCode::SUCCESS
-        }
-        Some("--version" | "-V") => {
-            #[allow(clippy::print_stdout)]
-            {
-                println!("relay {}", env!("CARGO_PKG_VERSION"));
-            }
-            ExitCode::SUCCESS
-        }
-        Some(cmd) if COMMANDS.contains(&cmd) => {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    match cli.command {
+        Cmd::Sim(args) => sim::run(args),
+        Cmd::CheckConfig(args) => check_config::run(args),
+        other => {
+            let name = match other {
+                Cmd::Serve => "serve",
+                Cmd::Endpoint => "endpoint",
+                Cmd::Todo => "todo",
+                Cmd::Daemon => "daemon",
+                Cmd::Trigger => "trigger",
+                Cmd::Describe => "describe",
+                Cmd::Runs => "runs",
+                Cmd::Doctor => "doctor",
+                _ => "up",
+            };
             eprintln!(
-                "relay: `{cmd}` is not built yet in this version; see README.md for what works today"
+                "relay: `{name}` is not built yet in this version; see README.md for what works today"
             );
             ExitCode::from(2)
         }
-        Some(other) => {
-            eprintln!(
-                "relay: unknown command `{other}`; run `relay --help` for the list of commands"
-            );
+    }
+}
+
+/// clap's own help and version go to stdout as usual; its errors become one line on stderr.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(2)
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("relay: {first}; run `relay --help` (or `relay <command> --help`) for usage");
             ExitCode::from(2)
         }
     }

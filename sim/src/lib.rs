@@ -1,10 +1,69 @@
 //! relay-sim: the deterministic discrete-event simulator.
 //!
-//! It drives the real relay-core machines (the ledger as the queue server, relay machines as
-//! workers) over a simulated network and clock that inject faults, and checks invariants after
-//! every event. It never uses async, threads, wall-clock time or unseeded randomness: the same
-//! seed gives the same run, byte for byte.
+//! It drives the real relay-core machines — the [`Ledger`](relay_core::ledger::Ledger) as the
+//! queue server, with its reaper and retry requeue on their own timers, and one
+//! [`Relay`](relay_core::relay::Relay) per simulated host — over a simulated network and clock.
+//! A seed draws the options (how many relays and todos, lease lengths, which fault kinds are on
+//! at all) and a [`Plan`] (when todos arrive, when partitions, outages, crashes, pauses and clock
+//! jumps strike). Messages are lost, duplicated and delayed by a network stream of the seed.
 //!
-//! This crate is filled in by the simulator work; today it only re-exports core.
+//! A run has two phases, as in the best simulators: a safety phase with faults on, then
+//! everything heals and every todo must end done, dead-lettered or canceled within a bound.
+//! After every event every invariant is checked (see [`world`]); the first violation ends the
+//! run, saying whether it broke correctness or liveness, at which step, and how to replay it.
+//!
+//! It never uses async, threads, wall-clock time or unseeded randomness: the same seed gives
+//! the same run, event for event, and the same trace hash.
 
-pub use relay_core as core;
+pub mod options;
+pub mod plan;
+pub mod rng;
+pub mod world;
+
+pub use options::{Mutation, Options};
+pub use plan::{Fault, Plan, Work};
+pub use world::{Kind, RunResult, Violation};
+
+/// Runs one seed with its drawn options and plan.
+pub fn run_seed(seed: u64, mutation: Option<Mutation>) -> (Options, Plan, RunResult) {
+    let options = Options::draw(seed, mutation);
+    let plan = Plan::draw(&options);
+    let result = run_plan(&options, &plan);
+    (options, plan, result)
+}
+
+/// Runs an explicit plan (for replaying and shrinking a saved failure).
+pub fn run_plan(options: &Options, plan: &Plan) -> RunResult {
+    world::World::new(options.clone(), plan).run()
+}
+
+/// [`run_plan`], printing every event and command to stderr.
+pub fn run_plan_traced(options: &Options, plan: &Plan) -> RunResult {
+    let mut w = world::World::new(options.clone(), plan);
+    w.trace = true;
+    w.run()
+}
+
+/// Removes fault events from a failing plan, one at a time, while the same invariant still
+/// breaks; returns the smallest plan found.
+pub fn shrink(options: &Options, plan: &Plan, invariant: &str) -> Plan {
+    let mut best = plan.clone();
+    let mut i = 0;
+    while i < best.faults.len() {
+        let mut candidate = best.clone();
+        candidate.faults.remove(i);
+        let r = run_plan(options, &candidate);
+        if r.violation
+            .as_ref()
+            .is_some_and(|v| v.invariant == invariant)
+        {
+            best = candidate;
+        } else {
+            i += 1;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests;

@@ -1454,6 +1454,14 @@ impl Relay {
     pub fn in_flight(&self) -> bool {
         self.attempt.is_some()
     }
+
+    /// The local lease deadline of the attempt in flight, while its lease is live.
+    pub fn lease_deadline(&self) -> Option<Millis> {
+        self.attempt
+            .as_ref()
+            .and_then(Attempt::live_lease)
+            .map(|l| l.deadline)
+    }
 }
 
 /// Takes the next request id from the machine's counter.

@@ -1,0 +1,204 @@
+//! What a run looks like, drawn from its seed and printed at its start.
+//!
+//! "Swarm" testing: each seed switches whole fault kinds off, so that some runs are dominated by
+//! one kind of trouble and the combinations vary from seed to seed.
+
+use std::fmt;
+
+use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
+
+use crate::rng::Rng;
+
+/// A deliberate bug, to prove that the invariants catch it (the simulator's canaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mutation {
+    /// The relay driver treats a heartbeat `conflict`/`not_found` as success.
+    IgnoreHeartbeatConflict,
+    /// The server accepts heartbeats and reports without comparing the fence.
+    ServerSkipsFence,
+    /// The relay driver holds every report back until its lease deadline has passed.
+    ReportAfterDeadline,
+    /// The reaper closes each reaped attempt a second time.
+    ReaperClosesTwice,
+}
+
+impl Mutation {
+    pub const ALL: [Mutation; 4] = [
+        Mutation::IgnoreHeartbeatConflict,
+        Mutation::ServerSkipsFence,
+        Mutation::ReportAfterDeadline,
+        Mutation::ReaperClosesTwice,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::IgnoreHeartbeatConflict => "ignore-heartbeat-conflict",
+            Mutation::ServerSkipsFence => "server-skips-fence",
+            Mutation::ReportAfterDeadline => "report-after-deadline",
+            Mutation::ReaperClosesTwice => "reaper-closes-twice",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mutation> {
+        Mutation::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// Fault kinds; each is on or off for a whole run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Faults {
+    /// Per mille of requests lost before they reach the server.
+    pub request_loss: u32,
+    /// Per mille of answers lost after the server applied the request.
+    pub response_loss: u32,
+    /// Per mille of requests delivered twice.
+    pub duplicate: u32,
+    /// Extra one-way delay, up to this many ms (0: a fixed 1–20 ms).
+    pub delay_max: Millis,
+    pub partitions: bool,
+    pub outages: bool,
+    pub crashes: bool,
+    /// Host pauses longer than the lease: a stale worker waking up.
+    pub pauses: bool,
+    /// Relay clocks that run fast or slow (within the bound below) and jump.
+    pub clock_drift: bool,
+    pub clock_jumps: bool,
+    /// Operators cancelling and retrying todos.
+    pub operators: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub seed: u64,
+    pub relays: usize,
+    pub todos: usize,
+    pub max_attempts: u32,
+    pub lease_ttl: Millis,
+    pub heartbeat_interval: Millis,
+    pub fire_every: Millis,
+    pub reaper_every: Millis,
+    pub requeue_every: Millis,
+    /// Agent run times are drawn up to this.
+    pub agent_max: Millis,
+    pub agent_timeout: Option<Millis>,
+    pub check: bool,
+    pub check_before: bool,
+    pub receipts: bool,
+    pub release_granted: bool,
+    /// How long faults are injected before everything heals.
+    pub safety: Millis,
+    /// How long after healing every todo must be finished.
+    pub liveness_bound: Millis,
+    pub faults: Faults,
+    pub mutation: Option<Mutation>,
+}
+
+/// Relay clocks drift at most this much (parts per million). The lease argument holds within
+/// `lease_ttl × MAX_DRIFT_PPM / 1e6`; the two-holder check allows exactly that.
+pub const MAX_DRIFT_PPM: i64 = 2_000;
+
+impl Options {
+    pub fn draw(seed: u64, mutation: Option<Mutation>) -> Options {
+        let mut r = Rng::stream(seed, "options");
+        let lease_ttl = r.range(1, 5) * MINUTE;
+        let heartbeat_interval = lease_ttl / r.range(3, 5);
+        let on = |r: &mut Rng, per_mille| r.chance(per_mille);
+        let faults = Faults {
+            request_loss: if on(&mut r, 600) {
+                r.range(5, 150) as u32
+            } else {
+                0
+            },
+            response_loss: if on(&mut r, 600) {
+                r.range(5, 150) as u32
+            } else {
+                0
+            },
+            duplicate: if on(&mut r, 400) {
+                r.range(5, 100) as u32
+            } else {
+                0
+            },
+            delay_max: if on(&mut r, 500) {
+                r.range(50, 3_000)
+            } else {
+                0
+            },
+            partitions: on(&mut r, 500),
+            outages: on(&mut r, 400),
+            crashes: on(&mut r, 400),
+            pauses: on(&mut r, 350),
+            clock_drift: on(&mut r, 500),
+            clock_jumps: on(&mut r, 300),
+            operators: on(&mut r, 400),
+        };
+        let check = on(&mut r, 600);
+        Options {
+            seed,
+            relays: r.range(1, 5) as usize,
+            todos: r.range(3, 30) as usize,
+            max_attempts: r.range(1, 5) as u32,
+            lease_ttl,
+            heartbeat_interval,
+            fire_every: r.range(20, 300) * SECOND,
+            reaper_every: r.range(5, 60) * SECOND,
+            requeue_every: r.range(5, 60) * SECOND,
+            agent_max: r.range(1, 30) * MINUTE,
+            agent_timeout: on(&mut r, 300).then(|| r.range(2, 20) * MINUTE),
+            check,
+            check_before: check && on(&mut r, 400),
+            receipts: on(&mut r, 300),
+            release_granted: on(&mut r, 700),
+            safety: r.range(1, 4) * HOUR,
+            liveness_bound: 24 * HOUR,
+            faults,
+            mutation,
+        }
+    }
+}
+
+impl fmt::Display for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = |ms: Millis| relay_core::config::format_duration(ms);
+        let fl = &self.faults;
+        write!(
+            f,
+            "relays={} todos={} max_attempts={} lease_ttl={} heartbeat={} fire_every={} \
+             agent_max={} timeout={} check={} check_before={} receipts={} release={} safety={}",
+            self.relays,
+            self.todos,
+            self.max_attempts,
+            s(self.lease_ttl),
+            s(self.heartbeat_interval),
+            s(self.fire_every),
+            s(self.agent_max),
+            self.agent_timeout.map_or("none".into(), s),
+            self.check,
+            self.check_before,
+            self.receipts,
+            self.release_granted,
+            s(self.safety),
+        )?;
+        write!(
+            f,
+            "\nfaults: request_loss={}‰ response_loss={}‰ duplicate={}‰ delay_max={}ms \
+             partitions={} outages={} crashes={} pauses={} clock_drift={} clock_jumps={} \
+             operators={}",
+            fl.request_loss,
+            fl.response_loss,
+            fl.duplicate,
+            fl.delay_max,
+            fl.partitions,
+            fl.outages,
+            fl.crashes,
+            fl.pauses,
+            fl.clock_drift,
+            fl.clock_jumps,
+            fl.operators
+        )?;
+        if let Some(m) = self.mutation {
+            write!(f, "\nmutation: {}", m.name())?;
+        }
+        Ok(())
+    }
+}

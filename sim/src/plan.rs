@@ -1,0 +1,141 @@
+//! The explicit schedule of a run: which todos are added when, what operators do, and which
+//! faults strike when. Drawn from the seed, but a plain value: a failing run's plan can be
+//! printed, edited, and shrunk by removing fault events while the same violation recurs.
+
+use relay_core::time::{MINUTE, Millis, SECOND};
+
+use crate::options::Options;
+use crate::rng::Rng;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// One relay's host cannot reach the server (both directions) for `len`.
+    Partition { relay: usize, len: Millis },
+    /// The server answers nothing for `len`.
+    Outage { len: Millis },
+    /// The relay's host dies (its processes with it) and comes back after `down`.
+    Crash { relay: usize, down: Millis },
+    /// The relay's host freezes for `len` (a VM pause): nothing on it runs, its clock jumps.
+    Pause { relay: usize, len: Millis },
+    /// The relay's clock jumps forward.
+    ClockJump { relay: usize, by: Millis },
+}
+
+impl Fault {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Partition { .. } => "partition",
+            Fault::Outage { .. } => "outage",
+            Fault::Crash { .. } => "crash",
+            Fault::Pause { .. } => "pause",
+            Fault::ClockJump { .. } => "clock_jump",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Add todo number `n`.
+    Add(usize),
+    /// An operator cancels todo number `n` (if it is not finished).
+    Cancel(usize),
+    /// An operator retries todo number `n` (if it failed or was canceled).
+    Retry(usize),
+}
+
+/// Everything scheduled, as offsets from the start of the run.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Plan {
+    pub work: Vec<(Millis, Work)>,
+    pub faults: Vec<(Millis, Fault)>,
+}
+
+impl Plan {
+    pub fn draw(o: &Options) -> Plan {
+        let mut w = Rng::stream(o.seed, "workload");
+        let mut p = Rng::stream(o.seed, "plan");
+        let mut plan = Plan::default();
+        // Todos arrive over the first half of the safety phase, some all at once.
+        for n in 0..o.todos {
+            let at = if w.chance(300) {
+                0
+            } else {
+                w.below(o.safety / 2)
+            };
+            plan.work.push((at, Work::Add(n)));
+        }
+        if o.faults.operators {
+            for _ in 0..w.range(1, 4) {
+                let at = w.below(o.safety);
+                let n = w.below(o.todos as u64) as usize;
+                let op = if w.chance(500) {
+                    Work::Cancel(n)
+                } else {
+                    Work::Retry(n)
+                };
+                plan.work.push((at, op));
+            }
+        }
+        let f = &o.faults;
+        let relay = |p: &mut Rng| p.below(o.relays as u64) as usize;
+        let count = |p: &mut Rng| p.range(1, 1 + o.safety / (30 * MINUTE));
+        if f.partitions {
+            for _ in 0..count(&mut p) {
+                let len = p.range(5 * SECOND, 3 * o.lease_ttl);
+                plan.faults.push((
+                    p.below(o.safety),
+                    Fault::Partition {
+                        relay: relay(&mut p),
+                        len,
+                    },
+                ));
+            }
+        }
+        if f.outages {
+            for _ in 0..count(&mut p) {
+                let len = p.range(2 * SECOND, 2 * o.lease_ttl);
+                plan.faults.push((p.below(o.safety), Fault::Outage { len }));
+            }
+        }
+        if f.crashes {
+            for _ in 0..count(&mut p) {
+                let down = p.range(SECOND, 2 * o.lease_ttl);
+                plan.faults.push((
+                    p.below(o.safety),
+                    Fault::Crash {
+                        relay: relay(&mut p),
+                        down,
+                    },
+                ));
+            }
+        }
+        if f.pauses {
+            for _ in 0..count(&mut p) {
+                // Longer than the lease: the worker wakes up stale.
+                let len = p.range(o.lease_ttl + SECOND, 3 * o.lease_ttl);
+                plan.faults.push((
+                    p.below(o.safety),
+                    Fault::Pause {
+                        relay: relay(&mut p),
+                        len,
+                    },
+                ));
+            }
+        }
+        if f.clock_jumps {
+            for _ in 0..count(&mut p) {
+                let by = p.range(SECOND, 2 * o.lease_ttl);
+                plan.faults.push((
+                    p.below(o.safety),
+                    Fault::ClockJump {
+                        relay: relay(&mut p),
+                        by,
+                    },
+                ));
+            }
+        }
+        plan.work.sort_by_key(|(at, _)| *at);
+        plan.faults.sort_by_key(|(at, _)| *at);
+        plan
+    }
+}
