@@ -355,6 +355,14 @@ impl Relay {
     }
 
     fn handle_due_timers(&mut self, now: Millis) {
+        // A driver that wakes late (a paused host, a clock that jumped) may find several timers
+        // due at once. The lease deadline goes first whatever its place among them: nothing due
+        // earlier (a heartbeat, a report retry) may go out once the lease is already gone.
+        if let Some(deadline) = self.lease_deadline()
+            && deadline <= now
+        {
+            self.handle_timer(now, TimerReason::LeaseDeadline);
+        }
         // Every timer handler disarms or moves its timer; the bound only guards that promise.
         for _ in 0..1024 {
             match self.poll_timeout() {

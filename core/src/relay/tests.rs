@@ -508,6 +508,25 @@ fn taken_over() {
     assert_eq!(count(&d.commands(), is_heartbeat), 1);
 }
 
+/// Found by the simulator: a host that wakes from a pause longer than the lease finds its
+/// heartbeat (due earlier) and its lease deadline due at once. The deadline goes first, and
+/// nothing is sent on a lease that is already gone.
+#[test]
+fn a_host_waking_after_its_lease_sends_nothing_and_stops_at_once() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.now += 3 * settings().lease_ttl; // the host was frozen
+    let cmds = d.input(Input::TimerFired);
+    assert_eq!(count(&cmds, is_heartbeat), 0, "{cmds:?}");
+    assert!(cmds.iter().any(is_term), "{cmds:?}");
+    assert!(cmds.iter().any(|c| matches!(
+        c,
+        Command::Emit {
+            event: Event::RelayLeaseLost { .. }
+        }
+    )));
+}
+
 #[test]
 fn switchboard_unreachable() {
     let start = at("2026-09-22T11:58:00Z");
