@@ -1752,11 +1752,15 @@ pub mod relay {
 
     /// After the lease is lost (a conflict or not_found, or the deadline measured from the
     /// send time of the last successful claim or heartbeat) no heartbeat and no report goes out.
+    /// A heartbeat refused once the report is out is not a loss by itself (the report may have
+    /// closed the attempt): the report's own answer decides, and no heartbeat follows it.
     pub fn relay_silent_after_lease_loss(bytes: &[u8]) -> Result<(), String> {
         let trace = trace_of(bytes)?;
         let ttl = trace.settings.lease_ttl;
         // Per run: deadline, lost. Per request: its run and send time.
         let mut lease: BTreeMap<u64, (Millis, bool)> = BTreeMap::new();
+        let mut reported: BTreeSet<u64> = BTreeSet::new();
+        let mut disputed: BTreeSet<u64> = BTreeSet::new();
         let mut sent: BTreeMap<RequestId, (u64, Millis)> = BTreeMap::new();
         let mut claim_of: BTreeMap<RequestId, u64> = BTreeMap::new();
         let mut awaited: BTreeSet<RequestId> = BTreeSet::new();
@@ -1779,6 +1783,17 @@ pub mod relay {
                         && !*lost
                     {
                         *deadline = (*deadline).max(at + ttl);
+                    }
+                }
+                Input::HeartbeatFailed { request, error }
+                    if error.is_lease_loss()
+                        && sent
+                            .get(request)
+                            .is_some_and(|(run, _)| reported.contains(run))
+                        && awaited.remove(request) =>
+                {
+                    if let Some((run, _)) = sent.get(request) {
+                        disputed.insert(*run);
                     }
                 }
                 Input::HeartbeatFailed { request, error }
@@ -1820,6 +1835,14 @@ pub mod relay {
                                     "step {i} at {now}: lease call after the lease was lost: {c:?}"
                                 ));
                             }
+                        }
+                        if matches!(c, Command::SendReport { .. }) {
+                            reported.insert(*run_id);
+                        } else if disputed.contains(run_id) {
+                            return Err(format!(
+                                "step {i} at {now}: heartbeat after one was refused during the \
+                                 report: {c:?}"
+                            ));
                         }
                         sent.insert(*request, (*run_id, now));
                         awaited.insert(*request);

@@ -154,6 +154,9 @@ struct Lease {
     /// Heartbeats awaiting an answer, with the time each was sent.
     outstanding: BTreeMap<RequestId, Millis>,
     lost: bool,
+    /// A heartbeat was refused while the report was out: the report's own answer decides
+    /// whether the lease was lost or the report closed the attempt, and no more heartbeats go.
+    disputed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,6 +485,7 @@ impl Relay {
             heartbeat_failures: 0,
             outstanding: BTreeMap::new(),
             lost: false,
+            disputed: false,
             token,
             claim,
         });
@@ -545,6 +549,10 @@ impl Relay {
     ) -> Result<(), ContractError> {
         let (ttl, interval) = (self.settings.lease_ttl, self.settings.heartbeat_interval);
         let run_id = self.attempt.as_ref().map_or(0, |a| a.run_id);
+        let reporting = self
+            .attempt
+            .as_ref()
+            .is_some_and(|a| matches!(a.phase, Phase::Reporting { .. }));
         let Some(lease) = self.attempt.as_mut().and_then(|a| a.lease.as_mut()) else {
             return self.stale(request);
         };
@@ -558,6 +566,21 @@ impl Relay {
                 // deadline at or before the server's, so the local stop can only come early.
                 lease.deadline = lease.deadline.max(sent.saturating_add(ttl));
                 lease.heartbeat_failures = 0;
+            }
+            // Found by the simulator: a heartbeat that crosses our own report on the wire finds
+            // the todo no longer claimed and is refused, though the report closed the attempt.
+            // While reporting, the report's answer decides (a repeat under the same token is
+            // answered as the first was): send it again now if it is waiting for a retry.
+            Some(error) if error.is_lease_loss() && reporting => {
+                lease.disputed = true;
+                lease.outstanding.clear();
+                let waiting = self
+                    .attempt
+                    .as_ref()
+                    .is_some_and(|a| matches!(a.phase, Phase::Reporting { request: None, .. }));
+                if waiting {
+                    self.send_report();
+                }
             }
             // Straight to REQ-8: a conflict never enters the transport retry path.
             Some(error) if error.is_lease_loss() => self.lose_lease(now),
@@ -1399,7 +1422,9 @@ impl Relay {
         let mut timers: Vec<(Millis, TimerReason)> = Vec::new();
         if let Some(lease) = a.live_lease() {
             timers.push((lease.deadline, TimerReason::LeaseDeadline));
-            timers.push((lease.next_heartbeat, TimerReason::Heartbeat));
+            if !lease.disputed {
+                timers.push((lease.next_heartbeat, TimerReason::Heartbeat));
+            }
         }
         if let ProcState::Running { since } = a.process.state {
             match a.process.term_at {

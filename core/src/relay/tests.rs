@@ -819,6 +819,67 @@ fn report_retried_through_a_blip() {
     assert_eq!(d.advance(10 * MINUTE), [], "the run is over");
 }
 
+/// Found by the simulator: a heartbeat that crossed the report on the wire is refused because
+/// the report already closed the attempt. That refusal alone is not a lost lease: the report's
+/// answer decides, and a report waiting for its retry is sent again at once (the server answers
+/// a repeat under the same token as it answered the first).
+#[test]
+fn a_heartbeat_refused_while_the_report_is_out_lets_the_report_decide() {
+    // The report is in flight when the refusal arrives: its answer decides.
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.auto_heartbeat = AutoHeartbeat::Off;
+    d.exit(0, None);
+    d.advance(MINUTE);
+    let hb = d.last_request(is_heartbeat);
+    let cmds = d.input(Input::HeartbeatFailed {
+        request: hb,
+        error: conflict(),
+    });
+    assert!(
+        cmds.is_empty(),
+        "nothing stops, nothing is recorded yet: {cmds:?}"
+    );
+    assert_eq!(
+        count(&d.advance(3 * MINUTE), is_heartbeat),
+        0,
+        "no more heartbeats"
+    );
+    let cmds = d.report_ok(false);
+    assert_eq!(
+        records(&cmds)[0].relay_outcome,
+        Some(RelayOutcome::Completed)
+    );
+
+    // The report is waiting for a retry: it goes again at once, and a refusal of the report
+    // itself is the lost lease.
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.auto_heartbeat = AutoHeartbeat::Off;
+    d.exit(0, None);
+    d.advance(MINUTE);
+    let hb = d.last_request(is_heartbeat);
+    assert_eq!(
+        d.report_failed(LeaseError::Transport),
+        [],
+        "the retry waits"
+    );
+    let cmds = d.input(Input::HeartbeatFailed {
+        request: hb,
+        error: conflict(),
+    });
+    assert_eq!(
+        count(&cmds, is_report),
+        1,
+        "the report is repeated now: {cmds:?}"
+    );
+    let cmds = d.report_failed(conflict());
+    assert_eq!(
+        records(&cmds)[0].relay_outcome,
+        Some(RelayOutcome::LeaseLost)
+    );
+}
+
 #[test]
 fn a_report_not_accepted_by_the_deadline_is_lost() {
     let mut d = Driver::new(settings());
