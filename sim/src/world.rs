@@ -191,8 +191,10 @@ struct Host {
     partitioned: bool,
     paused: bool,
     deferred: Vec<Ev>,
-    /// Every lease token this host ever held, to search its outputs for.
+    /// The newest lease tokens this host held, to search its outputs for.
     tokens: Vec<String>,
+    /// A doorbell firing is already on its way (rings within its delay coalesce).
+    ring_at: Option<Millis>,
 }
 
 impl Host {
@@ -241,6 +243,10 @@ pub struct World {
     heal_at: Millis,
     /// Print every event and command to stderr (`relay sim --trace`).
     pub trace: bool,
+    /// The todos the server changed since their invariants were last checked.
+    touched: BTreeSet<String>,
+    /// Server events since the last full check of the ledger.
+    since_full_check: u32,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -276,6 +282,7 @@ impl World {
                 paused: false,
                 deferred: Vec::new(),
                 tokens: Vec::new(),
+                ring_at: None,
             })
             .collect();
         let mut w = World {
@@ -303,6 +310,8 @@ impl World {
             violation: None,
             heal_at: T0 + o.safety,
             trace: false,
+            touched: BTreeSet::new(),
+            since_full_check: 0,
             o,
         };
         for (at, work) in &plan.work {
@@ -485,7 +494,10 @@ impl World {
             }
             Ev::Requeue => {
                 match self.ledger.requeue_due(self.now) {
-                    Ok(moved) if !moved.is_empty() => self.ring(),
+                    Ok(moved) if !moved.is_empty() => {
+                        self.touched.extend(moved.into_iter().map(|t| t.id));
+                        self.ring();
+                    }
                     Ok(_) => {}
                     Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
                 }
@@ -566,6 +578,7 @@ impl World {
                 };
                 match self.ledger.add_todo(self.now, ENDPOINT, new) {
                     Ok(_) => {
+                        self.touched.insert(id.clone());
                         self.added.insert(id);
                         self.ring();
                     }
@@ -573,11 +586,13 @@ impl World {
                 }
             }
             Work::Cancel(n) if !self.healed => {
+                self.touched.insert(todo_id(n));
                 if self.ledger.cancel(self.now, &op, &todo_id(n)).is_ok() {
                     self.count("operator_cancel");
                 }
             }
             Work::Retry(n) if !self.healed => {
+                self.touched.insert(todo_id(n));
                 if self.ledger.retry(self.now, &op, &todo_id(n)).is_ok() {
                     self.count("operator_retry");
                     self.ring();
@@ -590,7 +605,11 @@ impl World {
     /// The doorbell: every relay is fired shortly after work becomes claimable.
     fn ring(&mut self) {
         for r in 0..self.hosts.len() {
+            if self.hosts[r].ring_at.is_some_and(|t| t >= self.now) {
+                continue;
+            }
             let at = self.now + self.net.range(1, 500);
+            self.hosts[r].ring_at = Some(at);
             self.schedule(at, Ev::Fire(r));
         }
     }
@@ -681,6 +700,7 @@ impl World {
         match self.ledger.reap(self.now) {
             Ok(reaped) => {
                 for t in &reaped {
+                    self.touched.insert(t.id.clone());
                     self.count("reaped");
                     if self.o.mutation == Some(Mutation::ReaperClosesTwice)
                         && let Some((old, open)) = before.iter().find(|(b, _)| b.id == t.id)
@@ -930,7 +950,26 @@ impl World {
                     },
                 );
             }
-            Command::KillCheck { .. } => self.hosts[r].check = None,
+            Command::KillCheck { run_id } => {
+                // The check dies of SIGKILL shortly; its own exit, if still pending, is dropped.
+                if self.hosts[r].check.is_some_and(|(run, _)| run == run_id) {
+                    self.hosts[r].proc_gen += 1;
+                    let generation = self.hosts[r].proc_gen;
+                    self.hosts[r].check = Some((run_id, generation));
+                    self.schedule(
+                        self.now + 10,
+                        Ev::Local {
+                            relay: r,
+                            life,
+                            input: LocalInput::CheckExited {
+                                run_id,
+                                check_gen: generation,
+                                exit: ExitStatus::Signal(9),
+                            },
+                        },
+                    );
+                }
+            }
             Command::UploadReceipt { request, .. } => {
                 let ok = self.work.chance(800);
                 let took = self.work.range(100, 40 * SECOND);
@@ -1121,7 +1160,13 @@ impl World {
                     },
                 );
                 if let Some(t) = &c.lease_token {
-                    self.hosts[r].tokens.push(t.expose().to_string());
+                    // The relay holds one token at a time; the newest few cover any that could
+                    // still be in its hands (a late answer, a run still closing).
+                    let tokens = &mut self.hosts[r].tokens;
+                    tokens.push(t.expose().to_string());
+                    if tokens.len() > 4 {
+                        tokens.remove(0);
+                    }
                 }
                 Input::ClaimAnswered {
                     request: req,
@@ -1212,6 +1257,7 @@ impl World {
                 match self.ledger.claim_next(now, &endpoint, Some(&queues), &opts) {
                     Ok(None) => Ok(Answer::Empty),
                     Ok(Some(c)) => {
+                        self.touched.insert(c.todo.id.clone());
                         if c.takeover {
                             self.count("takeover");
                         }
@@ -1232,6 +1278,7 @@ impl World {
                 }
             }
             Call::Heartbeat { todo, ttl, token } => {
+                self.touched.insert(todo.clone());
                 let hash = TokenHash::of(&token);
                 let stale = self.stale(&todo, hash);
                 let actor = self.fence_actor(endpoint);
@@ -1257,6 +1304,7 @@ impl World {
                 artifact,
                 result,
             } => {
+                self.touched.insert(todo.clone());
                 let hash = TokenHash::of(&token);
                 let stale = self.stale(&todo, hash);
                 let before = self.ledger.attempts(&todo).cloned().collect::<Vec<_>>();
@@ -1426,26 +1474,44 @@ impl World {
         if self.violation.is_some() {
             return;
         }
-        if let Err(e) = self.ledger.check() {
-            self.violate(Kind::Correctness, "ledger_check", e);
-            return;
+        if !self.touched.is_empty() {
+            let touched = std::mem::take(&mut self.touched);
+            self.since_full_check += 1;
+            // Every touched todo is checked at once; the whole ledger (its index, the count of
+            // todos) now and then and whenever work arrives.
+            let full = self.since_full_check >= 256 || touched.len() > 4;
+            if full {
+                self.since_full_check = 0;
+            }
+            self.check_todos(&touched, full);
         }
-        // No todo lost or duplicated.
-        let ids: BTreeSet<&str> = self.ledger.todos().map(|t| t.id.as_str()).collect();
-        if ids.len() != self.added.len() || self.added.iter().any(|id| !ids.contains(id.as_str())) {
-            self.violate(
-                Kind::Correctness,
-                "no_todo_lost",
-                format!(
-                    "{} todos added, the ledger holds {}",
-                    self.added.len(),
-                    ids.len()
-                ),
-            );
-            return;
+        self.check_processes();
+    }
+
+    /// The server's invariants, over one todo or all: the ledger's own, nothing lost, history
+    /// immutable, died exactly when the lease lapsed, dead letters only at the cap.
+    fn check_todos(&mut self, touched: &BTreeSet<String>, full: bool) {
+        if full {
+            if let Err(e) = self.ledger.check() {
+                self.violate(Kind::Correctness, "ledger_check", e);
+                return;
+            }
+            // No todo lost or duplicated: ids are unique in the ledger, and none is ever deleted.
+            let held = self.ledger.todos().count();
+            if held != self.added.len() {
+                self.violate(
+                    Kind::Correctness,
+                    "no_todo_lost",
+                    format!("{} todos added, the ledger holds {held}", self.added.len()),
+                );
+                return;
+            }
         }
         let mut problems = Vec::new();
-        for t in self.ledger.todos() {
+        for t in touched.iter().filter_map(|id| self.ledger.todo(id)) {
+            if let Err(e) = relay_core::ledger::check_todo(t, self.ledger.attempts(&t.id)) {
+                problems.push(("ledger_check", format!("todo {}: {e}", t.id)));
+            }
             if t.dead_letter() && t.attempt < t.max_attempts {
                 problems.push((
                     "dead_letter_at_cap",
@@ -1484,8 +1550,15 @@ impl World {
                 }
             }
         }
-        // Processes: none outlives its relay's lease by more than a second, and no two relays
-        // run a process for one todo while each believes its lease valid.
+        if let Some((inv, detail)) = problems.into_iter().next() {
+            self.violate(Kind::Correctness, inv, detail);
+        }
+    }
+
+    /// Processes: none outlives its relay's lease by more than a second, and no two relays run
+    /// a process for one todo while each believes its lease valid.
+    fn check_processes(&mut self) {
+        let mut problems = Vec::new();
         let tolerance = self.o.lease_ttl * MAX_DRIFT_PPM as u64 / 1_000_000 + 1;
         let mut holders: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (r, h) in self.hosts.iter().enumerate() {

@@ -550,13 +550,18 @@ impl Ledger {
         old
     }
 
+    /// One todo by id, unscoped (for checkers and tests).
+    pub fn todo(&self, id: &str) -> Option<&Todo> {
+        self.todos.get(id).map(|e| &e.todo)
+    }
+
     /// Every todo, in FIFO order (for checkers and tests).
     pub fn todos(&self) -> impl Iterator<Item = &Todo> {
         self.order.iter().map(|(_, id)| &self.todos[id].todo)
     }
 
     /// Every attempt of a todo, oldest first (for checkers and tests).
-    pub fn attempts(&self, id: &str) -> impl Iterator<Item = &Attempt> {
+    pub fn attempts(&self, id: &str) -> impl Iterator<Item = &Attempt> + Clone {
         self.todos
             .get(id)
             .into_iter()
@@ -572,11 +577,8 @@ impl Ledger {
             if !self.order.contains(&(entry.todo.created_at, id.clone())) {
                 return Err(format!("todo {id} is missing from the FIFO index"));
             }
-            check_todo(
-                &entry.todo,
-                &entry.attempts.values().cloned().collect::<Vec<_>>(),
-            )
-            .map_err(|e| format!("todo {id}: {e}"))?;
+            check_todo(&entry.todo, entry.attempts.values())
+                .map_err(|e| format!("todo {id}: {e}"))?;
         }
         Ok(())
     }
@@ -589,8 +591,13 @@ pub fn finished(t: &Todo) -> bool {
 
 /// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and
 /// the stores' tests, which read rows back from SQL and hold them to the same rules.
-pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
-    let open: Vec<&Attempt> = attempts.iter().filter(|a| a.is_open()).collect();
+pub fn check_todo<'a, I>(t: &Todo, attempts: I) -> Result<(), String>
+where
+    I: IntoIterator<Item = &'a Attempt>,
+    I::IntoIter: Clone,
+{
+    let attempts = attempts.into_iter();
+    let open: Vec<&Attempt> = attempts.clone().filter(|a| a.is_open()).collect();
     if open.len() > 1 {
         return Err(format!(
             "{} open attempts; at most one may be open",
@@ -622,9 +629,12 @@ pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
             return Err("the open attempt's lease or owner differs from the todo's".into());
         }
     }
-    let seqs: Vec<u32> = attempts.iter().map(|a| a.seq).collect();
-    let expected: Vec<u32> = (t.attempts_pruned + 1..=t.attempts_total).collect();
-    if seqs != expected {
+    if !attempts
+        .clone()
+        .map(|a| a.seq)
+        .eq(t.attempts_pruned + 1..=t.attempts_total)
+    {
+        let seqs: Vec<u32> = attempts.clone().map(|a| a.seq).collect();
         return Err(format!(
             "attempt seqs {seqs:?} are not {}..={} (pruned {}, total {})",
             t.attempts_pruned + 1,
@@ -654,7 +664,7 @@ pub fn check_todo(t: &Todo, attempts: &[Attempt]) -> Result<(), String> {
         }
         _ => {}
     }
-    for a in attempts {
+    for a in attempts.clone() {
         let ended = a.ended_at.is_some();
         if ended != a.outcome.is_some() || ended != a.disposition.is_some() {
             return Err(format!(
