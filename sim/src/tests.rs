@@ -1,27 +1,124 @@
+//! The simulator's own promises, over the seed batch CI runs.
+
+use std::collections::BTreeMap;
+
 use super::*;
 
+/// The batch CI runs: every seed must hold every invariant, and the batch as a whole must reach
+/// each fault kind and each key transition often enough to mean something.
 #[test]
-fn a_healthy_seed_finishes_without_violation() {
+fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
+    let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut bad = Vec::new();
-    for seed in 0..60 {
+    for seed in 0..200 {
         let (_, _, r) = run_seed(seed, None);
         if let Some(v) = r.violation {
             bad.push(format!(
-                "seed {seed}: {} {} ({} events)",
-                v.invariant, v.detail, r.events
+                "seed {seed}: {} {} (repro: relay sim --seed {seed})",
+                v.invariant, v.detail
             ));
+        }
+        for (k, v) in r.counts {
+            *totals.entry(k).or_default() += v;
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+    let minimums = [
+        // faults
+        ("request_lost", 100),
+        ("response_lost", 100),
+        ("duplicate", 100),
+        ("partition", 20),
+        ("outage", 20),
+        ("crash", 20),
+        ("pause", 20),
+        ("clock_jump", 20),
+        ("operator_cancel", 5),
+        ("operator_retry", 5),
+        // transitions
+        ("takeover", 20),
+        ("lease_lost", 50),
+        ("report_lost", 10),
+        ("dead_letter", 50),
+        ("check_exit_75", 50),
+        ("restart", 20),
+        ("reaped", 50),
+    ];
+    for (k, min) in minimums {
+        let got = totals.get(k).copied().unwrap_or(0);
+        assert!(got >= min, "{k}: {got} < {min} over 200 seeds: {totals:?}");
+    }
+}
+
+/// Each canary is a deliberate bug; the invariants must catch it within 50 seeds, and the
+/// printed repro (the same seed and mutation) must replay the very same violation.
+#[test]
+fn every_mutation_is_caught_within_fifty_seeds_and_replays() {
+    for m in Mutation::ALL {
+        let caught = (0..50).find_map(|seed| {
+            let (_, _, r) = run_seed(seed, Some(m));
+            r.violation.map(|v| (seed, v))
+        });
+        let Some((seed, v)) = caught else {
+            panic!("{} was not caught in 50 seeds", m.name());
+        };
+        assert_eq!(v.kind, Kind::Correctness, "{}: {v:?}", m.name());
+        let (_, _, again) = run_seed(seed, Some(m));
+        assert_eq!(again.violation, Some(v), "{}: the repro differs", m.name());
+    }
 }
 
 #[test]
-#[ignore]
-fn trace_one() {
-    let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
-    let o = Options::draw(seed, None);
-    let p = Plan::draw(&o);
-    eprintln!("{o}\n{p:?}");
-    let r = run_plan_traced(&o, &p);
-    eprintln!("{:?}", r.violation);
+fn the_same_seed_gives_the_same_trace() {
+    for seed in [3, 17, 101] {
+        let (_, _, a) = run_seed(seed, None);
+        let (_, _, b) = run_seed(seed, None);
+        assert_eq!(
+            (a.trace_hash, a.events),
+            (b.trace_hash, b.events),
+            "seed {seed}"
+        );
+    }
+    let (_, _, a) = run_seed(3, None);
+    let (_, _, b) = run_seed(4, None);
+    assert_ne!(
+        a.trace_hash, b.trace_hash,
+        "different seeds, different runs"
+    );
+}
+
+#[test]
+fn shrinking_removes_faults_and_keeps_the_violation() {
+    let m = Mutation::ServerSkipsFence;
+    let (seed, v) = (0..50)
+        .find_map(|seed| run_seed(seed, Some(m)).2.violation.map(|v| (seed, v)))
+        .expect("caught");
+    let options = Options::draw(seed, Some(m));
+    let plan = Plan::draw(&options);
+    let small = shrink(&options, &plan, v.invariant);
+    assert!(small.faults.len() <= plan.faults.len());
+    let r = run_plan(&options, &small);
+    assert_eq!(r.violation.map(|v| v.invariant), Some(v.invariant));
+}
+
+#[test]
+fn options_are_drawn_per_seed_and_swarm() {
+    let drawn: Vec<Options> = (0..64).map(|s| Options::draw(s, None)).collect();
+    // Swarm: every fault kind is off for some seeds and on for others.
+    let kinds: [fn(&Options) -> bool; 6] = [
+        |o| o.faults.partitions,
+        |o| o.faults.outages,
+        |o| o.faults.crashes,
+        |o| o.faults.pauses,
+        |o| o.faults.request_loss > 0,
+        |o| o.faults.clock_drift,
+    ];
+    for k in kinds {
+        let on = drawn.iter().filter(|o| k(o)).count();
+        assert!(
+            on > 0 && on < drawn.len(),
+            "a fault kind is never or always on"
+        );
+    }
+    assert_eq!(Options::draw(9, None), Options::draw(9, None));
 }

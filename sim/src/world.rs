@@ -121,6 +121,14 @@ enum Ev {
         life: u32,
         req: RequestId,
     },
+    /// A lease call the driver held back (the report-after-deadline canary).
+    LateSend {
+        relay: usize,
+        life: u32,
+        req: RequestId,
+        run_id: u64,
+        call: Call,
+    },
     /// An input for the relay of this lifetime (process and check events, receipts).
     Local {
         relay: usize,
@@ -195,6 +203,8 @@ struct Host {
     tokens: Vec<String>,
     /// A doorbell firing is already on its way (rings within its delay coalesce).
     ring_at: Option<Millis>,
+    /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
+    refused: BTreeSet<u64>,
 }
 
 impl Host {
@@ -283,6 +293,7 @@ impl World {
                 deferred: Vec::new(),
                 tokens: Vec::new(),
                 ring_at: None,
+                refused: BTreeSet::new(),
             })
             .collect();
         let mut w = World {
@@ -542,6 +553,18 @@ impl World {
                     self.answer(relay, req, &p, Err(LeaseError::Transport));
                 }
             }
+            Ev::LateSend {
+                relay,
+                life,
+                req,
+                run_id,
+                call,
+            } => {
+                if self.hosts[relay].life == life {
+                    self.check_lease_live(relay, "report");
+                    self.send(relay, req, run_id, call);
+                }
+            }
             Ev::Local { relay, life, input } => {
                 if self.hosts[relay].life == life && self.hosts[relay].relay.is_some() {
                     self.on_local(relay, input);
@@ -557,6 +580,7 @@ impl World {
             | Ev::Timer { relay: r, .. }
             | Ev::ClientRecv { relay: r, .. }
             | Ev::ClientTimeout { relay: r, .. }
+            | Ev::LateSend { relay: r, .. }
             | Ev::Local { relay: r, .. }
             | Ev::Restart(r) => Some(*r),
             _ => None,
@@ -639,6 +663,7 @@ impl World {
                 h.proc = None;
                 h.check = None;
                 h.pending.clear();
+                h.refused.clear();
                 h.paused = false;
                 h.deferred.clear();
                 h.life += 1;
@@ -822,22 +847,15 @@ impl World {
                     result,
                 };
                 if self.o.mutation == Some(Mutation::ReportAfterDeadline) {
-                    // The canary: hold the report until the lease is surely gone.
+                    // The canary: the driver holds the report until the lease is surely gone.
                     let late = self.now + self.o.lease_ttl + SECOND;
-                    self.hosts[r].pending.insert(
-                        request,
-                        Pending {
-                            run_id,
-                            is_report: true,
-                            is_heartbeat: false,
-                        },
-                    );
                     self.schedule(
                         late,
-                        Ev::ServerRecv {
+                        Ev::LateSend {
                             relay: r,
                             life,
                             req: request,
+                            run_id,
                             call,
                         },
                     );
@@ -1101,8 +1119,15 @@ impl World {
         } else {
             1
         };
-        for _ in 0..copies {
-            let at = self.now + self.delay();
+        for copy in 0..copies {
+            // A duplicate may also straggle in long after the original (a retransmission
+            // stuck in a proxy): by then the lease it speaks for may belong to someone else.
+            let straggle = if copy > 0 && self.net.chance(500) {
+                self.net.range(SECOND, 2 * self.o.lease_ttl)
+            } else {
+                0
+            };
+            let at = self.now + self.delay() + straggle;
             self.schedule(
                 at,
                 Ev::ServerRecv {
@@ -1186,6 +1211,9 @@ impl World {
                 }
             }
             Err(e) if p.is_heartbeat => {
+                if e.is_lease_loss() {
+                    self.hosts[r].refused.insert(p.run_id);
+                }
                 if self.o.mutation == Some(Mutation::IgnoreHeartbeatConflict) && e.is_lease_loss() {
                     Input::HeartbeatOk { request: req }
                 } else {
@@ -1281,8 +1309,8 @@ impl World {
                 self.touched.insert(todo.clone());
                 let hash = TokenHash::of(&token);
                 let stale = self.stale(&todo, hash);
-                let actor = self.fence_actor(endpoint);
-                match self.ledger.heartbeat(now, &actor, &todo, ttl, Some(hash)) {
+                let fence = self.fence(&todo, hash);
+                match self.ledger.heartbeat(now, &endpoint, &todo, ttl, fence) {
                     Ok(_) => {
                         if stale {
                             self.violate(
@@ -1308,19 +1336,20 @@ impl World {
                 let hash = TokenHash::of(&token);
                 let stale = self.stale(&todo, hash);
                 let before = self.ledger.attempts(&todo).cloned().collect::<Vec<_>>();
-                let actor = self.fence_actor(endpoint);
+                let actor = endpoint;
+                let fence = self.fence(&todo, hash);
                 let report = Report {
                     result: result.as_object().map(|_| result.clone()),
                     summary: Some(summary.clone()),
                     artifact,
-                    token_hash: Some(hash),
+                    token_hash: fence,
                 };
                 let r = match verb {
                     ReportVerb::Complete => self.ledger.complete(now, &actor, &todo, &report),
                     ReportVerb::Fail => self.ledger.fail(now, &actor, &todo, &report),
                     ReportVerb::Release => {
                         self.ledger
-                            .release(now, &actor, &todo, Some(&summary), Some(hash))
+                            .release(now, &actor, &todo, Some(&summary), fence)
                     }
                 };
                 match r {
@@ -1347,12 +1376,17 @@ impl World {
         }
     }
 
-    /// The canary that skips the fence does so by acting with the operator's powers.
-    fn fence_actor(&self, endpoint: Actor) -> Actor {
+    /// The token hash the server compares. The canary that skips the fence compares the open
+    /// attempt's own hash, whatever the caller presented.
+    fn fence(&self, todo: &str, presented: TokenHash) -> Option<TokenHash> {
         if self.o.mutation == Some(Mutation::ServerSkipsFence) {
-            Actor::Operator
+            self.ledger
+                .attempts(todo)
+                .last()
+                .filter(|a| a.is_open())
+                .map_or(Some(presented), |a| a.lease_token_hash)
         } else {
-            endpoint
+            Some(presented)
         }
     }
 
@@ -1567,6 +1601,15 @@ impl World {
             };
             if p.signalled || h.paused {
                 continue;
+            }
+            if h.refused.contains(&p.run_id) {
+                problems.push((
+                    "stops_on_refusal",
+                    format!(
+                        "relay {r}'s process for {} runs on after the server refused its heartbeat",
+                        p.todo
+                    ),
+                ));
             }
             let local = h.local(self.now);
             match m.lease_deadline() {
