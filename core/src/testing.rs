@@ -1940,3 +1940,73 @@ pub mod relay {
         serde_json::to_value(relay.describe()).unwrap_or_default()
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fuzz bodies that gather the properties above into one call per target.
+// ---------------------------------------------------------------------------------------------
+
+/// `relay_transitions`: arbitrary input programs into the attempt machine; every property of
+/// the machine holds (admission first, silence after loss, nothing after close, the token only
+/// in lease calls, one outcome per claim).
+pub fn relay_transitions(bytes: &[u8]) -> Result<(), String> {
+    relay::relay_admission_before_lease_calls(bytes)?;
+    relay::relay_silent_after_lease_loss(bytes)?;
+    relay::relay_nothing_after_close(bytes)?;
+    relay::relay_token_stays_in_lease_calls(bytes)?;
+    relay::relay_one_outcome_per_claim(bytes)
+}
+
+/// `config_parse`: arbitrary bytes (as lossy UTF-8) as harness.toml.
+pub fn config_parse(bytes: &[u8]) {
+    config_parse_never_panics(&String::from_utf8_lossy(bytes));
+}
+
+/// `summary_compose`: arbitrary agent text, check output and secret into the REQ-11 summary.
+/// It is valid UTF-8 of at most 2048 bytes, starts with the daemon's first line, and carries
+/// no secret value.
+pub fn summary_compose(bytes: &[u8]) -> Result<(), String> {
+    use crate::relay::Redactor;
+    use crate::relay::summary::{AgentRun, CheckRunSummary, compose_summary, first_line};
+    let mut parts = bytes.splitn(3, |b| *b == 0xff);
+    let agent = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+    let check = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+    let seed = parts.next().unwrap_or_default();
+    // The secret is shaped so that it can never occur in the daemon-authored first line.
+    let secret: String = std::iter::once('Z')
+        .chain(
+            seed.iter()
+                .chain(&[7u8; 4])
+                .take(12)
+                .map(|b| char::from(b'a' + b % 26)),
+        )
+        .chain(std::iter::once('Q'))
+        .collect();
+    let planted_agent = format!("{agent}{secret}");
+    let n = |i: usize| u32::from(seed.get(i).copied().unwrap_or(1));
+    let first = first_line(
+        n(0) % 9 + 1,
+        n(1) % 9 + 1,
+        AgentRun {
+            outcome: "failed",
+            exit: n(2) as i32 - 128,
+            duration: u64::from(n(3)) * 7_919,
+        },
+        (n(4) % 2 == 0).then(|| CheckRunSummary {
+            exit: n(5) as i32,
+            duration: u64::from(n(6)) * 1_000,
+        }),
+    );
+    let redactor = Redactor::new([secret.as_str()]);
+    let with_check = (!check.is_empty()).then_some(check.as_str());
+    let s = compose_summary(&first, Some(&planted_agent), with_check, &redactor);
+    if s.len() > crate::bounds::SUMMARY_MAX_BYTES {
+        return Err(format!("summary of {} bytes", s.len()));
+    }
+    if !s.starts_with(&first) {
+        return Err(format!("the first line was not kept: {s:?}"));
+    }
+    if s.contains(&secret) {
+        return Err("the secret survived redaction".into());
+    }
+    Ok(())
+}

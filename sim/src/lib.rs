@@ -65,5 +65,47 @@ pub fn shrink(options: &Options, plan: &Plan, invariant: &str) -> Plan {
     best
 }
 
+/// A whole run decoded from bytes, for the `sim_scenario` fuzz target: the first eight bytes
+/// are the seed, and every further four bytes add a fault to the drawn plan (when, which kind,
+/// where, how long). Runs are kept short (at most 30 minutes of faults, 6 todos) so that a
+/// fuzzer gets through many of them.
+pub fn scenario_from_bytes(data: &[u8]) -> (Options, Plan) {
+    use relay_core::time::{MINUTE, SECOND};
+    let mut seed = [0u8; 8];
+    for (i, b) in data.iter().take(8).enumerate() {
+        seed[i] = *b;
+    }
+    let mut options = Options::draw(u64::from_le_bytes(seed), None);
+    options.safety = options.safety.min(30 * MINUTE);
+    options.todos = options.todos.min(6);
+    let mut plan = Plan::draw(&options);
+    plan.work.retain(|(at, _)| *at < options.safety);
+    plan.faults.retain(|(at, _)| *at < options.safety);
+    for chunk in data.get(8..).unwrap_or_default().chunks_exact(4) {
+        let at = u64::from(chunk[0]) * options.safety / 256;
+        let relay = usize::from(chunk[2]) % options.relays;
+        let len = (u64::from(chunk[3]) + 1) * 5 * SECOND;
+        let fault = match chunk[1] % 5 {
+            0 => Fault::Partition { relay, len },
+            1 => Fault::Outage { len },
+            2 => Fault::Crash { relay, down: len },
+            3 => Fault::Pause { relay, len },
+            _ => Fault::ClockJump { relay, by: len },
+        };
+        plan.faults.push((at, fault));
+    }
+    plan.faults.sort_by_key(|(at, _)| *at);
+    (options, plan)
+}
+
+/// The `sim_scenario` fuzz body: the decoded run holds every invariant.
+pub fn fuzz_scenario(data: &[u8]) -> Result<(), String> {
+    let (options, plan) = scenario_from_bytes(data);
+    match run_plan(&options, &plan).violation {
+        None => Ok(()),
+        Some(v) => Err(format!("{v:?}\n{options}\n{plan:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -122,3 +122,18 @@ fn options_are_drawn_per_seed_and_swarm() {
     }
     assert_eq!(Options::draw(9, None), Options::draw(9, None));
 }
+
+/// Replays one fuzz input: `FUZZ_INPUT=path cargo test -p relay-sim replay_fuzz_input -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn replay_fuzz_input() {
+    let path = std::env::var("FUZZ_INPUT").expect("FUZZ_INPUT");
+    let data = std::fs::read(path).expect("read");
+    let (o, p) = scenario_from_bytes(&data);
+    let r = if std::env::var_os("TRACE").is_some() {
+        run_plan_traced(&o, &p)
+    } else {
+        run_plan(&o, &p)
+    };
+    eprintln!("{o}\n{p:?}\n{:?}", r.violation);
+}

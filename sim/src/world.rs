@@ -99,6 +99,9 @@ enum Ev {
     Heal,
     Reap,
     Requeue,
+    /// The schedule's clock (not a host event: it keeps ticking while a host is down).
+    Tick(usize),
+    /// A firing on the host: the schedule's or the doorbell's.
     Fire(usize),
     Timer {
         relay: usize,
@@ -337,7 +340,7 @@ impl World {
         for r in 0..w.o.relays {
             w.start_relay(r);
             let first = T0 + w.work.below(w.o.fire_every);
-            w.schedule(first, Ev::Fire(r));
+            w.schedule(first, Ev::Tick(r));
         }
         w
     }
@@ -514,7 +517,14 @@ impl World {
                 }
                 self.schedule(self.now + self.o.requeue_every, Ev::Requeue);
             }
+            Ev::Tick(r) => {
+                self.schedule(self.now, Ev::Fire(r));
+                self.schedule(self.now + self.o.fire_every, Ev::Tick(r));
+            }
             Ev::Fire(r) => {
+                if self.hosts[r].ring_at.is_some_and(|t| t <= self.now) {
+                    self.hosts[r].ring_at = None;
+                }
                 self.feed(
                     r,
                     Input::Firing {
@@ -522,8 +532,6 @@ impl World {
                         within_hours: true,
                     },
                 );
-                let next = self.now + self.o.fire_every;
-                self.schedule(next, Ev::Fire(r));
             }
             Ev::Timer { relay, generation } => {
                 if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {

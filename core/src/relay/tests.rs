@@ -1589,3 +1589,14 @@ proptest! {
         relay_one_outcome_per_claim(&bytes).map_err(TestCaseError::fail)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn prop_summary_is_bounded_redacted_and_keeps_its_first_line(
+        bytes in proptest::collection::vec(any::<u8>(), 0..6000),
+    ) {
+        prop_assert_eq!(crate::testing::summary_compose(&bytes), Ok(()));
+    }
+}

@@ -9,16 +9,8 @@ use super::redact::Redactor;
 use crate::error::ErrorCode;
 use crate::time::{Millis, SECOND};
 
-/// SPEC-0008's grace between SIGTERM and SIGKILL when the config sets none.
-pub const DEFAULT_KILL_GRACE: Millis = 10 * SECOND;
-
-/// What a firing does while an attempt of the same harness is in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnOverlap {
-    Skip,
-    Queue,
-}
+// One definition of each, in the config model the settings come from.
+pub use crate::config::{DEFAULT_KILL_GRACE, OnOverlap};
 
 /// The operator's success check, already validated by the config module.
 #[derive(Clone, Debug, PartialEq, Eq)]
