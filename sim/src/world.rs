@@ -1297,7 +1297,7 @@ impl World {
                         if c.takeover {
                             self.count("takeover");
                         }
-                        let out = ClaimOut::claimed(&c, token.map(relay_core::wire::LeaseToken));
+                        let out = ClaimOut::claimed(&c, token.map(LeaseToken::new));
                         match claimed_from_wire(&out) {
                             Some(ct) => Ok(Answer::Claimed(Box::new(ct))),
                             None => {
@@ -1670,10 +1670,7 @@ pub fn claimed_from_wire(out: &ClaimOut) -> Option<ClaimedTodo> {
         attempt: todo.attempt,
         max_attempts: todo.max_attempts,
         attempt_seq: u64::from(out.attempt_seq?),
-        lease_token: out
-            .lease_token
-            .as_ref()
-            .map(|t| LeaseToken::new(t.0.clone())),
+        lease_token: out.lease_token.as_ref().cloned(),
         claimed_at: todo.claimed_at.clone().unwrap_or_default(),
         todo: serde_json::to_value(todo).ok()?,
         prior_attempts: out

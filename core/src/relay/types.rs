@@ -105,26 +105,9 @@ impl HarnessSettings {
     }
 }
 
-/// The capability a fenced claim returns. Held in memory for the life of its attempt only; it
-/// has no `Display` and no `Serialize`, and its `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LeaseToken(String);
-
-impl LeaseToken {
-    pub fn new(token: impl Into<String>) -> LeaseToken {
-        LeaseToken(token.into())
-    }
-    /// The token's text, for the lease client to put on the wire and nowhere else.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LeaseToken(<redacted>)")
-    }
-}
+/// The capability a fenced claim returns: the wire's own type, held in memory for the life
+/// of its attempt only.
+pub use crate::wire::LeaseToken;
 
 /// Names one network request the machine asked for; its answer carries it back, which is how a
 /// stale or duplicate answer is recognised.

@@ -28,11 +28,13 @@ pub const ATTEMPTS_LIMIT_MAX: u32 = 100;
 pub const LIST_LIMIT_DEFAULT: u32 = 100;
 pub const LIST_LIMIT_MAX: u32 = 500;
 
-/// A lease token: the capability a fenced claim hands out. Only its SHA-256 is ever stored, and
-/// its `Debug` form never shows it, so it cannot leak through a log line or an error.
+/// A lease token: the capability a fenced claim hands out. The server keeps only its SHA-256;
+/// the holder keeps it in memory for the life of its attempt and puts it on the wire in the
+/// `lease_token` argument and nowhere else. Its `Debug` form never shows it, and there is no
+/// `Display`, so it cannot leak through a log line or an error by accident.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
-pub struct LeaseToken(pub String);
+pub struct LeaseToken(String);
 
 impl std::fmt::Debug for LeaseToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,6 +43,15 @@ impl std::fmt::Debug for LeaseToken {
 }
 
 impl LeaseToken {
+    pub fn new(token: impl Into<String>) -> LeaseToken {
+        LeaseToken(token.into())
+    }
+
+    /// The token's text, for the wire (and the server's hash) only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
     pub fn hash(&self) -> crate::ledger::TokenHash {
         crate::ledger::TokenHash::of(&self.0)
     }

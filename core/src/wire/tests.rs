@@ -151,7 +151,7 @@ fn claim_answers_have_the_contract_shape() {
     };
     let first = l.claim(t0, &actor, "td_1", &opts).unwrap();
     let out =
-        serde_json::to_value(ClaimOut::claimed(&first, Some(LeaseToken("T0K".into())))).unwrap();
+        serde_json::to_value(ClaimOut::claimed(&first, Some(LeaseToken::new("T0K")))).unwrap();
     assert_eq!(out["empty"], false);
     assert_eq!(out["attempt_seq"], 1);
     assert_eq!(out["attempts_total"], 1);
@@ -192,7 +192,7 @@ fn a_lease_token_never_shows_in_debug_output() {
     let args = HeartbeatArgs {
         id: "td_1".into(),
         lease_ttl_seconds: None,
-        lease_token: Some(LeaseToken("s3cr3t-T".into())),
+        lease_token: Some(LeaseToken::new("s3cr3t-T")),
     };
     let shown = format!("{args:?} {:?}", ToolCall::Heartbeat(args.clone()));
     assert!(!shown.contains("s3cr3t-T"), "{shown}");
