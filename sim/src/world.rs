@@ -13,11 +13,11 @@ use relay_core::ledger::{
 };
 use relay_core::relay::{
     Capabilities, ClaimedTodo, Command, ExitStatus, HarnessSettings, Input, LeaseError, LeaseToken,
-    OnOverlap, PriorAttempt, Relay, RelayOutcome, ReportVerb, RequestId, RunOutcome, RunRecord,
-    Signal, SuccessCheck, reconcile_interrupted,
+    OnOverlap, Relay, RelayOutcome, ReportVerb, RequestId, RunOutcome, RunRecord, Signal,
+    SuccessCheck, reconcile_interrupted,
 };
 use relay_core::time::{MINUTE, Millis, SECOND};
-use relay_core::wire::{ClaimOut, TodoOut};
+use relay_core::wire::ClaimOut;
 use serde_json::{Value, json};
 
 use crate::options::{MAX_DRIFT_PPM, Mutation, Options};
@@ -1298,7 +1298,7 @@ impl World {
                             self.count("takeover");
                         }
                         let out = ClaimOut::claimed(&c, token.map(LeaseToken::new));
-                        match claimed_from_wire(&out) {
+                        match ClaimedTodo::from_wire(&out) {
                             Some(ct) => Ok(Answer::Claimed(Box::new(ct))),
                             None => {
                                 self.violate(
@@ -1660,35 +1660,4 @@ fn cmd_name(cmd: &Command) -> &'static str {
         Command::WarnRunLog { .. } => "the run log",
         _ => "a command",
     }
-}
-
-/// A claim answer as the lease client decodes it from the wire.
-pub fn claimed_from_wire(out: &ClaimOut) -> Option<ClaimedTodo> {
-    let todo: &TodoOut = out.todo.as_ref()?;
-    Some(ClaimedTodo {
-        todo_id: todo.id.clone(),
-        attempt: todo.attempt,
-        max_attempts: todo.max_attempts,
-        attempt_seq: u64::from(out.attempt_seq?),
-        lease_token: out.lease_token.as_ref().cloned(),
-        claimed_at: todo.claimed_at.clone().unwrap_or_default(),
-        todo: serde_json::to_value(todo).ok()?,
-        prior_attempts: out
-            .prior_attempts
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .map(|a| PriorAttempt {
-                seq: u64::from(a.seq),
-                number: a.attempt,
-                outcome: a.outcome.clone(),
-                died: a.died,
-                claimant: a.claimant.clone(),
-                claimed_at: Some(a.claimed_at.clone()),
-                ended_at: a.ended_at.clone(),
-                summary: a.summary.clone(),
-                artifact: a.artifact.clone(),
-            })
-            .collect(),
-    })
 }

@@ -175,6 +175,40 @@ pub struct ClaimedTodo {
     pub prior_attempts: Vec<PriorAttempt>,
 }
 
+impl ClaimedTodo {
+    /// A `claim_next` answer as the lease client decodes it from the wire; `None` when the
+    /// answer is empty or lacks the todo or the attempt's seq.
+    pub fn from_wire(out: &crate::wire::ClaimOut) -> Option<ClaimedTodo> {
+        let todo = out.todo.as_ref()?;
+        Some(ClaimedTodo {
+            todo_id: todo.id.clone(),
+            attempt: todo.attempt,
+            max_attempts: todo.max_attempts,
+            attempt_seq: u64::from(out.attempt_seq?),
+            lease_token: out.lease_token.clone(),
+            claimed_at: todo.claimed_at.clone().unwrap_or_default(),
+            todo: serde_json::to_value(todo).ok()?,
+            prior_attempts: out
+                .prior_attempts
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(|a| PriorAttempt {
+                    seq: u64::from(a.seq),
+                    number: a.attempt,
+                    outcome: a.outcome.clone(),
+                    died: a.died,
+                    claimant: a.claimant.clone(),
+                    claimed_at: Some(a.claimed_at.clone()),
+                    ended_at: a.ended_at.clone(),
+                    summary: a.summary.clone(),
+                    artifact: a.artifact.clone(),
+                })
+                .collect(),
+        })
+    }
+}
+
 /// How a child process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {

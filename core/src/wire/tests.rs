@@ -235,3 +235,51 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_claim_answer_decodes_into_what_the_relay_machine_takes() {
+    use crate::relay::ClaimedTodo;
+    let mut l = Ledger::new(LedgerConfig::default());
+    let t0 = 1_790_000_000_000;
+    l.add_todo(
+        t0,
+        "e",
+        NewTodo {
+            id: "td_1".into(),
+            queue: "ci".into(),
+            title: "fix".into(),
+            ..NewTodo::default()
+        },
+    )
+    .unwrap();
+    let actor = Actor::endpoint("e");
+    let opts = ClaimOpts {
+        ttl: 60_000,
+        ..ClaimOpts::default()
+    };
+    l.claim(t0, &actor, "td_1", &opts).unwrap();
+    let c = l.claim(t0 + 60_000, &actor, "td_1", &opts).unwrap(); // a takeover
+    let wire = serde_json::to_string(&ClaimOut::claimed(&c, Some(LeaseToken::new("tok")))).unwrap();
+    let back: ClaimOut = serde_json::from_str(&wire).unwrap();
+    let claimed = ClaimedTodo::from_wire(&back).unwrap();
+    assert_eq!(
+        (
+            claimed.todo_id.as_str(),
+            claimed.attempt,
+            claimed.attempt_seq
+        ),
+        ("td_1", 2, 2)
+    );
+    assert_eq!(
+        claimed.lease_token.as_ref().map(LeaseToken::expose),
+        Some("tok")
+    );
+    assert_eq!(claimed.prior_attempts.len(), 1);
+    assert_eq!(
+        claimed.prior_attempts[0].outcome.as_deref(),
+        Some("lease_expired")
+    );
+    assert!(claimed.prior_attempts[0].died);
+    assert_eq!(claimed.todo["title"], "fix");
+    assert!(ClaimedTodo::from_wire(&ClaimOut::empty()).is_none());
+}
