@@ -372,7 +372,7 @@ impl Store {
     /// Todos in the actor's scope, oldest first.
     pub async fn list_todos(&self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
         let (actor, filter) = (actor.clone(), filter.clone());
-        run!(self, Read, "list_todos", String::new(), |tx| {
+        run!(self, Read, "list_todos", String::from("(list)"), |tx| {
             ops::list_todos(tx, &actor, &filter)
         })
     }
@@ -411,7 +411,7 @@ impl Store {
 
     /// Every endpoint, by name.
     pub async fn endpoint_list(&self) -> Result<Vec<Endpoint>, Error> {
-        run!(self, Read, "endpoint list", String::new(), |tx| {
+        run!(self, Read, "endpoint list", String::from("(all)"), |tx| {
             ops::endpoint_list(tx)
         })
     }

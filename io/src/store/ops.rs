@@ -163,7 +163,13 @@ async fn claim_loaded<T: Tx>(
     let takeover = todo.state == TodoState::Claimed;
     let change = transition::claim(cfg, now, &todo, open.as_ref(), actor, opts)?;
     let todo = apply(tx, op, &todo, change).await?;
-    let prior_attempts = tx.attempts(op, &todo.id, true, PRIOR_ATTEMPTS).await?;
+    // The kept attempts are seqs pruned+1 ..= total and only the newest is open (check_todo), so
+    // when the new attempt is the only one kept there is no closed one to read.
+    let prior_attempts = if todo.attempts_total > todo.attempts_pruned + 1 {
+        tx.attempts(op, &todo.id, true, PRIOR_ATTEMPTS).await?
+    } else {
+        Vec::new()
+    };
     Ok(Claimed {
         attempt_seq: todo.attempts_total,
         attempts_total: todo.attempts_total,

@@ -67,7 +67,8 @@ CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
 -- the reaper and the retry sweep
 CREATE INDEX todos_lease ON todos (lease_expires_at) WHERE state = 'claimed';
 CREATE INDEX todos_retry ON todos (next_retry_at) WHERE state = 'failed';
-CREATE INDEX todos_updated ON todos (updated_at);
+-- retention: finished todos by age
+CREATE INDEX todos_finished ON todos (updated_at) WHERE state IN ('done', 'canceled', 'failed');
 "#;
 
 /// Attempt history, as in SQLite's 0002 (see there for the backfill's counters), with the
@@ -548,6 +549,7 @@ impl Tx for PgTx<'_> {
         };
         let sql = format!(
             "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = $2)
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
                AND (t.state = 'pending'
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1)
                         AND t.attempt < t.max_attempts)
@@ -752,7 +754,8 @@ impl Tx for PgTx<'_> {
                 self.query(
                     op,
                     "",
-                    "SELECT id FROM todos WHERE updated_at <= $1 AND (state IN ('done', 'canceled')
+                    "SELECT id FROM todos WHERE updated_at <= $1 AND state IN ('done', 'canceled', 'failed')
+                   AND (state IN ('done', 'canceled')
                        OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id FOR UPDATE",
                     &[&ms(op, cutoff)?],
                 )

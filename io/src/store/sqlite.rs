@@ -67,7 +67,8 @@ CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
 -- the reaper and the retry sweep
 CREATE INDEX todos_lease ON todos (lease_expires_at) WHERE state = 'claimed';
 CREATE INDEX todos_retry ON todos (next_retry_at) WHERE state = 'failed';
-CREATE INDEX todos_updated ON todos (updated_at);
+-- retention: finished todos by age
+CREATE INDEX todos_finished ON todos (updated_at) WHERE state IN ('done', 'canceled', 'failed');
 ";
 
 /// Attempt history: the attempts table, the todo counters, and one open attempt for every lease
@@ -98,7 +99,7 @@ CREATE TABLE todo_attempts (
     PRIMARY KEY (todo_id, seq),
     CHECK ((ended_at IS NULL) = (outcome IS NULL)),
     CHECK ((ended_at IS NULL) = (disposition IS NULL))
-) STRICT;
+) STRICT, WITHOUT ROWID;
 -- At most one open attempt per todo. SQLite checks it per row; the store closes the dead
 -- attempt before it opens the next one, so a takeover never trips it.
 CREATE UNIQUE INDEX todo_attempts_one_open ON todo_attempts (todo_id) WHERE ended_at IS NULL;
@@ -530,6 +531,7 @@ impl Tx for SqliteTx<'_> {
         };
         let sql = format!(
             "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = ?2)
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
                AND (t.state = 'pending'
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= ?1)
                         AND t.attempt < t.max_attempts)
@@ -727,7 +729,8 @@ impl Tx for SqliteTx<'_> {
             ),
             // mirrors ledger::purgeable
             Sweep::Purge { cutoff } => (
-                "SELECT id FROM todos WHERE updated_at <= ?1 AND (state IN ('done', 'canceled')
+                "SELECT id FROM todos WHERE updated_at <= ?1 AND state IN ('done', 'canceled', 'failed')
+                   AND (state IN ('done', 'canceled')
                    OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id",
                 Box::new(ms(op, cutoff)?),
             ),

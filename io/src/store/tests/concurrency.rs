@@ -60,7 +60,7 @@ async fn sixteen_claimers(store: Store) {
                     .unwrap();
                 // Give it up before the store does, so that a later claim of it is no double.
                 held.lock().unwrap().remove(&id);
-                if (c + round) % 3 == 0 {
+                if (c + round).is_multiple_of(3) {
                     store
                         .release(now, &actor, &id, Some("back"), hash)
                         .await

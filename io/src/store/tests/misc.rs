@@ -151,7 +151,7 @@ async fn injection_shaped_values(store: Store) {
         .claim_next(
             T0 + HOUR,
             &Actor::endpoint(format!("e1{SHAPED}")),
-            Some(&[format!("q' OR '1'='1")]),
+            Some(&["q' OR '1'='1".to_string()]),
             &opts(30, None),
         )
         .await
