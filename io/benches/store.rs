@@ -336,7 +336,7 @@ impl Raw {
                     "INSERT INTO todos (id, endpoint, queue, title, state, attempt, max_attempts,
                                         created_at, updated_at)
                      SELECT $2 || '-' || lpad(i::text, 8, '0'), $2, 'q', 'bench', 'pending', 0, 5,
-                            $3 + i, $3 + i FROM generate_series(1, $1) AS i",
+                            $3 + i, $3 + i FROM generate_series(1, $1::bigint) AS i",
                     &[&(n as i64), &ep, &(T0 as i64)],
                 )
                 .await

@@ -48,13 +48,19 @@ pub(crate) trait Tx {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
     /// Inserts a todo; `false` when the id is taken.
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error>;
-    /// Writes the columns a transition may change.
-    async fn update_todo(&mut self, op: &str, t: &Todo) -> Result<(), Error>;
+    /// Writes a change: the columns of the todo a transition may change, then each attempt
+    /// write in order (`Open` inserts, `Update` rewrites the attempt only while it is open,
+    /// `PruneThrough` deletes closed attempts at or below the floor). Returns the rows each
+    /// attempt write touched, so the caller can hold `Update` to exactly one.
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error>;
+    /// Inserts an attempt as it is (tests plant broken rows with it).
+    #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error>;
-    /// Rewrites attempt `a.seq` only while it is open; returns the rows changed.
-    async fn update_open_attempt(&mut self, op: &str, a: &Attempt) -> Result<u64, Error>;
-    /// Deletes closed attempts with seq at most `through`.
-    async fn prune(&mut self, op: &str, id: &str, through: u32) -> Result<(), Error>;
     /// Attempts newest first: all, or only closed ones.
     async fn attempts(
         &mut self,
@@ -97,19 +103,15 @@ async fn apply<T: Tx>(tx: &mut T, op: &str, before: &Todo, change: Change) -> Re
             t.id
         )));
     }
-    tx.update_todo(op, t).await?;
-    for w in &change.writes {
-        match w {
-            AttemptWrite::Open(a) => tx.insert_attempt(op, a).await?,
-            AttemptWrite::Update(a) => {
-                if tx.update_open_attempt(op, a).await? != 1 {
-                    return Err(Error::internal(format!(
-                        "{op} {}: attempt {} is not open; an attempt closes exactly once",
-                        t.id, a.seq
-                    )));
-                }
-            }
-            AttemptWrite::PruneThrough(n) => tx.prune(op, &t.id, *n).await?,
+    let rows = tx.write(op, t, &change.writes).await?;
+    for (w, n) in change.writes.iter().zip(rows) {
+        if let AttemptWrite::Update(a) = w
+            && n != 1
+        {
+            return Err(Error::internal(format!(
+                "{op} {}: attempt {} is not open; an attempt closes exactly once",
+                t.id, a.seq
+            )));
         }
     }
     Ok(change.todo)

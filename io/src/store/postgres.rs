@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -411,34 +411,22 @@ fn n32(op: &str, v: u32) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| Error::invalid(format!("{op}: count {v} is out of range")))
 }
 
-fn joined(row: &tokio_postgres::Row) -> Result<(Todo, Option<Attempt>), Error> {
-    Ok((rows::todo(row, 0)?, rows::attempt(row, TODO_COLS.len())?))
+/// The todo of a query's only row, or `None`.
+fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
+    rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
-fn one_joined(
-    op: &str,
-    rs: &[tokio_postgres::Row],
-) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-    match rs {
-        [] => Ok(None),
-        [row] => joined(row).map(Some),
-        [row, ..] => Err(Error::internal(format!(
-            "{op} {}: the todo has more than one open attempt",
-            rows::todo(row, 0)?.id
-        ))),
-    }
-}
-
-static JOINED: LazyLock<String> = LazyLock::new(|| {
+static TODO_SELECT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static LOAD_FOR_UPDATE: LazyLock<String> =
+    LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", *TODO_SELECT));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", *TODO_SELECT));
+static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {}, {} FROM todos t LEFT JOIN todo_attempts a ON a.todo_id = t.id AND a.ended_at IS NULL",
-        select_list("t", &TODO_COLS),
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1 AND a.ended_at IS NULL",
         select_list("a", &ATTEMPT_COLS)
     )
 });
-static LOAD_FOR_UPDATE: LazyLock<String> =
-    LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE OF t", *JOINED));
-static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", *JOINED));
 static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
@@ -471,6 +459,48 @@ fn dollars(from: usize, n: usize) -> String {
 }
 
 impl PgTx<'_> {
+    async fn prepare(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement, Error> {
+        self.t
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+
+    /// Sends the statement when first polled, so joined calls are pipelined in poll order.
+    async fn run_query(
+        &self,
+        op: &str,
+        subject: &str,
+        st: &tokio_postgres::Statement,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        self.t
+            .query(st, args)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+
+    /// The open attempt from its query's rows; two open attempts are an internal error.
+    fn one_open(
+        &self,
+        op: &str,
+        id: &str,
+        rs: &[tokio_postgres::Row],
+    ) -> Result<Option<Attempt>, Error> {
+        match rs {
+            [] => Ok(None),
+            [row] => rows::attempt(row, 0),
+            _ => Err(Error::internal(format!(
+                "{op} {id}: the todo has more than one open attempt"
+            ))),
+        }
+    }
+
     async fn query(
         &self,
         op: &str,
@@ -508,14 +538,126 @@ impl PgTx<'_> {
     }
 }
 
+impl PgTx<'_> {
+    async fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        let n = self
+            .execute(
+                op,
+                &t.id,
+                "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5,
+                     attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8,
+                     next_retry_at = $9, result = $10, updated_at = $11
+                 WHERE id = $1",
+                &[
+                    &t.id,
+                    &t.state.as_str(),
+                    &t.owner,
+                    &n32(op, t.attempt)?,
+                    &n32(op, t.attempts_total)?,
+                    &n32(op, t.attempts_pruned)?,
+                    &opt_ms(op, t.lease_expires_at)?,
+                    &opt_ms(op, t.claimed_at)?,
+                    &opt_ms(op, t.next_retry_at)?,
+                    &json_text(&t.result),
+                    &ms(op, t.updated_at)?,
+                ],
+            )
+            .await?;
+        if n != 1 {
+            return Err(Error::internal(format!(
+                "{op} {}: the todo row vanished inside its transaction",
+                t.id
+            )));
+        }
+        Ok(())
+    }
+    async fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.execute(
+            op,
+            &a.todo_id,
+            &INSERT_ATTEMPT,
+            &[
+                &a.todo_id,
+                &n32(op, a.seq)?,
+                &n32(op, a.attempt)?,
+                &a.claimer_kind.as_str(),
+                &a.claimer_endpoint,
+                &a.claimer_session,
+                &a.owner,
+                &a.claimant,
+                &ms(op, a.claimed_at)?,
+                &opt_ms(op, a.last_heartbeat_at)?,
+                &ms(op, a.lease_expires_at)?,
+                &opt_ms(op, a.ended_at)?,
+                &a.outcome.map(|o| o.as_str()),
+                &a.disposition.map(|d| d.as_str()),
+                &a.summary,
+                &a.summary_truncated,
+                &a.artifact,
+                &a.lease_token_hash.map(|h| h.0.to_vec()),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+    async fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
+        self.execute(
+            op,
+            &a.todo_id,
+            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4,
+                 ended_at = $5, outcome = $6, disposition = $7, summary = $8,
+                 summary_truncated = $9, artifact = $10
+             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL",
+            &[
+                &a.todo_id,
+                &n32(op, a.seq)?,
+                &opt_ms(op, a.last_heartbeat_at)?,
+                &ms(op, a.lease_expires_at)?,
+                &opt_ms(op, a.ended_at)?,
+                &a.outcome.map(|o| o.as_str()),
+                &a.disposition.map(|d| d.as_str()),
+                &a.summary,
+                &a.summary_truncated,
+                &a.artifact,
+            ],
+        )
+        .await
+    }
+    async fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
+        self.execute(
+            op,
+            id,
+            "DELETE FROM todo_attempts WHERE todo_id = $1 AND seq <= $2 AND ended_at IS NOT NULL",
+            &[&id, &n32(op, through)?],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
 impl Tx for PgTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-        let sql = match self.kind {
+        // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
+        // `FOR UPDATE` that waited for another transaction returns the row's newest version but
+        // a joined row from its older snapshot. The attempt is read by the statement after the
+        // lock is granted, so it sees everything the previous holder committed.
+        let todo_sql = match self.kind {
             TxKind::Write => &*LOAD_FOR_UPDATE,
             TxKind::Read => &*LOAD,
         };
-        let rs = self.query(op, id, sql, &[&id]).await?;
-        one_joined(op, &rs)
+        let (todo_st, open_st) = (
+            self.prepare(op, id, todo_sql).await?,
+            self.prepare(op, id, &OPEN_ATTEMPT).await?,
+        );
+        let (todo, open) = futures_util::future::try_join(
+            self.run_query(op, id, &todo_st, &[&id]),
+            self.run_query(op, id, &open_st, &[&id]),
+        )
+        .await?;
+        match one_todo(&todo)? {
+            None => Ok(None),
+            Some(t) => Ok(Some((t, self.one_open(op, id, &open)?))),
+        }
     }
 
     async fn next_claimable(
@@ -554,11 +696,17 @@ impl Tx for PgTx<'_> {
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1)
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= $1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED",
-            *JOINED
+             ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED",
+            *TODO_SELECT
         );
         let rs = self.query(op, &subject, &sql, &args).await?;
-        one_joined(op, &rs)
+        let Some(todo) = one_todo(&rs)? else {
+            return Ok(None);
+        };
+        // Read after the lock (see `load`).
+        let open = self.query(op, &todo.id, &OPEN_ATTEMPT, &[&todo.id]).await?;
+        let open = self.one_open(op, &todo.id, &open)?;
+        Ok(Some((todo, open)))
     }
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
@@ -596,102 +744,33 @@ impl Tx for PgTx<'_> {
         Ok(n == 1)
     }
 
-    async fn update_todo(&mut self, op: &str, t: &Todo) -> Result<(), Error> {
-        let n = self
-            .execute(
-                op,
-                &t.id,
-                "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5,
-                     attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8,
-                     next_retry_at = $9, result = $10, updated_at = $11
-                 WHERE id = $1",
-                &[
-                    &t.id,
-                    &t.state.as_str(),
-                    &t.owner,
-                    &n32(op, t.attempt)?,
-                    &n32(op, t.attempts_total)?,
-                    &n32(op, t.attempts_pruned)?,
-                    &opt_ms(op, t.lease_expires_at)?,
-                    &opt_ms(op, t.claimed_at)?,
-                    &opt_ms(op, t.next_retry_at)?,
-                    &json_text(&t.result),
-                    &ms(op, t.updated_at)?,
-                ],
-            )
-            .await?;
-        if n != 1 {
-            return Err(Error::internal(format!(
-                "{op} {}: the todo row vanished inside its transaction",
-                t.id
-            )));
-        }
-        Ok(())
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error> {
+        // Pipelined: every statement goes out before the first answer comes back, one round
+        // trip for the whole change. Their order does not matter: the one-open-attempt
+        // constraint is checked at commit.
+        let this = &*self;
+        let todo_row = async { this.update_todo(op, todo).await.map(|()| 0) };
+        let attempts = writes.iter().map(|w| async move {
+            match w {
+                AttemptWrite::Open(a) => this.insert_attempt_row(op, a).await.map(|()| 1),
+                AttemptWrite::Update(a) => this.update_open_attempt(op, a).await,
+                AttemptWrite::PruneThrough(n) => this.prune(op, &todo.id, *n).await.map(|()| 0),
+            }
+        });
+        let (_, rows) =
+            futures_util::future::try_join(todo_row, futures_util::future::try_join_all(attempts))
+                .await?;
+        Ok(rows)
     }
 
+    #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            &INSERT_ATTEMPT,
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &n32(op, a.attempt)?,
-                &a.claimer_kind.as_str(),
-                &a.claimer_endpoint,
-                &a.claimer_session,
-                &a.owner,
-                &a.claimant,
-                &ms(op, a.claimed_at)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-                &a.lease_token_hash.map(|h| h.0.to_vec()),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn update_open_attempt(&mut self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4,
-                 ended_at = $5, outcome = $6, disposition = $7, summary = $8,
-                 summary_truncated = $9, artifact = $10
-             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL",
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-            ],
-        )
-        .await
-    }
-
-    async fn prune(&mut self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        self.execute(
-            op,
-            id,
-            "DELETE FROM todo_attempts WHERE todo_id = $1 AND seq <= $2 AND ended_at IS NOT NULL",
-            &[&id, &n32(op, through)?],
-        )
-        .await?;
-        Ok(())
+        self.insert_attempt_row(op, a).await
     }
 
     async fn attempts(

@@ -18,7 +18,7 @@ use std::task::{Context, Poll, Waker};
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Endpoint;
@@ -486,6 +486,107 @@ fn placeholders(from: usize, n: usize) -> String {
         .join(", ")
 }
 
+impl SqliteTx<'_> {
+    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5,
+                     attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8,
+                     next_retry_at = ?9, result = ?10, updated_at = ?11
+                 WHERE id = ?1",
+            )
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        let n = st
+            .execute(params![
+                t.id,
+                t.state.as_str(),
+                t.owner,
+                t.attempt,
+                t.attempts_total,
+                t.attempts_pruned,
+                opt_ms(op, t.lease_expires_at)?,
+                opt_ms(op, t.claimed_at)?,
+                opt_ms(op, t.next_retry_at)?,
+                json_text(&t.result),
+                ms(op, t.updated_at)?,
+            ])
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        if n != 1 {
+            return Err(Error::internal(format!(
+                "{op} {}: the todo row vanished inside its transaction",
+                t.id
+            )));
+        }
+        Ok(())
+    }
+    fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(&INSERT_ATTEMPT)
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        st.execute(params![
+            a.todo_id,
+            a.seq,
+            a.attempt,
+            a.claimer_kind.as_str(),
+            a.claimer_endpoint,
+            a.claimer_session,
+            a.owner,
+            a.claimant,
+            ms(op, a.claimed_at)?,
+            opt_ms(op, a.last_heartbeat_at)?,
+            ms(op, a.lease_expires_at)?,
+            opt_ms(op, a.ended_at)?,
+            a.outcome.map(|o| o.as_str()),
+            a.disposition.map(|d| d.as_str()),
+            a.summary,
+            a.summary_truncated,
+            a.artifact,
+            a.lease_token_hash.map(|h| h.0.to_vec()),
+        ])
+        .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        Ok(())
+    }
+    fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "UPDATE todo_attempts SET last_heartbeat_at = ?3, lease_expires_at = ?4,
+                     ended_at = ?5, outcome = ?6, disposition = ?7, summary = ?8,
+                     summary_truncated = ?9, artifact = ?10
+                 WHERE todo_id = ?1 AND seq = ?2 AND ended_at IS NULL",
+            )
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        let n = st
+            .execute(params![
+                a.todo_id,
+                a.seq,
+                opt_ms(op, a.last_heartbeat_at)?,
+                ms(op, a.lease_expires_at)?,
+                opt_ms(op, a.ended_at)?,
+                a.outcome.map(|o| o.as_str()),
+                a.disposition.map(|d| d.as_str()),
+                a.summary,
+                a.summary_truncated,
+                a.artifact,
+            ])
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        Ok(n as u64)
+    }
+    fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "DELETE FROM todo_attempts WHERE todo_id = ?1 AND seq <= ?2 AND ended_at IS NOT NULL",
+            )
+            .map_err(|e| sql_err(op, id, e))?;
+        st.execute(params![id, through])
+            .map_err(|e| sql_err(op, id, e))?;
+        Ok(())
+    }
+}
+
 impl Tx for SqliteTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let mut st = self
@@ -583,106 +684,29 @@ impl Tx for SqliteTx<'_> {
         Ok(n == 1)
     }
 
-    async fn update_todo(&mut self, op: &str, t: &Todo) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5,
-                     attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8,
-                     next_retry_at = ?9, result = ?10, updated_at = ?11
-                 WHERE id = ?1",
-            )
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        let n = st
-            .execute(params![
-                t.id,
-                t.state.as_str(),
-                t.owner,
-                t.attempt,
-                t.attempts_total,
-                t.attempts_pruned,
-                opt_ms(op, t.lease_expires_at)?,
-                opt_ms(op, t.claimed_at)?,
-                opt_ms(op, t.next_retry_at)?,
-                json_text(&t.result),
-                ms(op, t.updated_at)?,
-            ])
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        if n != 1 {
-            return Err(Error::internal(format!(
-                "{op} {}: the todo row vanished inside its transaction",
-                t.id
-            )));
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error> {
+        // In order: SQLite checks the one-open-attempt index row by row, and a takeover's
+        // change closes the dead attempt before it opens the next.
+        self.update_todo(op, todo)?;
+        let mut rows = Vec::with_capacity(writes.len());
+        for w in writes {
+            rows.push(match w {
+                AttemptWrite::Open(a) => self.insert_attempt_row(op, a).map(|()| 1)?,
+                AttemptWrite::Update(a) => self.update_open_attempt(op, a)?,
+                AttemptWrite::PruneThrough(n) => self.prune(op, &todo.id, *n).map(|()| 0)?,
+            });
         }
-        Ok(())
+        Ok(rows)
     }
 
+    #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(&INSERT_ATTEMPT)
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        st.execute(params![
-            a.todo_id,
-            a.seq,
-            a.attempt,
-            a.claimer_kind.as_str(),
-            a.claimer_endpoint,
-            a.claimer_session,
-            a.owner,
-            a.claimant,
-            ms(op, a.claimed_at)?,
-            opt_ms(op, a.last_heartbeat_at)?,
-            ms(op, a.lease_expires_at)?,
-            opt_ms(op, a.ended_at)?,
-            a.outcome.map(|o| o.as_str()),
-            a.disposition.map(|d| d.as_str()),
-            a.summary,
-            a.summary_truncated,
-            a.artifact,
-            a.lease_token_hash.map(|h| h.0.to_vec()),
-        ])
-        .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(())
-    }
-
-    async fn update_open_attempt(&mut self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "UPDATE todo_attempts SET last_heartbeat_at = ?3, lease_expires_at = ?4,
-                     ended_at = ?5, outcome = ?6, disposition = ?7, summary = ?8,
-                     summary_truncated = ?9, artifact = ?10
-                 WHERE todo_id = ?1 AND seq = ?2 AND ended_at IS NULL",
-            )
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        let n = st
-            .execute(params![
-                a.todo_id,
-                a.seq,
-                opt_ms(op, a.last_heartbeat_at)?,
-                ms(op, a.lease_expires_at)?,
-                opt_ms(op, a.ended_at)?,
-                a.outcome.map(|o| o.as_str()),
-                a.disposition.map(|d| d.as_str()),
-                a.summary,
-                a.summary_truncated,
-                a.artifact,
-            ])
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(n as u64)
-    }
-
-    async fn prune(&mut self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "DELETE FROM todo_attempts WHERE todo_id = ?1 AND seq <= ?2 AND ended_at IS NOT NULL",
-            )
-            .map_err(|e| sql_err(op, id, e))?;
-        st.execute(params![id, through])
-            .map_err(|e| sql_err(op, id, e))?;
-        Ok(())
+        self.insert_attempt_row(op, a)
     }
 
     async fn attempts(

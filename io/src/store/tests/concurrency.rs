@@ -99,7 +99,7 @@ fn sixteen_claimers_never_share_a_todo() {
 /// The reaper and a taker race for one lapsed lease, many times: the dead attempt is closed
 /// exactly once, by whichever got the row first, and the other sees nothing to do.
 async fn reaper_races_takeover(store: Store) {
-    let rounds = 40;
+    let rounds = 60;
     let holder = Actor::endpoint("e1");
     for r in 0..rounds {
         let id = format!("race_{r:02}");
