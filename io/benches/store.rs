@@ -133,7 +133,9 @@ async fn run(db: &Db) {
     let mut now = T0 + 10 * SECOND;
     let start = Instant::now();
     let mut a_n = 0u64;
+    let mut per_op = [Duration::ZERO; 3];
     while start.elapsed() < RUN && a_n < preload {
+        let t = Instant::now();
         now += 1;
         let token = TokenHash::of(&format!("tok-{a_n}"));
         let opts = ClaimOpts {
@@ -146,10 +148,14 @@ async fn run(db: &Db) {
             .await
             .expect("claim_next")
             .expect("a todo to claim");
+        per_op[0] += t.elapsed();
+        let t = Instant::now();
         store
             .heartbeat(now, &actor, &c.todo.id, TTL, Some(token))
             .await
             .expect("heartbeat");
+        per_op[1] += t.elapsed();
+        let t = Instant::now();
         let report = Report {
             result: Some(json!({"ok": true})),
             summary: Some("done".into()),
@@ -160,6 +166,7 @@ async fn run(db: &Db) {
             .complete(now, &actor, &c.todo.id, &report)
             .await
             .expect("complete");
+        per_op[2] += t.elapsed();
         a_n += 1;
     }
     let a = rate(a_n, start.elapsed());
@@ -192,6 +199,13 @@ async fn run(db: &Db) {
     );
     println!(
         "(c) single-row UPDATE transactions (the floor):                             {c:>9.0} tx/s      ({c_n} tx)"
+    );
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / a_n.max(1) as f64;
+    println!(
+        "    (a) per operation: claim_next {:.0} us, heartbeat {:.0} us, complete {:.0} us",
+        us(per_op[0]),
+        us(per_op[1]),
+        us(per_op[2])
     );
     println!(
         "a/b = {:.2} (attempt history costs {:.0} % of the plain cycle's throughput), a/c = {:.2}",

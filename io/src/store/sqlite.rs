@@ -203,7 +203,8 @@ fn connect(path: Option<&Path>) -> Result<Connection, Error> {
     conn.busy_timeout(std::time::Duration::from_secs(10))
         .map_err(|e| open_err(&what, e))?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;
+         PRAGMA cache_size = -16384; PRAGMA mmap_size = 268435456;",
     )
     .map_err(|e| open_err(&what, e))?;
     conn.set_prepared_statement_cache_capacity(64);
@@ -416,15 +417,18 @@ impl rows::Row for rusqlite::Row<'_> {
     }
 }
 
-/// `SELECT todo columns, open attempt columns FROM todos t LEFT JOIN …` (no WHERE yet).
-static JOINED: LazyLock<String> = LazyLock::new(|| {
+static TODO_SELECT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", *TODO_SELECT));
+// The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
+// join of these two tables on every new id (its statement status counts a re-prepare per call),
+// which cost more than the second statement.
+static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {}, {} FROM todos t LEFT JOIN todo_attempts a ON a.todo_id = t.id AND a.ended_at IS NULL",
-        select_list("t", &TODO_COLS),
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1 AND a.ended_at IS NULL",
         select_list("a", &ATTEMPT_COLS)
     )
 });
-static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", *JOINED));
 static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
@@ -455,27 +459,33 @@ static ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
 static TODOS: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
 
-fn joined(row: &rusqlite::Row<'_>) -> Result<(Todo, Option<Attempt>), Error> {
-    Ok((rows::todo(row, 0)?, rows::attempt(row, TODO_COLS.len())?))
+/// The todo of a query's first row, or `None`.
+fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Option<Todo>, Error> {
+    match rs.next().map_err(|e| sql_err(op, subject, e))? {
+        Some(row) => rows::todo(row, 0).map(Some),
+        None => Ok(None),
+    }
 }
 
-/// Collects the joined rows of one query; more than one row for a todo means two open attempts.
-fn one_joined(
-    op: &str,
-    subject: &str,
-    mut rs: rusqlite::Rows<'_>,
-) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-    let Some(row) = rs.next().map_err(|e| sql_err(op, subject, e))? else {
-        return Ok(None);
-    };
-    let found = joined(row)?;
-    if rs.next().map_err(|e| sql_err(op, subject, e))?.is_some() {
-        return Err(Error::internal(format!(
-            "{op} {}: the todo has more than one open attempt",
-            found.0.id
-        )));
+impl SqliteTx<'_> {
+    /// The open attempt of a todo; two open attempts are an internal error.
+    fn open_attempt(&self, op: &str, id: &str) -> Result<Option<Attempt>, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(&OPEN_ATTEMPT)
+            .map_err(|e| sql_err(op, id, e))?;
+        let mut rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
+        let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? else {
+            return Ok(None);
+        };
+        let open = rows::attempt(row, 0)?;
+        if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
+            return Err(Error::internal(format!(
+                "{op} {id}: the todo has more than one open attempt"
+            )));
+        }
+        Ok(open)
     }
-    Ok(Some(found))
 }
 
 /// `?n, ?n+1, …` for a list bound one value per placeholder.
@@ -594,7 +604,11 @@ impl Tx for SqliteTx<'_> {
             .prepare_cached(&LOAD)
             .map_err(|e| sql_err(op, id, e))?;
         let rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
-        one_joined(op, id, rs)
+        let Some(todo) = first_todo(op, id, rs)? else {
+            return Ok(None);
+        };
+        drop(st);
+        Ok(Some((todo, self.open_attempt(op, id)?)))
     }
 
     async fn next_claimable(
@@ -613,9 +627,12 @@ impl Tx for SqliteTx<'_> {
         // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
         // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
         let scope = match actor {
+            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
+            // after every use, which cost more than the query; the cast keeps the index usable
+            // without that.
             Actor::Endpoint { endpoint, .. } => {
                 args.push(endpoint);
-                "t.endpoint = ?3"
+                "t.endpoint = CAST(?3 AS TEXT)"
             }
             Actor::Operator => "1",
         };
@@ -638,7 +655,7 @@ impl Tx for SqliteTx<'_> {
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= ?1 AND t.attempt < t.max_attempts))
              ORDER BY t.created_at, t.id LIMIT 1",
-            *JOINED
+            *TODO_SELECT
         );
         let mut st = self
             .c
@@ -647,7 +664,12 @@ impl Tx for SqliteTx<'_> {
         let rs = st
             .query(args.as_slice())
             .map_err(|e| sql_err(op, &subject, e))?;
-        one_joined(op, &subject, rs)
+        let Some(todo) = first_todo(op, &subject, rs)? else {
+            return Ok(None);
+        };
+        drop(st);
+        let open = self.open_attempt(op, &todo.id)?;
+        Ok(Some((todo, open)))
     }
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
