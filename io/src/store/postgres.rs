@@ -441,13 +441,22 @@ static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
         dollars(1, ATTEMPT_COLS.len())
     )
 });
-static ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
+/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
+/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
+/// on every use.
+fn attempts_sql(closed_only: bool) -> String {
     format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1 AND (NOT $2 OR a.ended_at IS NOT NULL) \
-         ORDER BY a.seq DESC LIMIT $3",
-        select_list("a", &ATTEMPT_COLS)
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1{} ORDER BY a.seq DESC LIMIT $2",
+        select_list("a", &ATTEMPT_COLS),
+        if closed_only {
+            " AND a.ended_at IS NOT NULL"
+        } else {
+            ""
+        }
     )
-});
+}
+static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
+static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
 static TODOS: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
 
@@ -782,7 +791,16 @@ impl Tx for PgTx<'_> {
     ) -> Result<Vec<Attempt>, Error> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rs = self
-            .query(op, id, &ATTEMPTS, &[&id, &closed_only, &limit])
+            .query(
+                op,
+                id,
+                if closed_only {
+                    &CLOSED_ATTEMPTS
+                } else {
+                    &ATTEMPTS
+                },
+                &[&id, &limit],
+            )
             .await?;
         let mut out = Vec::with_capacity(rs.len());
         for row in &rs {

@@ -449,13 +449,22 @@ static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
             .join(", ")
     )
 });
-static ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
+/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
+/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
+/// on every use.
+fn attempts_sql(closed_only: bool) -> String {
     format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1 AND (?2 = 0 OR a.ended_at IS NOT NULL) \
-         ORDER BY a.seq DESC LIMIT ?3",
-        select_list("a", &ATTEMPT_COLS)
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1{} ORDER BY a.seq DESC LIMIT ?2",
+        select_list("a", &ATTEMPT_COLS),
+        if closed_only {
+            " AND a.ended_at IS NOT NULL"
+        } else {
+            ""
+        }
     )
-});
+}
+static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
+static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
 static TODOS: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
 
@@ -741,10 +750,14 @@ impl Tx for SqliteTx<'_> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut st = self
             .c
-            .prepare_cached(&ATTEMPTS)
+            .prepare_cached(if closed_only {
+                &CLOSED_ATTEMPTS
+            } else {
+                &ATTEMPTS
+            })
             .map_err(|e| sql_err(op, id, e))?;
         let mut rs = st
-            .query(params![id, closed_only, limit])
+            .query(params![id, limit])
             .map_err(|e| sql_err(op, id, e))?;
         let mut out = Vec::new();
         while let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? {
