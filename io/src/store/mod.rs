@@ -120,11 +120,22 @@ impl std::fmt::Debug for Endpoint {
 }
 
 /// What a parsed `--db` URL names.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum DbUrl {
     SqliteMemory,
     SqliteFile(String),
     Postgres(String),
+}
+
+// Hand-written: a Postgres URL may carry a password.
+impl std::fmt::Debug for DbUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DbUrl::SqliteMemory => f.write_str("SqliteMemory"),
+            DbUrl::SqliteFile(p) => f.debug_tuple("SqliteFile").field(p).finish(),
+            DbUrl::Postgres(_) => f.write_str("Postgres(<url redacted>)"),
+        }
+    }
 }
 
 impl DbUrl {

@@ -291,10 +291,9 @@ fn db_urls_parse_and_bad_ones_name_the_accepted_forms() {
         DbUrl::parse("sqlite:/tmp/x.db").unwrap(),
         DbUrl::SqliteFile("/tmp/x.db".into())
     );
-    assert!(matches!(
-        DbUrl::parse("postgres://u@h/db").unwrap(),
-        DbUrl::Postgres(_)
-    ));
+    let pg = DbUrl::parse("postgres://u:hunter2@h/db").unwrap();
+    assert!(matches!(pg, DbUrl::Postgres(_)));
+    assert!(!format!("{pg:?}").contains("hunter2"));
     for bad in ["mysql://root:hunter2@db/x", "sqlite:", "", "/var/x.db"] {
         let e = DbUrl::parse(bad).unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
