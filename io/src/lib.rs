@@ -4,6 +4,8 @@
 //! lease client, the daemon's processes and files. It never decides a lifecycle rule: every rule
 //! is a call into `relay_core`, so the simulator and the fuzz targets exercise the same logic.
 //!
-//! This crate is filled in by the store, server and daemon work; today it only re-exports core.
+//! [`store`] is the queue store (SQLite and Postgres); the server and the daemon land next.
 
 pub use relay_core as core;
+
+pub mod store;

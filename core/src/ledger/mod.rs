@@ -539,7 +539,7 @@ impl Ledger {
             .todos
             .values()
             .map(|e| &e.todo)
-            .filter(|t| finished(t) && t.updated_at.saturating_add(retention) <= now)
+            .filter(|t| purgeable(t, now, retention))
             .map(|t| t.id.clone())
             .collect();
         for id in &old {
@@ -587,6 +587,11 @@ impl Ledger {
 /// Done, canceled, or a dead letter: nothing will happen to it unless an operator acts.
 pub fn finished(t: &Todo) -> bool {
     matches!(t.state, TodoState::Done | TodoState::Canceled) || t.dead_letter()
+}
+
+/// Retention: finished and untouched for `retention` at `now`, so `purge_finished` deletes it.
+pub fn purgeable(t: &Todo, now: Millis, retention: Millis) -> bool {
+    finished(t) && t.updated_at.saturating_add(retention) <= now
 }
 
 /// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and

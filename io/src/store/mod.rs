@@ -1,0 +1,452 @@
+//! The queue store: the ledger's operations on SQLite or Postgres, plus the endpoints table.
+//!
+//! # How an operation runs
+//!
+//! Every lifecycle rule lives in [`relay_core::ledger::transition`]. A store never decides one:
+//! each operation is one database transaction that
+//!
+//! 1. reads the todo row and its open attempt, locked (Postgres `SELECT … FOR UPDATE`; SQLite
+//!    `BEGIN IMMEDIATE`, which takes the database's single write lock up front),
+//! 2. calls the `transition::*` function on them,
+//! 3. writes the returned [`Change`](relay_core::ledger::Change): the todo row is updated,
+//!    `Open` inserts an attempt, `Update` rewrites the attempt only while it is still open (no
+//!    row is an internal error: an attempt closes exactly once), `PruneThrough` deletes closed
+//!    attempts at or below the floor.
+//!
+//! That sequence is written once, in `ops`, generic over a small transaction trait that each
+//! backend implements. SQL mirrors only what must run in the database: which todo `claim_next`
+//! takes (the `claimable` rule, commented where it appears), the sweeps' candidate filters, the
+//! schema's constraints. The model-based tests hold both stores to the in-memory ledger.
+//!
+//! # Values
+//!
+//! Times are stored as `BIGINT` milliseconds since the epoch, exactly the [`Millis`] the ledger
+//! uses, so a store answers bit-for-bit what the ledger answers; `now` always comes from the
+//! caller and SQL never reads a clock. JSON values (payload, work order, result) are stored as
+//! their compact text. Every value reaches SQL as a bound parameter, never as SQL text. Only the
+//! SHA-256 of a bearer token or lease token is stored, and neither appears in an error or in
+//! `Debug` output.
+//!
+//! # URLs
+//!
+//! [`Store::open`] takes the contract's `--db` forms: `sqlite:PATH`, `sqlite::memory:` and
+//! `postgres://…` (or `postgresql://…`). Migrations are numbered and recorded in
+//! `schema_migrations`; opening a store applies the missing ones and nothing else.
+
+mod ops;
+pub mod postgres;
+mod rows;
+pub mod sqlite;
+#[cfg(test)]
+mod tests;
+
+use relay_core::Error;
+use relay_core::Millis;
+use relay_core::ledger::{
+    Actor, ClaimOpts, Claimed, LedgerConfig, NewTodo, Report, Todo, TodoFilter, TodoView, TokenHash,
+};
+
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// The accepted `--db` forms, for error messages.
+pub const DB_URL_FORMS: &str = "sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB";
+
+/// A queue store: SQLite (embedded) or Postgres. Cheap to clone; clones share connections.
+#[derive(Clone, Debug)]
+pub enum Store {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+/// A new endpoint: its name, the SHA-256 of its bearer token, the verbs and queues it may use.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewEndpoint {
+    pub name: String,
+    pub token_hash: TokenHash,
+    pub verbs: Vec<String>,
+    /// `None`: every queue.
+    pub queues: Option<Vec<String>>,
+}
+
+/// A row of the endpoints table.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub name: String,
+    /// The SHA-256 of the bearer token; the token itself is never stored.
+    pub token_hash: TokenHash,
+    pub verbs: Vec<String>,
+    /// `None`: every queue.
+    pub queues: Option<Vec<String>>,
+    pub created_at: Millis,
+    pub revoked_at: Option<Millis>,
+}
+
+impl Endpoint {
+    /// Whether a presented token's hash is this endpoint's, compared in constant time.
+    pub fn token_matches(&self, presented: &TokenHash) -> bool {
+        self.token_hash
+            .0
+            .iter()
+            .zip(presented.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+// Hand-written so that no hash of a credential reaches a log.
+impl std::fmt::Debug for NewEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewEndpoint")
+            .field("name", &self.name)
+            .field("token_hash", &"<redacted>")
+            .field("verbs", &self.verbs)
+            .field("queues", &self.queues)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .field("token_hash", &"<redacted>")
+            .field("verbs", &self.verbs)
+            .field("queues", &self.queues)
+            .field("created_at", &self.created_at)
+            .field("revoked_at", &self.revoked_at)
+            .finish()
+    }
+}
+
+/// What a parsed `--db` URL names.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DbUrl {
+    SqliteMemory,
+    SqliteFile(String),
+    Postgres(String),
+}
+
+// Hand-written: a Postgres URL may carry a password.
+impl std::fmt::Debug for DbUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DbUrl::SqliteMemory => f.write_str("SqliteMemory"),
+            DbUrl::SqliteFile(p) => f.debug_tuple("SqliteFile").field(p).finish(),
+            DbUrl::Postgres(_) => f.write_str("Postgres(<url redacted>)"),
+        }
+    }
+}
+
+impl DbUrl {
+    /// Parses the contract's forms. The error never repeats the URL (it may hold a password).
+    pub fn parse(url: &str) -> Result<DbUrl, Error> {
+        if url == "sqlite::memory:" {
+            return Ok(DbUrl::SqliteMemory);
+        }
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(Error::invalid(format!(
+                    "--db sqlite: needs a file path; use {DB_URL_FORMS}"
+                )));
+            }
+            return Ok(DbUrl::SqliteFile(path.to_string()));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DbUrl::Postgres(url.to_string()));
+        }
+        let scheme = url.split(':').next().unwrap_or("");
+        Err(Error::invalid(format!(
+            "--db: unsupported database URL (scheme {scheme:?}); use {DB_URL_FORMS}"
+        )))
+    }
+}
+
+/// Runs one operation in one transaction on whichever backend this is. `$kind` is `Write` or
+/// `Read`; the body is an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
+/// futures never wait: see `sqlite::ready`), the Postgres arm awaits a pooled connection.
+macro_rules! run {
+    ($store:expr, $kind:ident, $op:expr, $subject:expr, |$tx:ident| $body:expr) => {
+        match $store {
+            Store::Sqlite(s) => {
+                s.run(ops::TxKind::$kind, $op, $subject, move |$tx| {
+                    sqlite::ready($body)
+                })
+                .await
+            }
+            Store::Postgres(p) => {
+                let mut client = p.client($op).await?;
+                let mut pg_tx = p.begin(&mut client, ops::TxKind::$kind, $op).await?;
+                let result = {
+                    let $tx = &mut pg_tx;
+                    $body.await
+                };
+                p.finish(pg_tx, $op, &$subject, result).await
+            }
+        }
+    };
+}
+
+impl Store {
+    /// Opens (and migrates) the store a `--db` URL names.
+    pub async fn open(url: &str, cfg: LedgerConfig) -> Result<Store, Error> {
+        match DbUrl::parse(url)? {
+            DbUrl::SqliteMemory => Ok(Store::Sqlite(SqliteStore::open_memory(cfg).await?)),
+            DbUrl::SqliteFile(path) => Ok(Store::Sqlite(SqliteStore::open_file(path, cfg).await?)),
+            DbUrl::Postgres(url) => Ok(Store::Postgres(PgStore::open(&url, cfg).await?)),
+        }
+    }
+
+    /// The settings the transitions run with.
+    pub fn config(&self) -> &LedgerConfig {
+        match self {
+            Store::Sqlite(s) => s.config(),
+            Store::Postgres(p) => p.config(),
+        }
+    }
+
+    fn cfg(&self) -> LedgerConfig {
+        self.config().clone()
+    }
+
+    pub async fn add_todo(&self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
+        let endpoint = endpoint.to_string();
+        let subject = new.id.clone();
+        run!(self, Write, "add_todo", subject, |tx| ops::add_todo(
+            tx, now, &endpoint, new
+        ))
+    }
+
+    /// Claims one todo by id.
+    pub async fn claim(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        opts: &ClaimOpts,
+    ) -> Result<Claimed, Error> {
+        let (cfg, actor, id, opts) = (self.cfg(), actor.clone(), id.to_string(), opts.clone());
+        let subject = id.clone();
+        run!(self, Write, "claim", subject, |tx| ops::claim(
+            tx, &cfg, now, &actor, &id, &opts
+        ))
+    }
+
+    /// Claims the oldest claimable todo (by creation, then id) in the given queues, or `None`.
+    pub async fn claim_next(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        opts: &ClaimOpts,
+    ) -> Result<Option<Claimed>, Error> {
+        let (cfg, actor, opts) = (self.cfg(), actor.clone(), opts.clone());
+        let queues = queues.map(<[String]>::to_vec);
+        let subject = format!("(next for {})", actor.owner());
+        run!(self, Write, "claim_next", subject, |tx| ops::claim_next(
+            tx,
+            &cfg,
+            now,
+            &actor,
+            queues.as_deref(),
+            &opts
+        ))
+    }
+
+    pub async fn heartbeat(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        ttl: Millis,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let subject = id.clone();
+        run!(self, Write, "heartbeat", subject, |tx| ops::heartbeat(
+            tx, now, &actor, &id, ttl, token_hash
+        ))
+    }
+
+    pub async fn complete(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        report: &Report,
+    ) -> Result<Todo, Error> {
+        let (cfg, actor, id, report) = (self.cfg(), actor.clone(), id.to_string(), report.clone());
+        let subject = id.clone();
+        run!(self, Write, "complete", subject, |tx| ops::complete(
+            tx, &cfg, now, &actor, &id, &report
+        ))
+    }
+
+    /// Fails the attempt; the answer carries `next_retry_at` and `dead_letter()`.
+    pub async fn fail(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        report: &Report,
+    ) -> Result<Todo, Error> {
+        let (cfg, actor, id, report) = (self.cfg(), actor.clone(), id.to_string(), report.clone());
+        let subject = id.clone();
+        run!(self, Write, "fail", subject, |tx| ops::fail(
+            tx, &cfg, now, &actor, &id, &report
+        ))
+    }
+
+    pub async fn release(
+        &self,
+        now: Millis,
+        actor: &Actor,
+        id: &str,
+        summary: Option<&str>,
+        token_hash: Option<TokenHash>,
+    ) -> Result<Todo, Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let summary = summary.map(str::to_string);
+        let subject = id.clone();
+        run!(self, Write, "release", subject, |tx| ops::release(
+            tx,
+            now,
+            &actor,
+            &id,
+            summary.as_deref(),
+            token_hash
+        ))
+    }
+
+    /// The operator's manual retry.
+    pub async fn retry(&self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let subject = id.clone();
+        run!(self, Write, "retry", subject, |tx| ops::retry(
+            tx, now, &actor, &id
+        ))
+    }
+
+    pub async fn cancel(&self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let subject = id.clone();
+        run!(self, Write, "cancel", subject, |tx| ops::cancel(
+            tx, now, &actor, &id
+        ))
+    }
+
+    /// The reaper: closes every lapsed lease as `reaped`. Returns the changed todos by id.
+    pub async fn reap(&self, now: Millis) -> Result<Vec<Todo>, Error> {
+        run!(
+            self,
+            Write,
+            "reap",
+            String::from("(sweep)"),
+            |tx| ops::reap(tx, now)
+        )
+    }
+
+    /// Moves failed todos whose retry is due back to pending; returns them (for the doorbell).
+    pub async fn requeue_due(&self, now: Millis) -> Result<Vec<Todo>, Error> {
+        run!(self, Write, "requeue_due", String::from("(sweep)"), |tx| {
+            ops::requeue_due(tx, now)
+        })
+    }
+
+    /// Closes the endpoint's open attempts as `revoked` and dead-letters its claimed todos. (The
+    /// endpoint row itself is marked by [`Store::endpoint_revoke`], which also does this.)
+    pub async fn revoke_endpoint(&self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
+        let endpoint = endpoint.to_string();
+        let subject = format!("(endpoint {endpoint})");
+        run!(self, Write, "revoke", subject, |tx| ops::revoke_todos(
+            tx, now, &endpoint
+        ))
+    }
+
+    /// A todo and its newest `attempts_limit` attempts (newest first, the open one included).
+    pub async fn get_todo(
+        &self,
+        actor: &Actor,
+        id: &str,
+        attempts_limit: usize,
+    ) -> Result<TodoView, Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let subject = id.clone();
+        run!(self, Read, "get_todo", subject, |tx| ops::get_todo(
+            tx,
+            &actor,
+            &id,
+            attempts_limit
+        ))
+    }
+
+    /// Todos in the actor's scope, oldest first.
+    pub async fn list_todos(&self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
+        let (actor, filter) = (actor.clone(), filter.clone());
+        run!(self, Read, "list_todos", String::from("(list)"), |tx| {
+            ops::list_todos(tx, &actor, &filter)
+        })
+    }
+
+    /// Deletes a todo and (by cascade) its attempts.
+    pub async fn delete_todo(&self, actor: &Actor, id: &str) -> Result<(), Error> {
+        let (actor, id) = (actor.clone(), id.to_string());
+        let subject = id.clone();
+        run!(self, Write, "delete", subject, |tx| ops::delete_todo(
+            tx, &actor, &id
+        ))
+    }
+
+    /// Retention: deletes finished todos untouched for `retention`; returns their ids.
+    pub async fn purge_finished(
+        &self,
+        now: Millis,
+        retention: Millis,
+    ) -> Result<Vec<String>, Error> {
+        run!(
+            self,
+            Write,
+            "purge_finished",
+            String::from("(sweep)"),
+            |tx| ops::purge_finished(tx, now, retention)
+        )
+    }
+
+    /// Vends an endpoint. `conflict` when the name is taken.
+    pub async fn endpoint_create(&self, now: Millis, new: NewEndpoint) -> Result<Endpoint, Error> {
+        let subject = new.name.clone();
+        run!(self, Write, "endpoint create", subject, |tx| {
+            ops::endpoint_create(tx, now, new)
+        })
+    }
+
+    /// Every endpoint, by name.
+    pub async fn endpoint_list(&self) -> Result<Vec<Endpoint>, Error> {
+        run!(self, Read, "endpoint list", String::from("(all)"), |tx| {
+            ops::endpoint_list(tx)
+        })
+    }
+
+    /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
+    pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        let name = name.to_string();
+        let subject = name.clone();
+        run!(self, Read, "endpoint get", subject, |tx| ops::endpoint_get(
+            tx, &name
+        ))
+    }
+
+    /// Revokes an endpoint in one transaction: marks the row and runs [`Store::revoke_endpoint`].
+    /// `not_found` for an unknown name, `conflict` when it is already revoked.
+    pub async fn endpoint_revoke(
+        &self,
+        now: Millis,
+        name: &str,
+    ) -> Result<(Endpoint, Vec<Todo>), Error> {
+        let name = name.to_string();
+        let subject = name.clone();
+        run!(self, Write, "endpoint revoke", subject, |tx| {
+            ops::endpoint_revoke(tx, now, &name)
+        })
+    }
+}

@@ -1,0 +1,960 @@
+//! The Postgres store (tokio-postgres behind a deadpool pool), READ COMMITTED with row locks.
+//!
+//! A write operation locks the todo row (`SELECT … FOR UPDATE`) before it calls the transition,
+//! so two operations on one todo run one after the other, and the second sees the first's
+//! result. `claim_next` and the reaper skip rows another transaction holds (`SKIP LOCKED`): a
+//! claimer never waits on another claimer's row, and whichever of the reaper or a taker locks a
+//! lapsed lease first closes its attempt while the other no longer finds it lapsed.
+//!
+//! At most one open attempt per todo is a deferred exclusion constraint, checked at COMMIT; a
+//! violation is answered as an internal error naming the todo. Read-only operations run in a
+//! REPEATABLE READ, READ ONLY transaction so that a todo and its attempts come from one snapshot.
+//! Connections are plain TCP (`NoTls`); `sslmode=require` URLs are refused by the driver.
+
+use std::sync::LazyLock;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Transaction};
+use relay_core::Error;
+use relay_core::Millis;
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::Endpoint;
+#[cfg(test)]
+use super::ops;
+use super::ops::{Sweep, Tx, TxKind};
+use super::rows::{
+    self, ATTEMPT_COLS, ENDPOINT_COLS, TODO_COLS, json_text, list_text, ms, opt_ms, select_list,
+};
+
+/// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
+pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "todos", MIGRATION_0001),
+    (2, "todo_attempts", MIGRATION_0002),
+    (3, "endpoints", MIGRATION_0003),
+];
+
+/// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
+/// so FIFO ties and sweep order match the ledger whatever the database's locale.
+const MIGRATION_0001: &str = r#"
+CREATE TABLE todos (
+    id               text COLLATE "C" NOT NULL PRIMARY KEY,
+    endpoint         text    NOT NULL,
+    queue            text    NOT NULL,
+    title            text    NOT NULL,
+    kind             text,
+    source           text,
+    payload          text,
+    work_order       text,
+    assignee         text,
+    state            text    NOT NULL
+        CHECK (state IN ('pending', 'claimed', 'failed', 'done', 'canceled')),
+    owner            text,
+    attempt          integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts     integer NOT NULL CHECK (max_attempts >= 1),
+    lease_expires_at bigint,
+    claimed_at       bigint,
+    next_retry_at    bigint,
+    result           text,
+    created_at       bigint  NOT NULL,
+    updated_at       bigint  NOT NULL,
+    CHECK ((state = 'claimed') = (owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+);
+-- claim_next: the live todos of an endpoint in FIFO order.
+CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
+    WHERE state IN ('pending', 'claimed', 'failed');
+-- the reaper and the retry sweep
+CREATE INDEX todos_lease ON todos (lease_expires_at) WHERE state = 'claimed';
+CREATE INDEX todos_retry ON todos (next_retry_at) WHERE state = 'failed';
+-- retention: finished todos by age
+CREATE INDEX todos_finished ON todos (updated_at) WHERE state IN ('done', 'canceled', 'failed');
+"#;
+
+/// Attempt history, as in SQLite's 0002 (see there for the backfill's counters), with the
+/// one-open-attempt rule as a deferred exclusion constraint.
+const MIGRATION_0002: &str = r#"
+CREATE TABLE todo_attempts (
+    todo_id           text COLLATE "C" NOT NULL REFERENCES todos (id) ON DELETE CASCADE,
+    seq               integer NOT NULL CHECK (seq >= 1),
+    attempt           integer NOT NULL CHECK (attempt >= 0),
+    claimer_kind      text    NOT NULL CHECK (claimer_kind IN ('endpoint', 'owner')),
+    claimer_endpoint  text,
+    claimer_session   text,
+    owner             text    NOT NULL,
+    claimant          text    CHECK (octet_length(claimant) <= 128),
+    claimed_at        bigint  NOT NULL,
+    last_heartbeat_at bigint,
+    lease_expires_at  bigint  NOT NULL,
+    ended_at          bigint,
+    outcome           text    CHECK (outcome IN ('completed', 'failed', 'released',
+                                     'lease_expired', 'reaped', 'canceled', 'revoked')),
+    disposition       text    CHECK (disposition IN ('done', 'retry_scheduled', 'requeued',
+                                     'dead_lettered', 'canceled')),
+    summary           text    CHECK (octet_length(summary) <= 2048),
+    summary_truncated boolean NOT NULL DEFAULT false,
+    artifact          text    CHECK (octet_length(artifact) <= 512),
+    lease_token_hash  bytea   CHECK (octet_length(lease_token_hash) = 32),
+    PRIMARY KEY (todo_id, seq),
+    CHECK ((ended_at IS NULL) = (outcome IS NULL)),
+    CHECK ((ended_at IS NULL) = (disposition IS NULL))
+);
+-- At most one open attempt per todo, checked at COMMIT: the transaction's final rows count, not
+-- the order in which it wrote them.
+ALTER TABLE todo_attempts ADD CONSTRAINT todo_attempts_one_open
+    EXCLUDE USING btree (todo_id WITH =) WHERE (ended_at IS NULL)
+    DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE todos ADD COLUMN attempts_total  integer NOT NULL DEFAULT 0 CHECK (attempts_total >= 0);
+ALTER TABLE todos ADD COLUMN attempts_pruned integer NOT NULL DEFAULT 0 CHECK (attempts_pruned >= 0);
+
+UPDATE todos SET attempts_total = attempt, attempts_pruned = attempt WHERE state <> 'claimed';
+UPDATE todos SET attempts_total = greatest(attempt, 1), attempts_pruned = greatest(attempt, 1) - 1
+    WHERE state = 'claimed';
+INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind, claimer_endpoint, owner,
+                           claimant, claimed_at, lease_expires_at)
+SELECT id, attempts_total, attempt,
+       CASE WHEN owner = 'operator' THEN 'owner' ELSE 'endpoint' END,
+       CASE WHEN owner = 'operator' THEN NULL ELSE owner END,
+       owner, 'migrated', coalesce(claimed_at, lease_expires_at, updated_at), lease_expires_at
+FROM todos WHERE state = 'claimed';
+"#;
+
+const MIGRATION_0003: &str = r#"
+CREATE TABLE endpoints (
+    name       text COLLATE "C" NOT NULL PRIMARY KEY,
+    token_hash bytea  NOT NULL CHECK (octet_length(token_hash) = 32),
+    verbs      text   NOT NULL,
+    queues     text,
+    created_at bigint NOT NULL,
+    revoked_at bigint
+);
+"#;
+
+/// The newest migration's number.
+pub(crate) fn latest_migration() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+/// Connections the pool keeps at most.
+const POOL_SIZE: usize = 16;
+
+/// The Postgres backend of [`Store`](super::Store).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    cfg: LedgerConfig,
+    schema: Option<String>,
+}
+
+impl std::fmt::Debug for PgStore {
+    // The pool's config holds the URL's password; show only the schema.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PgStore(schema {})",
+            self.schema.as_deref().unwrap_or("(default)")
+        )
+    }
+}
+
+fn open_err(e: impl std::fmt::Display) -> Error {
+    Error::internal(format!(
+        "opening the Postgres store: {e}; check the postgres:// URL and that the server answers"
+    ))
+}
+
+/// A schema name a test or tenant may choose: lowercase letters, digits and `_`, 1 to 63 bytes,
+/// not starting with a digit. (Identifiers cannot be bound as parameters, so they are checked.)
+fn valid_schema(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+impl PgStore {
+    /// Connects and migrates, in the URL's default schema.
+    pub async fn open(url: &str, cfg: LedgerConfig) -> Result<PgStore, Error> {
+        Self::open_at(url, None, cfg, latest_migration()).await
+    }
+
+    /// Connects with `search_path` set to `schema` (created when missing) and migrates there.
+    /// Tests use one schema each, so they run in parallel on one database.
+    pub async fn open_in_schema(
+        url: &str,
+        schema: &str,
+        cfg: LedgerConfig,
+    ) -> Result<PgStore, Error> {
+        Self::open_at(url, Some(schema), cfg, latest_migration()).await
+    }
+
+    pub(crate) async fn open_at(
+        url: &str,
+        schema: Option<&str>,
+        cfg: LedgerConfig,
+        target: i32,
+    ) -> Result<PgStore, Error> {
+        let mut pg: tokio_postgres::Config = url.parse().map_err(|e| {
+            Error::invalid(format!(
+                "--db: not a valid postgres:// URL ({e}); use {}",
+                super::DB_URL_FORMS
+            ))
+        })?;
+        if let Some(s) = schema {
+            if !valid_schema(s) {
+                return Err(Error::invalid(format!(
+                    "schema {s:?}: use 1 to 63 lowercase letters, digits or '_'"
+                )));
+            }
+            pg.options(format!("-c search_path={s}"));
+        }
+        let mgr = Manager::from_config(
+            pg,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(open_err)?;
+        let store = PgStore {
+            pool,
+            cfg,
+            schema: schema.map(str::to_string),
+        };
+        let mut client = store.pool.get().await.map_err(open_err)?;
+        if let Some(s) = schema {
+            // Checked by valid_schema above; quoted as an identifier.
+            client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""))
+                .await
+                .map_err(open_err)?;
+        }
+        migrate(&mut client, target).await?;
+        Ok(store)
+    }
+
+    pub fn config(&self) -> &LedgerConfig {
+        &self.cfg
+    }
+
+    /// Applies further migrations up to `target` (tests of a migration).
+    #[cfg(test)]
+    pub(crate) async fn migrate_to(&self, target: i32) -> Result<(), Error> {
+        let mut client = self.client("migrate").await?;
+        migrate(&mut client, target).await
+    }
+
+    /// A pooled connection (tests use it for raw SQL).
+    pub(crate) async fn client(&self, op: &str) -> Result<Object, Error> {
+        self.pool.get().await.map_err(|e| {
+            Error::internal(format!(
+                "{op}: no Postgres connection ({e}); check that the server answers"
+            ))
+        })
+    }
+
+    pub(crate) async fn begin<'c>(
+        &self,
+        client: &'c mut Object,
+        kind: TxKind,
+        op: &str,
+    ) -> Result<PgTx<'c>, Error> {
+        let b = client.build_transaction();
+        let b = match kind {
+            TxKind::Write => b,
+            TxKind::Read => b
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true),
+        };
+        let t = b.start().await.map_err(|e| pg_err(op, "", &e))?;
+        Ok(PgTx { t, kind })
+    }
+
+    /// Commits on `Ok` (a deferred constraint fires here), rolls back on `Err`.
+    pub(crate) async fn finish<R>(
+        &self,
+        tx: PgTx<'_>,
+        op: &str,
+        subject: &str,
+        result: Result<R, Error>,
+    ) -> Result<R, Error> {
+        match result {
+            Ok(v) => {
+                tx.t.commit().await.map_err(|e| pg_err(op, subject, &e))?;
+                Ok(v)
+            }
+            Err(e) => {
+                // Dropping the transaction rolls it back; say so explicitly to return the
+                // connection clean at once.
+                let _ = tx.t.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
+        let mut client = self.client("plant").await?;
+        let mut tx = self.begin(&mut client, TxKind::Write, "plant").await?;
+        let r = ops::plant_attempt(&mut tx, &a).await;
+        self.finish(tx, "plant", &a.todo_id, r).await
+    }
+}
+
+async fn migrate(client: &mut Object, target: i32) -> Result<(), Error> {
+    let err =
+        |e: tokio_postgres::Error| Error::internal(format!("migrating the Postgres store: {e}"));
+    let tx = client.transaction().await.map_err(err)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    integer NOT NULL PRIMARY KEY,
+             name       text    NOT NULL,
+             applied_at bigint  NOT NULL
+         );
+         LOCK TABLE schema_migrations IN EXCLUSIVE MODE;",
+    )
+    .await
+    .map_err(err)?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await
+        .map_err(err)?
+        .get(0);
+    let applied_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    for (version, name, sql) in MIGRATIONS {
+        if *version <= current || *version > target {
+            continue;
+        }
+        tx.batch_execute(sql).await.map_err(|e| {
+            Error::internal(format!(
+                "migrating the Postgres store: migration {version:04} ({name}) failed: {e}"
+            ))
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            &[version, name, &applied_at],
+        )
+        .await
+        .map_err(err)?;
+    }
+    tx.commit().await.map_err(err)
+}
+
+/// A database failure as an internal error naming the operation and its todo. For key
+/// violations the server's detail (which names the key, e.g. the todo id) is included; other
+/// details can quote whole rows and are left out.
+fn pg_err(op: &str, subject: &str, e: &tokio_postgres::Error) -> Error {
+    let Some(db) = e.as_db_error() else {
+        return Error::internal(format!("{op} {subject}: the Postgres store failed: {e}"));
+    };
+    let code = db.code();
+    if *code == SqlState::EXCLUSION_VIOLATION || *code == SqlState::UNIQUE_VIOLATION {
+        let what = if db.constraint() == Some("todo_attempts_one_open") {
+            "a second open attempt was refused at commit (a todo has at most one open attempt)"
+        } else {
+            "a key is taken"
+        };
+        return Error::internal(format!(
+            "{op} {subject}: {what}: {} ({})",
+            db.message(),
+            db.detail().unwrap_or("")
+        ));
+    }
+    Error::internal(format!(
+        "{op} {subject}: the Postgres store failed: {} [{}{}]",
+        db.message(),
+        code.code(),
+        db.constraint()
+            .map(|c| format!(", constraint {c}"))
+            .unwrap_or_default()
+    ))
+}
+
+pub(crate) struct PgTx<'c> {
+    t: Transaction<'c>,
+    kind: TxKind,
+}
+
+impl rows::Row for tokio_postgres::Row {
+    fn text(&self, i: usize) -> Result<Option<String>, String> {
+        self.try_get(i).map_err(|e| e.to_string())
+    }
+    fn int(&self, i: usize) -> Result<Option<i64>, String> {
+        if *self.columns()[i].type_() == Type::INT4 {
+            self.try_get::<_, Option<i32>>(i)
+                .map(|v| v.map(i64::from))
+                .map_err(|e| e.to_string())
+        } else {
+            self.try_get(i).map_err(|e| e.to_string())
+        }
+    }
+    fn boolean(&self, i: usize) -> Result<bool, String> {
+        self.try_get(i).map_err(|e| e.to_string())
+    }
+    fn bytes(&self, i: usize) -> Result<Option<Vec<u8>>, String> {
+        self.try_get(i).map_err(|e| e.to_string())
+    }
+}
+
+/// A counter as the `integer` the tables store.
+fn n32(op: &str, v: u32) -> Result<i32, Error> {
+    i32::try_from(v).map_err(|_| Error::invalid(format!("{op}: count {v} is out of range")))
+}
+
+/// The todo of a query's only row, or `None`.
+fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
+    rs.first().map(|r| rows::todo(r, 0)).transpose()
+}
+
+static TODO_SELECT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static LOAD_FOR_UPDATE: LazyLock<String> =
+    LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", *TODO_SELECT));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", *TODO_SELECT));
+static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1 AND a.ended_at IS NULL",
+        select_list("a", &ATTEMPT_COLS)
+    )
+});
+static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
+        TODO_COLS.join(", "),
+        dollars(1, TODO_COLS.len())
+    )
+});
+static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO todo_attempts ({}) VALUES ({})",
+        ATTEMPT_COLS.join(", "),
+        dollars(1, ATTEMPT_COLS.len())
+    )
+});
+/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
+/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
+/// on every use.
+fn attempts_sql(closed_only: bool) -> String {
+    format!(
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1{} ORDER BY a.seq DESC LIMIT $2",
+        select_list("a", &ATTEMPT_COLS),
+        if closed_only {
+            " AND a.ended_at IS NOT NULL"
+        } else {
+            ""
+        }
+    )
+}
+static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
+static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
+static TODOS: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+
+fn dollars(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl PgTx<'_> {
+    async fn prepare(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement, Error> {
+        self.t
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+
+    /// Sends the statement when first polled, so joined calls are pipelined in poll order.
+    async fn run_query(
+        &self,
+        op: &str,
+        subject: &str,
+        st: &tokio_postgres::Statement,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        self.t
+            .query(st, args)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+
+    /// The open attempt from its query's rows; two open attempts are an internal error.
+    fn one_open(
+        &self,
+        op: &str,
+        id: &str,
+        rs: &[tokio_postgres::Row],
+    ) -> Result<Option<Attempt>, Error> {
+        match rs {
+            [] => Ok(None),
+            [row] => rows::attempt(row, 0),
+            _ => Err(Error::internal(format!(
+                "{op} {id}: the todo has more than one open attempt"
+            ))),
+        }
+    }
+
+    async fn query(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        let st = self
+            .t
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))?;
+        self.t
+            .query(&st, args)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+
+    async fn execute(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        let st = self
+            .t
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))?;
+        self.t
+            .execute(&st, args)
+            .await
+            .map_err(|e| pg_err(op, subject, &e))
+    }
+}
+
+impl PgTx<'_> {
+    async fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        let n = self
+            .execute(
+                op,
+                &t.id,
+                "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5,
+                     attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8,
+                     next_retry_at = $9, result = $10, updated_at = $11
+                 WHERE id = $1",
+                &[
+                    &t.id,
+                    &t.state.as_str(),
+                    &t.owner,
+                    &n32(op, t.attempt)?,
+                    &n32(op, t.attempts_total)?,
+                    &n32(op, t.attempts_pruned)?,
+                    &opt_ms(op, t.lease_expires_at)?,
+                    &opt_ms(op, t.claimed_at)?,
+                    &opt_ms(op, t.next_retry_at)?,
+                    &json_text(&t.result),
+                    &ms(op, t.updated_at)?,
+                ],
+            )
+            .await?;
+        if n != 1 {
+            return Err(Error::internal(format!(
+                "{op} {}: the todo row vanished inside its transaction",
+                t.id
+            )));
+        }
+        Ok(())
+    }
+    async fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.execute(
+            op,
+            &a.todo_id,
+            &INSERT_ATTEMPT,
+            &[
+                &a.todo_id,
+                &n32(op, a.seq)?,
+                &n32(op, a.attempt)?,
+                &a.claimer_kind.as_str(),
+                &a.claimer_endpoint,
+                &a.claimer_session,
+                &a.owner,
+                &a.claimant,
+                &ms(op, a.claimed_at)?,
+                &opt_ms(op, a.last_heartbeat_at)?,
+                &ms(op, a.lease_expires_at)?,
+                &opt_ms(op, a.ended_at)?,
+                &a.outcome.map(|o| o.as_str()),
+                &a.disposition.map(|d| d.as_str()),
+                &a.summary,
+                &a.summary_truncated,
+                &a.artifact,
+                &a.lease_token_hash.map(|h| h.0.to_vec()),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+    async fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
+        self.execute(
+            op,
+            &a.todo_id,
+            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4,
+                 ended_at = $5, outcome = $6, disposition = $7, summary = $8,
+                 summary_truncated = $9, artifact = $10
+             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL",
+            &[
+                &a.todo_id,
+                &n32(op, a.seq)?,
+                &opt_ms(op, a.last_heartbeat_at)?,
+                &ms(op, a.lease_expires_at)?,
+                &opt_ms(op, a.ended_at)?,
+                &a.outcome.map(|o| o.as_str()),
+                &a.disposition.map(|d| d.as_str()),
+                &a.summary,
+                &a.summary_truncated,
+                &a.artifact,
+            ],
+        )
+        .await
+    }
+    async fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
+        self.execute(
+            op,
+            id,
+            "DELETE FROM todo_attempts WHERE todo_id = $1 AND seq <= $2 AND ended_at IS NOT NULL",
+            &[&id, &n32(op, through)?],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl Tx for PgTx<'_> {
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
+        // `FOR UPDATE` that waited for another transaction returns the row's newest version but
+        // a joined row from its older snapshot. The attempt is read by the statement after the
+        // lock is granted, so it sees everything the previous holder committed.
+        let todo_sql = match self.kind {
+            TxKind::Write => &*LOAD_FOR_UPDATE,
+            TxKind::Read => &*LOAD,
+        };
+        let (todo_st, open_st) = (
+            self.prepare(op, id, todo_sql).await?,
+            self.prepare(op, id, &OPEN_ATTEMPT).await?,
+        );
+        let (todo, open) = futures_util::future::try_join(
+            self.run_query(op, id, &todo_st, &[&id]),
+            self.run_query(op, id, &open_st, &[&id]),
+        )
+        .await?;
+        match one_todo(&todo)? {
+            None => Ok(None),
+            Some(t) => Ok(Some((t, self.one_open(op, id, &open)?))),
+        }
+    }
+
+    async fn next_claimable(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        let op = "claim_next";
+        let subject = format!("(next for {})", actor.owner());
+        let now = ms(op, now)?;
+        let owner = actor.owner();
+        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&now, &owner];
+        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
+        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        let scope = match actor {
+            Actor::Endpoint { endpoint, .. } => {
+                args.push(endpoint);
+                "t.endpoint = $3".to_string()
+            }
+            Actor::Operator => "true".to_string(),
+        };
+        let queue_list: &[String];
+        let queue_filter = match queues {
+            None => "true".to_string(),
+            Some(qs) => {
+                queue_list = qs;
+                args.push(&queue_list);
+                format!("t.queue = ANY(${})", args.len())
+            }
+        };
+        let sql = format!(
+            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = $2)
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
+               AND (t.state = 'pending'
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1)
+                        AND t.attempt < t.max_attempts)
+                    OR (t.state = 'failed' AND t.next_retry_at <= $1 AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED",
+            *TODO_SELECT
+        );
+        let rs = self.query(op, &subject, &sql, &args).await?;
+        let Some(todo) = one_todo(&rs)? else {
+            return Ok(None);
+        };
+        // Read after the lock (see `load`).
+        let open = self.query(op, &todo.id, &OPEN_ATTEMPT, &[&todo.id]).await?;
+        let open = self.one_open(op, &todo.id, &open)?;
+        Ok(Some((todo, open)))
+    }
+
+    async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
+        let op = "add_todo";
+        let n = self
+            .execute(
+                op,
+                &t.id,
+                &INSERT_TODO,
+                &[
+                    &t.id,
+                    &t.endpoint,
+                    &t.queue,
+                    &t.title,
+                    &t.kind,
+                    &t.source,
+                    &json_text(&t.payload),
+                    &json_text(&t.work_order),
+                    &t.assignee,
+                    &t.state.as_str(),
+                    &t.owner,
+                    &n32(op, t.attempt)?,
+                    &n32(op, t.max_attempts)?,
+                    &n32(op, t.attempts_total)?,
+                    &n32(op, t.attempts_pruned)?,
+                    &opt_ms(op, t.lease_expires_at)?,
+                    &opt_ms(op, t.claimed_at)?,
+                    &opt_ms(op, t.next_retry_at)?,
+                    &json_text(&t.result),
+                    &ms(op, t.created_at)?,
+                    &ms(op, t.updated_at)?,
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error> {
+        // Pipelined: every statement goes out before the first answer comes back, one round
+        // trip for the whole change. Their order does not matter: the one-open-attempt
+        // constraint is checked at commit.
+        let this = &*self;
+        let todo_row = async { this.update_todo(op, todo).await.map(|()| 0) };
+        let attempts = writes.iter().map(|w| async move {
+            match w {
+                AttemptWrite::Open(a) => this.insert_attempt_row(op, a).await.map(|()| 1),
+                AttemptWrite::Update(a) => this.update_open_attempt(op, a).await,
+                AttemptWrite::PruneThrough(n) => this.prune(op, &todo.id, *n).await.map(|()| 0),
+            }
+        });
+        let (_, rows) =
+            futures_util::future::try_join(todo_row, futures_util::future::try_join_all(attempts))
+                .await?;
+        Ok(rows)
+    }
+
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a).await
+    }
+
+    async fn attempts(
+        &mut self,
+        op: &str,
+        id: &str,
+        closed_only: bool,
+        limit: usize,
+    ) -> Result<Vec<Attempt>, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rs = self
+            .query(
+                op,
+                id,
+                if closed_only {
+                    &CLOSED_ATTEMPTS
+                } else {
+                    &ATTEMPTS
+                },
+                &[&id, &limit],
+            )
+            .await?;
+        let mut out = Vec::with_capacity(rs.len());
+        for row in &rs {
+            out.extend(rows::attempt(row, 0)?);
+        }
+        Ok(out)
+    }
+
+    async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
+        let op = "sweep";
+        let rs = match sweep {
+            // mirrors transition::reap; rows a claimer holds are skipped (it is closing them)
+            Sweep::Reap { now } => {
+                self.query(
+                    op,
+                    "",
+                    "SELECT id FROM todos WHERE state = 'claimed'
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+                     ORDER BY id FOR UPDATE SKIP LOCKED",
+                    &[&ms(op, now)?],
+                )
+                .await?
+            }
+            // mirrors transition::requeue_due
+            Sweep::RequeueDue { now } => {
+                self.query(
+                    op,
+                    "",
+                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= $1
+                       AND attempt < max_attempts ORDER BY id FOR UPDATE SKIP LOCKED",
+                    &[&ms(op, now)?],
+                )
+                .await?
+            }
+            // mirrors transition::revoke; waits for held rows: a revocation misses none
+            Sweep::Revoke { endpoint } => {
+                self.query(
+                    op,
+                    "",
+                    "SELECT id FROM todos WHERE endpoint = $1 AND state = 'claimed'
+                     ORDER BY id FOR UPDATE",
+                    &[&endpoint],
+                )
+                .await?
+            }
+            // mirrors ledger::purgeable
+            Sweep::Purge { cutoff } => {
+                self.query(
+                    op,
+                    "",
+                    "SELECT id FROM todos WHERE updated_at <= $1 AND state IN ('done', 'canceled', 'failed')
+                   AND (state IN ('done', 'canceled')
+                       OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id FOR UPDATE",
+                    &[&ms(op, cutoff)?],
+                )
+                .await?
+            }
+        };
+        Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
+    }
+
+    async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
+        let op = "list_todos";
+        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        let mut clauses: Vec<String> = Vec::new();
+        if let Actor::Endpoint { endpoint, .. } = actor {
+            args.push(endpoint);
+            clauses.push(format!("t.endpoint = ${}", args.len()));
+        }
+        let state = filter.state.map(|s| s.as_str());
+        if let Some(s) = &state {
+            args.push(s);
+            clauses.push(format!("t.state = ${}", args.len()));
+        }
+        if let Some(qs) = &filter.queues {
+            args.push(qs);
+            clauses.push(format!("t.queue = ANY(${})", args.len()));
+        }
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        args.push(&limit);
+        let sql = format!(
+            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ${}",
+            *TODOS,
+            if clauses.is_empty() {
+                "true".to_string()
+            } else {
+                clauses.join(" AND ")
+            },
+            args.len()
+        );
+        let rs = self.query(op, "", &sql, &args).await?;
+        rs.iter().map(|r| rows::todo(r, 0)).collect()
+    }
+
+    async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error> {
+        self.execute(op, id, "DELETE FROM todos WHERE id = $1", &[&id])
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
+        let op = "endpoint create";
+        let n = self
+            .execute(
+                op,
+                &e.name,
+                &format!(
+                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (name) DO NOTHING"
+                ),
+                &[
+                    &e.name,
+                    &e.token_hash.0.to_vec(),
+                    &list_text(&e.verbs),
+                    &e.queues.as_deref().map(list_text),
+                    &ms(op, e.created_at)?,
+                    &opt_ms(op, e.revoked_at)?,
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn endpoint(&mut self, name: &str, lock: bool) -> Result<Option<Endpoint>, Error> {
+        let op = "endpoint get";
+        let sql = format!(
+            "SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = $1{}",
+            if lock { " FOR UPDATE" } else { "" }
+        );
+        let rs = self.query(op, name, &sql, &[&name]).await?;
+        rs.first().map(rows::endpoint).transpose()
+    }
+
+    async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
+        let rs = self
+            .query(
+                "endpoint list",
+                "",
+                &format!("SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name"),
+                &[],
+            )
+            .await?;
+        rs.iter().map(rows::endpoint).collect()
+    }
+
+    async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error> {
+        let op = "endpoint revoke";
+        self.execute(
+            op,
+            name,
+            "UPDATE endpoints SET revoked_at = $2 WHERE name = $1",
+            &[&name, &ms(op, at)?],
+        )
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,923 @@
+//! The SQLite store (rusqlite, bundled SQLite): WAL, a busy timeout, foreign keys on, STRICT
+//! tables, numbered migrations.
+//!
+//! SQLite calls block, so every operation runs on tokio's blocking pool with a connection from a
+//! small pool (one connection for `sqlite::memory:`, whose database lives in that connection).
+//! A write transaction starts with `BEGIN IMMEDIATE`, which takes SQLite's single write lock up
+//! front: the read of the todo and the write of its change cannot interleave with another
+//! writer, and a busy database is waited for (busy_timeout), never answered with a stale read.
+//!
+//! Durability: `synchronous = NORMAL` in WAL mode. A committed operation survives a crash of the
+//! process; a power loss may lose the last transactions, never corrupt the file.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use relay_core::Error;
+use relay_core::Millis;
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::Endpoint;
+#[cfg(test)]
+use super::ops;
+use super::ops::{Sweep, Tx, TxKind};
+use super::rows::{
+    self, ATTEMPT_COLS, ENDPOINT_COLS, TODO_COLS, json_text, list_text, ms, opt_ms, select_list,
+};
+
+/// The numbered migrations, applied in order, each recorded in `schema_migrations`.
+pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
+    (1, "todos", MIGRATION_0001),
+    (2, "todo_attempts", MIGRATION_0002),
+    (3, "endpoints", MIGRATION_0003),
+];
+
+/// The todos table as it was before attempt history (the design's "before").
+const MIGRATION_0001: &str = "
+CREATE TABLE todos (
+    id               TEXT    NOT NULL PRIMARY KEY,
+    endpoint         TEXT    NOT NULL,
+    queue            TEXT    NOT NULL,
+    title            TEXT    NOT NULL,
+    kind             TEXT,
+    source           TEXT,
+    payload          TEXT,
+    work_order       TEXT,
+    assignee         TEXT,
+    state            TEXT    NOT NULL
+        CHECK (state IN ('pending', 'claimed', 'failed', 'done', 'canceled')),
+    owner            TEXT,
+    attempt          INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
+    lease_expires_at INTEGER,
+    claimed_at       INTEGER,
+    next_retry_at    INTEGER,
+    result           TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    CHECK ((state = 'claimed') = (owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+) STRICT;
+-- claim_next: the live todos of an endpoint in FIFO order.
+CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
+    WHERE state IN ('pending', 'claimed', 'failed');
+-- the reaper and the retry sweep
+CREATE INDEX todos_lease ON todos (lease_expires_at) WHERE state = 'claimed';
+CREATE INDEX todos_retry ON todos (next_retry_at) WHERE state = 'failed';
+-- retention: finished todos by age
+CREATE INDEX todos_finished ON todos (updated_at) WHERE state IN ('done', 'canceled', 'failed');
+";
+
+/// Attempt history: the attempts table, the todo counters, and one open attempt for every lease
+/// in flight. `attempts_total` starts at `attempt` so that a later claim's seq continues the
+/// count; the attempts before the migration have no row and count as pruned.
+const MIGRATION_0002: &str = "
+CREATE TABLE todo_attempts (
+    todo_id           TEXT    NOT NULL REFERENCES todos (id) ON DELETE CASCADE,
+    seq               INTEGER NOT NULL CHECK (seq >= 1),
+    attempt           INTEGER NOT NULL CHECK (attempt >= 0),
+    claimer_kind      TEXT    NOT NULL CHECK (claimer_kind IN ('endpoint', 'owner')),
+    claimer_endpoint  TEXT,
+    claimer_session   TEXT,
+    owner             TEXT    NOT NULL,
+    claimant          TEXT    CHECK (length(CAST(claimant AS BLOB)) <= 128),
+    claimed_at        INTEGER NOT NULL,
+    last_heartbeat_at INTEGER,
+    lease_expires_at  INTEGER NOT NULL,
+    ended_at          INTEGER,
+    outcome           TEXT    CHECK (outcome IN ('completed', 'failed', 'released',
+                                     'lease_expired', 'reaped', 'canceled', 'revoked')),
+    disposition       TEXT    CHECK (disposition IN ('done', 'retry_scheduled', 'requeued',
+                                     'dead_lettered', 'canceled')),
+    summary           TEXT    CHECK (length(CAST(summary AS BLOB)) <= 2048),
+    summary_truncated INTEGER NOT NULL DEFAULT 0 CHECK (summary_truncated IN (0, 1)),
+    artifact          TEXT    CHECK (length(CAST(artifact AS BLOB)) <= 512),
+    lease_token_hash  BLOB    CHECK (length(lease_token_hash) = 32),
+    PRIMARY KEY (todo_id, seq),
+    CHECK ((ended_at IS NULL) = (outcome IS NULL)),
+    CHECK ((ended_at IS NULL) = (disposition IS NULL))
+) STRICT, WITHOUT ROWID;
+-- At most one open attempt per todo. SQLite checks it per row; the store closes the dead
+-- attempt before it opens the next one, so a takeover never trips it.
+CREATE UNIQUE INDEX todo_attempts_one_open ON todo_attempts (todo_id) WHERE ended_at IS NULL;
+
+ALTER TABLE todos ADD COLUMN attempts_total  INTEGER NOT NULL DEFAULT 0 CHECK (attempts_total >= 0);
+ALTER TABLE todos ADD COLUMN attempts_pruned INTEGER NOT NULL DEFAULT 0 CHECK (attempts_pruned >= 0);
+
+UPDATE todos SET attempts_total = attempt, attempts_pruned = attempt WHERE state <> 'claimed';
+UPDATE todos SET attempts_total = max(attempt, 1), attempts_pruned = max(attempt, 1) - 1
+    WHERE state = 'claimed';
+INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind, claimer_endpoint, owner,
+                           claimant, claimed_at, lease_expires_at)
+SELECT id, attempts_total, attempt,
+       CASE WHEN owner = 'operator' THEN 'owner' ELSE 'endpoint' END,
+       CASE WHEN owner = 'operator' THEN NULL ELSE owner END,
+       owner, 'migrated', coalesce(claimed_at, lease_expires_at, updated_at), lease_expires_at
+FROM todos WHERE state = 'claimed';
+";
+
+const MIGRATION_0003: &str = "
+CREATE TABLE endpoints (
+    name       TEXT    NOT NULL PRIMARY KEY,
+    token_hash BLOB    NOT NULL CHECK (length(token_hash) = 32),
+    verbs      TEXT    NOT NULL,
+    queues     TEXT,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+) STRICT;
+";
+
+/// Connections for one database file (or the one connection of an in-memory database).
+struct Pool {
+    idle: Mutex<Vec<Connection>>,
+    freed: Condvar,
+}
+
+struct Lease<'a> {
+    pool: &'a Pool,
+    conn: Option<Connection>,
+}
+
+impl Pool {
+    fn get(&self) -> Lease<'_> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(conn) = idle.pop() {
+                return Lease {
+                    pool: self,
+                    conn: Some(conn),
+                };
+            }
+            idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(conn);
+            self.pool.freed.notify_one();
+        }
+    }
+}
+
+/// The SQLite backend of [`Store`](super::Store).
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: Arc<Pool>,
+    cfg: LedgerConfig,
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.path {
+            Some(p) => write!(f, "SqliteStore({})", p.display()),
+            None => f.write_str("SqliteStore(:memory:)"),
+        }
+    }
+}
+
+/// Connections a file database keeps: writers queue on SQLite's lock, readers run beside them.
+const FILE_POOL: usize = 4;
+
+fn open_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("opening the SQLite store {what}: {e}"))
+}
+
+fn connect(path: Option<&Path>) -> Result<Connection, Error> {
+    let what = path.map_or_else(|| ":memory:".to_string(), |p| p.display().to_string());
+    let conn = match path {
+        Some(p) => Connection::open(p),
+        None => Connection::open_in_memory(),
+    }
+    .map_err(|e| open_err(&what, e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(|e| open_err(&what, e))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;
+         PRAGMA cache_size = -16384; PRAGMA mmap_size = 268435456;",
+    )
+    .map_err(|e| open_err(&what, e))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Applies the migrations above the database's version, up to `target`, in one transaction.
+fn migrate(conn: &mut Connection, target: u32) -> Result<(), Error> {
+    let err = |e: rusqlite::Error| Error::internal(format!("migrating the SQLite store: {e}"));
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(err)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    INTEGER NOT NULL PRIMARY KEY,
+             name       TEXT    NOT NULL,
+             applied_at INTEGER NOT NULL
+         ) STRICT;",
+    )
+    .map_err(err)?;
+    let current: i64 = tx
+        .query_row(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(err)?;
+    let applied_at = wall_clock_ms();
+    for (version, name, sql) in MIGRATIONS {
+        if i64::from(*version) <= current || *version > target {
+            continue;
+        }
+        tx.execute_batch(sql).map_err(|e| {
+            Error::internal(format!(
+                "migrating the SQLite store: migration {version:04} ({name}) failed: {e}"
+            ))
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            params![version, name, applied_at],
+        )
+        .map_err(err)?;
+    }
+    tx.commit().map_err(err)
+}
+
+/// When a migration was applied: the shell's clock, recorded for operators only.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The newest migration's number.
+pub(crate) fn latest_migration() -> u32 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+impl SqliteStore {
+    /// An in-memory database (gone when the store is dropped).
+    pub async fn open_memory(cfg: LedgerConfig) -> Result<SqliteStore, Error> {
+        Self::open_at(None, cfg, latest_migration()).await
+    }
+
+    /// A database file, created when missing.
+    pub async fn open_file(
+        path: impl Into<PathBuf>,
+        cfg: LedgerConfig,
+    ) -> Result<SqliteStore, Error> {
+        Self::open_at(Some(path.into()), cfg, latest_migration()).await
+    }
+
+    /// Opens and migrates up to `target` (tests open older schemas to exercise a migration).
+    pub(crate) async fn open_at(
+        path: Option<PathBuf>,
+        cfg: LedgerConfig,
+        target: u32,
+    ) -> Result<SqliteStore, Error> {
+        let p = path.clone();
+        let pool = tokio::task::spawn_blocking(move || -> Result<Pool, Error> {
+            let mut first = connect(p.as_deref())?;
+            migrate(&mut first, target)?;
+            let mut conns = vec![first];
+            if p.is_some() {
+                for _ in 1..FILE_POOL {
+                    conns.push(connect(p.as_deref())?);
+                }
+            }
+            Ok(Pool {
+                idle: Mutex::new(conns),
+                freed: Condvar::new(),
+            })
+        })
+        .await
+        .map_err(|e| open_err("(worker)", e))??;
+        Ok(SqliteStore {
+            pool: Arc::new(pool),
+            cfg,
+            path,
+        })
+    }
+
+    pub fn config(&self) -> &LedgerConfig {
+        &self.cfg
+    }
+
+    /// The database file, `None` in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Applies further migrations up to `target` (tests of a migration).
+    #[cfg(test)]
+    pub(crate) async fn migrate_to(&self, target: u32) -> Result<(), Error> {
+        self.with_conn(move |c| migrate(c, target)).await
+    }
+
+    /// Runs `f` on a pooled connection on the blocking pool (tests use it for raw SQL).
+    pub(crate) async fn with_conn<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<R, Error> + Send + 'static,
+    ) -> Result<R, Error> {
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut lease = pool.get();
+            f(lease.conn.as_mut().expect("a lease holds a connection"))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("the SQLite worker failed: {e}")))?
+    }
+
+    /// Runs one operation in one transaction on the blocking pool: commit on `Ok`, roll back on
+    /// `Err`.
+    pub(crate) async fn run<R: Send + 'static>(
+        &self,
+        kind: TxKind,
+        op: &'static str,
+        subject: String,
+        f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, Error> + Send + 'static,
+    ) -> Result<R, Error> {
+        self.with_conn(move |conn| {
+            let behavior = match kind {
+                TxKind::Write => TransactionBehavior::Immediate,
+                TxKind::Read => TransactionBehavior::Deferred,
+            };
+            let t = conn
+                .transaction_with_behavior(behavior)
+                .map_err(|e| sql_err(op, &subject, e))?;
+            let mut tx = SqliteTx { c: &t };
+            let out = f(&mut tx)?;
+            t.commit().map_err(|e| sql_err(op, &subject, e))?;
+            Ok(out)
+        })
+        .await
+    }
+
+    #[cfg(test)]
+    pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
+        let subject = a.todo_id.clone();
+        self.run(TxKind::Write, "plant", subject, move |tx| {
+            ready(ops::plant_attempt(tx, &a))
+        })
+        .await
+    }
+}
+
+/// Drives a future that never waits to its end. The SQLite transaction's methods are `async`
+/// only to share `ops` with Postgres; their bodies are synchronous, so one poll completes them.
+pub(crate) fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("a SQLite operation never waits"),
+    }
+}
+
+/// An SQL failure as the internal error it is, naming the operation and its todo.
+fn sql_err(op: &str, subject: &str, e: rusqlite::Error) -> Error {
+    let what = match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                && e.to_string().contains("todo_attempts.todo_id") =>
+        {
+            "a second open attempt was refused (a todo has at most one open attempt)"
+        }
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DatabaseBusy => {
+            "the database stayed locked past the busy timeout; retry"
+        }
+        _ => "the SQLite store failed",
+    };
+    Error::internal(format!("{op} {subject}: {what}: {e}"))
+}
+
+pub(crate) struct SqliteTx<'a> {
+    c: &'a rusqlite::Transaction<'a>,
+}
+
+impl rows::Row for rusqlite::Row<'_> {
+    fn text(&self, i: usize) -> Result<Option<String>, String> {
+        self.get(i).map_err(|e| e.to_string())
+    }
+    fn int(&self, i: usize) -> Result<Option<i64>, String> {
+        self.get(i).map_err(|e| e.to_string())
+    }
+    fn boolean(&self, i: usize) -> Result<bool, String> {
+        self.get(i).map_err(|e| e.to_string())
+    }
+    fn bytes(&self, i: usize) -> Result<Option<Vec<u8>>, String> {
+        self.get(i).map_err(|e| e.to_string())
+    }
+}
+
+static TODO_SELECT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", *TODO_SELECT));
+// The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
+// join of these two tables on every new id (its statement status counts a re-prepare per call),
+// which cost more than the second statement.
+static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1 AND a.ended_at IS NULL",
+        select_list("a", &ATTEMPT_COLS)
+    )
+});
+static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
+        TODO_COLS.join(", "),
+        (1..=TODO_COLS.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+});
+static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO todo_attempts ({}) VALUES ({})",
+        ATTEMPT_COLS.join(", "),
+        (1..=ATTEMPT_COLS.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+});
+/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
+/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
+/// on every use.
+fn attempts_sql(closed_only: bool) -> String {
+    format!(
+        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1{} ORDER BY a.seq DESC LIMIT ?2",
+        select_list("a", &ATTEMPT_COLS),
+        if closed_only {
+            " AND a.ended_at IS NOT NULL"
+        } else {
+            ""
+        }
+    )
+}
+static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
+static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
+static TODOS: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+
+/// The todo of a query's first row, or `None`.
+fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Option<Todo>, Error> {
+    match rs.next().map_err(|e| sql_err(op, subject, e))? {
+        Some(row) => rows::todo(row, 0).map(Some),
+        None => Ok(None),
+    }
+}
+
+impl SqliteTx<'_> {
+    /// The open attempt of a todo; two open attempts are an internal error.
+    fn open_attempt(&self, op: &str, id: &str) -> Result<Option<Attempt>, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(&OPEN_ATTEMPT)
+            .map_err(|e| sql_err(op, id, e))?;
+        let mut rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
+        let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? else {
+            return Ok(None);
+        };
+        let open = rows::attempt(row, 0)?;
+        if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
+            return Err(Error::internal(format!(
+                "{op} {id}: the todo has more than one open attempt"
+            )));
+        }
+        Ok(open)
+    }
+}
+
+/// `?n, ?n+1, …` for a list bound one value per placeholder.
+fn placeholders(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl SqliteTx<'_> {
+    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5,
+                     attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8,
+                     next_retry_at = ?9, result = ?10, updated_at = ?11
+                 WHERE id = ?1",
+            )
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        let n = st
+            .execute(params![
+                t.id,
+                t.state.as_str(),
+                t.owner,
+                t.attempt,
+                t.attempts_total,
+                t.attempts_pruned,
+                opt_ms(op, t.lease_expires_at)?,
+                opt_ms(op, t.claimed_at)?,
+                opt_ms(op, t.next_retry_at)?,
+                json_text(&t.result),
+                ms(op, t.updated_at)?,
+            ])
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        if n != 1 {
+            return Err(Error::internal(format!(
+                "{op} {}: the todo row vanished inside its transaction",
+                t.id
+            )));
+        }
+        Ok(())
+    }
+    fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(&INSERT_ATTEMPT)
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        st.execute(params![
+            a.todo_id,
+            a.seq,
+            a.attempt,
+            a.claimer_kind.as_str(),
+            a.claimer_endpoint,
+            a.claimer_session,
+            a.owner,
+            a.claimant,
+            ms(op, a.claimed_at)?,
+            opt_ms(op, a.last_heartbeat_at)?,
+            ms(op, a.lease_expires_at)?,
+            opt_ms(op, a.ended_at)?,
+            a.outcome.map(|o| o.as_str()),
+            a.disposition.map(|d| d.as_str()),
+            a.summary,
+            a.summary_truncated,
+            a.artifact,
+            a.lease_token_hash.map(|h| h.0.to_vec()),
+        ])
+        .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        Ok(())
+    }
+    fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "UPDATE todo_attempts SET last_heartbeat_at = ?3, lease_expires_at = ?4,
+                     ended_at = ?5, outcome = ?6, disposition = ?7, summary = ?8,
+                     summary_truncated = ?9, artifact = ?10
+                 WHERE todo_id = ?1 AND seq = ?2 AND ended_at IS NULL",
+            )
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        let n = st
+            .execute(params![
+                a.todo_id,
+                a.seq,
+                opt_ms(op, a.last_heartbeat_at)?,
+                ms(op, a.lease_expires_at)?,
+                opt_ms(op, a.ended_at)?,
+                a.outcome.map(|o| o.as_str()),
+                a.disposition.map(|d| d.as_str()),
+                a.summary,
+                a.summary_truncated,
+                a.artifact,
+            ])
+            .map_err(|e| sql_err(op, &a.todo_id, e))?;
+        Ok(n as u64)
+    }
+    fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached(
+                "DELETE FROM todo_attempts WHERE todo_id = ?1 AND seq <= ?2 AND ended_at IS NOT NULL",
+            )
+            .map_err(|e| sql_err(op, id, e))?;
+        st.execute(params![id, through])
+            .map_err(|e| sql_err(op, id, e))?;
+        Ok(())
+    }
+}
+
+impl Tx for SqliteTx<'_> {
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(&LOAD)
+            .map_err(|e| sql_err(op, id, e))?;
+        let rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
+        let Some(todo) = first_todo(op, id, rs)? else {
+            return Ok(None);
+        };
+        drop(st);
+        Ok(Some((todo, self.open_attempt(op, id)?)))
+    }
+
+    async fn next_claimable(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        let op = "claim_next";
+        let subject = format!("(next for {})", actor.owner());
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
+        let now = ms(op, now)?;
+        let owner = actor.owner();
+        args.push(&now);
+        args.push(&owner);
+        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
+        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        let scope = match actor {
+            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
+            // after every use, which cost more than the query; the cast keeps the index usable
+            // without that.
+            Actor::Endpoint { endpoint, .. } => {
+                args.push(endpoint);
+                "t.endpoint = CAST(?3 AS TEXT)"
+            }
+            Actor::Operator => "1",
+        };
+        let queue_filter = match queues {
+            None => "1".to_string(),
+            Some([]) => "0".to_string(),
+            Some(qs) => {
+                let from = args.len() + 1;
+                for q in qs {
+                    args.push(q);
+                }
+                format!("t.queue IN ({})", placeholders(from, qs.len()))
+            }
+        };
+        let sql = format!(
+            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = ?2)
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
+               AND (t.state = 'pending'
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= ?1)
+                        AND t.attempt < t.max_attempts)
+                    OR (t.state = 'failed' AND t.next_retry_at <= ?1 AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT 1",
+            *TODO_SELECT
+        );
+        let mut st = self
+            .c
+            .prepare_cached(&sql)
+            .map_err(|e| sql_err(op, &subject, e))?;
+        let rs = st
+            .query(args.as_slice())
+            .map_err(|e| sql_err(op, &subject, e))?;
+        let Some(todo) = first_todo(op, &subject, rs)? else {
+            return Ok(None);
+        };
+        drop(st);
+        let open = self.open_attempt(op, &todo.id)?;
+        Ok(Some((todo, open)))
+    }
+
+    async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
+        let op = "add_todo";
+        let mut st = self
+            .c
+            .prepare_cached(&INSERT_TODO)
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        let n = st
+            .execute(params![
+                t.id,
+                t.endpoint,
+                t.queue,
+                t.title,
+                t.kind,
+                t.source,
+                json_text(&t.payload),
+                json_text(&t.work_order),
+                t.assignee,
+                t.state.as_str(),
+                t.owner,
+                t.attempt,
+                t.max_attempts,
+                t.attempts_total,
+                t.attempts_pruned,
+                opt_ms(op, t.lease_expires_at)?,
+                opt_ms(op, t.claimed_at)?,
+                opt_ms(op, t.next_retry_at)?,
+                json_text(&t.result),
+                ms(op, t.created_at)?,
+                ms(op, t.updated_at)?,
+            ])
+            .map_err(|e| sql_err(op, &t.id, e))?;
+        Ok(n == 1)
+    }
+
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error> {
+        // In order: SQLite checks the one-open-attempt index row by row, and a takeover's
+        // change closes the dead attempt before it opens the next.
+        self.update_todo(op, todo)?;
+        let mut rows = Vec::with_capacity(writes.len());
+        for w in writes {
+            rows.push(match w {
+                AttemptWrite::Open(a) => self.insert_attempt_row(op, a).map(|()| 1)?,
+                AttemptWrite::Update(a) => self.update_open_attempt(op, a)?,
+                AttemptWrite::PruneThrough(n) => self.prune(op, &todo.id, *n).map(|()| 0)?,
+            });
+        }
+        Ok(rows)
+    }
+
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a)
+    }
+
+    async fn attempts(
+        &mut self,
+        op: &str,
+        id: &str,
+        closed_only: bool,
+        limit: usize,
+    ) -> Result<Vec<Attempt>, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut st = self
+            .c
+            .prepare_cached(if closed_only {
+                &CLOSED_ATTEMPTS
+            } else {
+                &ATTEMPTS
+            })
+            .map_err(|e| sql_err(op, id, e))?;
+        let mut rs = st
+            .query(params![id, limit])
+            .map_err(|e| sql_err(op, id, e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? {
+            out.extend(rows::attempt(row, 0)?);
+        }
+        Ok(out)
+    }
+
+    async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
+        let op = "sweep";
+        let (sql, arg): (&str, Box<dyn rusqlite::ToSql>) = match sweep {
+            // mirrors transition::reap
+            Sweep::Reap { now } => (
+                "SELECT id FROM todos WHERE state = 'claimed'
+                   AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY id",
+                Box::new(ms(op, now)?),
+            ),
+            // mirrors transition::requeue_due
+            Sweep::RequeueDue { now } => (
+                "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= ?1
+                   AND attempt < max_attempts ORDER BY id",
+                Box::new(ms(op, now)?),
+            ),
+            // mirrors transition::revoke
+            Sweep::Revoke { endpoint } => (
+                "SELECT id FROM todos WHERE endpoint = ?1 AND state = 'claimed' ORDER BY id",
+                Box::new(endpoint.to_string()),
+            ),
+            // mirrors ledger::purgeable
+            Sweep::Purge { cutoff } => (
+                "SELECT id FROM todos WHERE updated_at <= ?1 AND state IN ('done', 'canceled', 'failed')
+                   AND (state IN ('done', 'canceled')
+                   OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id",
+                Box::new(ms(op, cutoff)?),
+            ),
+        };
+        let mut st = self.c.prepare_cached(sql).map_err(|e| sql_err(op, "", e))?;
+        let ids = st
+            .query_map([arg], |r| r.get::<_, String>(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| sql_err(op, "", e))?;
+        Ok(ids)
+    }
+
+    async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
+        let op = "list_todos";
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
+        let mut clauses: Vec<String> = Vec::new();
+        if let Actor::Endpoint { endpoint, .. } = actor {
+            args.push(endpoint);
+            clauses.push(format!("t.endpoint = ?{}", args.len()));
+        }
+        let state = filter.state.map(|s| s.as_str());
+        if let Some(s) = &state {
+            args.push(s);
+            clauses.push(format!("t.state = ?{}", args.len()));
+        }
+        if let Some(qs) = &filter.queues {
+            let from = args.len() + 1;
+            for q in qs {
+                args.push(q);
+            }
+            clauses.push(if qs.is_empty() {
+                "0".into()
+            } else {
+                format!("t.queue IN ({})", placeholders(from, qs.len()))
+            });
+        }
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        args.push(&limit);
+        let sql = format!(
+            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ?{}",
+            *TODOS,
+            if clauses.is_empty() {
+                "1".to_string()
+            } else {
+                clauses.join(" AND ")
+            },
+            args.len()
+        );
+        let mut st = self
+            .c
+            .prepare_cached(&sql)
+            .map_err(|e| sql_err(op, "", e))?;
+        let mut rs = st.query(args.as_slice()).map_err(|e| sql_err(op, "", e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
+            out.push(rows::todo(row, 0)?);
+        }
+        Ok(out)
+    }
+
+    async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error> {
+        let mut st = self
+            .c
+            .prepare_cached("DELETE FROM todos WHERE id = ?1")
+            .map_err(|e| sql_err(op, id, e))?;
+        st.execute(params![id]).map_err(|e| sql_err(op, id, e))?;
+        Ok(())
+    }
+
+    async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
+        let op = "endpoint create";
+        let n = self
+            .c
+            .execute(
+                &format!(
+                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (name) DO NOTHING"
+                ),
+                params![
+                    e.name,
+                    e.token_hash.0.to_vec(),
+                    list_text(&e.verbs),
+                    e.queues.as_deref().map(list_text),
+                    ms(op, e.created_at)?,
+                    opt_ms(op, e.revoked_at)?,
+                ],
+            )
+            .map_err(|err| sql_err(op, &e.name, err))?;
+        Ok(n == 1)
+    }
+
+    async fn endpoint(&mut self, name: &str, _lock: bool) -> Result<Option<Endpoint>, Error> {
+        let op = "endpoint get";
+        self.c
+            .query_row(
+                &format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"),
+                params![name],
+                |r| Ok(rows::endpoint(r)),
+            )
+            .optional()
+            .map_err(|e| sql_err(op, name, e))?
+            .transpose()
+    }
+
+    async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
+        let op = "endpoint list";
+        let mut st = self
+            .c
+            .prepare_cached(&format!(
+                "SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name"
+            ))
+            .map_err(|e| sql_err(op, "", e))?;
+        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
+            out.push(rows::endpoint(row)?);
+        }
+        Ok(out)
+    }
+
+    async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error> {
+        let op = "endpoint revoke";
+        self.c
+            .execute(
+                "UPDATE endpoints SET revoked_at = ?2 WHERE name = ?1",
+                params![name, ms(op, at)?],
+            )
+            .map_err(|e| sql_err(op, name, e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,264 @@
+//! Concurrency on both stores: many claimers on one queue, the reaper racing a takeover, and a
+//! planted second open attempt. `now` is a value; nothing here sleeps or reads a clock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use relay_core::ErrorCode;
+use relay_core::ledger::{
+    Actor, Attempt, ClaimerKind, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
+};
+use relay_core::time::SECOND;
+
+use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, on_both_stores, opts};
+use crate::store::Store;
+
+const CLAIMERS: usize = 16;
+const TODOS: usize = 48;
+
+/// 16 claimers on one queue: a todo is never held by two at once, every claim's fence token is
+/// the holder's own, and the attempt rows afterwards satisfy `check_todo`.
+async fn sixteen_claimers(store: Store) {
+    for i in 0..TODOS {
+        store
+            .add_todo(T0 + i as u64, "e1", new_todo(&format!("td_{i:02}"), "q"))
+            .await
+            .unwrap();
+    }
+    // todo id -> the claimer holding it
+    let held: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let doubles: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for c in 0..CLAIMERS {
+        let (store, held, doubles) = (store.clone(), held.clone(), doubles.clone());
+        tasks.push(tokio::spawn(async move {
+            let actor = Actor::endpoint("e1");
+            let queues = vec!["q".to_string()];
+            let now = T0 + 1000 * SECOND;
+            let mut round = 0usize;
+            loop {
+                round += 1;
+                let token = format!("tok-{c}-{round}");
+                let Some(claimed) = store
+                    .claim_next(now, &actor, Some(&queues), &opts(600, Some(&token)))
+                    .await
+                    .unwrap()
+                else {
+                    return;
+                };
+                let id = claimed.todo.id.clone();
+                if let Some(other) = held.lock().unwrap().insert(id.clone(), c) {
+                    doubles
+                        .lock()
+                        .unwrap()
+                        .push(format!("{id}: {other} and {c}"));
+                }
+                let hash = Some(TokenHash::of(&token));
+                store
+                    .heartbeat(now, &actor, &id, 600 * SECOND, hash)
+                    .await
+                    .unwrap();
+                // Give it up before the store does, so that a later claim of it is no double.
+                held.lock().unwrap().remove(&id);
+                if (c + round).is_multiple_of(3) {
+                    store
+                        .release(now, &actor, &id, Some("back"), hash)
+                        .await
+                        .unwrap();
+                } else {
+                    let report = Report {
+                        token_hash: hash,
+                        ..Report::default()
+                    };
+                    store.complete(now, &actor, &id, &report).await.unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*doubles.lock().unwrap(), Vec::<String>::new());
+    for i in 0..TODOS {
+        let (todo, attempts) = all_attempts(&store, &format!("td_{i:02}")).await;
+        assert_eq!(todo.state, TodoState::Done, "{todo:?}");
+        check_todo(&todo, &attempts).unwrap();
+        assert!(attempts.iter().all(|a| !a.is_open()));
+    }
+}
+
+#[test]
+fn sixteen_claimers_never_share_a_todo() {
+    on_both_stores(
+        "sixteen_claimers_never_share_a_todo",
+        LedgerConfig::default(),
+        sixteen_claimers,
+    );
+}
+
+/// The reaper and a taker race for one lapsed lease, many times: the dead attempt is closed
+/// exactly once, by whichever got the row first, and the other sees nothing to do.
+async fn reaper_races_takeover(store: Store) {
+    let rounds = 60;
+    let holder = Actor::endpoint("e1");
+    for r in 0..rounds {
+        let id = format!("race_{r:02}");
+        store
+            .add_todo(T0, "e1", new_todo(&id, "race"))
+            .await
+            .unwrap();
+        store
+            .claim(T0, &holder, &id, &opts(30, None))
+            .await
+            .unwrap();
+        // The lease lapsed at T0 + 30 s.
+        let now = T0 + 60 * SECOND;
+        let (s1, s2) = (store.clone(), store.clone());
+        let reaper = tokio::spawn(async move { s1.reap(now).await.unwrap() });
+        let taker = tokio::spawn(async move {
+            s2.claim_next(
+                now,
+                &Actor::endpoint("e1"),
+                Some(&["race".to_string()]),
+                &opts(30, None),
+            )
+            .await
+            .unwrap()
+        });
+        let reaped = reaper.await.unwrap();
+        // Postgres' taker skips a row the reaper holds and may find nothing (SKIP LOCKED).
+        let taken = taker.await.unwrap();
+        let (todo, attempts) = all_attempts(&store, &id).await;
+        check_todo(&todo, &attempts).unwrap();
+        let by_reaper = reaped.iter().any(|t| t.id == id);
+        let takeover = taken.as_ref().is_some_and(|c| c.takeover);
+        // Exactly one of them closed attempt 1, and its outcome says which.
+        assert_ne!(by_reaper, takeover, "round {r}: {attempts:?}");
+        let expected = if by_reaper {
+            Outcome::Reaped
+        } else {
+            Outcome::LeaseExpired
+        };
+        assert_eq!(attempts[0].outcome, Some(expected), "round {r}");
+        assert_eq!(attempts.len(), 1 + usize::from(taken.is_some()));
+        // Settle the round so the next one races alone.
+        match taken {
+            Some(c) => {
+                assert_eq!(c.todo.id, id);
+                assert!(attempts[1].is_open());
+                store
+                    .complete(now, &holder, &id, &Report::default())
+                    .await
+                    .unwrap();
+            }
+            None => {
+                store.cancel(now, &Actor::Operator, &id).await.unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_reaper_racing_a_takeover_closes_the_dead_attempt_once() {
+    on_both_stores(
+        "the_reaper_racing_a_takeover_closes_the_dead_attempt_once",
+        LedgerConfig::default(),
+        reaper_races_takeover,
+    );
+}
+
+fn second_open(id: &str) -> Attempt {
+    Attempt {
+        todo_id: id.into(),
+        seq: 2,
+        attempt: 2,
+        claimer_kind: ClaimerKind::Endpoint,
+        claimer_endpoint: Some("e1".into()),
+        claimer_session: None,
+        owner: "e1".into(),
+        claimant: None,
+        claimed_at: T0,
+        last_heartbeat_at: None,
+        lease_expires_at: T0 + 30 * SECOND,
+        ended_at: None,
+        outcome: None,
+        disposition: None,
+        summary: None,
+        summary_truncated: false,
+        artifact: None,
+        lease_token_hash: None,
+    }
+}
+
+/// A second open attempt is refused by the database (SQLite: the partial unique index at the
+/// insert; Postgres: the deferred exclusion constraint at commit), as an internal error naming
+/// the todo, and nothing of it is kept.
+async fn planted_second_open_attempt(store: Store) {
+    let id = "td_planted";
+    store.add_todo(T0, "e1", new_todo(id, "q")).await.unwrap();
+    store
+        .claim(T0, &Actor::endpoint("e1"), id, &opts(30, None))
+        .await
+        .unwrap();
+    let err = match &store {
+        Store::Sqlite(s) => s.plant_attempt(second_open(id)).await,
+        Store::Postgres(p) => p.plant_attempt(second_open(id)).await,
+    }
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Internal, "{err}");
+    assert!(err.message.contains(id), "{err}");
+    assert!(err.message.contains("one open attempt"), "{err}");
+    if matches!(store, Store::Postgres(_)) {
+        assert!(err.message.contains("at commit"), "{err}");
+    }
+    let (todo, attempts) = all_attempts(&store, id).await;
+    assert_eq!(attempts.len(), 1);
+    check_todo(&todo, &attempts).unwrap();
+}
+
+#[test]
+fn a_planted_second_open_attempt_is_refused_naming_the_todo() {
+    on_both_stores(
+        "a_planted_second_open_attempt_is_refused_naming_the_todo",
+        LedgerConfig::default(),
+        planted_second_open_attempt,
+    );
+}
+
+/// Postgres checks the one-open-attempt rule at COMMIT, so a transaction may pass through two
+/// open rows as long as it ends with one: the deferred constraint is what allows a takeover's
+/// writes in any order.
+#[test]
+fn postgres_checks_one_open_attempt_at_commit() {
+    let Some(schema) = PgSchema::new("postgres_checks_one_open_attempt_at_commit") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let store = schema.open(LedgerConfig::default()).await;
+        let Store::Postgres(p) = &store else {
+            unreachable!()
+        };
+        store
+            .add_todo(T0, "e1", new_todo("td_1", "q"))
+            .await
+            .unwrap();
+        store
+            .claim(T0, &Actor::endpoint("e1"), "td_1", &opts(30, None))
+            .await
+            .unwrap();
+        let mut client = p.client("test").await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        // A second open attempt first, then the first one closed: fine at commit.
+        tx.batch_execute(
+            "INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind, owner, claimed_at,
+                                        lease_expires_at)
+             SELECT todo_id, 2, 2, claimer_kind, owner, claimed_at, lease_expires_at
+             FROM todo_attempts WHERE todo_id = 'td_1' AND seq = 1;
+             UPDATE todo_attempts SET ended_at = claimed_at, outcome = 'lease_expired',
+                 disposition = 'requeued' WHERE todo_id = 'td_1' AND seq = 1;",
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    });
+}
