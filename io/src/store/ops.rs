@@ -4,12 +4,12 @@
 //! with their own SQL. Nothing here decides a lifecycle rule: those are the calls into
 //! `relay_core::ledger::transition`.
 
-use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    self, Actor, Attempt, AttemptWrite, Change, ClaimOpts, Claimed, LedgerConfig, NewTodo,
+    self, Actor, Attempt, AttemptWrite, Change, ClaimOpts, Claimed, LedgerConfig, NewTodo, Outcome,
     PRIOR_ATTEMPTS, Report, Todo, TodoFilter, TodoState, TodoView, TokenHash, transition,
 };
+use relay_core::{Error, ErrorCode};
 
 use super::{Endpoint, NewEndpoint};
 
@@ -135,6 +135,28 @@ async fn transit<T: Tx>(
     apply(tx, op, &todo, change).await
 }
 
+/// A report: its transition, or, when that is refused as a conflict, the answer to a repeat of
+/// a report already applied under the same lease token (see `transition::replay`).
+async fn reported<T: Tx>(
+    tx: &mut T,
+    op: &str,
+    id: &str,
+    actor: &Actor,
+    token_hash: Option<TokenHash>,
+    outcome: Outcome,
+    f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
+) -> Result<Todo, Error> {
+    let (todo, open) = load(tx, op, id).await?;
+    match f(&todo, open.as_ref()) {
+        Ok(change) => apply(tx, op, &todo, change).await,
+        Err(e) if e.code == ErrorCode::Conflict => {
+            let newest = tx.attempts(op, id, false, 1).await?;
+            transition::replay(&todo, newest.first(), actor, token_hash, outcome).ok_or(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) async fn add_todo<T: Tx>(
     tx: &mut T,
     now: Millis,
@@ -232,9 +254,17 @@ pub(crate) async fn complete<T: Tx>(
     id: &str,
     report: &Report,
 ) -> Result<Todo, Error> {
-    transit(tx, "complete", id, |t, open| {
-        transition::complete(cfg, now, t, open, actor, report)
-    })
+    let f =
+        |t: &Todo, open: Option<&Attempt>| transition::complete(cfg, now, t, open, actor, report);
+    reported(
+        tx,
+        "complete",
+        id,
+        actor,
+        report.token_hash,
+        Outcome::Completed,
+        f,
+    )
     .await
 }
 
@@ -246,10 +276,8 @@ pub(crate) async fn fail<T: Tx>(
     id: &str,
     report: &Report,
 ) -> Result<Todo, Error> {
-    transit(tx, "fail", id, |t, open| {
-        transition::fail(cfg, now, t, open, actor, report)
-    })
-    .await
+    let f = |t: &Todo, open: Option<&Attempt>| transition::fail(cfg, now, t, open, actor, report);
+    reported(tx, "fail", id, actor, report.token_hash, Outcome::Failed, f).await
 }
 
 pub(crate) async fn release<T: Tx>(
@@ -260,10 +288,10 @@ pub(crate) async fn release<T: Tx>(
     summary: Option<&str>,
     token_hash: Option<TokenHash>,
 ) -> Result<Todo, Error> {
-    transit(tx, "release", id, |t, open| {
+    let f = |t: &Todo, open: Option<&Attempt>| {
         transition::release(now, t, open, actor, summary, token_hash)
-    })
-    .await
+    };
+    reported(tx, "release", id, actor, token_hash, Outcome::Released, f).await
 }
 
 pub(crate) async fn retry<T: Tx>(
