@@ -418,14 +418,8 @@ impl Ledger {
         match r {
             Err(e) if e.code == crate::ErrorCode::Conflict => {
                 let entry = &self.todos[id];
-                transition::replay(
-                    &entry.todo,
-                    entry.attempts.values().next_back(),
-                    actor,
-                    token_hash,
-                    outcome,
-                )
-                .ok_or(e)
+                let recent = entry.attempts.values().rev().take(PRIOR_ATTEMPTS);
+                transition::replay(&entry.todo, recent, actor, token_hash, outcome).ok_or(e)
             }
             r => r,
         }

@@ -318,6 +318,32 @@ fn a_fenced_report_repeated_after_its_answer_was_lost_is_answered_again() {
     }
 }
 
+/// Found by fuzzing the simulator: a fail applied, its answer lost, the retry came due and
+/// another holder claimed the todo before the repeat arrived. The repeat is still the same
+/// report under the same token: it is answered, and the new holder's attempt is untouched.
+#[test]
+fn a_repeat_is_recognised_after_the_todo_moved_on() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("first")).unwrap();
+    let failed = l
+        .fail(T0 + 1, &ep("e"), "td_1", &report(Some("first")))
+        .unwrap();
+    let due = failed.next_retry_at.unwrap();
+    l.claim_next(due, &ep("e"), None, &fenced("second"))
+        .unwrap()
+        .unwrap();
+    let before = l.clone();
+    let again = l
+        .fail(due + 1, &ep("e"), "td_1", &report(Some("first")))
+        .unwrap();
+    assert_eq!(again.state, TodoState::Claimed, "the todo as it is now");
+    assert!(!again.dead_letter());
+    assert_eq!(l, before, "nothing changed");
+    // The same token under another verb is still refused.
+    let other = l.complete(due + 2, &ep("e"), "td_1", &report(Some("first")));
+    assert_eq!(code(other), ErrorCode::Conflict);
+}
+
 #[test]
 fn an_unfenced_report_is_never_replayed() {
     let mut l = ledger_with(1, 5);

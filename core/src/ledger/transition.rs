@@ -554,23 +554,30 @@ pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<C
     Ok(Some(change))
 }
 
-/// A report the caller already made: the newest attempt was closed with `outcome` under the
-/// same lease token, by the same endpoint. Then the report's answer is the todo as it is now,
-/// and nothing changes. `None` when it is not such a repeat (the caller then gets the
-/// transition's own error).
-pub fn replay(
+/// A report the caller already made, repeated because its answer was lost: one of the todo's
+/// recent closed attempts (`recent`, at most [`super::PRIOR_ATTEMPTS`] newest are enough: a
+/// holder stops repeating at its lease deadline) was closed with `outcome` under this same
+/// lease token, by this same endpoint. Then the answer is the todo as it is now (it may have
+/// moved on: retried, claimed by someone else), and nothing changes. `None` when it is not
+/// such a repeat; the caller then answers the transition's own error.
+pub fn replay<'a>(
     todo: &Todo,
-    newest: Option<&Attempt>,
+    recent: impl IntoIterator<Item = &'a Attempt>,
     actor: &Actor,
     token_hash: Option<TokenHash>,
     outcome: Outcome,
 ) -> Option<Todo> {
-    let a = newest?;
-    let repeat = actor.sees(todo)
-        && token_hash.is_some()
-        && a.lease_token_hash == token_hash
-        && a.outcome == Some(outcome)
-        && matches!(actor, Actor::Endpoint { endpoint, .. } if a.claimer_endpoint.as_ref() == Some(endpoint));
+    let token_hash = token_hash?;
+    let Actor::Endpoint { endpoint, .. } = actor else {
+        return None;
+    };
+    if !actor.sees(todo) {
+        return None;
+    }
+    let mine = recent
+        .into_iter()
+        .find(|a| a.lease_token_hash == Some(token_hash))?;
+    let repeat = mine.outcome == Some(outcome) && mine.claimer_endpoint.as_ref() == Some(endpoint);
     repeat.then(|| todo.clone())
 }
 

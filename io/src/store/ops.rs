@@ -150,8 +150,8 @@ async fn reported<T: Tx>(
     match f(&todo, open.as_ref()) {
         Ok(change) => apply(tx, op, &todo, change).await,
         Err(e) if e.code == ErrorCode::Conflict => {
-            let newest = tx.attempts(op, id, false, 1).await?;
-            transition::replay(&todo, newest.first(), actor, token_hash, outcome).ok_or(e)
+            let recent = tx.attempts(op, id, true, PRIOR_ATTEMPTS).await?;
+            transition::replay(&todo, &recent, actor, token_hash, outcome).ok_or(e)
         }
         Err(e) => Err(e),
     }
