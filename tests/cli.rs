@@ -112,3 +112,52 @@ fn check_config_accepts_a_good_file_and_names_the_key_of_a_bad_one() {
     assert!(err.contains("queue.ci"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_saved_plan_replays_the_same_violation_and_a_shrunk_one_the_same_invariant() {
+    let path = std::env::temp_dir().join(format!("relay-plan-{}.json", std::process::id()));
+    let p = path.to_str().unwrap();
+    let m = ["--mutation", "server-skips-fence"];
+    let (code, out, _) = run(&["sim", "--seeds", "50", m[0], m[1], "--save-plan", p]);
+    assert_eq!(code, 1, "{out}");
+    let violation = out
+        .lines()
+        .find(|l| l.starts_with("VIOLATION"))
+        .expect(&out)
+        .to_owned();
+    assert!(
+        out.contains(&format!("replay: relay sim --plan {p}")),
+        "{out}"
+    );
+    let (code, replay, _) = run(&["sim", "--plan", p]);
+    assert_eq!(code, 1, "{replay}");
+    assert!(replay.lines().any(|l| l == violation), "{replay}");
+
+    let (code, out, _) = run(&[
+        "sim",
+        "--seeds",
+        "50",
+        m[0],
+        m[1],
+        "--shrink",
+        "--save-plan",
+        p,
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("shrunk plan: "), "{out}");
+    let (code, replay, _) = run(&["sim", "--plan", p]);
+    assert_eq!(code, 1, "{replay}");
+    assert!(
+        replay.contains("VIOLATION (correctness) of stale_fence"),
+        "{replay}"
+    );
+
+    std::fs::write(&path, "{\"x\": 1}").unwrap();
+    let (code, _, err) = run(&["sim", "--plan", p]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("not a saved run") && err.lines().count() == 1,
+        "{err}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}

@@ -8,12 +8,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use relay_core::config::format_duration;
-use relay_sim::{Kind, Mutation, Options, Plan, RunResult, run_plan, run_plan_traced, shrink};
+use relay_sim::{
+    Kind, Mutation, Options, Plan, RunResult, SavedRun, run_plan, run_plan_traced, shrink,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run this seed (with --seeds, the first seed of the sweep). Without it a seed is drawn
-    /// from the clock and printed.
+    /// Run this seed (with --seeds, the first seed of the sweep; a sweep starts at 0 without
+    /// it). A single run without it draws a seed from the clock and prints it.
     #[arg(long)]
     seed: Option<u64>,
     /// Run this many consecutive seeds.
@@ -33,6 +35,12 @@ pub struct Args {
     /// the smallest plan.
     #[arg(long)]
     shrink: bool,
+    /// Write the run's options and plan (after --shrink, the shrunk plan) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    save_plan: Option<std::path::PathBuf>,
+    /// Replay a run saved with --save-plan instead of drawing one from a seed.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "mutation"])]
+    plan: Option<std::path::PathBuf>,
 }
 
 fn parse_mutation(s: &str) -> Result<Mutation, String> {
@@ -42,8 +50,11 @@ fn parse_mutation(s: &str) -> Result<Mutation, String> {
     })
 }
 
-fn repro(seed: u64, mutation: Option<Mutation>) -> String {
-    match mutation {
+fn repro(seed: u64, args: &Args) -> String {
+    if let Some(path) = &args.plan {
+        return format!("relay sim --plan {}", path.display());
+    }
+    match args.mutation {
         Some(m) => format!("relay sim --seed {seed} --mutation {}", m.name()),
         None => format!("relay sim --seed {seed}"),
     }
@@ -59,10 +70,16 @@ fn counts_line(counts: &BTreeMap<&'static str, u64>) -> String {
 
 #[allow(clippy::print_stdout)]
 pub fn run(args: Args) -> ExitCode {
+    // A sweep without --seed starts at 0, so that it is the same sweep every time; a single
+    // run without --seed explores a seed drawn from the clock (and prints it).
     let first = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
+        if args.seeds.is_some() {
+            0
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        }
     });
     let n = args.seeds.unwrap_or(1).max(1);
     let single = n == 1;
@@ -78,9 +95,26 @@ pub fn run(args: Args) -> ExitCode {
     let mut events = 0u64;
     let mut simulated = 0u64;
     let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let saved = match &args.plan {
+        Some(path) => match load(path) {
+            Ok(saved) => Some(saved),
+            Err(e) => {
+                eprintln!("relay: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     for seed in first..first.saturating_add(n) {
-        let options = Options::draw(seed, args.mutation);
-        let plan = Plan::draw(&options);
+        let (options, plan) = match &saved {
+            Some(s) => (s.options.clone(), s.plan.clone()),
+            None => {
+                let options = Options::draw(seed, args.mutation);
+                let plan = Plan::draw(&options);
+                (options, plan)
+            }
+        };
+        let seed = options.seed;
         if single {
             println!("seed {seed}");
             println!("{options}");
@@ -101,7 +135,7 @@ pub fn run(args: Args) -> ExitCode {
                     result.events,
                     again.trace_hash,
                     again.events,
-                    repro(seed, args.mutation)
+                    repro(seed, &args)
                 );
                 return ExitCode::from(4);
             }
@@ -120,6 +154,13 @@ pub fn run(args: Args) -> ExitCode {
                 b.abandon();
             }
             return code;
+        }
+        if single && let Some(path) = &args.save_plan {
+            if let Err(e) = save(path, &options, &plan) {
+                eprintln!("relay: {e}");
+                return ExitCode::from(2);
+            }
+            println!("saved the run to {}", path.display());
         }
         if single {
             println!(
@@ -194,6 +235,7 @@ fn report_violation(
     );
     println!("seed {seed}: {options}");
     println!("counts: {}", counts_line(&result.counts));
+    let mut keep = plan.clone();
     if args.shrink {
         let small = shrink(options, plan, v.invariant);
         println!(
@@ -205,10 +247,46 @@ fn report_violation(
         for (at, f) in &small.faults {
             println!("  +{} {f:?}", format_duration(*at));
         }
+        keep = small;
     }
-    println!("repro: {}", repro(seed, args.mutation));
+    if let Some(path) = &args.save_plan {
+        match save(path, options, &keep) {
+            Ok(()) => println!(
+                "saved the run to {}; replay: relay sim --plan {}",
+                path.display(),
+                path.display()
+            ),
+            Err(e) => eprintln!("relay: {e}"),
+        }
+    }
+    println!("repro: {}", repro(seed, &args));
     Some(ExitCode::from(match v.kind {
         Kind::Correctness => 1,
         Kind::Liveness => 3,
     }))
+}
+
+fn save(path: &std::path::Path, options: &Options, plan: &Plan) -> Result<(), String> {
+    let run = SavedRun {
+        options: options.clone(),
+        plan: plan.clone(),
+    };
+    let json = serde_json::to_string_pretty(&run).map_err(|e| e.to_string())?;
+    std::fs::write(path, json + "\n").map_err(|e| {
+        format!(
+            "cannot write {}: {e}; choose a writable path",
+            path.display()
+        )
+    })
+}
+
+fn load(path: &std::path::Path) -> Result<SavedRun, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{} is not a saved run ({e}); write one with `relay sim --seed N --save-plan FILE`",
+            path.display()
+        )
+    })
 }

@@ -44,6 +44,14 @@ pub fn run_plan_traced(options: &Options, plan: &Plan) -> RunResult {
     w.run()
 }
 
+/// A run written down: its options and its explicit plan, as `relay sim --save-plan` writes
+/// and `relay sim --plan` replays (JSON; edit it by hand to try a variation).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedRun {
+    pub options: Options,
+    pub plan: Plan,
+}
+
 /// Removes fault events from a failing plan, one at a time, while the same invariant still
 /// breaks; returns the smallest plan found.
 pub fn shrink(options: &Options, plan: &Plan, invariant: &str) -> Plan {

@@ -5,12 +5,15 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
 
 use crate::rng::Rng;
 
 /// A deliberate bug, to prove that the invariants catch it (the simulator's canaries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Mutation {
     /// The relay driver treats a heartbeat `conflict`/`not_found` as success.
     IgnoreHeartbeatConflict,
@@ -45,7 +48,7 @@ impl Mutation {
 }
 
 /// Fault kinds; each is on or off for a whole run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Faults {
     /// Per mille of requests lost before they reach the server.
     pub request_loss: u32,
@@ -67,7 +70,7 @@ pub struct Faults {
     pub operators: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Options {
     pub seed: u64,
     pub relays: usize,

@@ -2,12 +2,15 @@
 //! faults strike when. Drawn from the seed, but a plain value: a failing run's plan can be
 //! printed, edited, and shrunk by removing fault events while the same violation recurs.
 
+use serde::{Deserialize, Serialize};
+
 use relay_core::time::{MINUTE, Millis, SECOND};
 
 use crate::options::Options;
 use crate::rng::Rng;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Fault {
     /// One relay's host cannot reach the server (both directions) for `len`.
     Partition { relay: usize, len: Millis },
@@ -33,7 +36,8 @@ impl Fault {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Work {
     /// Add todo number `n`.
     Add(usize),
@@ -44,7 +48,7 @@ pub enum Work {
 }
 
 /// Everything scheduled, as offsets from the start of the run.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Plan {
     pub work: Vec<(Millis, Work)>,
     pub faults: Vec<(Millis, Fault)>,
