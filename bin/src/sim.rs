@@ -259,7 +259,7 @@ fn report_violation(
             Err(e) => eprintln!("relay: {e}"),
         }
     }
-    println!("repro: {}", repro(seed, &args));
+    println!("repro: {}", repro(seed, args));
     Some(ExitCode::from(match v.kind {
         Kind::Correctness => 1,
         Kind::Liveness => 3,
