@@ -208,6 +208,11 @@ struct Host {
     ring_at: Option<Millis>,
     /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
     refused: BTreeSet<u64>,
+    /// The machine held a live lease when it began handling the current input (a heartbeat
+    /// due before an answer that ends the attempt may go out in the same step).
+    was_live: bool,
+    /// Runs that ended (lease lost, or final record) in the commands drained so far this step.
+    ended_now: BTreeSet<u64>,
 }
 
 impl Host {
@@ -297,6 +302,8 @@ impl World {
                 tokens: Vec::new(),
                 ring_at: None,
                 refused: BTreeSet::new(),
+                was_live: false,
+                ended_now: BTreeSet::new(),
             })
             .collect();
         let mut w = World {
@@ -535,7 +542,7 @@ impl World {
             }
             Ev::Timer { relay, generation } => {
                 if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {
-                    let local = self.hosts[relay].local(self.now);
+                    let local = self.begin_step(relay);
                     if let Some(m) = self.hosts[relay].relay.as_mut() {
                         m.handle_timeout(local);
                     }
@@ -569,7 +576,7 @@ impl World {
                 call,
             } => {
                 if self.hosts[relay].life == life {
-                    self.check_lease_live(relay, "report");
+                    self.check_lease_live(relay, run_id, true, "report");
                     self.send(relay, req, run_id, call);
                 }
             }
@@ -713,7 +720,7 @@ impl World {
     /// The host's clock moved past deadlines (it woke from a pause, or jumped): its overdue
     /// timers fire at once, as a real timer wheel fires them on its next turn.
     fn wake(&mut self, r: usize) {
-        let local = self.hosts[r].local(self.now);
+        let local = self.begin_step(r);
         if let Some(m) = self.hosts[r].relay.as_mut() {
             m.handle_timeout(local);
         }
@@ -755,8 +762,21 @@ impl World {
     // The relay side: feeding the machine and carrying out its commands.
     // -----------------------------------------------------------------------------------------
 
+    /// Notes whether the machine holds a live lease before it handles the next input.
+    fn begin_step(&mut self, r: usize) -> Millis {
+        let h = &mut self.hosts[r];
+        let local = h.local(self.now);
+        h.was_live = h
+            .relay
+            .as_ref()
+            .and_then(Relay::lease_deadline)
+            .is_some_and(|d| local < d);
+        h.ended_now.clear();
+        local
+    }
+
     fn feed(&mut self, r: usize, input: Input) {
-        let local = self.hosts[r].local(self.now);
+        let local = self.begin_step(r);
         let Some(m) = self.hosts[r].relay.as_mut() else {
             return;
         };
@@ -804,6 +824,17 @@ impl World {
         if !cmd.is_lease_call() {
             self.check_no_token(r, &cmd);
         }
+        match &cmd {
+            Command::Emit {
+                event: relay_core::relay::Event::RelayLeaseLost { run_id, .. },
+            } => {
+                self.hosts[r].ended_now.insert(*run_id);
+            }
+            Command::WriteRunRecord { record } if record.outcome != RunOutcome::Running => {
+                self.hosts[r].ended_now.insert(record.run_id);
+            }
+            _ => {}
+        }
         let life = self.hosts[r].life;
         match cmd {
             Command::SendClaimNext {
@@ -828,7 +859,7 @@ impl World {
                 lease_ttl_seconds,
                 lease_token,
             } => {
-                self.check_lease_live(r, "heartbeat");
+                self.check_lease_live(r, run_id, false, "heartbeat");
                 let call = Call::Heartbeat {
                     todo: todo_id,
                     ttl: lease_ttl_seconds * SECOND,
@@ -869,7 +900,7 @@ impl World {
                     );
                     return;
                 }
-                self.check_lease_live(r, "report");
+                self.check_lease_live(r, run_id, false, "report");
                 self.send(r, request, run_id, call);
             }
             Command::Spawn { run_id, .. } => {
@@ -1416,20 +1447,23 @@ impl World {
     // Invariants.
     // -----------------------------------------------------------------------------------------
 
-    /// No lease call is put on the wire unless the relay still holds a live lease.
-    fn check_lease_live(&mut self, r: usize, what: &str) {
+    /// No lease call is put on the wire unless the relay holds a live lease: live now, or live
+    /// when it began the step that sent the call and not ended earlier in that step. A call
+    /// sent outside any step (`strict`, the late-send canary) must be live now.
+    fn check_lease_live(&mut self, r: usize, run_id: u64, strict: bool, what: &str) {
         let h = &self.hosts[r];
         let local = h.local(self.now);
-        let live = h
+        let live_now = h
             .relay
             .as_ref()
             .and_then(Relay::lease_deadline)
             .is_some_and(|d| local < d);
-        if !live {
+        let live_in_step = !strict && h.was_live && !h.ended_now.contains(&run_id);
+        if !(live_now || live_in_step) {
             self.violate(
                 Kind::Correctness,
                 "nothing_after_lease_loss",
-                format!("relay {r} sent a {what} without a live lease"),
+                format!("relay {r} sent a {what} for run {run_id} without a live lease"),
             );
         }
     }
