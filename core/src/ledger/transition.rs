@@ -384,10 +384,13 @@ fn report_text(
     cfg: &LedgerConfig,
     op: &str,
     todo_id: &str,
-    summary: Option<&str>,
-    result: Option<&Value>,
-    artifact: Option<&str>,
+    report: &Report,
 ) -> Result<(Option<String>, bool, Option<String>), Error> {
+    let (summary, result, artifact) = (
+        report.summary.as_deref(),
+        report.result.as_ref(),
+        report.artifact.as_deref(),
+    );
     if let Some(a) = artifact {
         bounds::validate_artifact(op, todo_id, a)?;
     }
@@ -430,14 +433,7 @@ pub fn complete(
     report: &Report,
 ) -> Result<Change, Error> {
     let op = "complete";
-    let text = report_text(
-        cfg,
-        op,
-        &todo.id,
-        report.summary.as_deref(),
-        report.result.as_ref(),
-        report.artifact.as_deref(),
-    )?;
+    let text = report_text(cfg, op, &todo.id, report)?;
     let open = held(op, now, todo, open, actor, report.token_hash)?;
     let mut change = Change::new(todo.clone());
     unlease(&mut change.todo, TodoState::Done, now);
@@ -464,14 +460,7 @@ pub fn fail(
     report: &Report,
 ) -> Result<Change, Error> {
     let op = "fail";
-    let text = report_text(
-        cfg,
-        op,
-        &todo.id,
-        report.summary.as_deref(),
-        report.result.as_ref(),
-        report.artifact.as_deref(),
-    )?;
+    let text = report_text(cfg, op, &todo.id, report)?;
     let open = held(op, now, todo, open, actor, report.token_hash)?;
     let mut change = Change::new(todo.clone());
     let t = &mut change.todo;
