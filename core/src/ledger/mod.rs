@@ -427,7 +427,15 @@ impl Ledger {
 
     /// The operator's manual retry.
     pub fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        self.transit("retry", id, |t, _| transition::retry(now, t, actor))
+        let newest = self
+            .entry("retry", id)?
+            .attempts
+            .values()
+            .next_back()
+            .cloned();
+        self.transit("retry", id, |t, _| {
+            transition::retry(now, t, newest.as_ref(), actor)
+        })
     }
 
     pub fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {

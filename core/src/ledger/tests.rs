@@ -597,6 +597,30 @@ fn retry_never_resets_attempts_total() {
     l.check().unwrap();
 }
 
+/// Found by fuzzing the simulator: an operator canceled a claimed todo and retried it at once;
+/// a second worker claimed it while the first, not yet told, still ran. A retry now waits for
+/// the canceled attempt's lease to lapse.
+#[test]
+fn a_canceled_attempt_blocks_a_retry_until_its_lease_lapses() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    l.cancel(T0 + 1, &Actor::Operator, "td_1").unwrap();
+    let early = l.retry(T0 + 2, &Actor::Operator, "td_1").unwrap_err();
+    assert_eq!(early.code, ErrorCode::Conflict);
+    assert!(early.message.contains("retry at or after"), "{early}");
+    assert_eq!(
+        l.get_todo(&Actor::Operator, "td_1", 5).unwrap().todo.state,
+        TodoState::Canceled
+    );
+    let t = l.retry(T0 + TTL, &Actor::Operator, "td_1").unwrap();
+    assert_eq!(t.state, TodoState::Pending);
+    // A todo canceled while pending has no holder to wait for.
+    l.add_todo(T0, "e", new("td_2", "ci")).unwrap();
+    l.cancel(T0 + 1, &Actor::Operator, "td_2").unwrap();
+    l.retry(T0 + 2, &Actor::Operator, "td_2").unwrap();
+    l.check().unwrap();
+}
+
 #[test]
 fn cancel_closes_the_open_attempt_as_canceled() {
     let mut l = ledger_with(2, 5);

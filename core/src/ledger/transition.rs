@@ -585,9 +585,32 @@ pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
 }
 
 /// The operator's manual retry: back to pending with a fresh attempt budget.
-pub fn retry(now: Millis, todo: &Todo, actor: &Actor) -> Result<Change, Error> {
+///
+/// A todo canceled (or revoked) while claimed is retried only once that attempt's lease has
+/// lapsed: its holder learns of the cancel at its next heartbeat and may run until then, and a
+/// retry that let another claimer in sooner would have two workers on one todo. `newest` is the
+/// todo's newest attempt.
+pub fn retry(
+    now: Millis,
+    todo: &Todo,
+    newest: Option<&Attempt>,
+    actor: &Actor,
+) -> Result<Change, Error> {
     let op = "retry";
     scoped(op, todo, actor)?;
+    if let Some(a) = newest
+        && matches!(a.outcome, Some(Outcome::Canceled | Outcome::Revoked))
+        && now < a.lease_expires_at
+    {
+        return Err(Error::conflict(format!(
+            "{op} {}: attempt {} was {} while its holder may still be running; retry at or \
+             after {} (when its lease lapses)",
+            todo.id,
+            a.seq,
+            a.outcome.map_or("closed", Outcome::as_str),
+            crate::time::rfc3339(a.lease_expires_at)
+        )));
+    }
     match todo.state {
         TodoState::Failed | TodoState::Done | TodoState::Canceled => {}
         TodoState::Pending | TodoState::Claimed => {

@@ -300,7 +300,10 @@ pub(crate) async fn retry<T: Tx>(
     actor: &Actor,
     id: &str,
 ) -> Result<Todo, Error> {
-    transit(tx, "retry", id, |t, _| transition::retry(now, t, actor)).await
+    let (todo, _) = load(tx, "retry", id).await?;
+    let newest = tx.attempts("retry", id, false, 1).await?;
+    let change = transition::retry(now, &todo, newest.first(), actor)?;
+    apply(tx, "retry", &todo, change).await
 }
 
 pub(crate) async fn cancel<T: Tx>(
