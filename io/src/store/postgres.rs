@@ -24,9 +24,7 @@ use super::Endpoint;
 #[cfg(test)]
 use super::ops;
 use super::ops::{Sweep, Tx, TxKind};
-use super::rows::{
-    self, ATTEMPT_COLS, ENDPOINT_COLS, TODO_COLS, json_text, list_text, ms, opt_ms, select_list,
-};
+use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
 
 /// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -416,56 +414,10 @@ fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
     rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
-static TODO_SELECT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
 static LOAD_FOR_UPDATE: LazyLock<String> =
-    LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", *TODO_SELECT));
-static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", *TODO_SELECT));
-static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1 AND a.ended_at IS NULL",
-        select_list("a", &ATTEMPT_COLS)
-    )
-});
-static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
-        TODO_COLS.join(", "),
-        dollars(1, TODO_COLS.len())
-    )
-});
-static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO todo_attempts ({}) VALUES ({})",
-        ATTEMPT_COLS.join(", "),
-        dollars(1, ATTEMPT_COLS.len())
-    )
-});
-/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
-/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
-/// on every use.
-fn attempts_sql(closed_only: bool) -> String {
-    format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = $1{} ORDER BY a.seq DESC LIMIT $2",
-        select_list("a", &ATTEMPT_COLS),
-        if closed_only {
-            " AND a.ended_at IS NOT NULL"
-        } else {
-            ""
-        }
-    )
-}
-static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
-static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
-static TODOS: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
-
-fn dollars(from: usize, n: usize) -> String {
-    (from..from + n)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+    LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", SQL.todo_select));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", SQL.todo_select));
 
 impl PgTx<'_> {
     async fn prepare(
@@ -584,7 +536,7 @@ impl PgTx<'_> {
         self.execute(
             op,
             &a.todo_id,
-            &INSERT_ATTEMPT,
+            &SQL.insert_attempt,
             &[
                 &a.todo_id,
                 &n32(op, a.seq)?,
@@ -656,7 +608,7 @@ impl Tx for PgTx<'_> {
         };
         let (todo_st, open_st) = (
             self.prepare(op, id, todo_sql).await?,
-            self.prepare(op, id, &OPEN_ATTEMPT).await?,
+            self.prepare(op, id, &SQL.open_attempt).await?,
         );
         let (todo, open) = futures_util::future::try_join(
             self.run_query(op, id, &todo_st, &[&id]),
@@ -706,14 +658,16 @@ impl Tx for PgTx<'_> {
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= $1 AND t.attempt < t.max_attempts))
              ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED",
-            *TODO_SELECT
+            SQL.todo_select
         );
         let rs = self.query(op, &subject, &sql, &args).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };
         // Read after the lock (see `load`).
-        let open = self.query(op, &todo.id, &OPEN_ATTEMPT, &[&todo.id]).await?;
+        let open = self
+            .query(op, &todo.id, &SQL.open_attempt, &[&todo.id])
+            .await?;
         let open = self.one_open(op, &todo.id, &open)?;
         Ok(Some((todo, open)))
     }
@@ -724,7 +678,7 @@ impl Tx for PgTx<'_> {
             .execute(
                 op,
                 &t.id,
-                &INSERT_TODO,
+                &SQL.insert_todo,
                 &[
                     &t.id,
                     &t.endpoint,
@@ -795,9 +749,9 @@ impl Tx for PgTx<'_> {
                 op,
                 id,
                 if closed_only {
-                    &CLOSED_ATTEMPTS
+                    &SQL.closed_attempts
                 } else {
-                    &ATTEMPTS
+                    &SQL.attempts
                 },
                 &[&id, &limit],
             )
@@ -883,7 +837,7 @@ impl Tx for PgTx<'_> {
         args.push(&limit);
         let sql = format!(
             "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ${}",
-            *TODOS,
+            SQL.todo_select,
             if clauses.is_empty() {
                 "true".to_string()
             } else {

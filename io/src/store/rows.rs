@@ -64,6 +64,61 @@ pub(crate) fn select_list(alias: &str, cols: &[&str]) -> String {
         .join(", ")
 }
 
+/// The statements both backends share, written once; `mark` is the dialect's parameter sign
+/// (`?` for SQLite's `?1`, `$` for Postgres's `$1`).
+pub(crate) struct Shared {
+    /// `SELECT <todo columns> FROM todos t`, to which each query adds its WHERE.
+    pub todo_select: String,
+    /// The todo's open attempt.
+    pub open_attempt: String,
+    pub insert_todo: String,
+    pub insert_attempt: String,
+    /// Attempts newest first, all or closed only. Two fixed statements, not a boolean
+    /// parameter: a planner cannot see through one, and SQLite re-prepares such a query on
+    /// every use.
+    pub attempts: String,
+    pub closed_attempts: String,
+}
+
+/// `?1, ?2, …` or `$1, $2, …`.
+pub(crate) fn placeholders(mark: char, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("{mark}{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Shared {
+    pub(crate) fn new(mark: char) -> Shared {
+        let attempts = |filter: &str| {
+            format!(
+                "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1{filter} \
+                 ORDER BY a.seq DESC LIMIT {mark}2",
+                select_list("a", &ATTEMPT_COLS)
+            )
+        };
+        Shared {
+            todo_select: format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)),
+            open_attempt: format!(
+                "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1 AND a.ended_at IS NULL",
+                select_list("a", &ATTEMPT_COLS)
+            ),
+            insert_todo: format!(
+                "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
+                TODO_COLS.join(", "),
+                placeholders(mark, TODO_COLS.len())
+            ),
+            insert_attempt: format!(
+                "INSERT INTO todo_attempts ({}) VALUES ({})",
+                ATTEMPT_COLS.join(", "),
+                placeholders(mark, ATTEMPT_COLS.len())
+            ),
+            attempts: attempts(""),
+            closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
+        }
+    }
+}
+
 /// What the decoders need from a result row; each backend maps its own types.
 pub(crate) trait Row {
     fn text(&self, i: usize) -> Result<Option<String>, String>;

@@ -25,9 +25,7 @@ use super::Endpoint;
 #[cfg(test)]
 use super::ops;
 use super::ops::{Sweep, Tx, TxKind};
-use super::rows::{
-    self, ATTEMPT_COLS, ENDPOINT_COLS, TODO_COLS, json_text, list_text, ms, opt_ms, select_list,
-};
+use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
 
 /// The numbered migrations, applied in order, each recorded in `schema_migrations`.
 pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
@@ -417,56 +415,11 @@ impl rows::Row for rusqlite::Row<'_> {
     }
 }
 
-static TODO_SELECT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
-static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", *TODO_SELECT));
+static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
 // The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
 // join of these two tables on every new id (its statement status counts a re-prepare per call),
 // which cost more than the second statement.
-static OPEN_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1 AND a.ended_at IS NULL",
-        select_list("a", &ATTEMPT_COLS)
-    )
-});
-static INSERT_TODO: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
-        TODO_COLS.join(", "),
-        (1..=TODO_COLS.len())
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-});
-static INSERT_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO todo_attempts ({}) VALUES ({})",
-        ATTEMPT_COLS.join(", "),
-        (1..=ATTEMPT_COLS.len())
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-});
-/// Attempts newest first; `{}` is empty or the closed-only filter. Two fixed statements, not a
-/// boolean parameter: the planner cannot see through one, and SQLite re-prepares such a query
-/// on every use.
-fn attempts_sql(closed_only: bool) -> String {
-    format!(
-        "SELECT {} FROM todo_attempts a WHERE a.todo_id = ?1{} ORDER BY a.seq DESC LIMIT ?2",
-        select_list("a", &ATTEMPT_COLS),
-        if closed_only {
-            " AND a.ended_at IS NOT NULL"
-        } else {
-            ""
-        }
-    )
-}
-static ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(false));
-static CLOSED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| attempts_sql(true));
-static TODOS: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)));
+static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", SQL.todo_select));
 
 /// The todo of a query's first row, or `None`.
 fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Option<Todo>, Error> {
@@ -481,7 +434,7 @@ impl SqliteTx<'_> {
     fn open_attempt(&self, op: &str, id: &str) -> Result<Option<Attempt>, Error> {
         let mut st = self
             .c
-            .prepare_cached(&OPEN_ATTEMPT)
+            .prepare_cached(&SQL.open_attempt)
             .map_err(|e| sql_err(op, id, e))?;
         let mut rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
         let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? else {
@@ -542,7 +495,7 @@ impl SqliteTx<'_> {
     fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
         let mut st = self
             .c
-            .prepare_cached(&INSERT_ATTEMPT)
+            .prepare_cached(&SQL.insert_attempt)
             .map_err(|e| sql_err(op, &a.todo_id, e))?;
         st.execute(params![
             a.todo_id,
@@ -664,7 +617,7 @@ impl Tx for SqliteTx<'_> {
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= ?1 AND t.attempt < t.max_attempts))
              ORDER BY t.created_at, t.id LIMIT 1",
-            *TODO_SELECT
+            SQL.todo_select
         );
         let mut st = self
             .c
@@ -685,7 +638,7 @@ impl Tx for SqliteTx<'_> {
         let op = "add_todo";
         let mut st = self
             .c
-            .prepare_cached(&INSERT_TODO)
+            .prepare_cached(&SQL.insert_todo)
             .map_err(|e| sql_err(op, &t.id, e))?;
         let n = st
             .execute(params![
@@ -751,9 +704,9 @@ impl Tx for SqliteTx<'_> {
         let mut st = self
             .c
             .prepare_cached(if closed_only {
-                &CLOSED_ATTEMPTS
+                &SQL.closed_attempts
             } else {
-                &ATTEMPTS
+                &SQL.attempts
             })
             .map_err(|e| sql_err(op, id, e))?;
         let mut rs = st
@@ -830,7 +783,7 @@ impl Tx for SqliteTx<'_> {
         args.push(&limit);
         let sql = format!(
             "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ?{}",
-            *TODOS,
+            SQL.todo_select,
             if clauses.is_empty() {
                 "1".to_string()
             } else {
