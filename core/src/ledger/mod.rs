@@ -415,14 +415,18 @@ impl Ledger {
         token_hash: Option<TokenHash>,
         outcome: Outcome,
     ) -> Result<Todo, Error> {
-        match r {
-            Err(e) if e.code == crate::ErrorCode::Conflict => {
-                let entry = &self.todos[id];
-                let recent = entry.attempts.values().rev().take(PRIOR_ATTEMPTS);
-                transition::replay(&entry.todo, recent, actor, token_hash, outcome).ok_or(e)
-            }
-            r => r,
-        }
+        r.or_else(|e| {
+            let Some(entry) = self.todos.get(id) else {
+                return Err(e);
+            };
+            let recent = entry
+                .attempts
+                .values()
+                .rev()
+                .filter(|a| !a.is_open())
+                .take(PRIOR_ATTEMPTS);
+            transition::replay(e, &entry.todo, recent, actor, token_hash, outcome)
+        })
     }
 
     /// The operator's manual retry.

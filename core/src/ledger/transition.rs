@@ -543,31 +543,38 @@ pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<C
     Ok(Some(change))
 }
 
-/// A report the caller already made, repeated because its answer was lost: one of the todo's
-/// recent closed attempts (`recent`, at most [`super::PRIOR_ATTEMPTS`] newest are enough: a
+/// The answer to a report its transition refused with `refused`: when the refusal is a
+/// `conflict` and the report repeats one the caller already made (its answer was lost), the
+/// answer is the todo as it is now (it may have moved on: retried, claimed by someone else)
+/// and nothing changes; otherwise the refusal stands. A repeat is recognised when one of the
+/// todo's recent closed attempts (`recent`; the newest [`super::PRIOR_ATTEMPTS`] are enough: a
 /// holder stops repeating at its lease deadline) was closed with `outcome` under this same
-/// lease token, by this same endpoint. Then the answer is the todo as it is now (it may have
-/// moved on: retried, claimed by someone else), and nothing changes. `None` when it is not
-/// such a repeat; the caller then answers the transition's own error.
+/// lease token, by this same endpoint.
 pub fn replay<'a>(
+    refused: Error,
     todo: &Todo,
     recent: impl IntoIterator<Item = &'a Attempt>,
     actor: &Actor,
     token_hash: Option<TokenHash>,
     outcome: Outcome,
-) -> Option<Todo> {
-    let token_hash = token_hash?;
+) -> Result<Todo, Error> {
     let Actor::Endpoint { endpoint, .. } = actor else {
-        return None;
+        return Err(refused);
     };
-    if !actor.sees(todo) {
-        return None;
+    let repeat = refused.code == crate::ErrorCode::Conflict
+        && token_hash.is_some()
+        && actor.sees(todo)
+        && recent
+            .into_iter()
+            .find(|a| a.lease_token_hash == token_hash)
+            .is_some_and(|a| {
+                a.outcome == Some(outcome) && a.claimer_endpoint.as_ref() == Some(endpoint)
+            });
+    if repeat {
+        Ok(todo.clone())
+    } else {
+        Err(refused)
     }
-    let mine = recent
-        .into_iter()
-        .find(|a| a.lease_token_hash == Some(token_hash))?;
-    let repeat = mine.outcome == Some(outcome) && mine.claimer_endpoint.as_ref() == Some(endpoint);
-    repeat.then(|| todo.clone())
 }
 
 /// Moves a failed todo whose retry is due back to pending. Ends no lease, writes no attempt.

@@ -4,12 +4,12 @@
 //! with their own SQL. Nothing here decides a lifecycle rule: those are the calls into
 //! `relay_core::ledger::transition`.
 
+use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
     self, Actor, Attempt, AttemptWrite, Change, ClaimOpts, Claimed, LedgerConfig, NewTodo, Outcome,
     PRIOR_ATTEMPTS, Report, Todo, TodoFilter, TodoState, TodoView, TokenHash, transition,
 };
-use relay_core::{Error, ErrorCode};
 
 use super::{Endpoint, NewEndpoint};
 
@@ -149,11 +149,10 @@ async fn reported<T: Tx>(
     let (todo, open) = load(tx, op, id).await?;
     match f(&todo, open.as_ref()) {
         Ok(change) => apply(tx, op, &todo, change).await,
-        Err(e) if e.code == ErrorCode::Conflict => {
+        Err(refused) => {
             let recent = tx.attempts(op, id, true, PRIOR_ATTEMPTS).await?;
-            transition::replay(&todo, &recent, actor, token_hash, outcome).ok_or(e)
+            transition::replay(refused, &todo, &recent, actor, token_hash, outcome)
         }
-        Err(e) => Err(e),
     }
 }
 
