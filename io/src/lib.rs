@@ -8,4 +8,5 @@
 
 pub use relay_core as core;
 
+pub mod clock;
 pub mod store;
