@@ -61,6 +61,7 @@ mod context;
 mod machine;
 mod record;
 pub mod redact;
+mod settings;
 pub mod summary;
 mod types;
 
@@ -78,6 +79,7 @@ pub use record::{
     Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason, reconcile_interrupted,
 };
 pub use redact::Redactor;
+pub use settings::{HostFacts, expand_path, harness_settings};
 pub use types::{
     ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input, LeaseError,
     LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal, StopReason,
