@@ -58,6 +58,7 @@
 
 mod capabilities;
 mod context;
+pub mod doctor;
 mod machine;
 mod record;
 pub mod redact;

@@ -1,0 +1,194 @@
+//! `relay doctor` (REQ-21): what is wrong with the lease sources and their bindings, as rows.
+//! The daemon asks each source for its tools/list; everything decided about the answer is here.
+
+use serde::Serialize;
+
+use super::capabilities::Capabilities;
+use crate::config::Config;
+
+/// How bad a row is. A `Fail` means firings of the harnesses bound to the source are skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    Ok,
+    Notice,
+    Warn,
+    Fail,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Notice => "notice",
+            Level::Warn => "warn",
+            Level::Fail => "fail",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub level: Level,
+    /// `queue.<name>` or `harness.<name>`.
+    pub subject: String,
+    pub message: String,
+}
+
+/// The rows for one lease source, from its tools/list verdict or the error that kept the
+/// daemon from getting one.
+pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row> {
+    let row = |level, message: String| Row {
+        level,
+        subject: source.to_string(),
+        message,
+    };
+    let caps = match answer {
+        Ok(caps) => caps,
+        Err(error) => {
+            return vec![row(
+                Level::Fail,
+                format!("tools/list failed: {error}; check the url, the token and that the server runs"),
+            )];
+        }
+    };
+    let mut rows = Vec::new();
+    if !caps.missing_verbs.is_empty() {
+        rows.push(row(
+            Level::Fail,
+            format!(
+                "missing {}: grant these verbs to the endpoint",
+                caps.missing_verbs.join(", ")
+            ),
+        ));
+    }
+    let arguments: Vec<&str> = caps
+        .missing
+        .iter()
+        .filter(|m| m.contains('.'))
+        .map(String::as_str)
+        .collect();
+    if !arguments.is_empty() {
+        rows.push(row(
+            Level::Fail,
+            format!(
+                "the server does not declare {}: relay needs a queue server with attempt history \
+                 and fenced leases (SPEC-0034); upgrade the server",
+                arguments.join(", ")
+            ),
+        ));
+    }
+    if !caps.release_advertised {
+        rows.push(row(
+            Level::Notice,
+            "release is not advertised: aborted attempts are reported with fail instead".into(),
+        ));
+    }
+    if rows.is_empty() {
+        rows.push(row(Level::Ok, "supported".into()));
+    }
+    rows
+}
+
+/// Warnings about how harnesses bind their sources: a harness rung by a channel on one url but
+/// claiming on a lease source at another cannot claim what its doorbell announces.
+pub fn binding_rows(config: &Config) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for h in config.harnesses.values() {
+        let Some(relay) = &h.relay else { continue };
+        let Some(queue) = config.queues.get(&relay.lease) else {
+            continue;
+        };
+        for channel in &h.triggers {
+            let Some(ch) = config.channels.get(channel) else {
+                continue;
+            };
+            if ch.endpoint.url != queue.endpoint.url {
+                rows.push(Row {
+                    level: Level::Warn,
+                    subject: format!("harness.{}", h.name),
+                    message: format!(
+                        "triggered by channel.{channel} ({}) but leases from queue.{} ({}): a \
+                         doorbell for one endpoint cannot be claimed on another; point both at \
+                         the same url",
+                        ch.endpoint.url.as_str(),
+                        queue.name,
+                        queue.endpoint.url.as_str()
+                    ),
+                });
+            }
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::check_capabilities;
+    use crate::testing::relay::tools_list;
+
+    #[test]
+    fn a_read_only_endpoint_names_every_missing_verb() {
+        let caps = check_capabilities(&tools_list(&[("list_todos", &["queue"])]));
+        let rows = source_rows("queue.ci", Ok(&caps));
+        assert_eq!(rows[0].level, Level::Fail);
+        assert!(
+            rows[0]
+                .message
+                .contains("claim_next, heartbeat, complete, fail"),
+            "{rows:?}"
+        );
+        assert!(rows.iter().any(|r| r.level == Level::Notice));
+    }
+
+    #[test]
+    fn an_old_server_fails_naming_each_argument() {
+        let caps = check_capabilities(&tools_list(&[
+            ("claim_next", &["queue"]),
+            ("heartbeat", &["id"]),
+            ("complete", &["id", "summary", "artifact", "lease_token"]),
+            ("fail", &["id", "summary", "artifact", "lease_token"]),
+        ]));
+        let rows = source_rows("queue.ci", Ok(&caps));
+        let fail = rows.iter().find(|r| r.message.contains("SPEC-0034")).unwrap();
+        for arg in [
+            "claim_next.require_fence",
+            "claim_next.claimant",
+            "heartbeat.lease_token",
+        ] {
+            assert!(fail.message.contains(arg), "{fail:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_server_is_one_ok_row() {
+        let rows = source_rows("queue.ci", Ok(&Capabilities::full(true)));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].level, Level::Ok);
+        let rows = source_rows("queue.ci", Err("connection refused"));
+        assert_eq!(rows[0].level, Level::Fail);
+    }
+
+    #[test]
+    fn a_channel_on_another_url_warns() {
+        use crate::config::{FileKind, Source, parse};
+        let text = r#"
+[channel.bell]
+url = "http://127.0.0.1:1/mcp/a"
+[queue.q]
+url = "http://127.0.0.1:1/mcp/b"
+[harness.h]
+command = ["true"]
+triggers = ["channel.bell"]
+lease = "queue.q"
+"#;
+        let config = parse(&Source::new("h.toml", text), &[], FileKind::Global).unwrap();
+        let rows = binding_rows(&config);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].level, Level::Warn);
+        let same = text.replace("/mcp/b", "/mcp/a");
+        let config = parse(&Source::new("h.toml", &same), &[], FileKind::Global).unwrap();
+        assert!(binding_rows(&config).is_empty());
+    }
+}
