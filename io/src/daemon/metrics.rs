@@ -1,0 +1,81 @@
+//! The daemon's Prometheus metrics (REQ-21): attempts by relay outcome, heartbeat failures.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use relay_core::relay::RunRecord;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    harness: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HarnessLabel {
+    harness: String,
+}
+
+pub struct DaemonMetrics {
+    registry: Registry,
+    attempts: Family<Outcome, Counter>,
+    heartbeat_failures: Family<HarnessLabel, Counter>,
+}
+
+impl std::fmt::Debug for DaemonMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DaemonMetrics")
+    }
+}
+
+impl Default for DaemonMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let attempts = Family::<Outcome, Counter>::default();
+        let heartbeat_failures = Family::<HarnessLabel, Counter>::default();
+        registry.register(
+            "harness_relay_attempts",
+            "Attempts of leased harnesses by relay outcome",
+            attempts.clone(),
+        );
+        registry.register(
+            "harness_relay_heartbeat_failures",
+            "Heartbeats that failed",
+            heartbeat_failures.clone(),
+        );
+        DaemonMetrics {
+            registry,
+            attempts,
+            heartbeat_failures,
+        }
+    }
+}
+
+impl DaemonMetrics {
+    pub(crate) fn run_closed(&self, record: &RunRecord) {
+        if let Some(outcome) = record.relay_outcome {
+            self.attempts
+                .get_or_create(&Outcome {
+                    harness: record.harness.clone(),
+                    outcome: outcome.as_str().to_string(),
+                })
+                .inc();
+        }
+    }
+
+    pub(crate) fn heartbeat_failure(&self, harness: &str) {
+        self.heartbeat_failures
+            .get_or_create(&HarnessLabel {
+                harness: harness.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

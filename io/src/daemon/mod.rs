@@ -1,0 +1,787 @@
+//! The relay daemon: one actor that owns a [`Relay`] machine per leased harness and executes
+//! their commands.
+//!
+//! # Shape (REQ-23)
+//!
+//! The actor is a single task. It never awaits the network, a process or an upload: every lease
+//! call, process wait, success check and receipt upload runs in a task of its own and posts its
+//! result back as a [`Msg`]. Timers come from [`Relay::poll_timeout`] and the harness schedules;
+//! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
+//! aborted when the run's final record is written, so nothing an attempt started outlives it.
+//!
+//! # Files
+//!
+//! `<state>/jobs/<harness>/<run_id>.log` (run log), `.relay.json` (context file, 0600) and
+//! `.summary` beside it; run records under `<state>/runs/` ([`crate::journal`]); the control
+//! socket `<state>/control.sock` ([`control`]). No lease token and no header value is written
+//! anywhere: tokens live inside the lease commands only, for the life of the call.
+
+pub mod control;
+pub mod load;
+mod metrics;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::Millis;
+use relay_core::config::{FileKind, Harness};
+use relay_core::relay::{
+    self, Capabilities, Command, Input, Relay, RunOutcome, StopReason,
+};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::clock::SharedClock;
+use crate::journal::Journal;
+use crate::lease::{self, LeaseClient, ReceiptClient, SessionNews, Transport};
+use crate::runner;
+
+pub use metrics::DaemonMetrics;
+
+/// What `relay daemon` needs besides the config file.
+pub struct DaemonOptions {
+    pub config: PathBuf,
+    pub state_dir: PathBuf,
+    /// The host name in claimant labels.
+    pub host: String,
+    pub clock: SharedClock,
+    pub transport: Arc<dyn Transport>,
+    /// The environment processes start from (the daemon's own, normally).
+    pub daemon_env: Vec<(String, String)>,
+    /// Seeds the relays' retry jitter.
+    pub seed: u64,
+}
+
+/// A message to the actor.
+#[derive(Debug)]
+pub enum Msg {
+    /// An input for one harness's machine (answers, process and check events).
+    ToHarness { harness: String, input: Input },
+    /// The lease client's session changed for a source (`queue.<name>`).
+    Session { source: String, news: SessionNews },
+    /// A trigger fired a harness.
+    Fire { harness: String, trigger: String },
+    /// A request from the control socket.
+    Control {
+        request: control::Request,
+        reply: oneshot::Sender<Value>,
+    },
+    /// Stop: abort attempts in flight (release or fail them), then return.
+    Stop,
+}
+
+/// A cheap handle to a running daemon.
+#[derive(Clone, Debug)]
+pub struct DaemonHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl DaemonHandle {
+    /// Fires a harness as `relay trigger` does.
+    pub fn trigger(&self, harness: &str) {
+        let _ = self.tx.send(Msg::Fire {
+            harness: harness.to_string(),
+            trigger: "manual".into(),
+        });
+    }
+    /// Asks the daemon to stop; [`Daemon::run`] returns once attempts in flight are closed.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Msg::Stop);
+    }
+    pub(crate) fn send(&self, msg: Msg) -> bool {
+        self.tx.send(msg).is_ok()
+    }
+}
+
+struct Slot {
+    relay: Relay,
+    harness: Harness,
+    source: String,
+    next_fire: Option<Millis>,
+    agents: BTreeMap<u64, runner::Agent>,
+    checks: BTreeMap<u64, runner::Check>,
+    /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
+    tasks: BTreeMap<u64, Vec<AbortHandle>>,
+    /// Runs whose context file could not be written: their spawn fails at once.
+    unwritable: BTreeMap<u64, String>,
+}
+
+struct SourceSlot {
+    client: Arc<LeaseClient>,
+    caps: Option<Capabilities>,
+    harnesses: Vec<String>,
+    url: String,
+    header_names: Vec<String>,
+}
+
+/// The daemon. Build with [`Daemon::start`], then [`Daemon::run`].
+pub struct Daemon {
+    clock: SharedClock,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    journal: Journal,
+    jobs_dir: PathBuf,
+    daemon_env: Vec<(String, String)>,
+    config: relay_core::config::Config,
+    slots: BTreeMap<String, Slot>,
+    sources: BTreeMap<String, SourceSlot>,
+    cairns: BTreeMap<String, Arc<ReceiptClient>>,
+    /// Background tasks that are not a run's: session set-up, doorbells, the control socket.
+    background: Vec<AbortHandle>,
+    metrics: Arc<DaemonMetrics>,
+    stopping: bool,
+}
+
+impl Daemon {
+    /// Loads the config, locks and reconciles the state dir (REQ-15), builds a machine per
+    /// leased harness and starts the lease sessions, doorbells and the control socket.
+    pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
+        let loaded = load::load(&opts.config, FileKind::Global)?;
+        std::fs::create_dir_all(&opts.state_dir).map_err(|e| {
+            format!(
+                "cannot create the state dir {}: {e}; choose a writable --state-dir",
+                opts.state_dir.display()
+            )
+        })?;
+        let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+        let mut journal = Journal::open(&state_dir).map_err(|e| e.to_string())?;
+        journal.lock().map_err(|e| e.to_string())?;
+        let now = opts.clock.now();
+        let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
+        for r in &reconciled {
+            tracing::warn!(harness = %r.harness, run_id = r.run_id, "run left running by an earlier daemon recorded interrupted; its lease is left to lapse");
+        }
+        let jobs_dir = state_dir.join("jobs");
+        let facts = load::host_facts(&loaded.config_dir, &jobs_dir, &opts.host);
+        let config = loaded.resolved.config.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let metrics = Arc::new(DaemonMetrics::default());
+
+        let mut sources = BTreeMap::new();
+        for (name, q) in &config.queues {
+            let reference = format!("queue.{name}");
+            let headers = resolved_headers(&loaded.resolved, relay_core::config::SourceKind::Queue, name);
+            let client = LeaseClient::new(
+                reference.clone(),
+                q.endpoint.url.as_str().to_string(),
+                headers,
+                opts.transport.clone(),
+            );
+            sources.insert(
+                reference,
+                SourceSlot {
+                    client: Arc::new(client),
+                    caps: None,
+                    harnesses: Vec::new(),
+                    url: q.endpoint.url.as_str().to_string(),
+                    header_names: q.endpoint.headers.keys().cloned().collect(),
+                },
+            );
+        }
+        let mut cairns = BTreeMap::new();
+        for (name, c) in &config.cairns {
+            let headers = resolved_headers(&loaded.resolved, relay_core::config::SourceKind::Cairn, name);
+            cairns.insert(
+                format!("cairn.{name}"),
+                Arc::new(ReceiptClient::new(
+                    format!("cairn.{name}"),
+                    c.endpoint.url.as_str().to_string(),
+                    headers,
+                    c.ttl,
+                    opts.transport.clone(),
+                )),
+            );
+        }
+
+        let mut slots = BTreeMap::new();
+        for h in config.harnesses.values() {
+            let Some(r) = &h.relay else {
+                tracing::warn!(harness = %h.name, "harness has no lease: relay runs leased harnesses only; it is not started");
+                continue;
+            };
+            let prompt = load::prompt(h.prompt_file.as_deref(), &facts)?;
+            let Some(settings) = relay::harness_settings(&loaded.resolved, &h.name, &facts, prompt)
+            else {
+                continue;
+            };
+            let first = journal.next_run_id(&h.name).map_err(|e| e.to_string())?;
+            let seed = opts.seed ^ fnv(&h.name);
+            let source = format!("queue.{}", r.lease);
+            if let Some(s) = sources.get_mut(&source) {
+                s.harnesses.push(h.name.clone());
+            }
+            let next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
+            slots.insert(
+                h.name.clone(),
+                Slot {
+                    relay: Relay::new(settings, seed, first),
+                    harness: h.clone(),
+                    source,
+                    next_fire,
+                    agents: BTreeMap::new(),
+                    checks: BTreeMap::new(),
+                    tasks: BTreeMap::new(),
+                    unwritable: BTreeMap::new(),
+                },
+            );
+        }
+
+        let mut daemon = Daemon {
+            clock: opts.clock,
+            tx: tx.clone(),
+            rx,
+            journal,
+            jobs_dir,
+            daemon_env: opts.daemon_env,
+            config,
+            slots,
+            sources,
+            cairns,
+            background: Vec::new(),
+            metrics,
+            stopping: false,
+        };
+        daemon.start_sessions();
+        daemon.start_doorbells(&loaded.resolved, opts.transport.clone());
+        let control = control::serve(&state_dir, DaemonHandle { tx: tx.clone() })
+            .map_err(|e| e.to_string())?;
+        daemon.background.push(control);
+        Ok((daemon, DaemonHandle { tx }))
+    }
+
+    pub fn metrics(&self) -> Arc<DaemonMetrics> {
+        self.metrics.clone()
+    }
+
+    /// One task per lease source: initialize (and re-try with capped backoff until the server
+    /// answers), then tell every bound harness what the server supports.
+    fn start_sessions(&mut self) {
+        for (name, s) in &self.sources {
+            if s.harnesses.is_empty() {
+                continue;
+            }
+            let client = s.client.clone();
+            let tx = self.tx.clone();
+            let source = name.clone();
+            let task = tokio::spawn(async move {
+                let mut delay = Duration::from_millis(500);
+                loop {
+                    match client.initialize().await {
+                        Ok(caps) => {
+                            let _ = tx.send(Msg::Session {
+                                source,
+                                news: SessionNews::Known(caps),
+                            });
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(source = %source, error = %e, "lease session could not initialize; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(30));
+                        }
+                    }
+                }
+            });
+            self.background.push(task.abort_handle());
+        }
+    }
+
+    /// One doorbell listener per channel that triggers a started harness.
+    fn start_doorbells(
+        &mut self,
+        resolved: &relay_core::config::ResolvedConfig,
+        transport: Arc<dyn Transport>,
+    ) {
+        for (name, ch) in &self.config.channels {
+            let rung: Vec<String> = self
+                .slots
+                .values()
+                .filter(|s| s.harness.triggers.iter().any(|t| t == name))
+                .map(|s| s.harness.name.clone())
+                .collect();
+            if rung.is_empty() || !ch.enabled {
+                continue;
+            }
+            let headers = resolved_headers(resolved, relay_core::config::SourceKind::Channel, name);
+            let (ring_tx, mut ring_rx) = mpsc::unbounded_channel();
+            let listener = lease::DoorbellListener::spawn(
+                format!("channel.{name}"),
+                ch.endpoint.url.as_str().to_string(),
+                headers,
+                transport.clone(),
+                ring_tx,
+            );
+            self.background.push(listener);
+            let tx = self.tx.clone();
+            let trigger = format!("channel.{name}");
+            let task = tokio::spawn(async move {
+                while ring_rx.recv().await.is_some() {
+                    for h in &rung {
+                        let _ = tx.send(Msg::Fire {
+                            harness: h.clone(),
+                            trigger: trigger.clone(),
+                        });
+                    }
+                }
+            });
+            self.background.push(task.abort_handle());
+        }
+    }
+
+    /// Runs until stopped and every attempt in flight is closed.
+    pub async fn run(mut self) {
+        loop {
+            if self.stopping && self.slots.values().all(|s| !s.relay.in_flight()) {
+                break;
+            }
+            let now = self.clock.now();
+            let wait = self
+                .next_deadline()
+                .map(|d| Duration::from_millis(d.saturating_sub(now)));
+            let msg = match wait {
+                Some(wait) => tokio::select! {
+                    msg = self.rx.recv() => msg,
+                    () = tokio::time::sleep(wait) => { self.on_time(); continue; }
+                },
+                None => self.rx.recv().await,
+            };
+            match msg {
+                Some(msg) => self.handle(msg),
+                None => break,
+            }
+        }
+        for slot in self.slots.values_mut() {
+            for (_, tasks) in std::mem::take(&mut slot.tasks) {
+                tasks.iter().for_each(AbortHandle::abort);
+            }
+        }
+        self.background.iter().for_each(AbortHandle::abort);
+        control::remove(self.journal.state_dir());
+    }
+
+    fn next_deadline(&self) -> Option<Millis> {
+        self.slots
+            .values()
+            .flat_map(|s| {
+                let fire = if self.stopping { None } else { s.next_fire };
+                [s.relay.poll_timeout().map(|(at, _)| at), fire]
+            })
+            .flatten()
+            .min()
+    }
+
+    fn on_time(&mut self) {
+        let now = self.clock.now();
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in names {
+            let slot = self.slots.get_mut(&name).expect("slot exists");
+            if slot.relay.poll_timeout().is_some_and(|(at, _)| at <= now) {
+                slot.relay.handle_timeout(now);
+                self.drain(&name);
+            }
+            let slot = self.slots.get_mut(&name).expect("slot exists");
+            if !self.stopping
+                && let Some(at) = slot.next_fire
+                && at <= now
+            {
+                slot.next_fire = slot.harness.schedule.as_ref().map(|s| s.next_after(now));
+                self.fire(&name, "schedule");
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::ToHarness { harness, input } => {
+                if matches!(input, Input::HeartbeatFailed { .. }) {
+                    self.metrics.heartbeat_failure(&harness);
+                }
+                self.input(&harness, input);
+            }
+            Msg::Session { source, news } => self.session(&source, news),
+            Msg::Fire { harness, trigger } => {
+                if !self.stopping {
+                    self.fire(&harness, &trigger);
+                }
+            }
+            Msg::Control { request, reply } => self.control(request, reply),
+            Msg::Stop => {
+                self.stopping = true;
+                let names: Vec<String> = self.slots.keys().cloned().collect();
+                for name in names {
+                    self.input(
+                        &name,
+                        Input::StopRequested {
+                            reason: StopReason::Shutdown,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn session(&mut self, source: &str, news: SessionNews) {
+        let Some(s) = self.sources.get_mut(source) else {
+            return;
+        };
+        let input = match news {
+            SessionNews::Known(caps) => {
+                if !caps.supported() {
+                    tracing::error!(
+                        source = %source,
+                        missing = %caps.missing.join(", "),
+                        "lease source unsupported: relay needs a queue server with attempt history and fenced leases (SPEC-0034); firings are skipped until it is upgraded"
+                    );
+                }
+                s.caps = Some(caps.clone());
+                Input::CapabilitiesKnown(caps)
+            }
+            SessionNews::Expired => {
+                s.caps = None;
+                Input::SessionExpired
+            }
+        };
+        for h in s.harnesses.clone() {
+            self.input(&h, input.clone());
+        }
+    }
+
+    fn fire(&mut self, harness: &str, trigger: &str) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get(harness) else {
+            tracing::warn!(harness, "fired a harness that is not running; ignored");
+            return;
+        };
+        let within_hours = slot
+            .harness
+            .operating_hours
+            .as_ref()
+            .is_none_or(|h| h.contains(now));
+        self.input(
+            harness,
+            Input::Firing {
+                trigger: trigger.to_string(),
+                within_hours,
+            },
+        );
+    }
+
+    fn input(&mut self, harness: &str, input: Input) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get_mut(harness) else {
+            return;
+        };
+        if let Err(e) = slot.relay.handle_input(now, input) {
+            // A contract error is a bug in this shell; the machine ignored the input.
+            tracing::error!(harness, error = %e, "relay machine refused an input");
+        }
+        self.drain(harness);
+    }
+
+    fn drain(&mut self, harness: &str) {
+        loop {
+            let Some(slot) = self.slots.get_mut(harness) else {
+                return;
+            };
+            let Some(cmd) = slot.relay.poll_command() else {
+                return;
+            };
+            self.execute(harness, cmd);
+        }
+    }
+
+    fn post(&self, harness: &str, input: Input) {
+        let _ = self.tx.send(Msg::ToHarness {
+            harness: harness.to_string(),
+            input,
+        });
+    }
+
+    fn run_log(&self, harness: &str, run_id: u64) -> PathBuf {
+        runner::run_log_path(&self.jobs_dir, harness, run_id)
+    }
+
+    fn execute(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        match cmd {
+            Command::SendClaimNext { .. }
+            | Command::SendHeartbeat { .. }
+            | Command::SendReport { .. } => {
+                let slot = &self.slots[harness];
+                let Some(source) = self.sources.get(&slot.source) else {
+                    return;
+                };
+                let client = source.client.clone();
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let src = slot.source.clone();
+                let task = tokio::spawn(async move {
+                    let outcome = client.execute(&cmd).await;
+                    for news in outcome.session {
+                        let _ = tx.send(Msg::Session {
+                            source: src.clone(),
+                            news,
+                        });
+                    }
+                    let _ = tx.send(Msg::ToHarness {
+                        harness: h,
+                        input: outcome.input,
+                    });
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Command::WriteContextFile { run_id, path, bytes } => {
+                if let Err(e) = runner::write_context_file(Path::new(&path), &bytes) {
+                    let slot = self.slots.get_mut(harness).expect("slot exists");
+                    slot.unwritable.insert(run_id, e.to_string());
+                }
+            }
+            Command::Spawn {
+                run_id,
+                argv,
+                stdin,
+                workdir,
+                env,
+                context_file: _,
+                summary_file,
+            } => {
+                let slot = self.slots.get_mut(harness).expect("slot exists");
+                if let Some(error) = slot.unwritable.remove(&run_id) {
+                    self.post(harness, Input::SpawnFailed { run_id, error });
+                    return;
+                }
+                let log = self.run_log(harness, run_id);
+                let spec = runner::AgentSpec {
+                    run_id,
+                    argv,
+                    stdin,
+                    workdir: PathBuf::from(workdir),
+                    env: env.merged(self.daemon_env.iter().cloned()),
+                    summary_file: PathBuf::from(summary_file),
+                    run_log: log,
+                };
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                match runner::spawn_agent(spec, move |input| {
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                }) {
+                    Ok(agent) => {
+                        let slot = self.slots.get_mut(harness).expect("slot exists");
+                        slot.agents.insert(run_id, agent);
+                        self.post(harness, Input::ProcessSpawned { run_id });
+                    }
+                    Err(error) => self.post(harness, Input::SpawnFailed { run_id, error }),
+                }
+            }
+            Command::Signal { run_id, signal } => {
+                if let Some(agent) = self.slots[harness].agents.get(&run_id) {
+                    agent.signal(signal);
+                }
+            }
+            Command::RunCheck {
+                run_id,
+                argv,
+                workdir,
+                env,
+            } => {
+                let log = self.run_log(harness, run_id);
+                let spec = runner::CheckSpec {
+                    run_id,
+                    argv,
+                    workdir: PathBuf::from(workdir),
+                    env: env.merged(self.daemon_env.iter().cloned()),
+                    run_log: log,
+                };
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                match runner::run_check(spec, move |input| {
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                }) {
+                    Ok(check) => {
+                        let slot = self.slots.get_mut(harness).expect("slot exists");
+                        slot.checks.insert(run_id, check);
+                    }
+                    Err(error) => self.post(harness, Input::CheckFailedToStart { run_id, error }),
+                }
+            }
+            Command::KillCheck { run_id } => {
+                if let Some(check) = self.slots[harness].checks.get(&run_id) {
+                    check.kill();
+                }
+            }
+            Command::UploadReceipt {
+                request,
+                run_id,
+                source,
+                markdown,
+                run_log_lines,
+                redactor,
+                tags,
+                timeout,
+            } => {
+                let Some(client) = self.cairns.get(&source).cloned() else {
+                    self.post(
+                        harness,
+                        Input::ReceiptFailed {
+                            request,
+                            error: format!("{source} is not declared"),
+                        },
+                    );
+                    return;
+                };
+                let log = self.run_log(harness, run_id);
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = tokio::spawn(async move {
+                    let tail = runner::run_log_tail(&log, run_log_lines).unwrap_or_default();
+                    let body = lease::compose_receipt(&markdown, &tail, &redactor);
+                    let input = client
+                        .upload(request, body, tags, Duration::from_millis(timeout))
+                        .await;
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Command::WriteRunRecord { record } => {
+                if let Err(e) = self.journal.write_record(&record) {
+                    tracing::error!(harness, run_id, error = %e, "run record not written");
+                }
+                if record.outcome != RunOutcome::Running {
+                    self.metrics.run_closed(&record);
+                    let keep = self.slots[harness].harness.keep_runs;
+                    if let Err(e) = self.journal.prune(harness, keep as usize) {
+                        tracing::warn!(harness, error = %e, "old runs not pruned");
+                    }
+                    let slot = self.slots.get_mut(harness).expect("slot exists");
+                    slot.agents.remove(&run_id);
+                    slot.checks.remove(&run_id);
+                    slot.unwritable.remove(&run_id);
+                    for task in slot.tasks.remove(&run_id).unwrap_or_default() {
+                        task.abort();
+                    }
+                }
+            }
+            Command::Emit { event } => {
+                let fields = serde_json::to_string(&event).unwrap_or_default();
+                tracing::info!(target: "relay::event", harness, event = %fields, "relay event");
+            }
+            Command::WarnRunLog { run_id, text } => {
+                let log = self.run_log(harness, run_id);
+                if let Err(e) = runner::warn_run_log(&log, &text) {
+                    tracing::warn!(harness, run_id, error = %e, "warning not written to the run log");
+                }
+            }
+        }
+    }
+
+    fn track(&mut self, harness: &str, run_id: u64, task: AbortHandle) {
+        let slot = self.slots.get_mut(harness).expect("slot exists");
+        let tasks = slot.tasks.entry(run_id).or_default();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    fn control(&mut self, request: control::Request, reply: oneshot::Sender<Value>) {
+        match request {
+            control::Request::Trigger { harness } => {
+                if !self.slots.contains_key(&harness) {
+                    let _ = reply.send(control::error(format!(
+                        "no leased harness named {harness:?} runs in this daemon; see `relay describe` for the names"
+                    )));
+                    return;
+                }
+                self.fire(&harness, "manual");
+                let _ = reply.send(json!({"ok": true, "harness": harness}));
+            }
+            control::Request::Describe { harness } => {
+                let names: Vec<&String> = match &harness {
+                    Some(h) => self.slots.keys().filter(|k| *k == h).collect(),
+                    None => self.slots.keys().collect(),
+                };
+                if let Some(h) = &harness
+                    && names.is_empty()
+                {
+                    let _ = reply.send(control::error(format!(
+                        "no leased harness named {h:?} runs in this daemon"
+                    )));
+                    return;
+                }
+                let harnesses: Vec<Value> = names
+                    .into_iter()
+                    .map(|name| {
+                        let slot = &self.slots[name];
+                        let source = &self.sources[&slot.source];
+                        json!({
+                            "relay": slot.relay.describe(),
+                            "source": {
+                                "name": slot.source,
+                                "url": source.url,
+                                "header_names": source.header_names,
+                                "session": match &source.caps {
+                                    None => "unverified",
+                                    Some(c) if c.supported() => "supported",
+                                    Some(_) => "unsupported",
+                                },
+                            },
+                            "schedule": slot.next_fire.map(relay_core::time::rfc3339),
+                            "triggers": slot.harness.triggers,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(json!({"ok": true, "harnesses": harnesses}));
+            }
+            control::Request::Doctor => {
+                let mut rows: Vec<relay::doctor::Row> =
+                    relay::doctor::binding_rows(&self.config);
+                let clients: Vec<(String, Arc<LeaseClient>)> = self
+                    .sources
+                    .iter()
+                    .filter(|(_, s)| !s.harnesses.is_empty())
+                    .map(|(n, s)| (n.clone(), s.client.clone()))
+                    .collect();
+                tokio::spawn(async move {
+                    for (name, client) in clients {
+                        let answer = client.tools_list().await;
+                        let caps = answer.as_ref().map(relay::check_capabilities);
+                        let err = answer.as_ref().err().map(ToString::to_string);
+                        let verdict = match (&caps, &err) {
+                            (Ok(c), _) => Ok(c),
+                            (Err(_), Some(e)) => Err(e.as_str()),
+                            (Err(_), None) => Err("unknown error"),
+                        };
+                        rows.extend(relay::doctor::source_rows(&name, verdict));
+                    }
+                    let _ = reply.send(json!({"ok": true, "rows": rows}));
+                });
+            }
+        }
+    }
+}
+
+/// The resolved header values of a source as (name, value) pairs for its client.
+fn resolved_headers(
+    resolved: &relay_core::config::ResolvedConfig,
+    kind: relay_core::config::SourceKind,
+    name: &str,
+) -> Vec<(String, String)> {
+    let r = relay_core::config::SourceRef {
+        kind,
+        name: name.to_string(),
+    };
+    resolved
+        .headers(&r)
+        .into_iter()
+        .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.expose().to_string())))
+        .collect()
+}
+
+/// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
