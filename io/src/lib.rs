@@ -11,3 +11,22 @@ pub use relay_core as core;
 pub mod clock;
 pub mod daemon;
 pub mod store;
+
+/// Resolves on Ctrl-C or SIGTERM: the graceful-stop signal of `relay serve` and `relay daemon`.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

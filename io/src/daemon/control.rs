@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
@@ -67,7 +67,7 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     // A request is one short line; refuse anything longer than 64 KiB.
-    let mut reader = BufReader::new(read.take_limited());
+    let mut reader = BufReader::new(read.take(64 * 1024));
     reader.read_line(&mut line).await?;
     let reply = match serde_json::from_str::<Request>(line.trim()) {
         Err(e) => error(format!(
@@ -87,17 +87,6 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
     bytes.push(b'\n');
     write.write_all(&bytes).await?;
     write.shutdown().await
-}
-
-trait TakeLimited: Sized {
-    fn take_limited(self) -> tokio::io::Take<Self>;
-}
-
-impl TakeLimited for tokio::net::unix::OwnedReadHalf {
-    fn take_limited(self) -> tokio::io::Take<Self> {
-        use tokio::io::AsyncReadExt;
-        self.take(64 * 1024)
-    }
 }
 
 /// Sends one request to the daemon of `state_dir` and returns its answer. The error says how

@@ -79,3 +79,30 @@ impl DaemonMetrics {
         out
     }
 }
+
+/// Serves `GET /metrics` on `addr` in a background task; returns once bound.
+pub async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<DaemonMetrics>,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(())
+}

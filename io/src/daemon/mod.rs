@@ -40,7 +40,7 @@ use crate::journal::Journal;
 use crate::lease::{self, LeaseClient, ReceiptClient, SessionNews, Transport};
 use crate::runner;
 
-pub use metrics::DaemonMetrics;
+pub use metrics::{DaemonMetrics, serve_metrics};
 
 /// What `relay daemon` needs besides the config file.
 pub struct DaemonOptions {
