@@ -1,0 +1,379 @@
+//! `relay up`: the quick start. One process runs the queue server on an embedded SQLite file,
+//! vends an endpoint, adds sample todos, and runs the daemon with three leased workers whose
+//! agents and success checks are small shell scripts. It shows progress until the sample queue
+//! is drained, prints every attempt, and exits 0.
+//!
+//! The samples show, each on its own todo: a success; a failure retried to success; a check that
+//! answers "not yet" (exit 75) before it goes green; a lease taken over after its worker was
+//! killed (a worker that claimed with a 3 s lease and vanished); and a dead letter. The server
+//! uses a 2 s retry backoff instead of the default 30 s so the whole tour takes seconds; the
+//! daemon's settings are the ones a real config would carry.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::ledger::{Actor, ClaimOpts, LedgerConfig, NewTodo, TodoFilter, TodoState};
+use relay_core::time::SECOND;
+use relay_io::clock::{Clock, SystemClock};
+use relay_io::daemon::{Daemon, DaemonOptions};
+use relay_io::store::Store;
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Keep the quick start's files here (default: a fresh temporary folder, kept and printed).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+const ENDPOINT: &str = "quickstart";
+const QUEUE: &str = "samples";
+const VERBS: [&str; 9] = [
+    "claim_next",
+    "claim",
+    "heartbeat",
+    "complete",
+    "fail",
+    "release",
+    "get_todo",
+    "list_todos",
+    "add_todo",
+];
+
+struct Sample {
+    title: &'static str,
+    behaviour: &'static str,
+    max_attempts: u32,
+}
+
+const SAMPLES: [Sample; 5] = [
+    Sample {
+        title: "Fix the flaky login test",
+        behaviour: "succeed",
+        max_attempts: 3,
+    },
+    Sample {
+        title: "Bump the parser dependency",
+        behaviour: "fail-once",
+        max_attempts: 3,
+    },
+    Sample {
+        title: "Wait for CI to go green",
+        behaviour: "wait",
+        max_attempts: 3,
+    },
+    Sample {
+        title: "Resume an abandoned migration",
+        behaviour: "takeover",
+        max_attempts: 3,
+    },
+    Sample {
+        title: "Port the legacy billing module",
+        behaviour: "always-fail",
+        max_attempts: 2,
+    },
+];
+
+const AGENT: &str = r#"#!/bin/sh
+# A sample agent. It reads its todo from the context file relay wrote for this attempt,
+# pretends to work, and leaves a summary for the next attempt (or the operator) to read.
+set -u
+behaviour=$(sed -n 's/.*"behaviour": *"\([a-z-]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -n 1)
+echo "agent: todo $HARNESS_TODO_ID, attempt $HARNESS_ATTEMPT of $HARNESS_MAX_ATTEMPTS ($behaviour)"
+sleep 1
+case "$behaviour" in
+  fail-once)
+    if [ "$HARNESS_ATTEMPT" -lt 2 ]; then
+      printf '{"summary":"tests still red: 3 failures in parser_test.go"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+      exit 1
+    fi
+    printf '{"summary":"bumped the parser; the earlier failures were a renamed API, fixed"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+    ;;
+  always-fail)
+    printf '{"summary":"cannot build: the billing module needs a toolchain this host lacks"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+    exit 1
+    ;;
+  *)
+    printf '{"summary":"done (%s)"}' "$behaviour" > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+    ;;
+esac
+exit 0
+"#;
+
+const CHECK: &str = r#"#!/bin/sh
+# The operator's success check: it, not the agent, decides the verdict. Exit 0 = success,
+# 75 = not conclusive yet (relay runs it again), anything else = failure.
+set -u
+behaviour=$(sed -n 's/.*"behaviour": *"\([a-z-]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -n 1)
+if [ "$behaviour" = wait ]; then
+  mkdir -p checks
+  n=$(cat "checks/$HARNESS_TODO_ID" 2>/dev/null || echo 0)
+  n=$((n + 1))
+  echo "$n" > "checks/$HARNESS_TODO_ID"
+  if [ "$n" -lt 3 ]; then
+    echo "check: CI is still running (look $n)"
+    exit 75
+  fi
+fi
+echo "check: agent exited ${HARNESS_AGENT_EXIT:-?}"
+[ "${HARNESS_AGENT_EXIT:-1}" = 0 ]
+"#;
+
+fn config(url: &str) -> String {
+    let mut text = format!(
+        r#"# Written by `relay up`. Three leased workers share one lease source.
+[queue.samples]
+url = "{url}"
+env_file = "quickstart.env"
+headers = {{ Authorization = "Bearer ${{RELAY_TOKEN}}" }}
+queue = "{QUEUE}"
+lease_ttl = "1m"
+heartbeat_interval = "20s"
+"#
+    );
+    for n in 1..=3 {
+        text.push_str(&format!(
+            r#"
+[harness.worker-{n}]
+command = ["sh", "agent.sh"]
+schedule = "@every 1s"
+lease = "queue.samples"
+success_check = ["sh", "check.sh"]
+success_check_interval = "1s"
+success_check_timeout = "30s"
+timeout = "2m"
+keep_runs = 100
+"#
+        ));
+    }
+    text
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("relay up: {message}");
+    ExitCode::from(1)
+}
+
+pub fn run(args: Args) -> ExitCode {
+    crate::daemon::init_logs_quiet();
+    let dir = match args.dir {
+        Some(d) => d,
+        None => match tempfile::Builder::new().prefix("relay-up-").tempdir() {
+            Ok(t) => t.keep(),
+            Err(e) => return fail(format!("cannot make a temporary folder: {e}")),
+        },
+    };
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return fail(format!("cannot create {}: {e}", dir.display()));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts");
+    match rt.block_on(up(&dir)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+async fn up(dir: &Path) -> Result<(), String> {
+    let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
+    let clock = Arc::new(SystemClock);
+    let mut ledger = LedgerConfig::default();
+    ledger.backoff.base = 2 * SECOND;
+    ledger.backoff.cap = 10 * SECOND;
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+    let store = Store::open(&db, ledger)
+        .await
+        .map_err(|e| format!("cannot open {db}: {e}"))?;
+
+    // The server, on a port of its own choosing.
+    let (url, server_stop) = relay_io::server::spawn_local(store.clone(), clock.clone())
+        .await
+        .map_err(|e| format!("the queue server did not start: {e}"))?;
+    let token = relay_io::server::create_endpoint(
+        &store,
+        clock.now(),
+        ENDPOINT,
+        &VERBS.map(String::from),
+        Some(vec![QUEUE.to_string()]),
+    )
+    .await
+    .map_err(|e| format!("cannot vend the sample endpoint: {e}"))?;
+    let endpoint_url = format!("{url}/mcp/{ENDPOINT}");
+
+    // The samples. The takeover sample is claimed first by a worker that is then "killed": it
+    // holds a 3 s lease and never heartbeats or reports.
+    let mut ids = Vec::new();
+    for (n, s) in SAMPLES.iter().enumerate() {
+        let todo = store
+            .add_todo(
+                clock.now(),
+                ENDPOINT,
+                NewTodo {
+                    id: format!("td_sample{}", n + 1),
+                    queue: QUEUE.into(),
+                    title: s.title.into(),
+                    kind: Some("sample".into()),
+                    source: Some("relay up".into()),
+                    payload: Some(json!({"behaviour": s.behaviour})),
+                    work_order: None,
+                    max_attempts: Some(s.max_attempts),
+                    assignee: None,
+                },
+            )
+            .await
+            .map_err(|e| format!("cannot add a sample todo: {e}"))?;
+        if s.behaviour == "takeover" {
+            let opts = ClaimOpts {
+                ttl: 3 * SECOND,
+                claimant: Some("sample/killed-worker".into()),
+                token_hash: Some(relay_core::ledger::TokenHash::of("never-presented")),
+            };
+            store
+                .claim(clock.now(), &Actor::endpoint(ENDPOINT), &todo.id, &opts)
+                .await
+                .map_err(|e| format!("cannot stage the killed worker: {e}"))?;
+        }
+        ids.push(todo.id);
+    }
+
+    // The daemon's files.
+    write(&dir.join("agent.sh"), AGENT, 0o755)?;
+    write(&dir.join("check.sh"), CHECK, 0o755)?;
+    write(&dir.join("quickstart.env"), &format!("RELAY_TOKEN={token}\n"), 0o600)?;
+    let config_path = dir.join("harness.toml");
+    write(&config_path, &config(&endpoint_url), 0o644)?;
+    let opts = DaemonOptions {
+        config: config_path,
+        state_dir: dir.join("state"),
+        host: "quickstart".into(),
+        clock: clock.clone(),
+        transport: relay_io::lease::default_transport(),
+        daemon_env: std::env::vars().collect(),
+        seed: rand::random(),
+    };
+    let (daemon, handle) = Daemon::start(opts).await?;
+    let running = tokio::spawn(daemon.run());
+
+    progress(&store, &ids).await?;
+    handle.stop();
+    let _ = running.await;
+    server_stop.stop().await;
+    table(&store, &ids).await?;
+    #[allow(clippy::print_stdout)]
+    {
+        println!();
+        println!("files: {}", dir.display());
+        println!(
+            "  relay runs worker-1 --state-dir {}    run records",
+            dir.join("state").display()
+        );
+        println!("  {}/state/jobs/<worker>/<run>.log    run logs", dir.display());
+    }
+    Ok(())
+}
+
+fn finished(todo: &relay_core::ledger::Todo) -> bool {
+    match todo.state {
+        TodoState::Done | TodoState::Canceled => true,
+        TodoState::Failed => todo.dead_letter(),
+        TodoState::Pending | TodoState::Claimed => false,
+    }
+}
+
+/// A live view until every sample is done or dead-lettered (bounded at three minutes).
+async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
+    let bar = indicatif::ProgressBar::new(ids.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let todos = store
+            .list_todos(
+                &Actor::Operator,
+                &TodoFilter {
+                    queues: Some(vec![QUEUE.into()]),
+                    state: None,
+                    limit: 100,
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let done = todos.iter().filter(|t| finished(t)).count();
+        let claimed = todos.iter().filter(|t| t.state == TodoState::Claimed).count();
+        let waiting = todos
+            .iter()
+            .filter(|t| t.state == TodoState::Failed && !t.dead_letter())
+            .count();
+        bar.set_position(done as u64);
+        bar.set_message(format!("{claimed} leased, {waiting} waiting to retry"));
+        bar.tick();
+        if done == ids.len() {
+            bar.finish_with_message("sample queue drained");
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bar.abandon();
+            return Err("the samples did not finish within three minutes; see the run logs".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[allow(clippy::print_stdout)]
+async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
+    println!();
+    println!(
+        "{:<32} {:>3}  {:<14} {:<5}  summary",
+        "todo", "seq", "outcome", "died"
+    );
+    for id in ids {
+        let view = store
+            .get_todo(&Actor::Operator, id, 100)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut attempts = view.attempts.clone();
+        attempts.sort_by_key(|a| a.seq);
+        for a in attempts {
+            let outcome = a
+                .outcome
+                .map(|o| o.as_str().to_string())
+                .unwrap_or_else(|| "open".into());
+            let summary = a
+                .summary
+                .as_deref()
+                .and_then(|s| s.lines().next())
+                .unwrap_or("-");
+            println!(
+                "{:<32} {:>3}  {:<14} {:<5}  {}",
+                cut(&view.todo.title, 32),
+                a.seq,
+                outcome,
+                a.died(),
+                cut(summary, 90)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(n - 1).collect();
+    out.push('…');
+    out
+}
