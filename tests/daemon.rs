@@ -1,0 +1,641 @@
+//! End to end: the real `relay` binary as queue server and as daemon, real agent and check
+//! processes (shell scripts), real HTTP on loopback. One test per relay-spec scenario that needs
+//! real processes.
+//!
+//! Waiting: tests wait for something observable (a file, a todo state, a run record) by polling
+//! it with a generous bound; the bound only turns a hang into a failure, it never decides an
+//! outcome.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn relay_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_relay")
+}
+
+/// Polls `f` until it returns `Some`, at most `bound`.
+fn wait_for<T>(what: &str, bound: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < bound, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed when the test ends, whatever happens.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Server {
+    _proc: Proc,
+    url: String,
+    db: String,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let db = format!("sqlite:{}", dir.join("relay.db").display());
+        let mut child = Command::new(relay_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("server.log")).expect("server log"))
+            .spawn()
+            .expect("start relay serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("read the listening line");
+        let url = first
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        Server {
+            _proc: Proc(child),
+            url,
+            db,
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(relay_bin())
+            .args(args)
+            .env("RELAY_DB", &self.db)
+            .output()
+            .expect("run relay");
+        assert!(
+            out.status.success(),
+            "relay {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    }
+
+    fn endpoint(&self, name: &str) -> String {
+        self.cli(&[
+            "endpoint",
+            "create",
+            name,
+            "--verbs",
+            "claim_next,claim,heartbeat,complete,fail,release,get_todo,list_todos,add_todo",
+        ])
+        .trim()
+        .to_string()
+    }
+
+    fn add(&self, endpoint: &str, title: &str, max_attempts: u32) -> String {
+        self.cli(&[
+            "todo",
+            "add",
+            "--endpoint",
+            endpoint,
+            "--queue",
+            "work",
+            "--title",
+            title,
+            "--max-attempts",
+            &max_attempts.to_string(),
+        ])
+        .trim()
+        .to_string()
+    }
+
+    /// `relay todo show ID --json`.
+    fn show(&self, id: &str) -> Value {
+        serde_json::from_str(&self.cli(&["todo", "show", id, "--json"])).expect("json")
+    }
+
+    fn state(&self, id: &str) -> String {
+        self.show(id)["todo"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn attempts(&self, id: &str) -> Vec<Value> {
+        self.show(id)["attempts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A TCP relay between the daemon and the server that keeps a copy of every byte the server
+/// sent, so a test can learn the lease tokens the daemon was given.
+struct Tap {
+    port: u16,
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Tap {
+    fn start(upstream: &str) -> Tap {
+        let upstream = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind tap");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (c2, s2) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
+                std::thread::spawn(move || pipe(c2, s2, None));
+                let sink = sink.clone();
+                std::thread::spawn(move || pipe(server, client, Some(sink)));
+            }
+        });
+        Tap { port, seen }
+    }
+
+    fn tokens(&self) -> Vec<String> {
+        let seen = String::from_utf8_lossy(&self.seen.lock().expect("lock")).to_string();
+        let mut out = Vec::new();
+        for piece in seen.split("lease_token").skip(1) {
+            // `\":\"TOKEN\"` inside text content, or `":"TOKEN"` in structured content.
+            let rest = piece.trim_start_matches(['\\', '"', ':', ' ']);
+            let token: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            if token.len() >= 16 && !out.contains(&token) {
+                out.push(token);
+            }
+        }
+        out
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream, copy: Option<Arc<Mutex<Vec<u8>>>>) {
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(c) = &copy {
+            c.lock().expect("lock").extend_from_slice(&buf[..n]);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+struct Daemon {
+    proc: Option<Proc>,
+    config: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, config: &Path) -> Daemon {
+        let state = dir.join("state");
+        let log = dir.join("daemon.log");
+        let mut d = Daemon {
+            proc: None,
+            config: config.to_path_buf(),
+            state,
+            log,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("daemon log");
+        let child = Command::new(relay_bin())
+            .arg("daemon")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .env("RELAY_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start relay daemon");
+        self.proc = Some(Proc(child));
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            let _ = p.0.kill();
+            let _ = p.0.wait();
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(relay_bin())
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()
+            .expect("run relay");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// The harness's run records, newest first.
+    fn runs(&self, harness: &str) -> Vec<Value> {
+        let (ok, out) = self.cli(&["runs", harness, "--json", "--limit", "1000"]);
+        assert!(ok, "{out}");
+        serde_json::from_str::<Value>(&out)
+            .expect("json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            let pid = p.0.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let mut p = p;
+            let _ = p.0.wait();
+        }
+    }
+}
+
+const AGENT: &str = r#"#!/bin/sh
+# Test agent: records that it ran and what it was given, then does what the todo's title says.
+set -u
+mkdir -p "$OUT"
+echo ran >> "$OUT/ran.$HARNESS_TODO_ID"
+env > "$OUT/env.$HARNESS_TODO_ID.$HARNESS_ATTEMPT"
+cp "$HARNESS_RELAY_FILE" "$OUT/context.$HARNESS_TODO_ID.$HARNESS_ATTEMPT"
+title=$(sed -n 's/.*"title": *"\([^"]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -n 1)
+case "$title" in
+  *hang*)
+    trap 'date +%s%N > "$OUT/term.$HARNESS_TODO_ID"; exit 143' TERM
+    echo $$ > "$OUT/started.$HARNESS_TODO_ID"
+    while :; do sleep 0.1; done ;;
+  *fail*)
+    printf '{"summary":"it failed on purpose"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"; exit 1 ;;
+esac
+printf '{"summary":"all good"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+exit 0
+"#;
+
+const CHECK: &str = r#"#!/bin/sh
+# Test check: 'wait' titles answer 75 twice; 'green' titles are green before the agent runs.
+set -u
+title=$(sed -n 's/.*"title": *"\([^"]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -n 1)
+echo "check ran" >> "$OUT/check.$HARNESS_TODO_ID"
+case "$title" in
+  *green*) exit 0 ;;
+  *wait*)
+    n=$(wc -l < "$OUT/check.$HARNESS_TODO_ID")
+    [ "$n" -le 2 ] && exit 75 ;;
+esac
+[ "${HARNESS_AGENT_EXIT:-1}" = 0 ]
+"#;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    server: Server,
+    endpoint: String,
+    out: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = Server::start(dir.path());
+        let endpoint = "work".to_string();
+        let token = server.endpoint(&endpoint);
+        std::fs::write(dir.path().join("agent.sh"), AGENT).expect("agent");
+        std::fs::write(dir.path().join("check.sh"), CHECK).expect("check");
+        std::fs::write(dir.path().join("token.env"), format!("TOKEN={token}\n")).expect("env");
+        let out = dir.path().join("out");
+        std::fs::write(
+            dir.path().join("agent.env"),
+            format!("OUT={}\n", out.display()),
+        )
+        .expect("env");
+        Setup {
+            dir,
+            server,
+            endpoint,
+            out,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A config with `workers` leased harnesses on the server (or on `url` when given).
+    fn config(&self, url: Option<&str>, workers: usize, extra: &str, trigger: &str) -> PathBuf {
+        let base = url.unwrap_or(&self.server.url).trim_end_matches('/');
+        let mut text = format!(
+            r#"
+[queue.q]
+url = "{base}/mcp/{ep}"
+env_file = "token.env"
+headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
+queue = "work"
+lease_ttl = "1m"
+heartbeat_interval = "20s"
+
+[channel.bell]
+url = "{base}/mcp/{ep}"
+env_file = "token.env"
+headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
+"#,
+            ep = self.endpoint
+        );
+        for n in 1..=workers {
+            text.push_str(&format!(
+                r#"
+[harness.w{n}]
+command = ["sh", "agent.sh"]
+env_file = "agent.env"
+lease = "queue.q"
+success_check = ["sh", "check.sh"]
+success_check_interval = "1s"
+kill_grace = "2s"
+{trigger}
+{extra}
+"#
+            ));
+        }
+        let path = self.path().join("harness.toml");
+        std::fs::write(&path, text).expect("config");
+        path
+    }
+
+    fn ran(&self, id: &str) -> bool {
+        self.out.join(format!("ran.{id}")).exists()
+    }
+}
+
+/// Every file under `dir`, recursively.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_success_completes_and_the_token_stays_out_of_every_file_log_env_and_record() {
+    let s = Setup::new();
+    let tap = Tap::start(&s.server.url);
+    let tapped = format!("http://127.0.0.1:{}", tap.port);
+    let config = s.config(Some(&tapped), 1, "", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "fix it", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the todo to complete", Duration::from_secs(60), || {
+        (s.server.state(&id) == "done").then_some(())
+    });
+    d.stop();
+    let tokens = tap.tokens();
+    assert!(!tokens.is_empty(), "the tap saw no lease token");
+    let runs = d.runs("w1");
+    let closed = runs
+        .iter()
+        .find(|r| r["todo_id"] == id.as_str())
+        .expect("a run for the todo");
+    assert_eq!(closed["relay_outcome"], "completed");
+    assert_eq!(closed["lease"], "queue.q");
+    assert_eq!(closed["attempt"], 1);
+    // The context file the agent saw names the todo and its attempt.
+    let context = std::fs::read_to_string(s.out.join(format!("context.{id}.1"))).expect("context");
+    let context: Value = serde_json::from_str(&context).expect("json");
+    assert_eq!(context["todo"]["id"], id.as_str());
+    assert_eq!(context["attempt"]["number"], 1);
+    // No byte of any token anywhere: state dir (records, logs), the agent's env dump and context
+    // copy, the daemon's own log, the server's log.
+    for f in files(s.path()) {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        for t in &tokens {
+            assert!(!text.contains(t.as_str()), "token found in {}", f.display());
+        }
+    }
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts.len(), 1);
+    assert!(
+        attempts[0]["summary"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("all good"),
+        "{attempts:?}"
+    );
+}
+
+#[test]
+fn a_check_that_exits_75_is_run_again_until_it_decides() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "wait for it", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the todo to complete", Duration::from_secs(60), || {
+        (s.server.state(&id) == "done").then_some(())
+    });
+    d.stop();
+    let checks = std::fs::read_to_string(s.out.join(format!("check.{id}"))).expect("check log");
+    assert_eq!(checks.lines().count(), 3, "two 'not yet' answers, then green");
+    assert_eq!(s.server.attempts(&id).len(), 1, "one attempt, not three");
+}
+
+#[test]
+fn an_already_green_check_completes_without_spawning() {
+    let s = Setup::new();
+    let config = s.config(
+        None,
+        1,
+        "success_check_before = true",
+        r#"schedule = "@every 1s""#,
+    );
+    let id = s.server.add(&s.endpoint, "already green", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the todo to complete", Duration::from_secs(60), || {
+        (s.server.state(&id) == "done").then_some(())
+    });
+    d.stop();
+    assert!(!s.ran(&id), "the agent must not run when the check is green");
+    let runs = d.runs("w1");
+    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    assert_eq!(run["relay_outcome"], "completed");
+    assert!(run.get("exit_code").is_none_or(Value::is_null), "{run}");
+}
+
+#[test]
+fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "fail always", 1);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the dead letter", Duration::from_secs(60), || {
+        let t = s.server.show(&id);
+        (t["todo"]["state"] == "failed" && t["todo"]["dead_letter"] == true).then_some(())
+    });
+    wait_for("the closed run", Duration::from_secs(30), || {
+        d.runs("w1")
+            .into_iter()
+            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
+    });
+    d.stop();
+    let runs = d.runs("w1");
+    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    assert_eq!(run["relay_outcome"], "dead_lettered");
+    assert_eq!(run["check_exit"], 1);
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts[0]["outcome"], "failed");
+    assert!(
+        attempts[0]["summary"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("it failed on purpose"),
+        "{attempts:?}"
+    );
+}
+
+#[test]
+fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
+    let s = Setup::new();
+    // Heartbeats every 30 s on a 1 m lease; the cancel is noticed at the next heartbeat.
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#).to_path_buf();
+    let text = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace(r#"heartbeat_interval = "20s""#, r#"heartbeat_interval = "1s""#);
+    std::fs::write(&config, text).expect("config");
+    let id = s.server.add(&s.endpoint, "hang forever", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        s.out.join(format!("started.{id}")).exists().then_some(())
+    });
+    s.server.cli(&["todo", "cancel", &id]);
+    wait_for("the agent to be stopped", Duration::from_secs(30), || {
+        s.out.join(format!("term.{id}")).exists().then_some(())
+    });
+    wait_for("the closed run", Duration::from_secs(30), || {
+        d.runs("w1")
+            .into_iter()
+            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
+    });
+    d.stop();
+    let runs = d.runs("w1");
+    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
+    assert!(s.server.state(&id) == "canceled");
+}
+
+#[test]
+fn three_workers_two_todos_one_doorbell() {
+    let s = Setup::new();
+    let config = s.config(None, 3, "", r#"triggers = ["channel.bell"]"#);
+    let mut d = Daemon::start(s.path(), &config);
+    // The doorbell listener is up once describe answers with a verified session.
+    wait_for("the daemon to verify its lease source", Duration::from_secs(30), || {
+        let (ok, out) = d.cli(&["describe", "--json"]);
+        (ok && out.contains("\"supported\"")).then_some(())
+    });
+    let a = s.server.add(&s.endpoint, "first", 3);
+    let b = s.server.add(&s.endpoint, "second", 3);
+    wait_for("both todos done", Duration::from_secs(60), || {
+        (s.server.state(&a) == "done" && s.server.state(&b) == "done").then_some(())
+    });
+    d.stop();
+    let mut claimed = Vec::new();
+    for w in ["w1", "w2", "w3"] {
+        for r in d.runs(w) {
+            if let Some(t) = r["todo_id"].as_str() {
+                claimed.push(t.to_string());
+            }
+        }
+    }
+    claimed.sort();
+    assert_eq!(claimed, {
+        let mut v = vec![a.clone(), b.clone()];
+        v.sort();
+        v
+    });
+    assert_eq!(s.server.attempts(&a).len(), 1);
+    assert_eq!(s.server.attempts(&b).len(), 1);
+}
+
+#[test]
+fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afresh() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "hang then fine", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        s.out.join(format!("started.{id}")).exists().then_some(())
+    });
+    d.kill9();
+    // The orphaned agent is nobody's now; end it so that only the lease decides what happens.
+    let pid = std::fs::read_to_string(s.out.join(format!("started.{id}"))).expect("pid");
+    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+    std::fs::remove_file(s.out.join(format!("started.{id}"))).expect("reset");
+    d.spawn();
+    let runs = wait_for("the interrupted record", Duration::from_secs(30), || {
+        let runs = d.runs("w1");
+        runs.iter()
+            .any(|r| r["outcome"] == "interrupted")
+            .then_some(runs)
+    });
+    let interrupted = runs.iter().find(|r| r["outcome"] == "interrupted").expect("run");
+    assert_eq!(interrupted["todo_id"], id.as_str());
+    assert!(interrupted.get("relay_outcome").is_none_or(Value::is_null));
+    // No report was made for it: the server closes the first attempt as died once the lease
+    // lapses (1 m), and the restarted daemon claims afresh.
+    let attempts = wait_for("a second attempt", Duration::from_secs(150), || {
+        let a = s.server.attempts(&id);
+        (a.len() >= 2).then_some(a)
+    });
+    let first = attempts.iter().find(|a| a["seq"] == 1).expect("seq 1");
+    assert_eq!(first["died"], true, "{first}");
+    // The second attempt hangs like the first; the daemon's stop releases it.
+    wait_for("the second agent to start", Duration::from_secs(60), || {
+        s.out.join(format!("started.{id}")).exists().then_some(())
+    });
+    d.stop();
+    let last = s.server.attempts(&id);
+    assert_eq!(last[0]["outcome"], "released", "{last:?}");
+}
