@@ -10,3 +10,5 @@ pub use relay_core as core;
 
 pub mod clock;
 pub mod store;
+pub mod journal;
+pub mod runner;
