@@ -69,6 +69,8 @@ pub struct Agent {
     run_id: u64,
     pid: u32,
     group: ProcessGroup,
+    /// Kills the group if this is dropped before the child was reaped.
+    guard: GroupGuard,
     child: Child,
     stdin: Option<(ChildStdin, Vec<u8>)>,
     summary_file: PathBuf,
@@ -155,6 +157,7 @@ pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
     Ok(Agent {
         run_id,
         pid,
+        guard: GroupGuard::new(group.clone()),
         group,
         child,
         stdin,
@@ -188,12 +191,12 @@ impl Agent {
             run_id,
             pid,
             group,
+            mut guard,
             mut child,
             stdin,
             summary_file,
         } = self;
-        let mut guard = GroupGuard::new(group.clone());
-        let write = async move {
+                let write = async move {
             if let Some((mut pipe, bytes)) = stdin {
                 // A process that exits or closes stdin early is its own business.
                 if let Err(e) = pipe.write_all(&bytes).await {

@@ -67,6 +67,8 @@ pub struct Check {
     pid: u32,
     name: String,
     group: ProcessGroup,
+    /// Kills the group if this is dropped before the child was reaped.
+    guard: GroupGuard,
     child: Child,
     output: pipe::Receiver,
     run_log: PathBuf,
@@ -130,6 +132,7 @@ pub fn run_check(spec: CheckSpec) -> Result<Check, StartError> {
         run_id,
         pid,
         name: argv0.to_string(),
+        guard: GroupGuard::new(group.clone()),
         group,
         child,
         output,
@@ -229,12 +232,12 @@ impl Check {
             pid,
             name,
             group,
+            mut guard,
             mut child,
             mut output,
             run_log,
         } = self;
-        let mut guard = GroupGuard::new(group.clone());
-        let mut sink = Sink::open(run_log).await;
+                let mut sink = Sink::open(run_log).await;
         sink.log(delimiter(&name, run_id).as_bytes()).await;
         let mut buf = vec![0u8; 8 * 1024];
         let mut open = true;

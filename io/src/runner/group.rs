@@ -77,6 +77,7 @@ impl ProcessGroup {
 
 /// SIGKILLs the group when dropped while armed: a child whose waiter is dropped before it was
 /// reaped does not outlive it, and neither does anything it started in its group.
+#[derive(Debug)]
 pub(crate) struct GroupGuard {
     group: ProcessGroup,
     armed: bool,
