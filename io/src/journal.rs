@@ -68,7 +68,11 @@ pub enum JournalError {
         "the state directory {dir} is in use by another relay daemon (pid {pid}): stop that daemon, \
          or give this one another state directory; if pid {pid} is not a relay daemon, remove {lock}"
     )]
-    Locked { dir: PathBuf, pid: i32, lock: PathBuf },
+    Locked {
+        dir: PathBuf,
+        pid: i32,
+        lock: PathBuf,
+    },
     #[error("the state directory {0} is not valid UTF-8: choose a path that is")]
     NotUtf8(PathBuf),
     #[error("{0:?} is not a harness name (letters, digits, '_' and '-', at most 64)")]
@@ -82,7 +86,10 @@ pub enum JournalError {
     },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> JournalError + 'a {
+fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> JournalError + 'a {
     move |source| JournalError::Io {
         op,
         path: path.to_path_buf(),
@@ -354,7 +361,11 @@ impl Journal {
                 let record = reconcile_interrupted(record, now);
                 self.write_record(&record)?;
                 remove_if_present(&self.run_paths(&harness, id).context_file)?;
-                tracing::info!(harness, run_id = id, "run left running by an earlier daemon recorded interrupted");
+                tracing::info!(
+                    harness,
+                    run_id = id,
+                    "run left running by an earlier daemon recorded interrupted"
+                );
                 reconciled.push(record);
             }
         }
@@ -426,7 +437,8 @@ impl Journal {
 /// listed here; otherwise an earlier daemon that had the same pid (a container's pid 1) left it.
 fn held_locks() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
     static HELD: std::sync::Mutex<BTreeSet<PathBuf>> = std::sync::Mutex::new(BTreeSet::new());
-    HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    HELD.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether the daemon named in a lock file still holds it.
@@ -490,4 +502,335 @@ impl Drop for DaemonLock {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use relay_core::relay::{Capabilities, Command, RelayOutcome};
+    use relay_core::testing::relay::{Driver, claimed, settings, t0};
+
+    use super::*;
+
+    const TOKEN: &str = "lease-T0K3N-q3vZw-planted";
+
+    fn record(harness: &str, run_id: u64, outcome: RunOutcome) -> RunRecord {
+        RunRecord {
+            harness: harness.into(),
+            run_id,
+            trigger: "channel.sb".into(),
+            outcome,
+            skipped_reason: None,
+            claim_error: None,
+            started_at: "2026-09-22T12:00:00.000Z".into(),
+            ended_at: None,
+            exit_code: None,
+            lease: "queue.ci".into(),
+            todo_id: Some("td_1".into()),
+            attempt: Some(2),
+            relay_outcome: None,
+            check_exit: None,
+            artifact: None,
+        }
+    }
+
+    /// Creates the run's log, context file and summary file.
+    fn plant_files(j: &Journal, harness: &str, run_id: u64) -> RunPaths {
+        let paths = j.run_paths(harness, run_id);
+        for p in [&paths.log, &paths.context_file, &paths.summary_file] {
+            crate::runner::create_dirs(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "x").unwrap();
+        }
+        paths
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_record_round_trips_privately() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let mut r = record("fixer", 7, RunOutcome::Cancelled);
+        r.relay_outcome = Some(RelayOutcome::LeaseLost);
+        r.check_exit = Some(1);
+        j.write_record(&r).unwrap();
+        assert_eq!(j.record("fixer", 7).unwrap(), Some(r.clone()));
+        let path = dir.path().join("runs/fixer/7.json");
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("runs/fixer")), 0o700);
+        // Rewriting replaces it.
+        r.outcome = RunOutcome::Failed;
+        j.write_record(&r).unwrap();
+        assert_eq!(j.records("fixer", 10).unwrap(), [r]);
+        assert_eq!(j.record("fixer", 8).unwrap(), None);
+        assert!(matches!(
+            j.write_record(&record("../etc", 1, RunOutcome::Running)),
+            Err(JournalError::BadHarness(_))
+        ));
+    }
+
+    #[test]
+    fn records_are_listed_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        for id in [3, 11, 1, 2, 10] {
+            j.write_record(&record("fixer", id, RunOutcome::Success))
+                .unwrap();
+        }
+        j.write_record(&record("other", 50, RunOutcome::Success))
+            .unwrap();
+        // Not records: ignored.
+        std::fs::write(dir.path().join("runs/fixer/notes.txt"), "x").unwrap();
+        std::fs::write(dir.path().join("runs/fixer/12.json"), "{ broken").unwrap();
+        let ids = |n| -> Vec<u64> {
+            j.records("fixer", n)
+                .unwrap()
+                .iter()
+                .map(|r| r.run_id)
+                .collect()
+        };
+        assert_eq!(ids(10), [11, 10, 3, 2, 1]);
+        assert_eq!(ids(2), [11, 10]);
+        assert_eq!(j.records("nobody", 5).unwrap(), []);
+        assert_eq!(j.harnesses().unwrap(), ["fixer", "other"]);
+        assert_eq!(j.jobs_dir(), dir.path().join("jobs").to_str().unwrap());
+    }
+
+    #[test]
+    fn prune_keeps_exactly_the_newest_runs_and_removes_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let mut planted = Vec::new();
+        for id in 1..=6 {
+            j.write_record(&record("fixer", id, RunOutcome::Failed))
+                .unwrap();
+            planted.push(plant_files(&j, "fixer", id));
+        }
+        // A log left without a record by an older daemon.
+        let orphan = j.run_log("fixer", 0);
+        std::fs::write(&orphan, "x").unwrap();
+        // Another harness is not touched.
+        j.write_record(&record("other", 1, RunOutcome::Failed))
+            .unwrap();
+        let other = plant_files(&j, "other", 1);
+
+        assert_eq!(j.prune("fixer", 2).unwrap(), [1, 2, 3, 4]);
+        let kept: Vec<u64> = j
+            .records("fixer", 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(kept, [6, 5]);
+        for (i, paths) in planted.iter().enumerate() {
+            let alive = i >= 4;
+            for p in [&paths.log, &paths.context_file, &paths.summary_file] {
+                assert_eq!(p.exists(), alive, "{}", p.display());
+            }
+        }
+        assert!(!orphan.exists());
+        assert!(other.log.exists() && j.record("other", 1).unwrap().is_some());
+        assert!(
+            j.prune("fixer", 2).unwrap().is_empty(),
+            "nothing more to prune"
+        );
+
+        // A run still in flight is never pruned.
+        j.write_record(&record("fixer", 7, RunOutcome::Running))
+            .unwrap();
+        assert_eq!(j.prune("fixer", 0).unwrap(), [5, 6]);
+        assert_eq!(j.records("fixer", 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn run_ids_continue_across_restarts_and_pruning() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(j.next_run_id("fixer").unwrap(), 1);
+        for id in 1..=3 {
+            j.write_record(&record("fixer", id, RunOutcome::Success))
+                .unwrap();
+        }
+        drop(j);
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(j.next_run_id("fixer").unwrap(), 4);
+        assert_eq!(j.next_run_id("other").unwrap(), 1, "ids count per harness");
+        j.prune("fixer", 0).unwrap();
+        assert_eq!(j.records("fixer", 10).unwrap(), []);
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(
+            j.next_run_id("fixer").unwrap(),
+            4,
+            "pruning never recycles an id"
+        );
+        // An older record rewritten late does not lower the mark.
+        j.write_record(&record("fixer", 2, RunOutcome::Success))
+            .unwrap();
+        assert_eq!(j.next_run_id("fixer").unwrap(), 4);
+    }
+
+    #[test]
+    fn reconcile_interrupts_running_records_only_and_drops_their_context_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let mut done = record("fixer", 1, RunOutcome::Success);
+        done.relay_outcome = Some(RelayOutcome::Completed);
+        j.write_record(&done).unwrap();
+        let done_files = plant_files(&j, "fixer", 1);
+        j.write_record(&record("fixer", 2, RunOutcome::Running))
+            .unwrap();
+        let running_files = plant_files(&j, "fixer", 2);
+        j.write_record(&record("other", 9, RunOutcome::Running))
+            .unwrap();
+
+        let now = t0() + 60_000;
+        let reconciled = j.reconcile(now).unwrap();
+        let want_fixer = reconcile_interrupted(record("fixer", 2, RunOutcome::Running), now);
+        let want_other = reconcile_interrupted(record("other", 9, RunOutcome::Running), now);
+        assert_eq!(reconciled, [want_fixer.clone(), want_other.clone()]);
+        assert_eq!(want_fixer.outcome, RunOutcome::Interrupted);
+        assert_eq!(want_fixer.relay_outcome, None, "no outcome is invented");
+        assert_eq!(j.record("fixer", 2).unwrap(), Some(want_fixer));
+        assert_eq!(j.record("other", 9).unwrap(), Some(want_other));
+        assert_eq!(j.record("fixer", 1).unwrap(), Some(done));
+        assert!(!running_files.context_file.exists());
+        assert!(running_files.log.exists(), "the log stays for the operator");
+        assert!(done_files.context_file.exists());
+        assert_eq!(j.reconcile(now).unwrap(), [], "a second pass finds nothing");
+    }
+
+    /// Every file under `dir`, recursively.
+    fn all_files(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(all_files(&path));
+            } else {
+                out.push(path);
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn no_file_holds_the_lease_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let _lock = j.lock().unwrap();
+        let mut s = settings();
+        s.jobs_dir = j.jobs_dir().to_string();
+        let first = j.next_run_id("fixer").unwrap();
+        let mut d = Driver::new_with(s, Capabilities::full(true), first, t0());
+        let mut cmds = d.start(claimed("td_1", 2, 5, Some(TOKEN)));
+        cmds.extend(d.exit(0, Some(br#"{"summary": "done"}"#)));
+        cmds.extend(d.report_ok(false));
+        // A second attempt, left running when the daemon "crashes".
+        cmds.extend(d.start(claimed("td_2", 1, 5, Some(TOKEN))));
+        assert!(
+            cmds.iter()
+                .any(|c| matches!(c, Command::SendHeartbeat { .. })
+                    || matches!(c, Command::SendReport { .. })),
+            "the token was in play"
+        );
+        let mut records = 0;
+        for c in cmds {
+            match c {
+                Command::WriteRunRecord { record } => {
+                    j.write_record(&record).unwrap();
+                    records += 1;
+                }
+                Command::WriteContextFile { path, bytes, .. } => {
+                    crate::runner::write_context_file(&path, bytes)
+                        .await
+                        .unwrap();
+                }
+                Command::WarnRunLog { run_id, text } => {
+                    crate::runner::warn_run_log(j.run_log("fixer", run_id), &text)
+                        .await
+                        .unwrap();
+                }
+                _ => {}
+            }
+        }
+        assert!(records >= 3);
+        let context = j.run_paths("fixer", first).context_file;
+        assert!(context.exists(), "the context file was written");
+        assert_eq!(mode(&context), 0o600);
+        assert_eq!(j.reconcile(t0()).unwrap().len(), 1);
+        assert_eq!(
+            j.records("fixer", 1).unwrap()[0].outcome,
+            RunOutcome::Interrupted
+        );
+
+        let files = all_files(dir.path());
+        assert!(files.len() >= 4, "{files:?}");
+        for f in files {
+            let bytes = std::fs::read(&f).unwrap();
+            assert!(
+                !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+                "{} holds the lease token",
+                f.display()
+            );
+        }
+        assert_eq!(j.next_run_id("fixer").unwrap(), first + 2);
+    }
+
+    #[test]
+    fn the_lock_refuses_a_second_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let lock = j.lock().unwrap();
+        let held = std::fs::read_to_string(lock.path()).unwrap();
+        assert_eq!(held.trim(), std::process::id().to_string());
+        let err = Journal::open(dir.path()).unwrap().lock().unwrap_err();
+        match &err {
+            JournalError::Locked { dir: d, pid, .. } => {
+                assert_eq!(d, dir.path());
+                assert_eq!(u32::try_from(*pid).unwrap(), std::process::id());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains(&dir.path().display().to_string()) && text.contains("pid"));
+        drop(lock);
+        assert!(!dir.path().join(LOCK_FILE).exists(), "released on drop");
+        let again = j.lock().unwrap();
+        drop(again);
+    }
+
+    #[test]
+    fn a_live_foreign_holder_is_refused_and_a_dead_one_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let lock_path = dir.path().join(LOCK_FILE);
+
+        // Another live process holds it.
+        let mut other = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        let other_pid = i32::try_from(other.id()).unwrap();
+        std::fs::write(&lock_path, format!("{other_pid}\n")).unwrap();
+        match j.lock() {
+            Err(JournalError::Locked { pid, .. }) => assert_eq!(pid, other_pid),
+            other => panic!("unexpected {other:?}"),
+        }
+        other.kill().unwrap();
+        other.wait().unwrap();
+
+        // Its holder is gone: the lock is stale and taken over.
+        let lock = j.lock().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&lock_path).unwrap().trim(),
+            std::process::id().to_string()
+        );
+        drop(lock);
+
+        // A lock naming our own pid that this process does not hold (a container's pid 1
+        // restarted) is stale too; so is one that does not name a pid.
+        std::fs::write(&lock_path, format!("{}\n", std::process::id())).unwrap();
+        drop(j.lock().unwrap());
+        std::fs::write(&lock_path, "").unwrap();
+        drop(j.lock().unwrap());
+    }
 }

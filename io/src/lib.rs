@@ -9,6 +9,6 @@
 pub use relay_core as core;
 
 pub mod clock;
-pub mod store;
 pub mod journal;
 pub mod runner;
+pub mod store;

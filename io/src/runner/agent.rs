@@ -32,12 +32,12 @@ pub struct AgentSpec {
 }
 
 impl AgentSpec {
-    /// The spec for a `Command::Spawn`; any other command is handed back.
+    /// The spec for a `Command::Spawn`; any other command gives `None`.
     pub fn from_command(
         command: Command,
         daemon_env: Vec<(String, String)>,
         run_log: PathBuf,
-    ) -> Result<AgentSpec, Command> {
+    ) -> Option<AgentSpec> {
         match command {
             Command::Spawn {
                 run_id,
@@ -47,7 +47,7 @@ impl AgentSpec {
                 env,
                 summary_file,
                 ..
-            } => Ok(AgentSpec {
+            } => Some(AgentSpec {
                 run_id,
                 argv,
                 stdin,
@@ -57,7 +57,7 @@ impl AgentSpec {
                 summary_file,
                 run_log,
             }),
-            other => Err(other),
+            _ => None,
         }
     }
 }
@@ -196,7 +196,7 @@ impl Agent {
             stdin,
             summary_file,
         } = self;
-                let write = async move {
+        let write = async move {
             if let Some((mut pipe, bytes)) = stdin {
                 // A process that exits or closes stdin early is its own business.
                 if let Err(e) = pipe.write_all(&bytes).await {

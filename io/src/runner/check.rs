@@ -34,19 +34,19 @@ pub struct CheckSpec {
 }
 
 impl CheckSpec {
-    /// The spec for a `Command::RunCheck`; any other command is handed back.
+    /// The spec for a `Command::RunCheck`; any other command gives `None`.
     pub fn from_command(
         command: Command,
         daemon_env: Vec<(String, String)>,
         run_log: PathBuf,
-    ) -> Result<CheckSpec, Command> {
+    ) -> Option<CheckSpec> {
         match command {
             Command::RunCheck {
                 run_id,
                 argv,
                 workdir,
                 env,
-            } => Ok(CheckSpec {
+            } => Some(CheckSpec {
                 run_id,
                 argv,
                 workdir,
@@ -54,7 +54,7 @@ impl CheckSpec {
                 daemon_env,
                 run_log,
             }),
-            other => Err(other),
+            _ => None,
         }
     }
 }
@@ -237,7 +237,7 @@ impl Check {
             mut output,
             run_log,
         } = self;
-                let mut sink = Sink::open(run_log).await;
+        let mut sink = Sink::open(run_log).await;
         sink.log(delimiter(&name, run_id).as_bytes()).await;
         let mut buf = vec![0u8; 8 * 1024];
         let mut open = true;
@@ -278,7 +278,10 @@ impl Check {
                 }
             };
             if tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await.is_err() {
-                tracing::warn!(run_id, "a process the success check started still holds its output open; stopped reading");
+                tracing::warn!(
+                    run_id,
+                    "a process the success check started still holds its output open; stopped reading"
+                );
             }
         }
         let code = match exit {

@@ -94,10 +94,11 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if self.armed && !self.group.is_reaped() {
-            if let Err(e) = self.group.raw_signal(NixSignal::SIGKILL) {
-                tracing::warn!(pgid = self.group.pgid, error = %e, "could not kill a dropped child's process group");
-            }
+        if self.armed
+            && !self.group.is_reaped()
+            && let Err(e) = self.group.raw_signal(NixSignal::SIGKILL)
+        {
+            tracing::warn!(pgid = self.group.pgid, error = %e, "could not kill a dropped child's process group");
         }
     }
 }

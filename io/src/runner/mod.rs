@@ -49,8 +49,8 @@ use std::path::{Path, PathBuf};
 
 pub use agent::{Agent, AgentSpec, spawn_agent};
 pub use check::{CHECK_TAIL_BYTES, Check, CheckSpec, run_check};
-pub use files::{run_log_tail, warn_run_log, write_context_file};
 pub(crate) use files::{create_dirs, write_private_atomic};
+pub use files::{run_log_tail, warn_run_log, write_context_file};
 pub use group::ProcessGroup;
 
 use relay_core::relay::{ExitStatus, Input};
@@ -58,7 +58,9 @@ use relay_core::relay::{ExitStatus, Input};
 /// An error of a file or signal operation, naming what was being done and to which path.
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
-    #[error("{op} {path}: {source}; check that the directory exists and is writable by the daemon's user")]
+    #[error(
+        "{op} {path}: {source}; check that the directory exists and is writable by the daemon's user"
+    )]
     Io {
         op: &'static str,
         path: PathBuf,

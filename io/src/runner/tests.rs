@@ -349,8 +349,7 @@ async fn spawn_errors_name_the_program_the_path_and_the_cause() {
     let err = spawn_agent(agent(dir.path(), &["./missing.sh"])).unwrap_err();
     let path = dir.path().join("./missing.sh");
     assert!(
-        err.message.contains(&path.display().to_string())
-            && err.message.contains("No such file"),
+        err.message.contains(&path.display().to_string()) && err.message.contains("No such file"),
         "{err}"
     );
 
@@ -361,7 +360,10 @@ async fn spawn_errors_name_the_program_the_path_and_the_cause() {
     let mut spec = sh(dir.path(), "true");
     spec.workdir = dir.path().join("gone").display().to_string();
     let err = spawn_agent(spec).unwrap_err();
-    assert!(err.message.contains("workdir") && err.message.contains("gone"), "{err}");
+    assert!(
+        err.message.contains("workdir") && err.message.contains("gone"),
+        "{err}"
+    );
 
     let err = spawn_agent(agent(dir.path(), &[])).unwrap_err();
     assert!(err.message.contains("argv is empty"), "{err}");
@@ -496,7 +498,11 @@ async fn specs_come_from_the_machines_commands() {
     };
     let spec = AgentSpec::from_command(spawn, vec![], PathBuf::from("/j/h/3.log")).unwrap();
     assert_eq!(
-        (spec.run_id, spec.summary_file.as_str(), spec.stdin.as_deref()),
+        (
+            spec.run_id,
+            spec.summary_file.as_str(),
+            spec.stdin.as_deref()
+        ),
         (3, "/j/h/3.summary", Some(&b"p"[..]))
     );
     let run_check = Command::RunCheck {
@@ -508,7 +514,7 @@ async fn specs_come_from_the_machines_commands() {
     let spec = CheckSpec::from_command(run_check, vec![], PathBuf::from("/j/h/3.log")).unwrap();
     assert_eq!(spec.argv, ["c"]);
     let other = Command::KillCheck { run_id: 3 };
-    assert!(AgentSpec::from_command(other, vec![], PathBuf::new()).is_err());
+    assert!(AgentSpec::from_command(other, vec![], PathBuf::new()).is_none());
 }
 
 #[tokio::test]
@@ -534,7 +540,11 @@ async fn the_context_file_is_private_from_creation_and_replaced_whole() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(leftovers.len(), 1, "no temporary file is left: {leftovers:?}");
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "no temporary file is left: {leftovers:?}"
+    );
 
     let err = write_context_file("/proc/nope/x.relay.json", vec![])
         .await
@@ -558,7 +568,11 @@ async fn warnings_are_appended_as_relay_lines() {
 async fn the_log_tail_is_the_last_lines() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("7.log");
-    assert_eq!(run_log_tail(&log, 200).await.unwrap(), b"", "no log, no lines");
+    assert_eq!(
+        run_log_tail(&log, 200).await.unwrap(),
+        b"",
+        "no log, no lines"
+    );
 
     let text: String = (0..50_000).map(|i| format!("line {i}\n")).collect();
     std::fs::write(&log, &text).unwrap();
@@ -589,7 +603,11 @@ async fn a_hundred_runs_leave_no_task_behind() {
         spec.run_id = i;
         spec.stdin = Some(b"prompt".to_vec());
         spec.run_log = dir.path().join(format!("jobs/fixer/{i}.log"));
-        spec.summary_file = dir.path().join(format!("jobs/fixer/{i}.summary")).display().to_string();
+        spec.summary_file = dir
+            .path()
+            .join(format!("jobs/fixer/{i}.summary"))
+            .display()
+            .to_string();
         let agent = spawn_agent(spec).expect("spawn");
         let agent_tx = tx.clone();
         agent.deliver(move |input| {
