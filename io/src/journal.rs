@@ -199,6 +199,18 @@ impl Journal {
         self.raise_last_run_id(&record.harness, record.run_id)
     }
 
+    /// [`Journal::write_record`] on tokio's blocking pool, for a caller that must not stall.
+    pub async fn write_record_async(&self, record: RunRecord) -> Result<(), JournalError> {
+        let journal = self.clone();
+        tokio::task::spawn_blocking(move || journal.write_record(&record))
+            .await
+            .map_err(|e| JournalError::Io {
+                op: "write the run record",
+                path: self.inner.state_dir.join("runs"),
+                source: std::io::Error::other(e),
+            })?
+    }
+
     fn last_run_id_path(&self, harness: &str) -> Result<PathBuf, JournalError> {
         Ok(self.runs_dir(harness)?.join(LAST_RUN_ID))
     }
@@ -327,16 +339,26 @@ impl Journal {
             }
             pruned.push(id);
         }
-        // Orphans: run files of ids older than anything kept and without a record.
+        // Orphans: files of ids older than anything kept and without a record (run files, and
+        // temporary files a crash left in either directory).
         let below = kept.first().copied().unwrap_or(u64::MAX);
         let jobs = Path::new(&self.inner.jobs_dir).join(harness);
-        if let Ok(entries) = std::fs::read_dir(&jobs) {
+        for (dir, temporary_only) in [(jobs, false), (self.runs_dir(harness)?, true)] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let Some(id) = name.to_str().and_then(run_id_of_file) else {
+                let Some(name) = name.to_str() else {
                     continue;
                 };
-                if id < below && !kept.contains(&id) {
+                if temporary_only && !name.starts_with('.') {
+                    continue;
+                }
+                if let Some(id) = run_id_of_file(name)
+                    && id < below
+                    && !kept.contains(&id)
+                {
                     remove_if_present(&entry.path())?;
                 }
             }
@@ -457,8 +479,10 @@ fn pid_alive(pid: i32) -> bool {
     matches!(kill(Pid::from_raw(pid), None), Ok(()) | Err(Errno::EPERM))
 }
 
-/// The run id a jobs-directory file belongs to: `<run_id>.<anything>`.
+/// The run id a file belongs to: `<run_id>.<anything>`, or `.<run_id>.<anything>` for the
+/// temporary file of an atomic write that a crash left behind.
 fn run_id_of_file(name: &str) -> Option<u64> {
+    let name = name.strip_prefix('.').unwrap_or(name);
     let (id, rest) = name.split_once('.')?;
     if rest.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -605,9 +629,13 @@ mod tests {
                 .unwrap();
             planted.push(plant_files(&j, "fixer", id));
         }
-        // A log left without a record by an older daemon.
+        // A log left without a record by an older daemon, and temporary files a crash left.
         let orphan = j.run_log("fixer", 0);
         std::fs::write(&orphan, "x").unwrap();
+        let tmp_context = orphan.with_file_name(".2.relay.json.tmp.99.0");
+        std::fs::write(&tmp_context, "x").unwrap();
+        let tmp_record = dir.path().join("runs/fixer/.3.json.tmp.99.1");
+        std::fs::write(&tmp_record, "x").unwrap();
         // Another harness is not touched.
         j.write_record(&record("other", 1, RunOutcome::Failed))
             .unwrap();
@@ -627,7 +655,8 @@ mod tests {
                 assert_eq!(p.exists(), alive, "{}", p.display());
             }
         }
-        assert!(!orphan.exists());
+        assert!(!orphan.exists() && !tmp_context.exists() && !tmp_record.exists());
+        assert!(dir.path().join("runs/fixer/last_run_id").exists());
         assert!(other.log.exists() && j.record("other", 1).unwrap().is_some());
         assert!(
             j.prune("fixer", 2).unwrap().is_empty(),
@@ -641,8 +670,8 @@ mod tests {
         assert_eq!(j.records("fixer", 10).unwrap().len(), 1);
     }
 
-    #[test]
-    fn run_ids_continue_across_restarts_and_pruning() {
+    #[tokio::test]
+    async fn run_ids_continue_across_restarts_and_pruning() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path()).unwrap();
         assert_eq!(j.next_run_id("fixer").unwrap(), 1);
@@ -663,7 +692,8 @@ mod tests {
             "pruning never recycles an id"
         );
         // An older record rewritten late does not lower the mark.
-        j.write_record(&record("fixer", 2, RunOutcome::Success))
+        j.write_record_async(record("fixer", 2, RunOutcome::Success))
+            .await
             .unwrap();
         assert_eq!(j.next_run_id("fixer").unwrap(), 4);
     }

@@ -223,6 +223,11 @@ impl Check {
         self.group.clone()
     }
 
+    /// `KillCheck`: SIGKILL to the check's whole group.
+    pub fn kill(&self) -> Result<(), super::RunnerError> {
+        self.group.kill()
+    }
+
     /// Copies the output into the run log under the delimiter line and into the tail, waits
     /// for the check to exit, kills whatever it left running in its group, and yields
     /// `Input::CheckExited`. Dropping the future before then SIGKILLs the group.
