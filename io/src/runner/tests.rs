@@ -645,3 +645,112 @@ async fn a_hundred_runs_leave_no_task_behind() {
     })
     .await;
 }
+
+/// One whole attempt of a real machine against real processes: the context file, the agent
+/// (which dumps its environment and the context file into the log), the check, the report.
+/// No byte of the lease token reaches a file or a process environment.
+#[tokio::test]
+async fn a_real_attempt_keeps_the_token_out_of_files_and_processes() {
+    use relay_core::relay::{Capabilities, ReportVerb};
+    use relay_core::testing::relay::{Driver, claimed, settings, t0, with_check};
+    use relay_core::time::MINUTE;
+
+    const TOKEN: &str = "fence-T0K3N-9f8e7d-planted";
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = with_check(settings(), 10 * MINUTE, 30_000);
+    s.workdir = dir.path().display().to_string();
+    s.jobs_dir = dir.path().join("jobs").display().to_string();
+    s.argv = vec![
+        "sh".into(),
+        "-c".into(),
+        r#"env; cat "$HARNESS_RELAY_FILE"; cat; printf '{"summary":"agent says done"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE""#.into(),
+    ];
+    if let Some(check) = &mut s.success_check {
+        check.argv = vec!["sh".into(), "-c".into(), "env; echo green".into()];
+    }
+    let log = dir.path().join("jobs/fixer/1.log");
+    let mut d = Driver::new_with(s, Capabilities::full(true), 1, t0());
+
+    let mut pending = d.claim(claimed("td_1", 2, 5, Some(TOKEN)));
+    let mut report = None;
+    let mut steps = 0;
+    while let Some(cmd) = (!pending.is_empty()).then(|| pending.remove(0)) {
+        steps += 1;
+        assert!(steps < 100, "the attempt did not settle");
+        match cmd {
+            Command::WriteContextFile { path, bytes, .. } => {
+                write_context_file(&path, bytes).await.unwrap();
+            }
+            cmd @ Command::Spawn { .. } => {
+                let spec = AgentSpec::from_command(cmd, daemon(), log.clone()).unwrap();
+                let agent = spawn_agent(spec).expect("spawn");
+                pending.extend(d.input(Input::ProcessSpawned { run_id: 1 }));
+                let exited = within("the agent", agent.wait()).await;
+                pending.extend(d.input(exited));
+            }
+            cmd @ Command::RunCheck { .. } => {
+                let spec = CheckSpec::from_command(cmd, daemon(), log.clone()).unwrap();
+                let exited = within("the check", run_check(spec).expect("check").wait()).await;
+                pending.extend(d.input(exited));
+            }
+            Command::WarnRunLog { text, .. } => warn_run_log(&log, &text).await.unwrap(),
+            Command::SendReport {
+                verb,
+                summary,
+                lease_token,
+                ..
+            } => {
+                assert_eq!(
+                    lease_token.expose(),
+                    TOKEN,
+                    "the report carries it, in memory"
+                );
+                report = Some((verb, summary));
+            }
+            _ => {}
+        }
+    }
+    let (verb, summary) = report.expect("a report");
+    assert_eq!(verb, ReportVerb::Complete);
+    assert!(
+        summary.contains("agent says done") && summary.contains("green"),
+        "{summary}"
+    );
+
+    let text = log_of(&log);
+    assert!(
+        text.contains("HARNESS_TODO_ID=td_1"),
+        "the agent's environment is in the log"
+    );
+    assert!(text.contains("\"todo\""), "the context file is in the log");
+    assert!(text.contains("--- success check: sh (run 1) ---"));
+    assert!(
+        text.contains("HARNESS_AGENT_EXIT=0"),
+        "the check's environment is in the log"
+    );
+    assert!(
+        text.contains("Fix the CI failure"),
+        "the prompt reached stdin"
+    );
+    let mut files = vec![];
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p)
+            } else {
+                files.push(p)
+            }
+        }
+    }
+    assert!(files.len() >= 3, "{files:?}");
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        assert!(
+            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+            "{} holds the lease token",
+            f.display()
+        );
+    }
+}
