@@ -10,6 +10,8 @@ pub use relay_core as core;
 
 pub mod clock;
 pub mod daemon;
+pub mod journal;
+pub mod runner;
 pub mod store;
 
 /// Resolves on Ctrl-C or SIGTERM: the graceful-stop signal of `relay serve` and `relay daemon`.
