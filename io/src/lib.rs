@@ -9,4 +9,5 @@
 pub use relay_core as core;
 
 pub mod clock;
+pub mod lease;
 pub mod store;
