@@ -7,7 +7,7 @@ use std::time::Duration;
 use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
 use relay_core::error::ErrorCode;
 use relay_core::relay::{
-    Capabilities, ClaimedTodo, Command, Input, LeaseError, RequestId, ReportVerb,
+    Capabilities, ClaimedTodo, Command, Input, LeaseError, ReportVerb, RequestId,
     check_capabilities,
 };
 use relay_core::wire::ClaimOut;
@@ -140,8 +140,7 @@ fn rpc_failure(ep: &Endpoint, operation: &str, e: &RpcError) -> LeaseCallError {
     let (kind, hint) = match e {
         RpcError::Transport(_) | RpcError::Malformed(_) | RpcError::SessionGone => (
             LeaseError::Transport,
-            "check that the queue server is running and reachable at the source's url"
-                .to_string(),
+            "check that the queue server is running and reachable at the source's url".to_string(),
         ),
         RpcError::Status(s) if *s >= 500 => (
             LeaseError::Transport,
@@ -307,7 +306,9 @@ impl LeaseClient {
             };
             let (page, _) = self.ep.rpc(Some(session), "tools/list", params).await?;
             let Some(list) = page.get("tools").and_then(Value::as_array) else {
-                return Err(RpcError::Malformed("tools/list answered no tools array".into()));
+                return Err(RpcError::Malformed(
+                    "tools/list answered no tools array".into(),
+                ));
             };
             tools.extend(list.iter().cloned());
             match page.get("nextCursor").and_then(Value::as_str) {
@@ -414,7 +415,11 @@ impl LeaseClient {
         };
         self.supported_or(operation)?;
         let params = json!({"name": tool, "arguments": arguments});
-        match self.ep.rpc(Some(&session), "tools/call", params.clone()).await {
+        match self
+            .ep
+            .rpc(Some(&session), "tools/call", params.clone())
+            .await
+        {
             Err(RpcError::SessionGone) => {}
             r => return self.tool_result(operation, r, token),
         }
@@ -449,9 +454,10 @@ impl LeaseClient {
             .cloned()
             .or_else(|| {
                 // Servers without structured output put the same JSON in the first text block.
-                let text = result.get("content")?.as_array()?.iter().find_map(|c| {
-                    (c.get("type")? == "text").then(|| c.get("text")?.as_str())?
-                })?;
+                let text =
+                    result.get("content")?.as_array()?.iter().find_map(|c| {
+                        (c.get("type")? == "text").then(|| c.get("text")?.as_str())?
+                    })?;
                 serde_json::from_str::<Value>(text).ok()
             });
         let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
@@ -506,7 +512,13 @@ impl LeaseClient {
                 args.insert("require_fence".into(), json!(require_fence));
                 args.insert("claimant".into(), json!(claimant));
                 let r = self
-                    .call("claim_next", "claim_next", Value::Object(args), None, &mut news)
+                    .call(
+                        "claim_next",
+                        "claim_next",
+                        Value::Object(args),
+                        None,
+                        &mut news,
+                    )
                     .await
                     .and_then(|answer| self.decode_claim(*request, answer));
                 match r {

@@ -60,7 +60,9 @@ enum StreamEnd {
     /// The receiver of doorbells is gone: nobody listens any more.
     Closed,
     /// The stream ended or failed; `delivered` says whether it carried an event first.
-    Lost { delivered: bool },
+    Lost {
+        delivered: bool,
+    },
     /// The server no longer knows the session.
     SessionGone,
 }
@@ -201,7 +203,9 @@ impl DoorbellListener {
         doorbells: &mpsc::Sender<Doorbell>,
         stop: &mut watch::Receiver<bool>,
     ) -> StreamEnd {
-        let mut req = self.ep.request(Some(session), "text/event-stream", Vec::new());
+        let mut req = self
+            .ep
+            .request(Some(session), "text/event-stream", Vec::new());
         if let Some(id) = last_event_id.as_deref() {
             req.headers.push(("last-event-id".into(), id.to_string()));
         }

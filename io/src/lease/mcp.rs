@@ -66,7 +66,10 @@ pub(crate) enum RpcError {
     /// Not JSON, not JSON-RPC, or not the answer to our request.
     Malformed(String),
     /// A JSON-RPC error object.
-    Rpc { code: i64, message: String },
+    Rpc {
+        code: i64,
+        message: String,
+    },
 }
 
 impl RpcError {
@@ -101,9 +104,17 @@ impl Endpoint {
         }
     }
 
-    /// The resolved header values: never shown anywhere, masked out of any quoted text.
+    /// The resolved header values, and the credential part of a `Scheme credential` value on
+    /// its own (a server may quote just the token): never shown, masked out of quoted text.
     pub fn secret_values(&self) -> impl Iterator<Item = &str> {
-        self.headers.iter().map(|(_, v)| v.expose())
+        self.headers.iter().flat_map(|(_, v)| {
+            let value = v.expose();
+            let credential = value
+                .split_once(' ')
+                .map(|(_, rest)| rest.trim())
+                .filter(|rest| !rest.is_empty());
+            std::iter::once(value).chain(credential)
+        })
     }
 
     /// A redactor for text quoted from the server: the header values plus `extra` (a lease

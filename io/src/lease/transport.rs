@@ -358,7 +358,10 @@ impl tower::Service<http::Uri> for DialConnector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let host = uri.host().unwrap_or_default();
         // An IPv6 literal comes bracketed in the URI; dialers want it bare.
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let port = uri.port_u16().unwrap_or(80);
         let dial = self.0.clone();
         Box::pin(async move { Ok(Dialed(TokioIo::new(dial(host, port).await?))) })
