@@ -605,7 +605,12 @@ impl LeaseClient {
                     ),
                 }
             }
-            other => return Err(NotALeaseCall(format!("{other:?}"))),
+            other => {
+                // The variant's name only: other commands carry payloads and summaries.
+                let debug = format!("{other:?}");
+                let name = debug.split([' ', '{', '(']).next().unwrap_or_default();
+                return Err(NotALeaseCall(name.to_string()));
+            }
         };
         if let Some(e) = &error {
             tracing::warn!(source = %self.ep.source, operation = %e.operation, code = e.kind.code(), "{e}");

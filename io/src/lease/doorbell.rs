@@ -30,8 +30,8 @@ pub struct Doorbell {
     pub params: Value,
 }
 
-/// The backoff between reconnects: `initial`, doubling per failure up to `max`; back to
-/// `initial` after a stream that delivered an event.
+/// The backoff between reconnects: `initial`, doubling per failed attempt up to `max`; back to
+/// `initial` once a stream opens (a server that closes idle streams is not failing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     pub initial: Duration,
@@ -59,9 +59,9 @@ enum StreamEnd {
     Stopped,
     /// The receiver of doorbells is gone: nobody listens any more.
     Closed,
-    /// The stream ended or failed; `delivered` says whether it carried an event first.
+    /// The stream ended or failed; `opened` says whether the server had accepted it.
     Lost {
-        delivered: bool,
+        opened: bool,
     },
     /// The server no longer knows the session.
     SessionGone,
@@ -173,8 +173,8 @@ impl DoorbellListener {
                     // A forgotten session is not a failing server: re-initialize at once.
                     continue;
                 }
-                StreamEnd::Lost { delivered } => {
-                    if delivered {
+                StreamEnd::Lost { opened } => {
+                    if opened {
                         delay = self.backoff.initial;
                     }
                     if self.pause(&mut stop, &mut delay).await {
@@ -217,7 +217,7 @@ impl DoorbellListener {
             Ok(resp) => resp,
             Err(e) => {
                 tracing::warn!(source = %self.ep.source, "doorbell: the stream did not open: {e}");
-                return StreamEnd::Lost { delivered: false };
+                return StreamEnd::Lost { opened: false };
             }
         };
         match resp.status {
@@ -230,7 +230,7 @@ impl DoorbellListener {
                     "doorbell: the server refused the credential; check the source's \
                      Authorization header and the token in its env_file"
                 );
-                return StreamEnd::Lost { delivered: false };
+                return StreamEnd::Lost { opened: false };
             }
             status => {
                 tracing::warn!(
@@ -239,11 +239,10 @@ impl DoorbellListener {
                     "doorbell: the server answered the GET stream with HTTP {status}; check that \
                      the source's url is the server's /mcp/<endpoint> URL"
                 );
-                return StreamEnd::Lost { delivered: false };
+                return StreamEnd::Lost { opened: false };
             }
         }
         let mut parser = SseParser::new();
-        let mut delivered = false;
         loop {
             let chunk = tokio::select! {
                 _ = stopped(stop) => return StreamEnd::Stopped,
@@ -253,11 +252,11 @@ impl DoorbellListener {
                 Some(Ok(chunk)) => chunk,
                 Some(Err(e)) => {
                     tracing::info!(source = %self.ep.source, "doorbell: the stream broke: {e}; reconnecting");
-                    return StreamEnd::Lost { delivered };
+                    return StreamEnd::Lost { opened: true };
                 }
                 None => {
                     tracing::info!(source = %self.ep.source, "doorbell: the server closed the stream; reconnecting");
-                    return StreamEnd::Lost { delivered };
+                    return StreamEnd::Lost { opened: true };
                 }
             };
             for event in parser.push(&chunk) {
@@ -279,7 +278,6 @@ impl DoorbellListener {
                 if message.get("id").is_some() {
                     continue;
                 }
-                delivered = true;
                 let bell = Doorbell {
                     source: self.ep.source.clone(),
                     method: method.to_string(),

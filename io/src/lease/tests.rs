@@ -3,6 +3,7 @@
 //! counters, and the only timeouts are the clients' own, made short.
 
 use std::collections::{BTreeMap, VecDeque};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -155,17 +156,13 @@ impl Fake {
 
     fn client(&self, url: &str) -> LeaseClient {
         LeaseClient::new(
-            url_source(),
+            "queue.ci",
             url,
             auth(),
             Arc::new(ReqwestTransport::new().unwrap()),
         )
         .with_timeout(Duration::from_millis(500))
     }
-}
-
-fn url_source() -> &'static str {
-    "queue.ci"
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
@@ -862,7 +859,8 @@ async fn execute_refuses_commands_that_are_not_lease_calls() {
         Arc::new(HyperTransport::new()),
     );
     let cmd = Command::KillCheck { run_id: 1 };
-    assert!(client.execute(&cmd).await.is_err());
+    let e = client.execute(&cmd).await.expect_err("not a lease call");
+    assert_eq!(e, NotALeaseCall("KillCheck".into()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1117,5 +1115,45 @@ fn the_hyper_transport_runs_the_lease_client_over_turmoil() {
     assert_eq!(fake.lock().gets, 0);
 }
 
-#[allow(dead_code)]
-fn _unused(_: BTreeMap<(), ()>) {}
+// ---------------------------------------------------------------------------------------------
+// From the config
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_clients_are_built_from_a_resolved_config() {
+    use relay_core::config::{FileKind, Source, parse, resolve};
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let base = url.trim_end_matches("/mcp/e1");
+    let text = format!(
+        "[queue.ci]\nurl = \"{url}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\n\n\
+         [channel.bell]\nurl = \"{url}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\n\n\
+         [cairn.main]\nurl = \"{base}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\nttl = \"1h\"\n"
+    );
+    let config = parse(&Source::new("harness.toml", text), &[], FileKind::Global)
+        .expect("the config parses");
+    let env = BTreeMap::from([("ci.env".to_string(), "TOKEN=hdr-SECRET-456\n".to_string())]);
+    let resolved = resolve(&config, &env).expect("the headers resolve");
+    let transport: Arc<dyn Transport> = Arc::new(ReqwestTransport::new().unwrap());
+
+    let lease = LeaseClient::from_config(&resolved, "ci", transport.clone()).expect("queue.ci");
+    assert_eq!(lease.source_name(), "queue.ci");
+    lease.initialize().await.expect("initialize");
+    assert_eq!(fake.lock().posts[0].authorization.as_deref(), Some(HEADER));
+    assert!(!format!("{lease:?}").contains("hdr-SECRET"));
+
+    let receipts = ReceiptClient::from_config(&resolved, "main", transport.clone()).expect("cairn");
+    assert_eq!(receipts.source_name(), "cairn.main");
+    let input = receipts
+        .execute(&receipt_cmd(30_000), b"")
+        .await
+        .expect("a receipt command");
+    assert!(matches!(input, Input::ReceiptUploaded { .. }), "{input:?}");
+    assert_eq!(fake.lock().artifacts[0].1["ttl_seconds"], json!(3600));
+
+    assert!(DoorbellListener::from_config(&resolved, "bell", transport.clone()).is_some());
+    assert!(LeaseClient::from_config(&resolved, "nope", transport).is_none());
+}
