@@ -63,6 +63,16 @@ pub struct LeaseCallError {
     pub hint: String,
 }
 
+impl LeaseCallError {
+    /// The same failure, met while (re-)initializing for `operation`: the error names the
+    /// call the daemon asked for, and says which step failed.
+    fn during(mut self, operation: &str) -> LeaseCallError {
+        self.detail = format!("{}: {}", self.operation, self.detail);
+        self.operation = operation.to_string();
+        self
+    }
+}
+
 /// The answer to one lease command: the input for the machine, the session news to broadcast
 /// first, and the wrapped error behind a `*Failed` input, for the log.
 #[derive(Clone, Debug, PartialEq)]
@@ -409,7 +419,10 @@ impl LeaseClient {
         let (session, generation) = match self.current() {
             Some((s, g)) => (s, g),
             None => {
-                let (s, g, _) = self.renew(None, news).await?;
+                let (s, g, _) = self
+                    .renew(None, news)
+                    .await
+                    .map_err(|e| e.during(operation))?;
                 (s, g)
             }
         };
@@ -423,7 +436,10 @@ impl LeaseClient {
             Err(RpcError::SessionGone) => {}
             r => return self.tool_result(operation, r, token),
         }
-        let (session, _, _) = self.renew(Some(generation), news).await?;
+        let (session, _, _) = self
+            .renew(Some(generation), news)
+            .await
+            .map_err(|e| e.during(operation))?;
         self.supported_or(operation)?;
         match self.ep.rpc(Some(&session), "tools/call", params).await {
             Err(RpcError::SessionGone) => {

@@ -649,6 +649,11 @@ async fn refused_connections_and_timeouts_are_transport_errors() {
         let out = run(&client, claim_cmd(1)).await;
         assert_eq!(failed_with(&out), LeaseError::Transport);
         assert!(out.session.is_empty());
+        let text = out.error.expect("error").to_string();
+        assert!(
+            text.starts_with("queue.ci: claim_next failed: initialize: could not connect"),
+            "{text}"
+        );
     }
 
     // A server that never answers, and a short timeout.
