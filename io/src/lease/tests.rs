@@ -77,6 +77,8 @@ struct FakeState {
     replies: VecDeque<Reply>,
     posts: Vec<Seen>,
     gets: u32,
+    /// The session of every GET.
+    get_sessions: Vec<Option<String>>,
     streams: Vec<mpsc::UnboundedSender<Bytes>>,
     opened: watch::Sender<u32>,
     artifacts: Vec<(Option<String>, Value)>,
@@ -96,6 +98,7 @@ impl Fake {
             replies: VecDeque::new(),
             posts: Vec::new(),
             gets: 0,
+            get_sessions: Vec::new(),
             streams: Vec::new(),
             opened: watch::channel(0).0,
             artifacts: Vec::new(),
@@ -272,6 +275,7 @@ async fn mcp_get(State(fake): State<Fake>, headers: HeaderMap) -> Response {
     let session = header(&headers, "mcp-session-id");
     let mut s = fake.lock();
     s.gets += 1;
+    s.get_sessions.push(session.clone());
     if !session.is_some_and(|id| s.sessions.contains(&id)) {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -884,21 +888,21 @@ async fn opened(rx: &mut watch::Receiver<u32>, n: u32) {
 
 #[tokio::test]
 async fn the_doorbell_forwards_notifications_and_reconnects() {
+    doorbell_over(Arc::new(ReqwestTransport::new().unwrap())).await;
+    doorbell_over(Arc::new(HyperTransport::new())).await;
+}
+
+async fn doorbell_over(transport: Arc<dyn Transport>) {
     let fake = Fake::new();
     let url = fake.start().await;
     let mut streams = fake.lock().opened.subscribe();
     let (tx, mut rx) = mpsc::channel(8);
     let (stop_tx, stop) = watch::channel(false);
-    let listener = DoorbellListener::new(
-        "channel.bell",
-        &url,
-        auth(),
-        Arc::new(ReqwestTransport::new().unwrap()),
-    )
-    .with_backoff(Backoff {
-        initial: Duration::from_millis(5),
-        max: Duration::from_millis(20),
-    });
+    let listener =
+        DoorbellListener::new("channel.bell", &url, auth(), transport).with_backoff(Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(20),
+        });
     let task = listener.spawn(tx, stop);
 
     opened(&mut streams, 1).await;
@@ -1161,4 +1165,45 @@ async fn the_clients_are_built_from_a_resolved_config() {
 
     assert!(DoorbellListener::from_config(&resolved, "bell", transport.clone()).is_some());
     assert!(LeaseClient::from_config(&resolved, "nope", transport).is_none());
+}
+
+#[tokio::test]
+async fn sharing_a_url_the_only_get_stream_is_the_doorbells() {
+    let fake = Fake::new();
+    fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
+    let url = fake.start().await;
+    let transport: Arc<dyn Transport> = Arc::new(ReqwestTransport::new().unwrap());
+    let lease = LeaseClient::new("queue.ci", &url, auth(), transport.clone());
+    lease.initialize().await.expect("initialize");
+
+    let mut streams = fake.lock().opened.subscribe();
+    let (tx, _rx) = mpsc::channel(8);
+    let (stop_tx, stop) = watch::channel(false);
+    let task = DoorbellListener::new("channel.bell", &url, auth(), transport).spawn(tx, stop);
+    opened(&mut streams, 1).await;
+
+    let out = run(&lease, claim_cmd(1)).await;
+    assert!(matches!(out.input, Input::ClaimAnswered { .. }));
+    run(&lease, heartbeat_cmd(2)).await;
+    {
+        let s = fake.lock();
+        assert_eq!(s.gets, 1);
+        assert_eq!(
+            s.get_sessions,
+            [Some("sess-2".to_string())],
+            "the listener's session"
+        );
+        let lease_sessions: Vec<_> = s
+            .posts
+            .iter()
+            .filter(|p| p.method == "tools/call")
+            .map(|p| p.session.clone())
+            .collect();
+        assert_eq!(
+            lease_sessions,
+            [Some("sess-1".to_string()), Some("sess-1".to_string())]
+        );
+    }
+    stop_tx.send(true).expect("listener alive");
+    task.await.expect("listener ends cleanly");
 }
