@@ -22,7 +22,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// A boxed, `Send` future: what the object-safe [`Transport`] returns.
@@ -407,7 +407,10 @@ impl HyperTransport {
             let fut = dial(host, port);
             Box::pin(async move { Ok(Box::new(fut.await?) as Box<dyn DialedIo>) })
         });
-        let client = Client::builder(TokioExecutor::new()).build(DialConnector(dial));
+        // The timer lets the pool drop idle connections (after 90 s by default).
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(DialConnector(dial));
         HyperTransport { client }
     }
 
