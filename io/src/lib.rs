@@ -11,6 +11,7 @@ pub use relay_core as core;
 pub mod clock;
 pub mod daemon;
 pub mod journal;
+pub mod lease;
 pub mod runner;
 pub mod store;
 
