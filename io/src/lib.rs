@@ -4,9 +4,10 @@
 //! lease client, the daemon's processes and files. It never decides a lifecycle rule: every rule
 //! is a call into `relay_core`, so the simulator and the fuzz targets exercise the same logic.
 //!
-//! [`store`] is the queue store (SQLite and Postgres); the server and the daemon land next.
+//! [`store`] is the queue store (SQLite and Postgres); [`server`] is the MCP queue server.
 
 pub use relay_core as core;
 
 pub mod clock;
+pub mod server;
 pub mod store;
