@@ -4,6 +4,8 @@
 //! do, with a non-zero exit status (2 for a usage error).
 
 mod check_config;
+mod operator;
+mod serve;
 mod sim;
 
 use std::process::ExitCode;
@@ -15,6 +17,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    #[command(flatten)]
+    db: operator::DbOpt,
 }
 
 #[derive(Subcommand)]
@@ -23,12 +27,18 @@ enum Cmd {
     Sim(sim::Args),
     /// Validate a harness.toml (and the harness.d/ drop-ins beside it).
     CheckConfig(check_config::Args),
-    /// The queue server (MCP Streamable HTTP). Not built yet.
-    Serve,
-    /// Vend, list and revoke endpoints. Not built yet.
-    Endpoint,
-    /// Add, list, show, retry and cancel todos. Not built yet.
-    Todo,
+    /// The queue server (MCP Streamable HTTP at /mcp/<endpoint>, /metrics, /healthz).
+    Serve(serve::Args),
+    /// Vend, list and revoke endpoints.
+    Endpoint {
+        #[command(subcommand)]
+        cmd: operator::EndpointCmd,
+    },
+    /// Add, list, show, retry and cancel todos.
+    Todo {
+        #[command(subcommand)]
+        cmd: operator::TodoCmd,
+    },
     /// The supervisor daemon. Not built yet.
     Daemon,
     /// Fire a harness of the running daemon. Not built yet.
@@ -51,11 +61,11 @@ fn main() -> ExitCode {
     match cli.command {
         Cmd::Sim(args) => sim::run(args),
         Cmd::CheckConfig(args) => check_config::run(args),
+        Cmd::Serve(args) => serve::run(&cli.db, args),
+        Cmd::Endpoint { cmd } => operator::endpoint(&cli.db, cmd),
+        Cmd::Todo { cmd } => operator::todo(&cli.db, cmd),
         other => {
             let name = match other {
-                Cmd::Serve => "serve",
-                Cmd::Endpoint => "endpoint",
-                Cmd::Todo => "todo",
                 Cmd::Daemon => "daemon",
                 Cmd::Trigger => "trigger",
                 Cmd::Describe => "describe",

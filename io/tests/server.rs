@@ -782,12 +782,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     let r = c.request(reqwest::Method::DELETE).send().await.unwrap();
     assert_eq!(r.status(), 204);
     let end = tokio::time::timeout(BOUND, async {
-        loop {
-            match stream.chunk().await {
-                Ok(Some(_)) => continue,
-                _ => break,
-            }
-        }
+        while let Ok(Some(_)) = stream.chunk().await {}
     })
     .await;
     assert!(end.is_ok(), "the stream ends with its session");

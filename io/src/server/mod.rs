@@ -579,6 +579,22 @@ impl Server {
 /// How many pending todos [`Server::doorbell_once`] looks at per sweep.
 pub const PENDING_SCAN_LIMIT: usize = 10_000;
 
+/// A new todo id: `td_` and 10 random bytes from the OS RNG in hex (for `relay todo add`; the
+/// server draws its own from its possibly seeded source).
+pub fn new_todo_id() -> Result<String, Error> {
+    use rand::TryRng as _;
+    let mut b = [0u8; 10];
+    rand::rngs::SysRng.try_fill_bytes(&mut b).map_err(|e| {
+        Error::internal(format!(
+            "the operating system's random number generator failed ({e}); try again"
+        ))
+    })?;
+    Ok(format!(
+        "td_{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    ))
+}
+
 /// A new endpoint bearer token: 32 random bytes from the OS RNG, base64url without padding.
 /// Show it once; store only `TokenHash::of(token)`.
 pub fn new_bearer_token() -> Result<String, Error> {
