@@ -460,7 +460,7 @@ impl LeaseClient {
     fn tool_result(
         &self,
         operation: &str,
-        r: Result<(Value, super::transport::HttpResponse), RpcError>,
+        r: Result<(Value, Vec<(String, String)>), RpcError>,
         token: Option<&str>,
     ) -> CallResult {
         let (result, _) = r.map_err(|e| rpc_failure(&self.ep, operation, &e))?;

@@ -249,9 +249,24 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
                 axum::Json(rpc_answer(&id, tool_result(&answer, false))).into_response()
             }
             Reply::OkSse(answer) => {
+                // A notification first, then the answer, and the stream is never closed: the
+                // client must stop reading at its answer.
+                use futures_util::StreamExt as _;
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/progress"});
                 let data = rpc_answer(&id, tool_result(&answer, false));
-                let body = format!(": note\nevent: message\ndata: {data}\n\n");
-                ([("content-type", "text/event-stream")], body).into_response()
+                let events = vec![
+                    Ok::<_, std::convert::Infallible>(Bytes::from(format!(
+                        ": note\ndata: {note}\n\n"
+                    ))),
+                    Ok(Bytes::from(format!("event: message\ndata: {data}\n\n"))),
+                ];
+                let body =
+                    futures_util::stream::iter(events).chain(futures_util::stream::pending());
+                (
+                    [("content-type", "text/event-stream")],
+                    Body::from_stream(body),
+                )
+                    .into_response()
             }
             Reply::ToolError(code, message) => {
                 let answer = json!({"error": {"code": code, "message": message}});
