@@ -1098,7 +1098,7 @@ impl axum::serve::Listener for SimListener {
 }
 
 #[test]
-fn the_hyper_transport_runs_the_lease_client_over_turmoil() {
+fn the_hyper_transport_runs_the_lease_client_and_the_doorbell_over_turmoil() {
     let fake = Fake::new();
     fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
     let mut sim = turmoil::Builder::new().build();
@@ -1134,9 +1134,33 @@ fn the_hyper_transport_runs_the_lease_client_over_turmoil() {
         );
         Ok(())
     });
+    let bells = fake.clone();
+    sim.client("listener", async move {
+        let transport = HyperTransport::with_dialer(|host, port| {
+            turmoil::net::TcpStream::connect((host, port))
+        });
+        let mut streams = bells.lock().opened.subscribe();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = DoorbellListener::new(
+            "channel.bell",
+            "http://server:8080/mcp/e1",
+            auth(),
+            Arc::new(transport),
+        )
+        .spawn(tx, stop);
+        opened(&mut streams, 1).await;
+        let stream = bells.lock().streams.last().cloned().expect("a stream");
+        stream.send(bell(1)).map_err(|e| e.to_string())?;
+        let got = rx.recv().await.ok_or("no doorbell")?;
+        assert_eq!(got.method, "notifications/todo_ready");
+        stop_tx.send(true).map_err(|e| e.to_string())?;
+        task.await.map_err(|e| e.to_string())?;
+        Ok(())
+    });
     sim.run().expect("the simulation runs clean");
     assert_eq!(fake.count("tools/call"), 1);
-    assert_eq!(fake.lock().gets, 0);
+    assert_eq!(fake.lock().gets, 1, "the listener's stream only");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! The HTTP seam under the lease client, the doorbell listener and the receipt client.
 //!
-//! [`Transport`] is one POST (URL, headers, JSON body, timeout → status, headers, body) and one
+//! [`Transport`] is one POST (URL, headers, JSON body, timeout → status, headers, body), the
+//! same POST with its answer read as it arrives (an MCP answer framed as SSE), and one
 //! streaming GET (the doorbell's SSE stream). [`ReqwestTransport`] is the production one (rustls
 //! with ring, https and http); [`HyperTransport`] is hyper-util's client over a pluggable dialer,
 //! plain http only, so that the same clients run over `turmoil::net::TcpStream` in a simulated
