@@ -148,9 +148,18 @@ impl std::fmt::Debug for LeaseClient {
 /// The wrapped error for an [`RpcError`].
 fn rpc_failure(ep: &Endpoint, operation: &str, e: &RpcError) -> LeaseCallError {
     let (kind, hint) = match e {
-        RpcError::Transport(_) | RpcError::Malformed(_) | RpcError::SessionGone => (
+        RpcError::Transport(_) => (
             LeaseError::Transport,
             "check that the queue server is running and reachable at the source's url".to_string(),
+        ),
+        RpcError::Malformed(_) => (
+            LeaseError::Transport,
+            "check that the source's url points at a relay queue server's /mcp/<endpoint>"
+                .to_string(),
+        ),
+        RpcError::SessionGone => (
+            LeaseError::Transport,
+            "the server expired a session it had just opened; see the server's log".to_string(),
         ),
         RpcError::Status(s) if *s >= 500 => (
             LeaseError::Transport,
@@ -460,7 +469,7 @@ impl LeaseClient {
     fn tool_result(
         &self,
         operation: &str,
-        r: Result<(Value, super::transport::HttpResponse), RpcError>,
+        r: Result<(Value, Vec<(String, String)>), RpcError>,
         token: Option<&str>,
     ) -> CallResult {
         let (result, _) = r.map_err(|e| rpc_failure(&self.ep, operation, &e))?;

@@ -11,8 +11,12 @@ use relay_core::config::Secret;
 use relay_core::relay::Redactor;
 use serde_json::{Value, json};
 
-use super::sse::parse_sse;
-use super::transport::{HttpRequest, HttpResponse, Transport, TransportError};
+use futures_util::StreamExt;
+
+use super::sse::SseParser;
+use super::transport::{
+    HttpRequest, MAX_RESPONSE_BYTES, StreamResponse, Transport, TransportError,
+};
 
 /// The protocol revision asked for; the server's answer decides the one used.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
@@ -148,22 +152,24 @@ impl Endpoint {
         }
     }
 
-    fn check_status(&self, session: Option<&Session>, resp: &HttpResponse) -> Result<(), RpcError> {
-        match resp.status {
+    fn check_status(&self, session: Option<&Session>, status: u16) -> Result<(), RpcError> {
+        match status {
             200..=299 => Ok(()),
-            401 | 403 => Err(RpcError::Unauthorized(resp.status)),
+            401 | 403 => Err(RpcError::Unauthorized(status)),
             404 if session.is_some_and(|s| s.id.is_some()) => Err(RpcError::SessionGone),
             s => Err(RpcError::Status(s)),
         }
     }
 
-    /// One JSON-RPC request; its `result`.
+    /// One JSON-RPC request: its `result` and the answer's headers. The whole exchange is
+    /// bounded by the timeout; an answer framed as an SSE stream is read only until the event
+    /// that carries it.
     pub async fn rpc(
         &self,
         session: Option<&Session>,
         method: &str,
         params: Value,
-    ) -> Result<(Value, HttpResponse), RpcError> {
+    ) -> Result<(Value, Vec<(String, String)>), RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let req = self.request(
@@ -171,13 +177,19 @@ impl Endpoint {
             "application/json, text/event-stream",
             body.to_string().into_bytes(),
         );
-        let resp = self
-            .transport
-            .post(req)
+        let exchange = async {
+            let resp = self
+                .transport
+                .post_stream(req)
+                .await
+                .map_err(RpcError::Transport)?;
+            self.check_status(session, resp.status)?;
+            let answer = read_answer(resp, id).await?;
+            Ok::<_, RpcError>(answer)
+        };
+        let (answer, headers) = tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(RpcError::Transport)?;
-        self.check_status(session, &resp)?;
-        let answer = answer_for(&resp, id)?;
+            .map_err(|_| RpcError::Transport(TransportError::Timeout(self.timeout)))??;
         if let Some(err) = answer.get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
             let message = err
@@ -190,7 +202,7 @@ impl Endpoint {
             });
         }
         match answer.get("result") {
-            Some(result) => Ok((result.clone(), resp)),
+            Some(result) => Ok((result.clone(), headers)),
             None => Err(RpcError::Malformed(
                 "neither result nor error in the answer".into(),
             )),
@@ -210,7 +222,7 @@ impl Endpoint {
             .post(req)
             .await
             .map_err(RpcError::Transport)?;
-        self.check_status(session, &resp)
+        self.check_status(session, resp.status)
     }
 
     /// `initialize` (advertising no capabilities at all, so no `claude/channel`) and then
@@ -221,9 +233,12 @@ impl Endpoint {
             "capabilities": {},
             "clientInfo": {"name": "relay", "version": env!("CARGO_PKG_VERSION")},
         });
-        let (result, resp) = self.rpc(None, "initialize", params).await?;
+        let (result, headers) = self.rpc(None, "initialize", params).await?;
         let session = Session {
-            id: resp.header("mcp-session-id").map(str::to_string),
+            id: headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("mcp-session-id"))
+                .map(|(_, v)| v.clone()),
             protocol_version: result
                 .get("protocolVersion")
                 .and_then(Value::as_str)
@@ -247,20 +262,48 @@ impl Endpoint {
     }
 }
 
-/// The JSON-RPC answer with id `id` in a 2xx response: the JSON body, or the SSE event that
-/// carries it when the server answered as a stream.
-fn answer_for(resp: &HttpResponse, id: u64) -> Result<Value, RpcError> {
+/// The JSON-RPC answer with id `id` in a 2xx response, and the response's headers: the JSON
+/// body, or the SSE event that carries it when the server answered as a stream (whatever the
+/// stream carries before it, notifications or pings, is passed over).
+async fn read_answer(
+    resp: StreamResponse,
+    id: u64,
+) -> Result<(Value, Vec<(String, String)>), RpcError> {
     let is_stream = resp
         .header("content-type")
         .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
-    if !is_stream {
-        return serde_json::from_slice(&resp.body)
-            .map_err(|e| RpcError::Malformed(format!("not JSON: {e}")));
+    let StreamResponse {
+        headers, mut body, ..
+    } = resp;
+    if is_stream {
+        let mut parser = SseParser::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(RpcError::Transport)?;
+            let answer = parser
+                .push(&chunk)
+                .into_iter()
+                .filter(|e| e.event.as_deref().is_none_or(|t| t == "message"))
+                .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+                .find(|v| v.get("id").and_then(Value::as_u64) == Some(id));
+            if let Some(answer) = answer {
+                return Ok((answer, headers));
+            }
+        }
+        return Err(RpcError::Malformed(
+            "the event stream ended without the answer".into(),
+        ));
     }
-    parse_sse(&resp.body)
-        .into_iter()
-        .filter(|e| e.event.as_deref().is_none_or(|t| t == "message"))
-        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
-        .find(|v| v.get("id").and_then(Value::as_u64) == Some(id))
-        .ok_or_else(|| RpcError::Malformed("the event stream did not carry the answer".into()))
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(RpcError::Transport)?;
+        if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(RpcError::Transport(TransportError::TooLarge(
+                MAX_RESPONSE_BYTES,
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let answer = serde_json::from_slice(&bytes)
+        .map_err(|e| RpcError::Malformed(format!("not JSON: {e}")))?;
+    Ok((answer, headers))
 }

@@ -249,9 +249,24 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
                 axum::Json(rpc_answer(&id, tool_result(&answer, false))).into_response()
             }
             Reply::OkSse(answer) => {
+                // A notification first, then the answer, and the stream is never closed: the
+                // client must stop reading at its answer.
+                use futures_util::StreamExt as _;
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/progress"});
                 let data = rpc_answer(&id, tool_result(&answer, false));
-                let body = format!(": note\nevent: message\ndata: {data}\n\n");
-                ([("content-type", "text/event-stream")], body).into_response()
+                let events = vec![
+                    Ok::<_, std::convert::Infallible>(Bytes::from(format!(
+                        ": note\ndata: {note}\n\n"
+                    ))),
+                    Ok(Bytes::from(format!("event: message\ndata: {data}\n\n"))),
+                ];
+                let body =
+                    futures_util::stream::iter(events).chain(futures_util::stream::pending());
+                (
+                    [("content-type", "text/event-stream")],
+                    Body::from_stream(body),
+                )
+                    .into_response()
             }
             Reply::ToolError(code, message) => {
                 let answer = json!({"error": {"code": code, "message": message}});
@@ -1083,7 +1098,7 @@ impl axum::serve::Listener for SimListener {
 }
 
 #[test]
-fn the_hyper_transport_runs_the_lease_client_over_turmoil() {
+fn the_hyper_transport_runs_the_lease_client_and_the_doorbell_over_turmoil() {
     let fake = Fake::new();
     fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
     let mut sim = turmoil::Builder::new().build();
@@ -1119,9 +1134,33 @@ fn the_hyper_transport_runs_the_lease_client_over_turmoil() {
         );
         Ok(())
     });
+    let bells = fake.clone();
+    sim.client("listener", async move {
+        let transport = HyperTransport::with_dialer(|host, port| {
+            turmoil::net::TcpStream::connect((host, port))
+        });
+        let mut streams = bells.lock().opened.subscribe();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = DoorbellListener::new(
+            "channel.bell",
+            "http://server:8080/mcp/e1",
+            auth(),
+            Arc::new(transport),
+        )
+        .spawn(tx, stop);
+        opened(&mut streams, 1).await;
+        let stream = bells.lock().streams.last().cloned().expect("a stream");
+        stream.send(bell(1)).map_err(|e| e.to_string())?;
+        let got = rx.recv().await.ok_or("no doorbell")?;
+        assert_eq!(got.method, "notifications/todo_ready");
+        stop_tx.send(true).map_err(|e| e.to_string())?;
+        task.await.map_err(|e| e.to_string())?;
+        Ok(())
+    });
     sim.run().expect("the simulation runs clean");
     assert_eq!(fake.count("tools/call"), 1);
-    assert_eq!(fake.lock().gets, 0);
+    assert_eq!(fake.lock().gets, 1, "the listener's stream only");
 }
 
 // ---------------------------------------------------------------------------------------------

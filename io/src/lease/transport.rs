@@ -1,6 +1,7 @@
 //! The HTTP seam under the lease client, the doorbell listener and the receipt client.
 //!
-//! [`Transport`] is one POST (URL, headers, JSON body, timeout → status, headers, body) and one
+//! [`Transport`] is one POST (URL, headers, JSON body, timeout → status, headers, body), the
+//! same POST with its answer read as it arrives (an MCP answer framed as SSE), and one
 //! streaming GET (the doorbell's SSE stream). [`ReqwestTransport`] is the production one (rustls
 //! with ring, https and http); [`HyperTransport`] is hyper-util's client over a pluggable dialer,
 //! plain http only, so that the same clients run over `turmoil::net::TcpStream` in a simulated
@@ -141,6 +142,15 @@ pub trait Transport: Send + Sync + 'static {
     /// POSTs `req.body`, bounded by `req.timeout` end to end.
     fn post(&self, req: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>>;
 
+    /// POSTs `req.body` and hands back the answer once its headers are in (bounded by
+    /// `req.timeout`); the caller reads the body as it arrives and bounds that itself. An MCP
+    /// server may answer a POST with an SSE stream that it closes late (or never): the client
+    /// stops reading once its answer is in.
+    fn post_stream(
+        &self,
+        req: HttpRequest,
+    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>>;
+
     /// GETs `req.url` and hands back the answer once its headers are in (bounded by
     /// `req.timeout`); the body is then read without a deadline, as long as the server keeps
     /// the stream open.
@@ -265,14 +275,36 @@ impl Transport for ReqwestTransport {
         })
     }
 
+    fn post_stream(
+        &self,
+        req: HttpRequest,
+    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+        self.stream(reqwest::Method::POST, req)
+    }
+
     fn get_stream(
         &self,
         req: HttpRequest,
     ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
-        let built = self.build(reqwest::Method::GET, &req);
+        self.stream(reqwest::Method::GET, req)
+    }
+}
+
+impl ReqwestTransport {
+    fn stream(
+        &self,
+        method: reqwest::Method,
+        req: HttpRequest,
+    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+        let post = method == reqwest::Method::POST;
+        let built = self.build(method, &req);
         let timeout = req.timeout;
         Box::pin(async move {
-            let resp = tokio::time::timeout(timeout, built?.send())
+            let mut builder = built?;
+            if post {
+                builder = builder.body(req.body);
+            }
+            let resp = tokio::time::timeout(timeout, builder.send())
                 .await
                 .map_err(|_| TransportError::Timeout(timeout))?
                 .map_err(|e| reqwest_error(e, timeout))?;
@@ -495,13 +527,32 @@ impl Transport for HyperTransport {
         })
     }
 
+    fn post_stream(
+        &self,
+        req: HttpRequest,
+    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+        let body = req.body.clone();
+        self.stream(http::Method::POST, req, body)
+    }
+
     fn get_stream(
         &self,
         req: HttpRequest,
     ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+        self.stream(http::Method::GET, req, Vec::new())
+    }
+}
+
+impl HyperTransport {
+    fn stream(
+        &self,
+        method: http::Method,
+        req: HttpRequest,
+        body: Vec<u8>,
+    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
         let client = self.client.clone();
         let timeout = req.timeout;
-        let built = HyperTransport::build(http::Method::GET, &req, Vec::new());
+        let built = HyperTransport::build(method, &req, body);
         Box::pin(async move {
             let resp = tokio::time::timeout(timeout, client.request(built?))
                 .await
