@@ -276,12 +276,14 @@ async fn up(dir: &Path) -> Result<(), String> {
     write(&dir.join("quickstart.env"), &format!("RELAY_TOKEN={token}\n"), 0o600)?;
     let config_path = dir.join("harness.toml");
     write(&config_path, &config(&endpoint_url), 0o644)?;
+    let transport = relay_io::lease::ReqwestTransport::new()
+        .map_err(|e| format!("the HTTP client did not start: {e}"))?;
     let opts = DaemonOptions {
         config: config_path,
         state_dir: dir.join("state"),
         host: "quickstart".into(),
         clock: clock.clone(),
-        transport: relay_io::lease::default_transport(),
+        transport: Arc::new(transport),
         daemon_env: std::env::vars().collect(),
         seed: rand::random(),
     };

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::config::{FileKind, Harness};
-use relay_core::relay::{self, Capabilities, Command, Input, Relay, RunOutcome, Signal, StopReason};
+use relay_core::relay::{self, Capabilities, Command, Input, Relay, RunOutcome, StopReason};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
@@ -68,12 +68,6 @@ pub enum Msg {
         request: control::Request,
         reply: oneshot::Sender<Value>,
     },
-    /// An agent process started; its group receives the run's signals.
-    Started {
-        harness: String,
-        run_id: u64,
-        group: ProcessGroup,
-    },
     /// Stop: abort attempts in flight (release or fail them), then return.
     Stop,
 }
@@ -109,10 +103,8 @@ struct Slot {
     /// Process groups of running agents and checks, by run.
     agents: BTreeMap<u64, ProcessGroup>,
     checks: BTreeMap<u64, ProcessGroup>,
-    /// A signal asked for before the agent's group was known (it is sent on `Started`).
-    pending_signal: BTreeMap<u64, Signal>,
-    /// The context file of a run, written by the spawn's task just before the spawn.
-    context: BTreeMap<u64, (String, Vec<u8>)>,
+    /// Runs whose context file could not be written: their spawn fails with this error.
+    unwritable: BTreeMap<u64, String>,
     /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
     tasks: BTreeMap<u64, Vec<AbortHandle>>,
 }
@@ -227,8 +219,7 @@ impl Daemon {
                     next_fire,
                     agents: BTreeMap::new(),
                     checks: BTreeMap::new(),
-                    pending_signal: BTreeMap::new(),
-                    context: BTreeMap::new(),
+                    unwritable: BTreeMap::new(),
                     tasks: BTreeMap::new(),
                 },
             );
@@ -413,11 +404,7 @@ impl Daemon {
                 }
             }
             Msg::Control { request, reply } => self.control(request, reply),
-            Msg::Started {
-                harness,
-                run_id,
-                group,
-            } => self.started(&harness, run_id, group),
+
             Msg::Stop => {
                 self.stopping = true;
                 let names: Vec<String> = self.slots.keys().cloned().collect();
@@ -525,20 +512,19 @@ impl Daemon {
             | Command::SendHeartbeat { .. }
             | Command::SendReport { .. } => self.lease_call(harness, cmd),
             Command::WriteContextFile { run_id, path, bytes } => {
-                self.slot(harness).context.insert(run_id, (path, bytes));
+                // Written before the next command runs: the check before the spawn and the
+                // agent both read it.
+                if let Err(e) = runner::write_context_file_now(&path, &bytes) {
+                    let error = format!("the context file was not written: {e}");
+                    self.slot(harness).unwritable.insert(run_id, error);
+                }
             }
             Command::Spawn { .. } => self.spawn(harness, cmd),
             Command::Signal { run_id, signal } => {
-                let slot = self.slot(harness);
-                match slot.agents.get(&run_id) {
-                    Some(group) => {
-                        if let Err(e) = group.signal(signal) {
-                            tracing::warn!(harness, run_id, error = %e, "signal not delivered");
-                        }
-                    }
-                    None => {
-                        slot.pending_signal.insert(run_id, signal);
-                    }
+                if let Some(group) = self.slot(harness).agents.get(&run_id)
+                    && let Err(e) = group.signal(signal)
+                {
+                    tracing::warn!(harness, run_id, error = %e, "signal not delivered");
                 }
             }
             Command::RunCheck { .. } => {
@@ -604,8 +590,7 @@ impl Daemon {
                     let slot = self.slot(harness);
                     slot.agents.remove(&run_id);
                     slot.checks.remove(&run_id);
-                    slot.pending_signal.remove(&run_id);
-                    slot.context.remove(&run_id);
+                    slot.unwritable.remove(&run_id);
                     for task in slot.tasks.remove(&run_id).unwrap_or_default() {
                         task.abort();
                     }
@@ -659,60 +644,33 @@ impl Daemon {
         self.track(harness, run_id, task.abort_handle());
     }
 
-    /// Writes the context file (0600) and starts the agent, on a task: the actor never waits
-    /// for a disk or a fork. The group comes back as [`Msg::Started`] before the exit does.
+    /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
+    /// task that posts the exit.
     fn spawn(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
+        if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
+            self.post(harness, Input::SpawnFailed { run_id, error });
+            return;
+        }
         let log = self.run_log(harness, run_id);
-        let context = self.slot(harness).context.remove(&run_id);
         let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
             return;
         };
-        let tx = self.tx.clone();
-        let h = harness.to_string();
-        let task = tokio::spawn(async move {
-            if let Some((path, bytes)) = context
-                && let Err(e) = runner::write_context_file(&path, bytes).await
-            {
-                let error = format!("the context file was not written: {e}");
-                let _ = tx.send(Msg::ToHarness {
-                    harness: h,
-                    input: Input::SpawnFailed { run_id, error },
-                });
-                return;
-            }
-            match runner::spawn_agent(spec) {
-                Ok(agent) => {
-                    let _ = tx.send(Msg::Started {
-                        harness: h.clone(),
-                        run_id,
-                        group: agent.group(),
-                    });
-                    let input = agent.wait().await;
+        match runner::spawn_agent(spec) {
+            Ok(agent) => {
+                self.slot(harness).agents.insert(run_id, agent.group());
+                // Queued before the wait starts, so the machine hears of the spawn before the
+                // exit of a process that ends at once.
+                self.post(harness, Input::ProcessSpawned { run_id });
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = agent.deliver(move |input| {
                     let _ = tx.send(Msg::ToHarness { harness: h, input });
-                }
-                Err(e) => {
-                    let _ = tx.send(Msg::ToHarness {
-                        harness: h,
-                        input: e.into(),
-                    });
-                }
+                });
+                self.track(harness, run_id, task.abort_handle());
             }
-        });
-        self.track(harness, run_id, task.abort_handle());
-    }
-
-    fn started(&mut self, harness: &str, run_id: u64, group: ProcessGroup) {
-        let Some(slot) = self.slots.get_mut(harness) else {
-            return;
-        };
-        if let Some(signal) = slot.pending_signal.remove(&run_id)
-            && let Err(e) = group.signal(signal)
-        {
-            tracing::warn!(harness, run_id, error = %e, "signal not delivered");
+            Err(e) => self.post(harness, e.into()),
         }
-        slot.agents.insert(run_id, group);
-        self.input(harness, Input::ProcessSpawned { run_id });
     }
 
     fn track(&mut self, harness: &str, run_id: u64, task: AbortHandle) {

@@ -91,6 +91,18 @@ pub async fn write_context_file(path: impl AsRef<Path>, bytes: Vec<u8>) -> Resul
     .await
 }
 
+/// [`write_context_file`] without a blocking-pool hop, for a caller that must have the file on
+/// disk before its next step (the daemon's actor starts the check or the agent that reads it
+/// right after; the file is a few KiB).
+pub fn write_context_file_now(path: impl AsRef<Path>, bytes: &[u8]) -> Result<(), RunnerError> {
+    let path = path.as_ref();
+    write_private_atomic(path, bytes).map_err(|source| RunnerError::Io {
+        op: "write the context file",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// `WarnRunLog`: appends `relay: warning: <text>` to the run log, one such line per line of
 /// `text`, creating the log when missing.
 pub async fn warn_run_log(path: impl AsRef<Path>, text: &str) -> Result<(), RunnerError> {

@@ -49,7 +49,9 @@ use std::path::{Path, PathBuf};
 
 pub use agent::{Agent, AgentSpec, spawn_agent};
 pub use check::{CHECK_TAIL_BYTES, Check, CheckSpec, run_check};
-pub use files::{TAIL_MAX_BYTES, run_log_tail, warn_run_log, write_context_file};
+pub use files::{
+    TAIL_MAX_BYTES, run_log_tail, warn_run_log, write_context_file, write_context_file_now,
+};
 pub(crate) use files::{create_dirs, write_private_atomic};
 pub use group::ProcessGroup;
 
