@@ -796,6 +796,14 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
     let mut c = h.mcp("ci", &token);
     c.init().await;
     let session = c.session.clone().unwrap();
+    // An open doorbell stream must not hold shutdown up.
+    let mut stream = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
 
     // A request whose body is still arriving when shutdown begins.
     let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
@@ -833,6 +841,11 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
         .unwrap()
         .unwrap();
     assert_eq!(h.snapshot().await.len(), 1, "the in-flight add committed");
+    let ended = tokio::time::timeout(BOUND, async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the doorbell stream ended with the server");
     // And nothing is accepted any more.
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
 }
