@@ -2,7 +2,8 @@
 //! authentication, the JSON-RPC and transport edges, the doorbell, graceful shutdown, the
 //! Host/Origin checks, metrics and healthz.
 //!
-//! Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
+//! The store is SQLite in memory, or Postgres with `RELAY_SERVER_TEST_DB=postgres` (see
+//! `open_store`). Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
 //! timeout only as a failure bound.
 
 use std::sync::Arc;
@@ -33,6 +34,58 @@ struct Harness {
     http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The Postgres schema this test ran in, dropped with the harness.
+    pg_schema: Option<(String, String)>,
+}
+
+/// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
+/// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
+async fn open_store() -> (Store, Option<(String, String)>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    if std::env::var("RELAY_SERVER_TEST_DB").as_deref() == Ok("postgres") {
+        let url = std::env::var("RELAY_TEST_POSTGRES")
+            .expect("RELAY_SERVER_TEST_DB=postgres needs RELAY_TEST_POSTGRES=postgres://…");
+        let name = format!(
+            "srv_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let store = relay_io::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
+            .await
+            .unwrap();
+        return (Store::Postgres(store), Some((url, name)));
+    }
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    (store, None)
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let Some((url, name)) = self.pg_schema.take() else {
+            return;
+        };
+        // A runtime of its own on a thread of its own: this runs inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 impl Harness {
@@ -42,9 +95,7 @@ impl Harness {
     }
 
     async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
-        let store = Store::open("sqlite::memory:", LedgerConfig::default())
-            .await
-            .unwrap();
+        let (store, pg_schema) = open_store().await;
         let clock = ManualClock::new(T0);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -74,6 +125,7 @@ impl Harness {
             http: client(),
             stop: Some(stop),
             served: Some(served),
+            pg_schema,
         }
     }
 
