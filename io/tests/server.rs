@@ -984,3 +984,16 @@ async fn metrics_and_healthz() {
     }
     assert!(!text.contains(&lease) && !text.contains(&token));
 }
+
+#[tokio::test]
+async fn a_seeded_server_issues_replayable_session_ids() {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let h = Harness::start().await;
+        let token = h.endpoint("ci", ALL_VERBS, None).await;
+        let mut c = h.mcp("ci", &token);
+        c.init().await;
+        ids.push(c.session.clone().unwrap());
+    }
+    assert_eq!(ids[0], ids[1], "same seed, same session ids");
+}
