@@ -554,6 +554,13 @@ async fn a_wrong_token_unknown_or_revoked_endpoint_is_401() {
     h.store.endpoint_revoke(T0, "ci").await.unwrap();
     let (status, _) = c.rpc("tools/list", json!({})).await;
     assert_eq!(status, 401);
+    assert_eq!(h.server.session_count(), 1);
+    h.server.doorbell_once(T0).await.unwrap();
+    assert_eq!(
+        h.server.session_count(),
+        0,
+        "the sweep ends a revoked endpoint's sessions"
+    );
     assert_eq!(h.snapshot().await, before);
 }
 
