@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 #[derive(Args, Clone, Debug)]
 pub struct DbOpt {
     /// The queue store: sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB.
-    #[arg(long, global = true, env = "RELAY_DB", default_value = DEFAULT_DB)]
+    // hide_env_values: a Postgres URL may carry a password; `--help` must not print it.
+    #[arg(long, global = true, env = "RELAY_DB", hide_env_values = true, default_value = DEFAULT_DB)]
     pub db: String,
 }
 

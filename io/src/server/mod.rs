@@ -451,17 +451,29 @@ impl Server {
         Ok(requeued)
     }
 
-    /// The doorbell's own sweep at `now`: forgets idle sessions, rings owed rings whose window
+    /// The doorbell's own sweep at `now`: forgets idle sessions and those of revoked endpoints
+    /// (ending their streams), rings owed rings whose window
     /// has passed, and rings for todos that became pending outside this server (`relay todo add`
     /// and `relay todo retry` write the store directly). The scan reads the oldest
     /// [`PENDING_SCAN_LIMIT`] pending todos; newer ones ring when they reach that window.
     pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
+        // Sessions of revoked endpoints end here (their requests are refused 401 already, but
+        // an open doorbell stream would otherwise keep the session alive).
+        let live: BTreeSet<String> = self
+            .inner
+            .store
+            .endpoint_list()
+            .await?
+            .into_iter()
+            .filter(|e| e.revoked_at.is_none())
+            .map(|e| e.name)
+            .collect();
         {
             let mut st = lock(&self.inner.state);
             let expired: Vec<String> = st
                 .sessions
                 .iter()
-                .filter(|(_, s)| self.session_expired(s, now))
+                .filter(|(_, s)| self.session_expired(s, now) || !live.contains(&s.endpoint))
                 .map(|(id, _)| id.clone())
                 .collect();
             for id in expired {
