@@ -42,7 +42,7 @@ impl Drop for Proc {
 }
 
 struct Server {
-    _proc: Proc,
+    proc: Option<Proc>,
     url: String,
     db: String,
 }
@@ -66,10 +66,15 @@ impl Server {
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
             .to_string();
         Server {
-            _proc: Proc(child),
+            proc: Some(Proc(child)),
             url,
             db,
         }
+    }
+
+    /// Kills the server (the store file stays).
+    fn stop(&mut self) {
+        self.proc.take();
     }
 
     fn cli(&self, args: &[&str]) -> String {
@@ -638,4 +643,41 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     d.stop();
     let last = s.server.attempts(&id);
     assert_eq!(last[0]["outcome"], "released", "{last:?}");
+}
+
+#[test]
+fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_deadline() {
+    let mut s = Setup::new();
+    // Every second's firing is recorded (skipped: the server is gone); keep them all.
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "hang on", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        s.out.join(format!("started.{id}")).exists().then_some(())
+    });
+    // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
+    // shows now is the one it acts on.
+    s.server.stop();
+    let (ok, out) = d.cli(&["describe", "w1", "--json"]);
+    assert!(ok, "{out}");
+    let described: Value = serde_json::from_str(&out).expect("json");
+    let deadline = described[0]["relay"]["attempt"]["lease_deadline"]
+        .as_str()
+        .and_then(relay_core::time::parse_rfc3339)
+        .unwrap_or_else(|| panic!("no lease deadline in {described}"));
+    let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
+        std::fs::read_to_string(s.out.join(format!("term.{id}"))).ok()
+    });
+    let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
+    assert!(
+        term_ms + 50 >= deadline && term_ms <= deadline + 1000,
+        "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
+    );
+    let run = wait_for("the closed run", Duration::from_secs(30), || {
+        let runs = d.runs("w1");
+        runs.into_iter()
+            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
+    });
+    assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
+    d.stop();
 }

@@ -627,9 +627,7 @@ impl Daemon {
             let Ok(outcome) = client.execute(&cmd).await else {
                 return;
             };
-            if let Some(e) = &outcome.error {
-                tracing::warn!(harness = %h, run_id, "{e}");
-            }
+            // The client has logged any error, with its source and operation.
             for news in outcome.session {
                 let _ = tx.send(Msg::Session {
                     source: source.clone(),
