@@ -21,7 +21,9 @@ async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_100_attempts_the_task_count_returns_to_its_baseline() {
     let system = inproc::System::start();
-    let config = system.config(10, &["true"], "schedule = \"@every 1s\"").await;
+    let config = system
+        .config(10, &["true"], "schedule = \"@every 1s\"")
+        .await;
     let (daemon, handle) = system.daemon(&config).await;
     let running = tokio::spawn(daemon.run());
     let metrics = tokio::runtime::Handle::current().metrics();

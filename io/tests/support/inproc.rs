@@ -19,7 +19,14 @@ pub struct System {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-const VERBS: [&str; 6] = ["claim_next", "heartbeat", "complete", "fail", "release", "list_todos"];
+const VERBS: [&str; 6] = [
+    "claim_next",
+    "heartbeat",
+    "complete",
+    "fail",
+    "release",
+    "list_todos",
+];
 
 impl System {
     /// Starts the server on a thread with its own runtime; blocks until it listens.
@@ -35,12 +42,19 @@ impl System {
                 .build()
                 .expect("server runtime");
             rt.block_on(async move {
-                let store = Store::open(&db, LedgerConfig::default()).await.expect("store");
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let store = Store::open(&db, LedgerConfig::default())
+                    .await
+                    .expect("store");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
                 let addr = listener.local_addr().expect("addr");
                 let clock = Arc::new(SystemClock);
-                let server = Server::new(store.clone(), clock, ServerConfig::for_listen(addr), None);
-                ready_tx.send((store, format!("http://{addr}"))).expect("ready");
+                let server =
+                    Server::new(store.clone(), clock, ServerConfig::for_listen(addr), None);
+                ready_tx
+                    .send((store, format!("http://{addr}")))
+                    .expect("ready");
                 let stopped = tokio::task::spawn_blocking(move || {
                     let _ = stop_rx.recv();
                 });
