@@ -4,12 +4,13 @@
 //! lease client, the daemon's processes and files. It never decides a lifecycle rule: every rule
 //! is a call into `relay_core`, so the simulator and the fuzz targets exercise the same logic.
 //!
-//! [`store`] is the queue store (SQLite and Postgres); the server and the daemon land next.
+//! [`store`] is the queue store (SQLite and Postgres); [`server`] is the MCP queue server.
 
 pub use relay_core as core;
 
 pub mod clock;
 pub mod daemon;
+pub mod server;
 pub mod store;
 
 /// Resolves on Ctrl-C or SIGTERM: the graceful-stop signal of `relay serve` and `relay daemon`.

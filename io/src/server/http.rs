@@ -1,0 +1,491 @@
+//! The HTTP side: routes, authentication, the Host/Origin checks, the body limit, sessions over
+//! headers, the doorbell's GET stream, `/metrics` and `/healthz`.
+
+// The refusal *is* the response to send; boxing it would only add an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use relay_core::ledger::TokenHash;
+use serde_json::{Value, json};
+
+use super::Server;
+use super::rpc::{self, Reply};
+use crate::store::Endpoint;
+
+pub(crate) const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
+pub(crate) const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// The Host/Origin policy as a value (the config's two lists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPolicy {
+    pub allowed_hosts: Vec<String>,
+    pub allowed_origins: Vec<String>,
+}
+
+/// The host name of a `Host` header value or an origin's authority, without port or brackets.
+fn host_name(authority: &str) -> String {
+    let a = authority.trim();
+    let name = if let Some(rest) = a.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        a.rsplit_once(':').map_or(a, |(h, _)| h)
+    };
+    name.to_ascii_lowercase()
+}
+
+/// Whether a `Host` header is allowed (empty list: any).
+pub fn host_allowed(policy: &HostPolicy, host: Option<&str>) -> bool {
+    if policy.allowed_hosts.is_empty() {
+        return true;
+    }
+    let Some(host) = host else {
+        return false;
+    };
+    let name = host_name(host);
+    policy
+        .allowed_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(&name))
+}
+
+/// Whether an `Origin` header is allowed: absent is fine (not a browser); present, it must be
+/// listed, or its host must be an allowed host. `null` is never allowed.
+pub fn origin_allowed(policy: &HostPolicy, origin: Option<&str>) -> bool {
+    let Some(origin) = origin else {
+        return true;
+    };
+    if policy.allowed_origins.iter().any(|o| {
+        o.trim_end_matches('/')
+            .eq_ignore_ascii_case(origin.trim_end_matches('/'))
+    }) {
+        return true;
+    }
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    let name = host_name(authority);
+    !policy.allowed_hosts.is_empty()
+        && policy
+            .allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&name))
+}
+
+pub(crate) fn router(server: Server) -> Router {
+    Router::new()
+        .route(
+            "/mcp/{endpoint}",
+            get(mcp_get).post(mcp_post).delete(mcp_delete),
+        )
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            server.clone(),
+            count_in_flight,
+        ))
+        .with_state(server)
+}
+
+async fn count_in_flight(State(server): State<Server>, req: Request, next: Next) -> Response {
+    server.inner.in_flight.send_modify(|n| *n += 1);
+    let response = next.run(req).await;
+    server
+        .inner
+        .in_flight
+        .send_modify(|n| *n = n.saturating_sub(1));
+    response
+}
+
+async fn healthz(State(server): State<Server>) -> Response {
+    // Healthy means the store answers.
+    match server.inner.store.endpoint_get("").await {
+        Ok(_) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "healthz: the store does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store unavailable: {}\n", e.message),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn metrics(State(server): State<Server>) -> Response {
+    use relay_core::ledger::{Actor, TodoFilter, TodoState};
+    for state in TodoState::ALL {
+        let filter = TodoFilter {
+            queues: None,
+            state: Some(*state),
+            limit: usize::MAX,
+        };
+        match server
+            .inner
+            .store
+            .list_todos(&Actor::Operator, &filter)
+            .await
+        {
+            Ok(todos) => server.inner.metrics.set_todos(state.as_str(), todos.len()),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: counting todos failed");
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("store unavailable: {}\n", e.message),
+                )
+                    .into_response();
+            }
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        server.inner.metrics.encode(),
+    )
+        .into_response()
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A JSON-RPC error outside a tool result, with an HTTP status.
+pub(crate) fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Response {
+    json_response(
+        status,
+        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+    )
+}
+
+fn unauthorized(what: &str) -> Response {
+    let mut r = rpc_error(
+        StatusCode::UNAUTHORIZED,
+        Value::Null,
+        -32001,
+        &format!(
+            "unauthorized: {what}; send `Authorization: Bearer <token>` with the token printed by \
+             `relay endpoint create`"
+        ),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"relay\""),
+    );
+    r
+}
+
+fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
+async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+    let policy = HostPolicy {
+        allowed_hosts: server.inner.config.allowed_hosts.clone(),
+        allowed_origins: server.inner.config.allowed_origins.clone(),
+    };
+    if !host_allowed(&policy, header_str(headers, header::HOST)) {
+        tracing::warn!(endpoint = %name, "refused: Host header not allowed");
+        return Err(rpc_error(
+            StatusCode::FORBIDDEN,
+            Value::Null,
+            -32600,
+            "forbidden: the Host header names a host this server does not serve (DNS rebinding \
+             protection); connect by a loopback name or add the host to the allowed hosts",
+        ));
+    }
+    if !origin_allowed(&policy, header_str(headers, header::ORIGIN)) {
+        tracing::warn!(endpoint = %name, "refused: Origin header not allowed");
+        return Err(rpc_error(
+            StatusCode::FORBIDDEN,
+            Value::Null,
+            -32600,
+            "forbidden: the Origin header is not allowed; browsers may call this server only \
+             from an allowed origin",
+        ));
+    }
+    let presented = header_str(headers, header::AUTHORIZATION).and_then(|v| {
+        let (scheme, token) = v.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_string())
+    });
+    let Some(token) = presented.filter(|t| !t.is_empty()) else {
+        return Err(unauthorized("no bearer token"));
+    };
+    let hash = TokenHash::of(&token);
+    let endpoint = match server.inner.store.endpoint_get(name).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(endpoint = %name, error = %e, "store error while authenticating");
+            return Err(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32603,
+                "the store is unavailable; try again shortly",
+            ));
+        }
+    };
+    match endpoint {
+        Some(e) if e.revoked_at.is_none() && e.token_matches(&hash) => Ok(e),
+        _ => {
+            // One answer for an unknown endpoint, a revoked one and a wrong token.
+            tracing::info!(endpoint = %name, "refused: unknown endpoint, revoked, or wrong token");
+            Err(unauthorized(
+                "the endpoint is unknown or revoked, or the token is wrong",
+            ))
+        }
+    }
+}
+
+/// What a request's session headers say, checked. `Err` is the response to send.
+pub(crate) fn check_session(
+    server: &Server,
+    endpoint: &str,
+    headers: &HeaderMap,
+    id: &Value,
+) -> Result<String, Response> {
+    let Some(session) = header_str(headers, SESSION_HEADER) else {
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            id.clone(),
+            -32600,
+            "missing Mcp-Session-Id header; send `initialize` first and repeat the session id \
+             it answers on every later request",
+        ));
+    };
+    if let Some(v) = header_str(headers, VERSION_HEADER)
+        && !super::PROTOCOL_VERSIONS.contains(&v)
+    {
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            id.clone(),
+            -32600,
+            &format!(
+                "unsupported MCP-Protocol-Version {v:?}; this server speaks {}",
+                super::PROTOCOL_VERSIONS.join(", ")
+            ),
+        ));
+    }
+    if !server.touch_session(session, endpoint) {
+        return Err(rpc_error(
+            StatusCode::NOT_FOUND,
+            id.clone(),
+            -32001,
+            "session not found or expired; send `initialize` again for a new session",
+        ));
+    }
+    Ok(session.to_string())
+}
+
+async fn mcp_post(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let endpoint = match admit(&server, &name, &headers).await {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    let limit = server.inner.config.body_limit;
+    let too_big = || {
+        tracing::info!(endpoint = %name, limit, "refused: request body over the limit");
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Value::Null,
+            -32600,
+            &format!(
+                "request body larger than {limit} bytes; nothing was changed. Send a smaller \
+                 request (store large inputs elsewhere and pass a reference)"
+            ),
+        )
+    };
+    let declared = header_str(&headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_big();
+    }
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if over {
+                return too_big();
+            }
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                -32700,
+                "the request body could not be read; send it again",
+            );
+        }
+    };
+    let message = match rpc::parse(&bytes) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    match rpc::handle(&server, &endpoint, &headers, message).await {
+        Reply::Accepted => StatusCode::ACCEPTED.into_response(),
+        Reply::Json {
+            status,
+            body,
+            session,
+        } => {
+            let mut r = json_response(status, &body);
+            if let Some(s) = session
+                && let Ok(v) = HeaderValue::from_str(&s)
+            {
+                r.headers_mut().insert(SESSION_HEADER, v);
+            }
+            r
+        }
+        Reply::Raw(r) => r,
+    }
+}
+
+async fn mcp_get(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admit(&server, &name, &headers).await {
+        return r;
+    }
+    let accepts_sse = header_str(&headers, header::ACCEPT)
+        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
+    if !accepts_sse {
+        return rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            Value::Null,
+            -32600,
+            "GET opens the session's doorbell stream; send `Accept: text/event-stream`",
+        );
+    }
+    let session = match check_session(&server, &name, &headers, &Value::Null) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let rx = match server.open_stream(&session) {
+        Ok(rx) => rx,
+        Err(true) => {
+            return rpc_error(
+                StatusCode::CONFLICT,
+                Value::Null,
+                -32600,
+                "this session already has an open stream; use that one (one stream per session)",
+            );
+        }
+        Err(false) => {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                Value::Null,
+                -32001,
+                "session not found or expired; send `initialize` again for a new session",
+            );
+        }
+    };
+    tracing::info!(endpoint = %name, "doorbell stream opened");
+    let shutdown = server.inner.shutdown.subscribe();
+    let stream =
+        futures_util::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
+            let msg = tokio::select! {
+                m = rx.recv() => m,
+                _ = shutdown.wait_for(|v| *v) => None,
+            };
+            msg.map(|m| {
+                (
+                    Ok::<Event, Infallible>(Event::default().data(m)),
+                    (rx, shutdown),
+                )
+            })
+        });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+async fn mcp_delete(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admit(&server, &name, &headers).await {
+        return r;
+    }
+    let Some(session) = header_str(&headers, SESSION_HEADER) else {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            Value::Null,
+            -32600,
+            "missing Mcp-Session-Id header: name the session to end",
+        );
+    };
+    if server.end_session(session, &name) {
+        tracing::info!(endpoint = %name, "session ended by the client");
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        rpc_error(
+            StatusCode::NOT_FOUND,
+            Value::Null,
+            -32001,
+            "session not found or expired; nothing to end",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback() -> HostPolicy {
+        HostPolicy {
+            allowed_hosts: LOOPBACK_HOSTS.iter().map(|s| s.to_string()).collect(),
+            allowed_origins: vec!["https://app.example".into()],
+        }
+    }
+
+    #[test]
+    fn hosts_are_matched_by_name_without_port() {
+        let p = loopback();
+        assert!(host_allowed(&p, Some("127.0.0.1:7070")));
+        assert!(host_allowed(&p, Some("LOCALHOST")));
+        assert!(host_allowed(&p, Some("[::1]:80")));
+        assert!(!host_allowed(&p, Some("evil.example:7070")));
+        assert!(!host_allowed(&p, None));
+        let open = HostPolicy {
+            allowed_hosts: vec![],
+            allowed_origins: vec![],
+        };
+        assert!(host_allowed(&open, Some("anything")));
+    }
+
+    #[test]
+    fn origins_must_be_listed_or_on_an_allowed_host() {
+        let p = loopback();
+        assert!(origin_allowed(&p, None));
+        assert!(origin_allowed(&p, Some("http://localhost:5173")));
+        assert!(origin_allowed(&p, Some("https://app.example")));
+        assert!(!origin_allowed(&p, Some("https://evil.example")));
+        assert!(!origin_allowed(&p, Some("null")));
+    }
+}

@@ -1,0 +1,105 @@
+//! The server's Prometheus metrics (OpenMetrics text at `GET /metrics`).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use relay_core::ledger::{Disposition, Outcome};
+
+type Labels = Vec<(String, String)>;
+
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) todos: Family<Labels, Gauge>,
+    pub(crate) attempts_closed: Family<Labels, Counter>,
+    pub(crate) claim_latency: Histogram,
+    pub(crate) heartbeats: Counter,
+    pub(crate) tool_calls: Family<Labels, Counter>,
+    pub(crate) doorbell_rings: Counter,
+    pub(crate) sessions: Gauge,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("relay");
+        let todos = Family::<Labels, Gauge>::default();
+        registry.register(
+            "todos",
+            "Todos in the store by state, counted when scraped",
+            todos.clone(),
+        );
+        let attempts_closed = Family::<Labels, Counter>::default();
+        registry.register(
+            "attempts_closed",
+            "Attempts this server closed, by outcome and disposition",
+            attempts_closed.clone(),
+        );
+        // 0.5 ms to ~4 s: an SQLite claim is well under a millisecond, a remote Postgres one a
+        // few; the tail shows lock waits.
+        let claim_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "claim_latency_seconds",
+            "Time a claim or claim_next spent in the store",
+            claim_latency.clone(),
+        );
+        let heartbeats = Counter::default();
+        registry.register("heartbeats", "Heartbeats accepted", heartbeats.clone());
+        let tool_calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "tools/call requests by tool and result (ok or the error code)",
+            tool_calls.clone(),
+        );
+        let doorbell_rings = Counter::default();
+        registry.register(
+            "doorbell_rings",
+            "notifications/todo_ready sent on session streams",
+            doorbell_rings.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register("sessions", "Live MCP sessions", sessions.clone());
+        Metrics {
+            registry,
+            todos,
+            attempts_closed,
+            claim_latency,
+            heartbeats,
+            tool_calls,
+            doorbell_rings,
+            sessions,
+        }
+    }
+
+    pub(crate) fn closed(&self, outcome: Outcome, disposition: Disposition) {
+        self.attempts_closed
+            .get_or_create(&vec![
+                ("outcome".to_string(), outcome.as_str().to_string()),
+                ("disposition".to_string(), disposition.as_str().to_string()),
+            ])
+            .inc();
+    }
+
+    pub(crate) fn tool_call(&self, tool: &str, result: &str) {
+        self.tool_calls
+            .get_or_create(&vec![
+                ("tool".to_string(), tool.to_string()),
+                ("result".to_string(), result.to_string()),
+            ])
+            .inc();
+    }
+
+    pub(crate) fn set_todos(&self, state: &str, n: usize) {
+        self.todos
+            .get_or_create(&vec![("state".to_string(), state.to_string())])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
