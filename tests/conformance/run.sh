@@ -71,11 +71,12 @@ baseline="$work/baseline.yml"
 { echo "server:"; grep -v '^\s*\(#\|$\)' "$here/expected-failures.txt" | awk '{print "  - " $1}' | sort -u; } >"$baseline"
 
 set +e
-(cd "$work" && "$suite" server --url "$proxy/mcp/conformance" --output-dir "$work/results" \
+(cd "$work" && NO_COLOR=1 FORCE_COLOR=0 "$suite" server --url "$proxy/mcp/conformance" --output-dir "$work/results" \
     --expected-failures "$baseline") >"$work/suite.log" 2>&1
 suite_status=$?
 set -e
-sed -n '/=== SUMMARY ===/,$p' "$work/suite.log"
+# The suite's per-scenario summary, without its "Total:" line (compare.py's line is the verdict).
+sed -n '/=== SUMMARY ===/,$p' "$work/suite.log" | grep -v '^Total:' || true
 
 status=0
 python3 "$here/compare.py" "$work/results" "$here/expected-failures.txt" || status=1
