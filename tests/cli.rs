@@ -161,3 +161,326 @@ fn a_saved_plan_replays_the_same_violation_and_a_shrunk_one_the_same_invariant()
     );
     std::fs::remove_file(&path).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The queue server and the operator commands.
+// ---------------------------------------------------------------------------------------------
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("relay-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run_db(db: &str, args: &[&str]) -> (i32, String, String) {
+    let out = relay()
+        .args(args)
+        .env("RELAY_DB", db)
+        .output()
+        .expect("run relay");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+fn one_line_error(code: i32, err: &str, needle: &str) {
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains(needle), "{needle:?} in {err}");
+}
+
+#[test]
+fn endpoint_and_todo_commands_round_trip_on_sqlite() {
+    let dir = temp_dir("operator");
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+
+    // create: the token, one line, shown once; `--db` and RELAY_DB both name the store.
+    let (code, token, err) = run(&[
+        "--db",
+        &db,
+        "endpoint",
+        "create",
+        "ci",
+        "--verbs",
+        "claim_next,complete,list_todos",
+        "--queues",
+        "ci,ops",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(token.lines().count(), 1);
+    assert!(token.trim().len() >= 43, "{token}");
+    let (code, _, err) = run_db(&db, &["endpoint", "create", "ci", "--verbs", "claim"]);
+    one_line_error(code, &err, "exists");
+    let (code, _, err) = run_db(&db, &["endpoint", "create", "x", "--verbs", "claim,fly"]);
+    one_line_error(code, &err, "\"fly\"");
+
+    let (code, out, _) = run_db(&db, &["endpoint", "list", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["endpoints"][0]["name"], "ci");
+    assert_eq!(
+        v["endpoints"][0]["queues"],
+        serde_json::json!(["ci", "ops"])
+    );
+    assert!(
+        !out.contains(token.trim()),
+        "the token is never shown again"
+    );
+
+    // todo add / list / show / cancel / retry.
+    let (code, id, err) = run_db(
+        &db,
+        &[
+            "todo",
+            "add",
+            "--endpoint",
+            "ci",
+            "--queue",
+            "ci",
+            "--title",
+            "fix the build",
+            "--payload",
+            r#"{"pr": 7}"#,
+            "--max-attempts",
+            "3",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let id = id.trim().to_string();
+    assert!(id.starts_with("td_"), "{id}");
+    let (code, _, err) = run_db(
+        &db,
+        &[
+            "todo",
+            "add",
+            "--endpoint",
+            "ci",
+            "--queue",
+            "elsewhere",
+            "--title",
+            "x",
+        ],
+    );
+    one_line_error(code, &err, "not granted");
+    let (code, _, err) = run_db(
+        &db,
+        &[
+            "todo",
+            "add",
+            "--endpoint",
+            "ci",
+            "--queue",
+            "ci",
+            "--title",
+            "x",
+            "--payload",
+            "{",
+        ],
+    );
+    one_line_error(code, &err, "--payload");
+    let (code, _, err) = run_db(
+        &db,
+        &[
+            "todo",
+            "add",
+            "--endpoint",
+            "nobody",
+            "--queue",
+            "ci",
+            "--title",
+            "x",
+        ],
+    );
+    one_line_error(code, &err, "relay endpoint list");
+
+    let (code, out, _) = run_db(&db, &["todo", "list", "--json", "--endpoint", "ci"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["todos"][0]["id"], id.as_str());
+    assert_eq!(v["todos"][0]["payload"]["pr"], 7);
+    let (_, out, _) = run_db(&db, &["todo", "list", "--state", "done", "--json"]);
+    assert_eq!(out.trim(), r#"{"todos":[]}"#);
+    let (code, _, err) = run_db(&db, &["todo", "list", "--state", "lost"]);
+    one_line_error(code, &err, "--state");
+    let (code, out, _) = run_db(&db, &["todo", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&id) && out.contains("fix the build"), "{out}");
+
+    let (code, out, _) = run_db(&db, &["todo", "cancel", &id]);
+    assert_eq!(code, 0);
+    assert_eq!(out.trim(), format!("{id}: canceled"));
+    let (code, _, err) = run_db(&db, &["todo", "cancel", &id]);
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, out, _) = run_db(&db, &["todo", "retry", &id]);
+    assert_eq!(code, 0);
+    assert_eq!(out.trim(), format!("{id}: pending"));
+
+    let (code, out, _) = run_db(&db, &["todo", "show", &id, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["todo"]["state"], "pending");
+    assert_eq!(v["todo"]["endpoint"], "ci");
+    assert_eq!(v["attempts"], serde_json::json!([]));
+    let (code, out, _) = run_db(&db, &["todo", "show", &id]);
+    assert_eq!(code, 0);
+    assert!(out.contains("attempts (newest first)"), "{out}");
+    let (code, _, err) = run_db(&db, &["todo", "show", "td_missing"]);
+    one_line_error(code, &err, "relay todo list");
+
+    // revoke, then again.
+    let (code, out, _) = run_db(&db, &["endpoint", "revoke", "ci"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("revoked ci"), "{out}");
+    let (code, _, err) = run_db(&db, &["endpoint", "revoke", "ci"]);
+    one_line_error(code, &err, "already revoked");
+    let (_, out, _) = run_db(&db, &["endpoint", "list"]);
+    assert!(out.contains("revoked"), "{out}");
+
+    // A database URL the store does not know.
+    let (code, _, err) = run(&["--db", "mysql://x", "todo", "list"]);
+    one_line_error(code, &err, "sqlite:PATH");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One HTTP/1.1 exchange over a fresh connection: (status, headers, body).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+#[test]
+fn serve_prints_its_address_serves_mcp_and_stops_gracefully_on_sigterm() {
+    use std::io::BufRead;
+    let dir = temp_dir("serve");
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+    let (_, token, _) = run_db(
+        &db,
+        &["endpoint", "create", "ci", "--verbs", "claim_next,complete"],
+    );
+    let token = token.trim().to_string();
+    let (_, id, _) = run_db(
+        &db,
+        &[
+            "todo",
+            "add",
+            "--endpoint",
+            "ci",
+            "--queue",
+            "ci",
+            "--title",
+            "t",
+        ],
+    );
+    let id = id.trim().to_string();
+
+    let mut child = relay()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RELAY_DB", &db)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    assert!(!addr.ends_with(":0"), "{addr}");
+
+    let (status, _, body) = http(&addr, "GET", "/healthz", &[], "");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let auth = format!("Bearer {token}");
+    let (status, head, _) = http(
+        &addr,
+        "POST",
+        "/mcp/ci",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#,
+    );
+    assert_eq!(status, 200);
+    let session = head
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    let (status, _, body) = http(
+        &addr,
+        "POST",
+        "/mcp/ci",
+        &[("Authorization", &auth), ("Mcp-Session-Id", &session)],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"claim_next","arguments":{}}}"#,
+    );
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["result"]["structuredContent"]["todo"]["id"], id.as_str());
+    let (status, _, _) = http(
+        &addr,
+        "POST",
+        "/mcp/ci",
+        &[("Authorization", "Bearer wrong")],
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+    );
+    assert_eq!(status, 401);
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("relay serve stops on SIGTERM")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let logs = String::from_utf8(out.stderr).unwrap();
+    assert!(logs.contains("stopped"), "{logs}");
+    assert!(!logs.contains(&token), "no token in logs");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_an_address_it_cannot_bind_in_one_line() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (code, out, err) = run(&["--db", "sqlite::memory:", "serve", "--listen", &addr]);
+    assert!(out.is_empty());
+    one_line_error(code, &err, "--listen");
+}

@@ -128,12 +128,16 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
     init_logs();
     let rt = runtime();
     rt.block_on(async move {
+        let transport = match relay_io::lease::ReqwestTransport::new() {
+            Ok(t) => Arc::new(t),
+            Err(e) => return fail(format!("the HTTP client did not start: {e}")),
+        };
         let opts = DaemonOptions {
             config,
             state_dir: args.state.state_dir(),
             host: host_name(),
             clock: Arc::new(SystemClock),
-            transport: relay_io::lease::default_transport(),
+            transport,
             daemon_env: std::env::vars().collect(),
             seed: rand::random(),
         };

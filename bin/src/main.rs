@@ -4,7 +4,11 @@
 //! do, with a non-zero exit status (2 for a usage error).
 
 mod check_config;
+mod daemon;
+mod operator;
+mod serve;
 mod sim;
+mod up;
 
 use std::process::ExitCode;
 
@@ -15,6 +19,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    #[command(flatten)]
+    db: operator::DbOpt,
 }
 
 #[derive(Subcommand)]
@@ -23,24 +29,30 @@ enum Cmd {
     Sim(sim::Args),
     /// Validate a harness.toml (and the harness.d/ drop-ins beside it).
     CheckConfig(check_config::Args),
-    /// The queue server (MCP Streamable HTTP). Not built yet.
-    Serve,
-    /// Vend, list and revoke endpoints. Not built yet.
-    Endpoint,
-    /// Add, list, show, retry and cancel todos. Not built yet.
-    Todo,
-    /// The supervisor daemon. Not built yet.
-    Daemon,
-    /// Fire a harness of the running daemon. Not built yet.
-    Trigger,
-    /// Describe a harness of the running daemon. Not built yet.
-    Describe,
-    /// List a harness's runs. Not built yet.
-    Runs,
-    /// Check the daemon's sources. Not built yet.
-    Doctor,
-    /// The quick start: server, daemon and sample work on embedded SQLite. Not built yet.
-    Up,
+    /// The queue server (MCP Streamable HTTP at /mcp/<endpoint>, /metrics, /healthz).
+    Serve(serve::Args),
+    /// Vend, list and revoke endpoints.
+    Endpoint {
+        #[command(subcommand)]
+        cmd: operator::EndpointCmd,
+    },
+    /// Add, list, show, retry and cancel todos.
+    Todo {
+        #[command(subcommand)]
+        cmd: operator::TodoCmd,
+    },
+    /// The supervisor daemon: runs the leased harnesses of a harness.toml.
+    Daemon(daemon::DaemonArgs),
+    /// Fire a harness of the running daemon now.
+    Trigger(daemon::HarnessArgs),
+    /// Show a leased harness of the running daemon: its source, session and attempt in flight.
+    Describe(daemon::DescribeArgs),
+    /// List a harness's runs, newest first (read from the state dir).
+    Runs(daemon::RunsArgs),
+    /// Check the running daemon's lease sources and bindings.
+    Doctor(daemon::DoctorArgs),
+    /// The quick start: server, daemon and sample work on embedded SQLite, until drained.
+    Up(up::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,23 +63,15 @@ fn main() -> ExitCode {
     match cli.command {
         Cmd::Sim(args) => sim::run(args),
         Cmd::CheckConfig(args) => check_config::run(args),
-        other => {
-            let name = match other {
-                Cmd::Serve => "serve",
-                Cmd::Endpoint => "endpoint",
-                Cmd::Todo => "todo",
-                Cmd::Daemon => "daemon",
-                Cmd::Trigger => "trigger",
-                Cmd::Describe => "describe",
-                Cmd::Runs => "runs",
-                Cmd::Doctor => "doctor",
-                _ => "up",
-            };
-            eprintln!(
-                "relay: `{name}` is not built yet in this version; see README.md for what works today"
-            );
-            ExitCode::from(2)
-        }
+        Cmd::Serve(args) => serve::run(&cli.db, args),
+        Cmd::Endpoint { cmd } => operator::endpoint(&cli.db, cmd),
+        Cmd::Todo { cmd } => operator::todo(&cli.db, cmd),
+        Cmd::Daemon(args) => daemon::daemon(args),
+        Cmd::Trigger(args) => daemon::trigger(args),
+        Cmd::Describe(args) => daemon::describe(args),
+        Cmd::Runs(args) => daemon::runs(args),
+        Cmd::Doctor(args) => daemon::doctor(args),
+        Cmd::Up(args) => up::run(args),
     }
 }
 

@@ -14,11 +14,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use relay_core::ledger::{Actor, ClaimOpts, LedgerConfig, NewTodo, TodoFilter, TodoState};
+use relay_core::ledger::{
+    Actor, ClaimOpts, LedgerConfig, NewTodo, TodoFilter, TodoState, TokenHash,
+};
 use relay_core::time::SECOND;
 use relay_io::clock::{Clock, SystemClock};
 use relay_io::daemon::{Daemon, DaemonOptions};
-use relay_io::store::Store;
+use relay_io::server::{Server, ServerConfig, new_bearer_token};
+use relay_io::store::{NewEndpoint, Store};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -197,18 +200,38 @@ async fn up(dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot open {db}: {e}"))?;
 
     // The server, on a port of its own choosing.
-    let (url, server_stop) = relay_io::server::spawn_local(store.clone(), clock.clone())
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(|e| format!("the queue server did not start: {e}"))?;
-    let token = relay_io::server::create_endpoint(
-        &store,
-        clock.now(),
-        ENDPOINT,
-        &VERBS.map(String::from),
-        Some(vec![QUEUE.to_string()]),
-    )
-    .await
-    .map_err(|e| format!("cannot vend the sample endpoint: {e}"))?;
+        .map_err(|e| format!("cannot listen on loopback: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let url = format!("http://{bound}");
+    let server = Server::new(
+        store.clone(),
+        clock.clone(),
+        ServerConfig::for_listen(bound),
+        None,
+    );
+    let (server_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let token = new_bearer_token().map_err(|e| e.to_string())?;
+    store
+        .endpoint_create(
+            clock.now(),
+            NewEndpoint {
+                name: ENDPOINT.into(),
+                token_hash: TokenHash::of(&token),
+                verbs: VERBS.map(String::from).to_vec(),
+                queues: Some(vec![QUEUE.to_string()]),
+            },
+        )
+        .await
+        .map_err(|e| format!("cannot vend the sample endpoint: {e}"))?;
     let endpoint_url = format!("{url}/mcp/{ENDPOINT}");
 
     // The samples. The takeover sample is claimed first by a worker that is then "killed": it
@@ -237,7 +260,7 @@ async fn up(dir: &Path) -> Result<(), String> {
             let opts = ClaimOpts {
                 ttl: 3 * SECOND,
                 claimant: Some("sample/killed-worker".into()),
-                token_hash: Some(relay_core::ledger::TokenHash::of("never-presented")),
+                token_hash: Some(TokenHash::of("never-presented")),
             };
             store
                 .claim(clock.now(), &Actor::endpoint(ENDPOINT), &todo.id, &opts)
@@ -253,12 +276,14 @@ async fn up(dir: &Path) -> Result<(), String> {
     write(&dir.join("quickstart.env"), &format!("RELAY_TOKEN={token}\n"), 0o600)?;
     let config_path = dir.join("harness.toml");
     write(&config_path, &config(&endpoint_url), 0o644)?;
+    let transport = relay_io::lease::ReqwestTransport::new()
+        .map_err(|e| format!("the HTTP client did not start: {e}"))?;
     let opts = DaemonOptions {
         config: config_path,
         state_dir: dir.join("state"),
         host: "quickstart".into(),
         clock: clock.clone(),
-        transport: relay_io::lease::default_transport(),
+        transport: Arc::new(transport),
         daemon_env: std::env::vars().collect(),
         seed: rand::random(),
     };
@@ -268,7 +293,8 @@ async fn up(dir: &Path) -> Result<(), String> {
     progress(&store, &ids).await?;
     handle.stop();
     let _ = running.await;
-    server_stop.stop().await;
+    let _ = server_stop.send(());
+    let _ = serving.await;
     table(&store, &ids).await?;
     #[allow(clippy::print_stdout)]
     {

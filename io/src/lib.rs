@@ -10,6 +10,9 @@ pub use relay_core as core;
 
 pub mod clock;
 pub mod daemon;
+pub mod journal;
+pub mod lease;
+pub mod runner;
 pub mod server;
 pub mod store;
 

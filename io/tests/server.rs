@@ -2,7 +2,8 @@
 //! authentication, the JSON-RPC and transport edges, the doorbell, graceful shutdown, the
 //! Host/Origin checks, metrics and healthz.
 //!
-//! Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
+//! The store is SQLite in memory, or Postgres with `RELAY_SERVER_TEST_DB=postgres` (see
+//! `open_store`). Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
 //! timeout only as a failure bound.
 
 use std::sync::Arc;
@@ -33,6 +34,58 @@ struct Harness {
     http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The Postgres schema this test ran in, dropped with the harness.
+    pg_schema: Option<(String, String)>,
+}
+
+/// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
+/// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
+async fn open_store() -> (Store, Option<(String, String)>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    if std::env::var("RELAY_SERVER_TEST_DB").as_deref() == Ok("postgres") {
+        let url = std::env::var("RELAY_TEST_POSTGRES")
+            .expect("RELAY_SERVER_TEST_DB=postgres needs RELAY_TEST_POSTGRES=postgres://…");
+        let name = format!(
+            "srv_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let store = relay_io::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
+            .await
+            .unwrap();
+        return (Store::Postgres(store), Some((url, name)));
+    }
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    (store, None)
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let Some((url, name)) = self.pg_schema.take() else {
+            return;
+        };
+        // A runtime of its own on a thread of its own: this runs inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 impl Harness {
@@ -42,9 +95,7 @@ impl Harness {
     }
 
     async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
-        let store = Store::open("sqlite::memory:", LedgerConfig::default())
-            .await
-            .unwrap();
+        let (store, pg_schema) = open_store().await;
         let clock = ManualClock::new(T0);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -74,6 +125,7 @@ impl Harness {
             http: client(),
             stop: Some(stop),
             served: Some(served),
+            pg_schema,
         }
     }
 
@@ -502,6 +554,13 @@ async fn a_wrong_token_unknown_or_revoked_endpoint_is_401() {
     h.store.endpoint_revoke(T0, "ci").await.unwrap();
     let (status, _) = c.rpc("tools/list", json!({})).await;
     assert_eq!(status, 401);
+    assert_eq!(h.server.session_count(), 1);
+    h.server.doorbell_once(T0).await.unwrap();
+    assert_eq!(
+        h.server.session_count(),
+        0,
+        "the sweep ends a revoked endpoint's sessions"
+    );
     assert_eq!(h.snapshot().await, before);
 }
 
@@ -782,12 +841,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     let r = c.request(reqwest::Method::DELETE).send().await.unwrap();
     assert_eq!(r.status(), 204);
     let end = tokio::time::timeout(BOUND, async {
-        loop {
-            match stream.chunk().await {
-                Ok(Some(_)) => continue,
-                _ => break,
-            }
-        }
+        while let Ok(Some(_)) = stream.chunk().await {}
     })
     .await;
     assert!(end.is_ok(), "the stream ends with its session");
@@ -801,6 +855,14 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
     let mut c = h.mcp("ci", &token);
     c.init().await;
     let session = c.session.clone().unwrap();
+    // An open doorbell stream must not hold shutdown up.
+    let mut stream = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
 
     // A request whose body is still arriving when shutdown begins.
     let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
@@ -838,6 +900,11 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
         .unwrap()
         .unwrap();
     assert_eq!(h.snapshot().await.len(), 1, "the in-flight add committed");
+    let ended = tokio::time::timeout(BOUND, async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the doorbell stream ended with the server");
     // And nothing is accepted any more.
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
 }
@@ -923,4 +990,17 @@ async fn metrics_and_healthz() {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
     assert!(!text.contains(&lease) && !text.contains(&token));
+}
+
+#[tokio::test]
+async fn a_seeded_server_issues_replayable_session_ids() {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let h = Harness::start().await;
+        let token = h.endpoint("ci", ALL_VERBS, None).await;
+        let mut c = h.mcp("ci", &token);
+        c.init().await;
+        ids.push(c.session.clone().unwrap());
+    }
+    assert_eq!(ids[0], ids[1], "same seed, same session ids");
 }

@@ -510,6 +510,8 @@ impl Relay {
             .as_ref()
             .is_some_and(|c| c.before)
         {
+            // The check is told HARNESS_RELAY_FILE like the agent: the file must exist first.
+            self.write_context_file();
             self.start_check(now, true);
         } else {
             self.spawn();
@@ -1015,22 +1017,24 @@ impl Relay {
         let Some(env) = self.relay_process_env(None) else {
             return;
         };
+        // After a check-before, the file is already there (written before that check).
+        if self
+            .attempt
+            .as_ref()
+            .is_some_and(|a| !matches!(a.phase, Phase::CheckingBefore))
+        {
+            self.write_context_file();
+        }
         let s = &self.settings;
         let Some(a) = self.attempt.as_mut() else {
             return;
         };
-        let Some(lease) = a.lease.as_ref() else {
+        if a.lease.is_none() {
             return;
-        };
+        }
         let files = run_files(&s.jobs_dir, &s.harness, a.run_id);
-        let bytes = context_file_bytes(&lease.claim, s.lease_ttl_seconds(), &files.summary_file);
         a.phase = Phase::Running;
         a.process.state = ProcState::Requested;
-        self.commands.push_back(Command::WriteContextFile {
-            run_id: a.run_id,
-            path: files.context_file.clone(),
-            bytes,
-        });
         self.commands.push_back(Command::Spawn {
             run_id: a.run_id,
             argv: s.argv.clone(),
@@ -1039,6 +1043,23 @@ impl Relay {
             env,
             context_file: files.context_file,
             summary_file: files.summary_file,
+        });
+    }
+
+    fn write_context_file(&mut self) {
+        let s = &self.settings;
+        let Some(a) = self.attempt.as_ref() else {
+            return;
+        };
+        let Some(lease) = a.lease.as_ref() else {
+            return;
+        };
+        let files = run_files(&s.jobs_dir, &s.harness, a.run_id);
+        let bytes = context_file_bytes(&lease.claim, s.lease_ttl_seconds(), &files.summary_file);
+        self.commands.push_back(Command::WriteContextFile {
+            run_id: a.run_id,
+            path: files.context_file,
+            bytes,
         });
     }
 

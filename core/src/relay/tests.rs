@@ -744,16 +744,19 @@ fn already_green() {
     let mut d = Driver::new(s);
     let cmds = d.claim(claim_1());
     assert_eq!(count(&cmds, is_check), 1);
-    assert!(
-        !cmds
-            .iter()
-            .any(|c| is_spawn(c) || matches!(c, Command::WriteContextFile { .. }))
-    );
-    let env = env_of(
-        cmds.iter()
-            .find(|c| is_check(c))
-            .unwrap_or_else(|| panic!()),
-    );
+    assert!(!cmds.iter().any(is_spawn));
+    // The check is told HARNESS_RELAY_FILE, so the file is written before it starts.
+    let written = cmds
+        .iter()
+        .position(|c| matches!(c, Command::WriteContextFile { .. }))
+        .expect("the context file is written before the check");
+    let check = cmds.iter().position(is_check).unwrap_or_else(|| panic!());
+    assert!(written < check);
+    let Command::WriteContextFile { path, .. } = &cmds[written] else {
+        panic!()
+    };
+    let env = env_of(&cmds[check]);
+    assert_eq!(var(&env, "HARNESS_RELAY_FILE").as_deref(), Some(path.as_str()));
     assert_eq!(
         var(&env, "HARNESS_AGENT_EXIT"),
         None,
@@ -784,7 +787,12 @@ fn a_red_check_before_the_spawn_proceeds_to_the_work() {
     let mut d = Driver::new(s);
     d.claim(claim_1());
     let cmds = d.check_exit(1, "");
-    assert!(matches!(cmds[0], Command::WriteContextFile { .. }) && is_spawn(&cmds[1]));
+    // The context file was written before the check; the spawn follows at once.
+    assert!(is_spawn(&cmds[0]), "{cmds:?}");
+    assert_eq!(
+        count(&cmds, |c| matches!(c, Command::WriteContextFile { .. })),
+        0
+    );
 }
 
 // ---- REQ-10: report -------------------------------------------------------------------------

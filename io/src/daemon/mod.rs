@@ -28,17 +28,15 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::config::{FileKind, Harness};
-use relay_core::relay::{
-    self, Capabilities, Command, Input, Relay, RunOutcome, StopReason,
-};
+use relay_core::relay::{self, Capabilities, Command, Input, Relay, RunOutcome, StopReason};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 use crate::clock::SharedClock;
-use crate::journal::Journal;
-use crate::lease::{self, LeaseClient, ReceiptClient, SessionNews, Transport};
-use crate::runner;
+use crate::journal::{DaemonLock, Journal};
+use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
+use crate::runner::{self, AgentSpec, CheckSpec, ProcessGroup};
 
 pub use metrics::{DaemonMetrics, serve_metrics};
 
@@ -102,12 +100,13 @@ struct Slot {
     harness: Harness,
     source: String,
     next_fire: Option<Millis>,
-    agents: BTreeMap<u64, runner::Agent>,
-    checks: BTreeMap<u64, runner::Check>,
+    /// Process groups of running agents and checks, by run.
+    agents: BTreeMap<u64, ProcessGroup>,
+    checks: BTreeMap<u64, ProcessGroup>,
+    /// Runs whose context file could not be written: their spawn fails with this error.
+    unwritable: BTreeMap<u64, String>,
     /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
     tasks: BTreeMap<u64, Vec<AbortHandle>>,
-    /// Runs whose context file could not be written: their spawn fails at once.
-    unwritable: BTreeMap<u64, String>,
 }
 
 struct SourceSlot {
@@ -124,7 +123,8 @@ pub struct Daemon {
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
     journal: Journal,
-    jobs_dir: PathBuf,
+    /// Held for the daemon's life: one daemon per state dir.
+    _lock: DaemonLock,
     daemon_env: Vec<(String, String)>,
     config: relay_core::config::Config,
     slots: BTreeMap<String, Slot>,
@@ -132,6 +132,8 @@ pub struct Daemon {
     cairns: BTreeMap<String, Arc<ReceiptClient>>,
     /// Background tasks that are not a run's: session set-up, doorbells, the control socket.
     background: Vec<AbortHandle>,
+    /// Tells the doorbell listeners to stop.
+    doorbells_stop: watch::Sender<bool>,
     metrics: Arc<DaemonMetrics>,
     stopping: bool,
 }
@@ -148,31 +150,31 @@ impl Daemon {
             )
         })?;
         let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
-        let mut journal = Journal::open(&state_dir).map_err(|e| e.to_string())?;
-        journal.lock().map_err(|e| e.to_string())?;
+        let journal = Journal::open(&state_dir).map_err(|e| e.to_string())?;
+        let lock = journal.lock().map_err(|e| e.to_string())?;
         let now = opts.clock.now();
         let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
         for r in &reconciled {
             tracing::warn!(harness = %r.harness, run_id = r.run_id, "run left running by an earlier daemon recorded interrupted; its lease is left to lapse");
         }
-        let jobs_dir = state_dir.join("jobs");
-        let facts = load::host_facts(&loaded.config_dir, &jobs_dir, &opts.host);
-        let config = loaded.resolved.config.clone();
+        let facts = load::host_facts(
+            &loaded.config_dir,
+            Path::new(journal.jobs_dir()),
+            &opts.host,
+        );
+        let resolved = &loaded.resolved;
+        let config = resolved.config.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(DaemonMetrics::default());
 
         let mut sources = BTreeMap::new();
         for (name, q) in &config.queues {
-            let reference = format!("queue.{name}");
-            let headers = resolved_headers(&loaded.resolved, relay_core::config::SourceKind::Queue, name);
-            let client = LeaseClient::new(
-                reference.clone(),
-                q.endpoint.url.as_str().to_string(),
-                headers,
-                opts.transport.clone(),
-            );
+            let Some(client) = LeaseClient::from_config(resolved, name, opts.transport.clone())
+            else {
+                continue;
+            };
             sources.insert(
-                reference,
+                format!("queue.{name}"),
                 SourceSlot {
                     client: Arc::new(client),
                     caps: None,
@@ -183,18 +185,11 @@ impl Daemon {
             );
         }
         let mut cairns = BTreeMap::new();
-        for (name, c) in &config.cairns {
-            let headers = resolved_headers(&loaded.resolved, relay_core::config::SourceKind::Cairn, name);
-            cairns.insert(
-                format!("cairn.{name}"),
-                Arc::new(ReceiptClient::new(
-                    format!("cairn.{name}"),
-                    c.endpoint.url.as_str().to_string(),
-                    headers,
-                    c.ttl,
-                    opts.transport.clone(),
-                )),
-            );
+        for name in config.cairns.keys() {
+            if let Some(client) = ReceiptClient::from_config(resolved, name, opts.transport.clone())
+            {
+                cairns.insert(format!("cairn.{name}"), Arc::new(client));
+            }
         }
 
         let mut slots = BTreeMap::new();
@@ -204,7 +199,7 @@ impl Daemon {
                 continue;
             };
             let prompt = load::prompt(h.prompt_file.as_deref(), &facts)?;
-            let Some(settings) = relay::harness_settings(&loaded.resolved, &h.name, &facts, prompt)
+            let Some(settings) = relay::harness_settings(resolved, &h.name, &facts, prompt)
             else {
                 continue;
             };
@@ -224,29 +219,31 @@ impl Daemon {
                     next_fire,
                     agents: BTreeMap::new(),
                     checks: BTreeMap::new(),
-                    tasks: BTreeMap::new(),
                     unwritable: BTreeMap::new(),
+                    tasks: BTreeMap::new(),
                 },
             );
         }
 
+        let (doorbells_stop, _) = watch::channel(false);
         let mut daemon = Daemon {
             clock: opts.clock,
             tx: tx.clone(),
             rx,
             journal,
-            jobs_dir,
+            _lock: lock,
             daemon_env: opts.daemon_env,
             config,
             slots,
             sources,
             cairns,
             background: Vec::new(),
+            doorbells_stop,
             metrics,
             stopping: false,
         };
         daemon.start_sessions();
-        daemon.start_doorbells(&loaded.resolved, opts.transport.clone());
+        daemon.start_doorbells(resolved, opts.transport.clone());
         let control = control::serve(&state_dir, DaemonHandle { tx: tx.clone() })
             .map_err(|e| e.to_string())?;
         daemon.background.push(control);
@@ -296,7 +293,7 @@ impl Daemon {
         resolved: &relay_core::config::ResolvedConfig,
         transport: Arc<dyn Transport>,
     ) {
-        for (name, ch) in &self.config.channels {
+        for (name, ch) in &self.config.channels.clone() {
             let rung: Vec<String> = self
                 .slots
                 .values()
@@ -306,16 +303,13 @@ impl Daemon {
             if rung.is_empty() || !ch.enabled {
                 continue;
             }
-            let headers = resolved_headers(resolved, relay_core::config::SourceKind::Channel, name);
-            let (ring_tx, mut ring_rx) = mpsc::unbounded_channel();
-            let listener = lease::DoorbellListener::spawn(
-                format!("channel.{name}"),
-                ch.endpoint.url.as_str().to_string(),
-                headers,
-                transport.clone(),
-                ring_tx,
-            );
-            self.background.push(listener);
+            let Some(listener) = DoorbellListener::from_config(resolved, name, transport.clone())
+            else {
+                continue;
+            };
+            let (ring_tx, mut ring_rx) = mpsc::channel(16);
+            let listener = listener.spawn(ring_tx, self.doorbells_stop.subscribe());
+            self.background.push(listener.abort_handle());
             let tx = self.tx.clone();
             let trigger = format!("channel.{name}");
             let task = tokio::spawn(async move {
@@ -359,6 +353,7 @@ impl Daemon {
                 tasks.iter().for_each(AbortHandle::abort);
             }
         }
+        let _ = self.doorbells_stop.send(true);
         self.background.iter().for_each(AbortHandle::abort);
         control::remove(self.journal.state_dir());
     }
@@ -409,6 +404,7 @@ impl Daemon {
                 }
             }
             Msg::Control { request, reply } => self.control(request, reply),
+
             Msg::Stop => {
                 self.stopping = true;
                 let names: Vec<String> = self.slots.keys().cloned().collect();
@@ -502,7 +498,11 @@ impl Daemon {
     }
 
     fn run_log(&self, harness: &str, run_id: u64) -> PathBuf {
-        runner::run_log_path(&self.jobs_dir, harness, run_id)
+        self.journal.run_log(harness, run_id)
+    }
+
+    fn slot(&mut self, harness: &str) -> &mut Slot {
+        self.slots.get_mut(harness).expect("commands come from a slot's machine")
     }
 
     fn execute(&mut self, harness: &str, cmd: Command) {
@@ -510,153 +510,84 @@ impl Daemon {
         match cmd {
             Command::SendClaimNext { .. }
             | Command::SendHeartbeat { .. }
-            | Command::SendReport { .. } => {
-                let slot = &self.slots[harness];
-                let Some(source) = self.sources.get(&slot.source) else {
-                    return;
-                };
-                let client = source.client.clone();
-                let tx = self.tx.clone();
-                let h = harness.to_string();
-                let src = slot.source.clone();
-                let task = tokio::spawn(async move {
-                    let outcome = client.execute(&cmd).await;
-                    for news in outcome.session {
-                        let _ = tx.send(Msg::Session {
-                            source: src.clone(),
-                            news,
-                        });
-                    }
-                    let _ = tx.send(Msg::ToHarness {
-                        harness: h,
-                        input: outcome.input,
-                    });
-                });
-                self.track(harness, run_id, task.abort_handle());
-            }
+            | Command::SendReport { .. } => self.lease_call(harness, cmd),
             Command::WriteContextFile { run_id, path, bytes } => {
-                if let Err(e) = runner::write_context_file(Path::new(&path), &bytes) {
-                    let slot = self.slots.get_mut(harness).expect("slot exists");
-                    slot.unwritable.insert(run_id, e.to_string());
+                // Written before the next command runs: the check before the spawn and the
+                // agent both read it.
+                if let Err(e) = runner::write_context_file_now(&path, &bytes) {
+                    let error = format!("the context file was not written: {e}");
+                    self.slot(harness).unwritable.insert(run_id, error);
                 }
             }
-            Command::Spawn {
-                run_id,
-                argv,
-                stdin,
-                workdir,
-                env,
-                context_file: _,
-                summary_file,
-            } => {
-                let slot = self.slots.get_mut(harness).expect("slot exists");
-                if let Some(error) = slot.unwritable.remove(&run_id) {
-                    self.post(harness, Input::SpawnFailed { run_id, error });
-                    return;
-                }
-                let log = self.run_log(harness, run_id);
-                let spec = runner::AgentSpec {
-                    run_id,
-                    argv,
-                    stdin,
-                    workdir: PathBuf::from(workdir),
-                    env: env.merged(self.daemon_env.iter().cloned()),
-                    summary_file: PathBuf::from(summary_file),
-                    run_log: log,
-                };
-                let tx = self.tx.clone();
-                let h = harness.to_string();
-                match runner::spawn_agent(spec, move |input| {
-                    let _ = tx.send(Msg::ToHarness { harness: h, input });
-                }) {
-                    Ok(agent) => {
-                        let slot = self.slots.get_mut(harness).expect("slot exists");
-                        slot.agents.insert(run_id, agent);
-                        self.post(harness, Input::ProcessSpawned { run_id });
-                    }
-                    Err(error) => self.post(harness, Input::SpawnFailed { run_id, error }),
-                }
-            }
+            Command::Spawn { .. } => self.spawn(harness, cmd),
             Command::Signal { run_id, signal } => {
-                if let Some(agent) = self.slots[harness].agents.get(&run_id) {
-                    agent.signal(signal);
+                if let Some(group) = self.slot(harness).agents.get(&run_id)
+                    && let Err(e) = group.signal(signal)
+                {
+                    tracing::warn!(harness, run_id, error = %e, "signal not delivered");
                 }
             }
-            Command::RunCheck {
-                run_id,
-                argv,
-                workdir,
-                env,
-            } => {
+            Command::RunCheck { .. } => {
                 let log = self.run_log(harness, run_id);
-                let spec = runner::CheckSpec {
-                    run_id,
-                    argv,
-                    workdir: PathBuf::from(workdir),
-                    env: env.merged(self.daemon_env.iter().cloned()),
-                    run_log: log,
+                let Some(spec) = CheckSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+                    return;
                 };
-                let tx = self.tx.clone();
-                let h = harness.to_string();
-                match runner::run_check(spec, move |input| {
-                    let _ = tx.send(Msg::ToHarness { harness: h, input });
-                }) {
+                match runner::run_check(spec) {
                     Ok(check) => {
-                        let slot = self.slots.get_mut(harness).expect("slot exists");
-                        slot.checks.insert(run_id, check);
+                        self.slot(harness).checks.insert(run_id, check.group());
+                        let tx = self.tx.clone();
+                        let h = harness.to_string();
+                        let task = check.deliver(move |input| {
+                            let _ = tx.send(Msg::ToHarness { harness: h, input });
+                        });
+                        self.track(harness, run_id, task.abort_handle());
                     }
-                    Err(error) => self.post(harness, Input::CheckFailedToStart { run_id, error }),
+                    Err(e) => self.post(harness, e.into()),
                 }
             }
             Command::KillCheck { run_id } => {
-                if let Some(check) = self.slots[harness].checks.get(&run_id) {
-                    check.kill();
+                if let Some(group) = self.slot(harness).checks.get(&run_id)
+                    && let Err(e) = group.kill()
+                {
+                    tracing::warn!(harness, run_id, error = %e, "check not killed");
                 }
             }
             Command::UploadReceipt {
                 request,
-                run_id,
-                source,
-                markdown,
+                ref source,
                 run_log_lines,
-                redactor,
-                tags,
-                timeout,
+                ..
             } => {
-                let Some(client) = self.cairns.get(&source).cloned() else {
-                    self.post(
-                        harness,
-                        Input::ReceiptFailed {
-                            request,
-                            error: format!("{source} is not declared"),
-                        },
-                    );
+                let Some(client) = self.cairns.get(source).cloned() else {
+                    let error = format!("{source} is not declared");
+                    self.post(harness, Input::ReceiptFailed { request, error });
                     return;
                 };
                 let log = self.run_log(harness, run_id);
                 let tx = self.tx.clone();
                 let h = harness.to_string();
                 let task = tokio::spawn(async move {
-                    let tail = runner::run_log_tail(&log, run_log_lines).unwrap_or_default();
-                    let body = lease::compose_receipt(&markdown, &tail, &redactor);
-                    let input = client
-                        .upload(request, body, tags, Duration::from_millis(timeout))
-                        .await;
-                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                    let tail = runner::run_log_tail(&log, run_log_lines)
+                        .await
+                        .unwrap_or_default();
+                    if let Some(input) = client.execute(&cmd, &tail).await {
+                        let _ = tx.send(Msg::ToHarness { harness: h, input });
+                    }
                 });
                 self.track(harness, run_id, task.abort_handle());
             }
             Command::WriteRunRecord { record } => {
+                // Written here, in order: a run's records replace one another.
                 if let Err(e) = self.journal.write_record(&record) {
                     tracing::error!(harness, run_id, error = %e, "run record not written");
                 }
                 if record.outcome != RunOutcome::Running {
                     self.metrics.run_closed(&record);
-                    let keep = self.slots[harness].harness.keep_runs;
-                    if let Err(e) = self.journal.prune(harness, keep as usize) {
+                    let keep = self.slot(harness).harness.keep_runs as usize;
+                    if let Err(e) = self.journal.prune(harness, keep) {
                         tracing::warn!(harness, error = %e, "old runs not pruned");
                     }
-                    let slot = self.slots.get_mut(harness).expect("slot exists");
+                    let slot = self.slot(harness);
                     slot.agents.remove(&run_id);
                     slot.checks.remove(&run_id);
                     slot.unwritable.remove(&run_id);
@@ -671,10 +602,74 @@ impl Daemon {
             }
             Command::WarnRunLog { run_id, text } => {
                 let log = self.run_log(harness, run_id);
-                if let Err(e) = runner::warn_run_log(&log, &text) {
-                    tracing::warn!(harness, run_id, error = %e, "warning not written to the run log");
-                }
+                let h = harness.to_string();
+                let task = tokio::spawn(async move {
+                    if let Err(e) = runner::warn_run_log(&log, &text).await {
+                        tracing::warn!(harness = %h, run_id, error = %e, "warning not written to the run log");
+                    }
+                });
+                self.track(harness, run_id, task.abort_handle());
             }
+        }
+    }
+
+    /// A lease call on a task of its own; its session news, then its answer, come back.
+    fn lease_call(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        let source = self.slot(harness).source.clone();
+        let Some(s) = self.sources.get(&source) else {
+            return;
+        };
+        let client = s.client.clone();
+        let tx = self.tx.clone();
+        let h = harness.to_string();
+        let task = tokio::spawn(async move {
+            let Ok(outcome) = client.execute(&cmd).await else {
+                return;
+            };
+            if let Some(e) = &outcome.error {
+                tracing::warn!(harness = %h, run_id, "{e}");
+            }
+            for news in outcome.session {
+                let _ = tx.send(Msg::Session {
+                    source: source.clone(),
+                    news,
+                });
+            }
+            let _ = tx.send(Msg::ToHarness {
+                harness: h,
+                input: outcome.input,
+            });
+        });
+        self.track(harness, run_id, task.abort_handle());
+    }
+
+    /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
+    /// task that posts the exit.
+    fn spawn(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
+            self.post(harness, Input::SpawnFailed { run_id, error });
+            return;
+        }
+        let log = self.run_log(harness, run_id);
+        let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+            return;
+        };
+        match runner::spawn_agent(spec) {
+            Ok(agent) => {
+                self.slot(harness).agents.insert(run_id, agent.group());
+                // Queued before the wait starts, so the machine hears of the spawn before the
+                // exit of a process that ends at once.
+                self.post(harness, Input::ProcessSpawned { run_id });
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = agent.deliver(move |input| {
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Err(e) => self.post(harness, e.into()),
         }
     }
 
@@ -745,38 +740,20 @@ impl Daemon {
                     .collect();
                 tokio::spawn(async move {
                     for (name, client) in clients {
-                        let answer = client.tools_list().await;
-                        let caps = answer.as_ref().map(relay::check_capabilities);
-                        let err = answer.as_ref().err().map(ToString::to_string);
-                        let verdict = match (&caps, &err) {
-                            (Ok(c), _) => Ok(c),
-                            (Err(_), Some(e)) => Err(e.as_str()),
-                            (Err(_), None) => Err("unknown error"),
+                        let rows_for = match client.tools_list().await {
+                            Ok(list) => relay::doctor::source_rows(
+                                &name,
+                                Ok(&relay::check_capabilities(&list.tools)),
+                            ),
+                            Err(e) => relay::doctor::source_rows(&name, Err(&e.to_string())),
                         };
-                        rows.extend(relay::doctor::source_rows(&name, verdict));
+                        rows.extend(rows_for);
                     }
                     let _ = reply.send(json!({"ok": true, "rows": rows}));
                 });
             }
         }
     }
-}
-
-/// The resolved header values of a source as (name, value) pairs for its client.
-fn resolved_headers(
-    resolved: &relay_core::config::ResolvedConfig,
-    kind: relay_core::config::SourceKind,
-    name: &str,
-) -> Vec<(String, String)> {
-    let r = relay_core::config::SourceRef {
-        kind,
-        name: name.to_string(),
-    };
-    resolved
-        .headers(&r)
-        .into_iter()
-        .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.expose().to_string())))
-        .collect()
 }
 
 /// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.

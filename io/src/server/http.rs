@@ -124,28 +124,24 @@ async fn healthz(State(server): State<Server>) -> Response {
 }
 
 async fn metrics(State(server): State<Server>) -> Response {
-    use relay_core::ledger::{Actor, TodoFilter, TodoState};
-    for state in TodoState::ALL {
-        let filter = TodoFilter {
-            queues: None,
-            state: Some(*state),
-            limit: usize::MAX,
-        };
-        match server
-            .inner
-            .store
-            .list_todos(&Actor::Operator, &filter)
-            .await
-        {
-            Ok(todos) => server.inner.metrics.set_todos(state.as_str(), todos.len()),
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics: counting todos failed");
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("store unavailable: {}\n", e.message),
-                )
-                    .into_response();
+    use relay_core::ledger::TodoState;
+    match server.inner.store.count_by_state().await {
+        Ok(counts) => {
+            for state in TodoState::ALL {
+                let n = counts
+                    .iter()
+                    .find(|(s, _)| s == state.as_str())
+                    .map_or(0, |(_, n)| *n);
+                server.inner.metrics.set_todos(state.as_str(), n);
             }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: counting todos failed");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store unavailable: {}\n", e.message),
+            )
+                .into_response();
         }
     }
     (

@@ -90,7 +90,7 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn set_todos(&self, state: &str, n: usize) {
+    pub(crate) fn set_todos(&self, state: &str, n: u64) {
         self.todos
             .get_or_create(&vec![("state".to_string(), state.to_string())])
             .set(i64::try_from(n).unwrap_or(i64::MAX));

@@ -451,17 +451,29 @@ impl Server {
         Ok(requeued)
     }
 
-    /// The doorbell's own sweep at `now`: forgets idle sessions, rings owed rings whose window
+    /// The doorbell's own sweep at `now`: forgets idle sessions and those of revoked endpoints
+    /// (ending their streams), rings owed rings whose window
     /// has passed, and rings for todos that became pending outside this server (`relay todo add`
     /// and `relay todo retry` write the store directly). The scan reads the oldest
     /// [`PENDING_SCAN_LIMIT`] pending todos; newer ones ring when they reach that window.
     pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
+        // Sessions of revoked endpoints end here (their requests are refused 401 already, but
+        // an open doorbell stream would otherwise keep the session alive).
+        let live: BTreeSet<String> = self
+            .inner
+            .store
+            .endpoint_list()
+            .await?
+            .into_iter()
+            .filter(|e| e.revoked_at.is_none())
+            .map(|e| e.name)
+            .collect();
         {
             let mut st = lock(&self.inner.state);
             let expired: Vec<String> = st
                 .sessions
                 .iter()
-                .filter(|(_, s)| self.session_expired(s, now))
+                .filter(|(_, s)| self.session_expired(s, now) || !live.contains(&s.endpoint))
                 .map(|(id, _)| id.clone())
                 .collect();
             for id in expired {
@@ -578,6 +590,22 @@ impl Server {
 
 /// How many pending todos [`Server::doorbell_once`] looks at per sweep.
 pub const PENDING_SCAN_LIMIT: usize = 10_000;
+
+/// A new todo id: `td_` and 10 random bytes from the OS RNG in hex (for `relay todo add`; the
+/// server draws its own from its possibly seeded source).
+pub fn new_todo_id() -> Result<String, Error> {
+    use rand::TryRng as _;
+    let mut b = [0u8; 10];
+    rand::rngs::SysRng.try_fill_bytes(&mut b).map_err(|e| {
+        Error::internal(format!(
+            "the operating system's random number generator failed ({e}); try again"
+        ))
+    })?;
+    Ok(format!(
+        "td_{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    ))
+}
 
 /// A new endpoint bearer token: 32 random bytes from the OS RNG, base64url without padding.
 /// Show it once; store only `TokenHash::of(token)`.

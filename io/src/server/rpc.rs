@@ -204,7 +204,12 @@ pub(crate) async fn handle(
                 Err(e) => e.code.as_str(),
             };
             server.inner.metrics.tool_call(tool.name(), code);
-            tracing::info!(endpoint = %endpoint.name, tool = tool.name(), result = code, "tools/call");
+            // Successful calls at debug: under load one line per call costs more than it tells.
+            if answer.is_ok() {
+                tracing::debug!(endpoint = %endpoint.name, tool = tool.name(), "tools/call ok");
+            } else {
+                tracing::info!(endpoint = %endpoint.name, tool = tool.name(), result = code, "tools/call refused");
+            }
             match answer {
                 Ok(v) => ok(id, wire::call_result(&v, false)),
                 Err(e) if e.code == ErrorCode::Internal => {

@@ -388,6 +388,13 @@ impl Store {
         })
     }
 
+    /// How many todos are in each state, by state name (states with none are absent).
+    pub async fn count_by_state(&self) -> Result<Vec<(String, u64)>, Error> {
+        run!(self, Read, "count todos", String::from("(all)"), |tx| {
+            ops::count_by_state(tx)
+        })
+    }
+
     /// Deletes a todo and (by cascade) its attempts.
     pub async fn delete_todo(&self, actor: &Actor, id: &str) -> Result<(), Error> {
         let (actor, id) = (actor.clone(), id.to_string());

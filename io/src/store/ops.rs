@@ -72,6 +72,8 @@ pub(crate) trait Tx {
     /// Candidate ids of a sweep, in id order, locked.
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error>;
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error>;
+    /// How many todos are in each state (states with none are absent).
+    async fn count_by_state(&mut self) -> Result<Vec<(String, u64)>, Error>;
     async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error>;
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error>;
@@ -388,6 +390,10 @@ pub(crate) async fn list_todos<T: Tx>(
     filter: &TodoFilter,
 ) -> Result<Vec<Todo>, Error> {
     tx.list(actor, filter).await
+}
+
+pub(crate) async fn count_by_state<T: Tx>(tx: &mut T) -> Result<Vec<(String, u64)>, Error> {
+    tx.count_by_state().await
 }
 
 pub(crate) async fn delete_todo<T: Tx>(tx: &mut T, actor: &Actor, id: &str) -> Result<(), Error> {

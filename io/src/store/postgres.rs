@@ -888,6 +888,29 @@ impl Tx for PgTx<'_> {
         rs.first().map(rows::endpoint).transpose()
     }
 
+    async fn count_by_state(&mut self) -> Result<Vec<(String, u64)>, Error> {
+        let op = "count todos";
+        let rs = self
+            .query(
+                op,
+                "",
+                "SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state",
+                &[],
+            )
+            .await?;
+        rs.iter()
+            .map(|r| {
+                let state: String = r
+                    .try_get(0)
+                    .map_err(|e| Error::internal(format!("{op}: {e}")))?;
+                let n: i64 = r
+                    .try_get(1)
+                    .map_err(|e| Error::internal(format!("{op}: {e}")))?;
+                Ok((state, u64::try_from(n).unwrap_or(0)))
+            })
+            .collect()
+    }
+
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
         let rs = self
             .query(

@@ -847,6 +847,22 @@ impl Tx for SqliteTx<'_> {
             .transpose()
     }
 
+    async fn count_by_state(&mut self) -> Result<Vec<(String, u64)>, Error> {
+        let op = "count todos";
+        let mut st = self
+            .c
+            .prepare_cached("SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state")
+            .map_err(|e| sql_err(op, "", e))?;
+        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
+            let state: String = row.get(0).map_err(|e| sql_err(op, "", e))?;
+            let n: i64 = row.get(1).map_err(|e| sql_err(op, "", e))?;
+            out.push((state, u64::try_from(n).unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
         let op = "endpoint list";
         let mut st = self

@@ -481,3 +481,32 @@ fn the_attempts_migration_backfills_leases_in_flight() {
         });
     }
 }
+
+// ---- counting (the server's /metrics) -------------------------------------------------------
+
+async fn counts(store: Store) {
+    assert_eq!(store.count_by_state().await.unwrap(), vec![]);
+    let e1 = Actor::endpoint("e1");
+    for id in ["a", "b", "c"] {
+        store.add_todo(T0, "e1", new_todo(id, "q")).await.unwrap();
+    }
+    store.claim(T0, &e1, "a", &opts(30, None)).await.unwrap();
+    store.cancel(T0, &Actor::Operator, "b").await.unwrap();
+    assert_eq!(
+        store.count_by_state().await.unwrap(),
+        vec![
+            ("canceled".to_string(), 1),
+            ("claimed".to_string(), 1),
+            ("pending".to_string(), 1)
+        ]
+    );
+}
+
+#[test]
+fn todos_are_counted_by_state() {
+    on_both_stores(
+        "todos_are_counted_by_state",
+        LedgerConfig::default(),
+        counts,
+    );
+}

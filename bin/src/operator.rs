@@ -1,0 +1,514 @@
+//! The operator's commands on the queue store: `relay endpoint …` and `relay todo …`.
+//!
+//! They open the store named by `--db` directly (the server need not run). Every listing has
+//! `--json` (one JSON document on stdout); errors are one line on stderr and a non-zero exit.
+
+// These commands exist to print.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use relay_core::Error;
+use relay_core::ledger::{
+    Actor, LedgerConfig, NewTodo, Todo, TodoFilter, TodoState, TokenHash, valid_queue_name,
+};
+use relay_core::time::rfc3339;
+use relay_core::wire::{GetTodoOut, TodoOut, Tool};
+use relay_io::clock::{Clock, SystemClock};
+use relay_io::store::{Endpoint, NewEndpoint, Store};
+use serde_json::{Value, json};
+
+/// The store option every store-touching command shares.
+#[derive(Args, Clone, Debug)]
+pub struct DbOpt {
+    /// The queue store: sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB.
+    // hide_env_values: a Postgres URL may carry a password; `--help` must not print it.
+    #[arg(long, global = true, env = "RELAY_DB", hide_env_values = true, default_value = DEFAULT_DB)]
+    pub db: String,
+}
+
+/// The default store: a SQLite file in the working directory.
+pub const DEFAULT_DB: &str = "sqlite:relay.db";
+
+#[derive(Subcommand)]
+pub enum EndpointCmd {
+    /// Vend an endpoint; prints its bearer token once (only its SHA-256 is stored).
+    Create {
+        /// The endpoint's name (its URL is /mcp/NAME): letters, digits, '_', '-', '.'.
+        name: String,
+        /// The verbs (tools) it may use, comma-separated: claim_next, claim, heartbeat,
+        /// complete, fail, release, get_todo, list_todos, add_todo.
+        #[arg(long, value_delimiter = ',', required = true)]
+        verbs: Vec<String>,
+        /// The queues it may use, comma-separated (default: every queue).
+        #[arg(long, value_delimiter = ',')]
+        queues: Option<Vec<String>>,
+    },
+    /// List endpoints.
+    List {
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an endpoint: its token stops working, its open attempts close as `revoked` and
+    /// its claimed todos become dead letters.
+    Revoke {
+        /// The endpoint's name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TodoCmd {
+    /// Add a todo for an endpoint; prints the new todo's id.
+    Add(AddArgs),
+    /// List todos, oldest first.
+    List {
+        /// Only this endpoint's todos.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Only this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only this state: pending, claimed, failed, done, canceled.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a todo and its attempt timeline, newest first.
+    Show {
+        id: String,
+        /// How many attempts to show.
+        #[arg(long, default_value_t = 100)]
+        attempts: usize,
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retry a failed, done or canceled todo now (resets its attempt count).
+    Retry { id: String },
+    /// Cancel a pending, claimed or failed todo.
+    Cancel { id: String },
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    /// The endpoint that owns the todo (only it can see and claim it).
+    #[arg(long)]
+    endpoint: String,
+    #[arg(long)]
+    queue: String,
+    /// One line saying what to do.
+    #[arg(long)]
+    title: String,
+    #[arg(long)]
+    kind: Option<String>,
+    #[arg(long)]
+    source: Option<String>,
+    /// Any JSON the worker needs.
+    #[arg(long)]
+    payload: Option<String>,
+    /// Any JSON describing how to do the work.
+    #[arg(long)]
+    work_order: Option<String>,
+    /// Attempts before a dead letter (default 5).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Only this claimer may claim it.
+    #[arg(long)]
+    assignee: Option<String>,
+}
+
+/// Prints the error as one line and answers the exit code.
+pub fn fail(e: &Error) -> ExitCode {
+    eprintln!("relay: {}", e.message);
+    ExitCode::FAILURE
+}
+
+pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start the async runtime: {e}")))
+}
+
+async fn open(db: &DbOpt) -> Result<Store, Error> {
+    Store::open(&db.db, LedgerConfig::default())
+        .await
+        .map_err(|e| {
+            Error::new(
+                e.code,
+                format!(
+                    "{} (store from --db / RELAY_DB; default {DEFAULT_DB})",
+                    e.message
+                ),
+            )
+        })
+}
+
+fn now() -> relay_core::Millis {
+    SystemClock.now()
+}
+
+fn block<T>(f: impl std::future::Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    runtime()?.block_on(f)
+}
+
+pub fn endpoint(db: &DbOpt, cmd: EndpointCmd) -> ExitCode {
+    match block(run_endpoint(db, cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+pub fn todo(db: &DbOpt, cmd: TodoCmd) -> ExitCode {
+    match block(run_todo(db, cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn valid_endpoint_name(name: &str) -> bool {
+    valid_queue_name(name)
+}
+
+fn endpoint_json(e: &Endpoint) -> Value {
+    json!({
+        "name": e.name,
+        "verbs": e.verbs,
+        "queues": e.queues,
+        "created_at": rfc3339(e.created_at),
+        "revoked_at": e.revoked_at.map(rfc3339),
+    })
+}
+
+async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
+    match cmd {
+        EndpointCmd::Create {
+            name,
+            verbs,
+            queues,
+        } => {
+            if !valid_endpoint_name(&name) {
+                return Err(Error::invalid(format!(
+                    "endpoint name {name:?} must start with a letter or digit and hold at most 64 \
+                     letters, digits, '_', '-' or '.'"
+                )));
+            }
+            let mut seen = BTreeSet::new();
+            for v in verbs.iter().map(|v| v.trim()) {
+                if Tool::parse(v).is_none() {
+                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+                    return Err(Error::invalid(format!(
+                        "--verbs: unknown verb {v:?}; choose from {}",
+                        all.join(", ")
+                    )));
+                }
+                seen.insert(v.to_string());
+            }
+            if let Some(qs) = &queues
+                && let Some(bad) = qs.iter().find(|q| !valid_queue_name(q))
+            {
+                return Err(Error::invalid(format!(
+                    "--queues: {bad:?} is not a queue name (a letter or digit, then up to 63 \
+                     letters, digits, '_', '-' or '.')"
+                )));
+            }
+            let verbs: Vec<String> = Tool::ALL
+                .iter()
+                .map(|t| t.name().to_string())
+                .filter(|t| seen.contains(t))
+                .collect();
+            let token = relay_io::server::new_bearer_token()?;
+            let store = open(db).await?;
+            store
+                .endpoint_create(
+                    now(),
+                    NewEndpoint {
+                        name,
+                        token_hash: TokenHash::of(&token),
+                        verbs,
+                        queues,
+                    },
+                )
+                .await?;
+            println!("{token}");
+            Ok(())
+        }
+        EndpointCmd::List { json } => {
+            let store = open(db).await?;
+            let all = store.endpoint_list().await?;
+            if json {
+                let list: Vec<Value> = all.iter().map(endpoint_json).collect();
+                println!("{}", json!({ "endpoints": list }));
+                return Ok(());
+            }
+            if all.is_empty() {
+                println!("no endpoints; vend one with `relay endpoint create NAME --verbs …`");
+                return Ok(());
+            }
+            println!("{:<20} {:<8} {:<24} VERBS", "NAME", "STATE", "QUEUES");
+            for e in &all {
+                let state = if e.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                let queues = e.queues.as_ref().map_or("*".to_string(), |q| q.join(","));
+                println!(
+                    "{:<20} {:<8} {:<24} {}",
+                    e.name,
+                    state,
+                    queues,
+                    e.verbs.join(",")
+                );
+            }
+            Ok(())
+        }
+        EndpointCmd::Revoke { name } => {
+            let store = open(db).await?;
+            let (_, todos) = store.endpoint_revoke(now(), &name).await?;
+            println!(
+                "revoked {name}; {} claimed todo(s) dead-lettered",
+                todos.len()
+            );
+            Ok(())
+        }
+    }
+}
+
+fn parse_json(flag: &str, text: Option<String>) -> Result<Option<Value>, Error> {
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| {
+            Error::invalid(format!(
+                "{flag}: not valid JSON ({e}); pass e.g. {flag} '{{\"key\": \"value\"}}'"
+            ))
+        })
+    })
+    .transpose()
+}
+
+fn todo_line(t: &Todo) -> String {
+    let retry = match (t.state, t.next_retry_at) {
+        (TodoState::Failed, Some(at)) => format!(" (retry at {})", rfc3339(at)),
+        (TodoState::Failed, None) => " (dead letter)".to_string(),
+        _ => String::new(),
+    };
+    format!(
+        "{:<26} {:<9} {:<14} {:<16} {}/{}  {}{retry}",
+        t.id,
+        t.state.as_str(),
+        t.endpoint,
+        t.queue,
+        t.attempt,
+        t.max_attempts,
+        t.title
+    )
+}
+
+fn todo_json(t: &Todo) -> Value {
+    let mut v = serde_json::to_value(TodoOut::from(t)).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("endpoint".into(), json!(t.endpoint));
+    }
+    v
+}
+
+async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
+    match cmd {
+        TodoCmd::Add(a) => {
+            let payload = parse_json("--payload", a.payload)?;
+            let work_order = parse_json("--work-order", a.work_order)?;
+            let store = open(db).await?;
+            let Some(e) = store.endpoint_get(&a.endpoint).await? else {
+                return Err(Error::not_found(format!(
+                    "--endpoint {}: no such endpoint; `relay endpoint list` shows them",
+                    a.endpoint
+                )));
+            };
+            if e.revoked_at.is_some() {
+                return Err(Error::conflict(format!(
+                    "--endpoint {}: the endpoint is revoked; vend a new one",
+                    a.endpoint
+                )));
+            }
+            if let Some(qs) = &e.queues
+                && !qs.contains(&a.queue)
+            {
+                return Err(Error::forbidden(format!(
+                    "--queue {}: endpoint {} is not granted this queue (it has {}); nobody could \
+                     claim the todo. Use a granted queue",
+                    a.queue,
+                    a.endpoint,
+                    qs.join(", ")
+                )));
+            }
+            let id = relay_io::server::new_todo_id()?;
+            let t = store
+                .add_todo(
+                    now(),
+                    &a.endpoint,
+                    NewTodo {
+                        id,
+                        queue: a.queue,
+                        title: a.title,
+                        kind: a.kind,
+                        source: a.source,
+                        payload,
+                        work_order,
+                        max_attempts: a.max_attempts,
+                        assignee: a.assignee,
+                    },
+                )
+                .await?;
+            println!("{}", t.id);
+            Ok(())
+        }
+        TodoCmd::List {
+            endpoint,
+            queue,
+            state,
+            limit,
+            json,
+        } => {
+            let state = state
+                .map(|s| {
+                    TodoState::parse(&s).ok_or_else(|| {
+                        Error::invalid(format!(
+                            "--state {s:?}: choose pending, claimed, failed, done or canceled"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let store = open(db).await?;
+            let actor = endpoint.map_or(Actor::Operator, Actor::endpoint);
+            let filter = TodoFilter {
+                queues: queue.map(|q| vec![q]),
+                state,
+                limit,
+            };
+            let todos = store.list_todos(&actor, &filter).await?;
+            if json {
+                let list: Vec<Value> = todos.iter().map(todo_json).collect();
+                println!("{}", json!({ "todos": list }));
+                return Ok(());
+            }
+            if todos.is_empty() {
+                println!("no todos");
+                return Ok(());
+            }
+            println!(
+                "{:<26} {:<9} {:<14} {:<16} {:<5} TITLE",
+                "ID", "STATE", "ENDPOINT", "QUEUE", "TRIES"
+            );
+            for t in &todos {
+                println!("{}", todo_line(t));
+            }
+            Ok(())
+        }
+        TodoCmd::Show { id, attempts, json } => {
+            let store = open(db).await?;
+            let view = store
+                .get_todo(&Actor::Operator, &id, attempts)
+                .await
+                .map_err(|e| {
+                    if e.code == relay_core::ErrorCode::NotFound {
+                        Error::not_found(format!(
+                            "todo {id}: no such todo; `relay todo list` shows them"
+                        ))
+                    } else {
+                        e
+                    }
+                })?;
+            if json {
+                let mut v = serde_json::to_value(GetTodoOut::from(&view)).unwrap_or_default();
+                if let Some(t) = v.get_mut("todo").and_then(Value::as_object_mut) {
+                    t.insert("endpoint".into(), json!(view.todo.endpoint));
+                }
+                println!("{v}");
+                return Ok(());
+            }
+            let t = &view.todo;
+            println!("{}  {}", t.id, t.title);
+            println!(
+                "  state {}{}  endpoint {}  queue {}  attempt {}/{}  attempts ever {}",
+                t.state,
+                if t.dead_letter() {
+                    " (dead letter)"
+                } else {
+                    ""
+                },
+                t.endpoint,
+                t.queue,
+                t.attempt,
+                t.max_attempts,
+                t.attempts_total
+            );
+            if let Some(at) = t.next_retry_at {
+                println!("  next retry at {}", rfc3339(at));
+            }
+            if let Some(p) = &t.payload {
+                println!("  payload {p}");
+            }
+            if let Some(r) = &t.result {
+                println!("  result {r}");
+            }
+            println!("  attempts (newest first):");
+            if view.attempts.is_empty() {
+                println!("    none yet");
+            }
+            for a in &view.attempts {
+                let end = match (a.ended_at, a.outcome, a.disposition) {
+                    (Some(at), Some(o), Some(d)) => {
+                        format!(
+                            "{o} → {d} at {}{}",
+                            rfc3339(at),
+                            if a.died() { " (died)" } else { "" }
+                        )
+                    }
+                    _ => format!("open, lease until {}", rfc3339(a.lease_expires_at)),
+                };
+                println!(
+                    "    #{} (try {}) by {}{} claimed {}: {end}",
+                    a.seq,
+                    a.attempt,
+                    a.owner,
+                    a.claimant
+                        .as_ref()
+                        .map_or(String::new(), |c| format!(" [{c}]")),
+                    rfc3339(a.claimed_at)
+                );
+                if let Some(s) = &a.summary {
+                    println!("      summary: {s}");
+                }
+                if let Some(art) = &a.artifact {
+                    println!("      artifact: {art}");
+                }
+            }
+            if view.attempts_pruned > 0 {
+                println!("  ({} older attempts pruned)", view.attempts_pruned);
+            }
+            Ok(())
+        }
+        TodoCmd::Retry { id } => {
+            let store = open(db).await?;
+            let t = store.retry(now(), &Actor::Operator, &id).await?;
+            println!("{}: {}", t.id, t.state);
+            Ok(())
+        }
+        TodoCmd::Cancel { id } => {
+            let store = open(db).await?;
+            let t = store.cancel(now(), &Actor::Operator, &id).await?;
+            println!("{}: {}", t.id, t.state);
+            Ok(())
+        }
+    }
+}

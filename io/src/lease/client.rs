@@ -1,0 +1,682 @@
+//! [`LeaseClient`]: one MCP session per lease source, used for `tools/list` and `tools/call`
+//! only (REQ-17), with the REQ-19 capability check on every (re-)initialize.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
+use relay_core::error::ErrorCode;
+use relay_core::relay::{
+    Capabilities, ClaimedTodo, Command, Input, LeaseError, ReportVerb, RequestId,
+    check_capabilities,
+};
+use relay_core::wire::ClaimOut;
+use serde_json::{Map, Value, json};
+
+use super::mcp::{Endpoint, RpcError, Session};
+use super::transport::Transport;
+
+/// `tools/list` pages followed at most; a server that keeps answering a cursor is broken.
+const MAX_TOOLS_PAGES: usize = 64;
+
+/// The [`LeaseError::Other`] code of a call refused locally because the source's server lacks
+/// the SPEC-0034 arguments (REQ-19): nothing was sent.
+pub const UNSUPPORTED: &str = "lease_source_unsupported";
+/// The [`LeaseError::Other`] code of an HTTP 401 or 403: the credential is wrong.
+pub const UNAUTHORIZED: &str = "unauthorized";
+/// The [`LeaseError::Other`] code of a JSON-RPC error object (an unknown method, bad params).
+pub const RPC_ERROR: &str = "rpc_error";
+/// The [`LeaseError::Other`] code of a tool error without a readable code.
+pub const TOOL_ERROR: &str = "tool_error";
+
+/// What happened to the source's session while a call ran. The daemon hands each one, as
+/// [`SessionNews::input`], to every harness bound to the source, before the call's own answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionNews {
+    /// The server expired the session (`Input::SessionExpired`).
+    Expired,
+    /// A session was (re-)initialized and its tools/list checked (`Input::CapabilitiesKnown`).
+    Known(Capabilities),
+}
+
+impl SessionNews {
+    pub fn input(&self) -> Input {
+        match self {
+            SessionNews::Expired => Input::SessionExpired,
+            SessionNews::Known(caps) => Input::CapabilitiesKnown(caps.clone()),
+        }
+    }
+}
+
+/// A lease-source error wrapped with the source and the operation (REQ-24). `kind` is what the
+/// attempt logic branches on; the text says what was wrong and what to do, and never holds a
+/// header value or a lease token (server text is redacted before it is quoted).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: {operation} failed: {detail}; {hint}")]
+pub struct LeaseCallError {
+    /// `queue.ci`.
+    pub source_name: String,
+    /// `claim_next`, `heartbeat for todo td_1`, `initialize` …
+    pub operation: String,
+    pub kind: LeaseError,
+    pub detail: String,
+    pub hint: String,
+}
+
+impl LeaseCallError {
+    /// The same failure, met while (re-)initializing for `operation`: the error names the
+    /// call the daemon asked for, and says which step failed.
+    fn during(mut self, operation: &str) -> LeaseCallError {
+        self.detail = format!("{}: {}", self.operation, self.detail);
+        self.operation = operation.to_string();
+        self
+    }
+}
+
+/// The answer to one lease command: the input for the machine, the session news to broadcast
+/// first, and the wrapped error behind a `*Failed` input, for the log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseOutcome {
+    pub input: Input,
+    pub session: Vec<SessionNews>,
+    pub error: Option<LeaseCallError>,
+}
+
+impl LeaseOutcome {
+    /// Every input in the order the machine must see them: session news, then the answer.
+    pub fn inputs(&self) -> Vec<Input> {
+        self.session
+            .iter()
+            .map(SessionNews::input)
+            .chain(std::iter::once(self.input.clone()))
+            .collect()
+    }
+}
+
+/// A `tools/list` answer for doctor, with the session news met on the way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolsList {
+    /// `{"tools": [...]}`, every page merged.
+    pub tools: Value,
+    pub session: Vec<SessionNews>,
+}
+
+/// `execute` was handed a command that is not a lease call (a contract error of the caller).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}: the lease client executes only SendClaimNext, SendHeartbeat and SendReport")]
+pub struct NotALeaseCall(pub String);
+
+#[derive(Default)]
+struct State {
+    session: Option<Session>,
+    /// Bumped on every new session, so that concurrent callers that all saw the old one
+    /// expire re-initialize once, not once each.
+    generation: u64,
+    capabilities: Option<Capabilities>,
+}
+
+/// The lease client of one `[queue.<name>]` source. Cheap to share (`Arc`); calls may run
+/// concurrently (several harnesses may bind one source). It never opens the GET notification
+/// stream and never advertises the `claude/channel` capability, so the server never treats its
+/// session as a doorbell target.
+///
+/// Error mapping (the input's [`LeaseError`]):
+/// - a tool result with `isError` → `Code(conflict | not_found | forbidden | invalid |
+///   internal)`, an unknown code → `Other(code)`, no code → `Other("tool_error")`;
+/// - connection refused, timeout, HTTP 5xx, an answer that is not JSON-RPC or not the tool's
+///   shape, a session that expired again right after re-initializing → `Transport`;
+/// - HTTP 401/403 → `Other("unauthorized")`: the credential is wrong, retrying cannot help;
+/// - other HTTP statuses → `Other("http_<status>")`; a JSON-RPC error object →
+///   `Other("rpc_error")`;
+/// - a source whose server lacks the SPEC-0034 arguments → `Other("lease_source_unsupported")`
+///   without sending the call.
+pub struct LeaseClient {
+    ep: Endpoint,
+    state: Mutex<State>,
+    /// Serialises (re-)initialization.
+    init: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for LeaseClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("endpoint", &self.ep)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The wrapped error for an [`RpcError`].
+fn rpc_failure(ep: &Endpoint, operation: &str, e: &RpcError) -> LeaseCallError {
+    let (kind, hint) = match e {
+        RpcError::Transport(_) => (
+            LeaseError::Transport,
+            "check that the queue server is running and reachable at the source's url".to_string(),
+        ),
+        RpcError::Malformed(_) => (
+            LeaseError::Transport,
+            "check that the source's url points at a relay queue server's /mcp/<endpoint>"
+                .to_string(),
+        ),
+        RpcError::SessionGone => (
+            LeaseError::Transport,
+            "the server expired a session it had just opened; see the server's log".to_string(),
+        ),
+        RpcError::Status(s) if *s >= 500 => (
+            LeaseError::Transport,
+            "the queue server failed; see its log".to_string(),
+        ),
+        RpcError::Status(s) => (
+            LeaseError::Other(format!("http_{s}")),
+            "check the source's url: it must be the server's /mcp/<endpoint> URL".to_string(),
+        ),
+        RpcError::Unauthorized(_) => (
+            LeaseError::Other(UNAUTHORIZED.into()),
+            "check the source's Authorization header and the token in its env_file".to_string(),
+        ),
+        RpcError::Rpc { .. } => (
+            LeaseError::Other(RPC_ERROR.into()),
+            "run `relay doctor` to compare the server's tools with what relay needs".to_string(),
+        ),
+    };
+    LeaseCallError {
+        source_name: ep.source.clone(),
+        operation: operation.to_string(),
+        kind,
+        detail: e.describe(),
+        hint,
+    }
+}
+
+fn unsupported(ep: &Endpoint, operation: &str, caps: &Capabilities) -> LeaseCallError {
+    LeaseCallError {
+        source_name: ep.source.clone(),
+        operation: operation.to_string(),
+        kind: LeaseError::Other(UNSUPPORTED.into()),
+        detail: format!(
+            "the server's tools lack {} (not sent)",
+            caps.missing.join(", ")
+        ),
+        hint: "relay needs a queue server with attempt history and fenced leases \
+               (SPEC-0034); upgrade the server and run `relay doctor`"
+            .to_string(),
+    }
+}
+
+fn code_hint(kind: &LeaseError) -> &'static str {
+    match kind {
+        LeaseError::Code(ErrorCode::Conflict) => "this attempt no longer holds the lease",
+        LeaseError::Code(ErrorCode::NotFound) => {
+            "the todo is unknown to this endpoint (or was deleted)"
+        }
+        LeaseError::Code(ErrorCode::Forbidden) => {
+            "grant the verb and the queue to the source's endpoint (`relay endpoint create … \
+             --verbs …`)"
+        }
+        LeaseError::Code(ErrorCode::Invalid) => {
+            "the server refused the arguments; run `relay doctor` to check its schemas"
+        }
+        LeaseError::Code(ErrorCode::Internal) => "the queue server hit a bug; see its log",
+        _ => "see the queue server's log",
+    }
+}
+
+/// What `tools/call` answered, before it is shaped into an input.
+type CallResult = Result<Value, LeaseCallError>;
+
+impl LeaseClient {
+    /// `source` names the source in errors (`queue.ci`); `headers` are its resolved headers.
+    pub fn new(
+        source: impl Into<String>,
+        url: impl Into<String>,
+        headers: impl IntoIterator<Item = (String, Secret)>,
+        transport: Arc<dyn Transport>,
+    ) -> LeaseClient {
+        LeaseClient {
+            ep: Endpoint::new(source, url, headers, transport),
+            state: Mutex::new(State::default()),
+            init: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The client of `[queue.<name>]` in a resolved config; `None` when there is no such table.
+    pub fn from_config(
+        config: &ResolvedConfig,
+        name: &str,
+        transport: Arc<dyn Transport>,
+    ) -> Option<LeaseClient> {
+        let source = config.config.queues.get(name)?;
+        let r = SourceRef {
+            kind: SourceKind::Queue,
+            name: name.to_string(),
+        };
+        let headers = config.headers(&r).cloned().unwrap_or_default();
+        Some(LeaseClient::new(
+            r.to_string(),
+            source.endpoint.url.as_str(),
+            headers,
+            transport,
+        ))
+    }
+
+    /// Bounds every request (default 10 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> LeaseClient {
+        self.ep.timeout = timeout;
+        self
+    }
+
+    /// The source's name, as errors show it.
+    pub fn source_name(&self) -> &str {
+        &self.ep.source
+    }
+
+    /// The verdict of the last capability check, if a session has been checked.
+    pub fn capabilities(&self) -> Option<Capabilities> {
+        self.lock().capabilities.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new session: `initialize`, `notifications/initialized`, `tools/list` (every page),
+    /// then the REQ-19 check. Replaces any current session. The daemon hands the answer to
+    /// every harness bound to the source as `Input::CapabilitiesKnown`.
+    pub async fn initialize(&self) -> Result<Capabilities, LeaseCallError> {
+        let _init = self.init.lock().await;
+        self.lock().session = None;
+        self.open_checked().await.map(|(caps, _)| caps)
+    }
+
+    /// Opens and checks a session and installs it; the caller holds `init`.
+    async fn open_checked(&self) -> Result<(Capabilities, Value), LeaseCallError> {
+        let session = self
+            .ep
+            .open_session()
+            .await
+            .map_err(|e| rpc_failure(&self.ep, "initialize", &e))?;
+        let tools = self
+            .list_tools(&session)
+            .await
+            .map_err(|e| rpc_failure(&self.ep, "tools/list", &e))?;
+        let caps = check_capabilities(&tools);
+        if !caps.supported() {
+            tracing::error!(
+                source = %self.ep.source,
+                missing = %caps.missing.join(", "),
+                "the lease source's server lacks the arguments relay needs (SPEC-0034 attempt \
+                 history); its harnesses are skipped until the server is upgraded"
+            );
+        }
+        let mut state = self.lock();
+        state.session = Some(session);
+        state.generation += 1;
+        state.capabilities = Some(caps.clone());
+        Ok((caps, tools))
+    }
+
+    /// Every page of `tools/list`, merged into one `{"tools": [...]}`.
+    async fn list_tools(&self, session: &Session) -> Result<Value, RpcError> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_TOOLS_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let (page, _) = self.ep.rpc(Some(session), "tools/list", params).await?;
+            let Some(list) = page.get("tools").and_then(Value::as_array) else {
+                return Err(RpcError::Malformed(
+                    "tools/list answered no tools array".into(),
+                ));
+            };
+            tools.extend(list.iter().cloned());
+            match page.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if Some(next) != cursor.as_deref() => cursor = Some(next.to_string()),
+                Some(_) => {
+                    return Err(RpcError::Malformed(
+                        "tools/list answered the same cursor twice".into(),
+                    ));
+                }
+                None => return Ok(json!({ "tools": tools })),
+            }
+        }
+        Err(RpcError::Malformed(format!(
+            "tools/list did not end within {MAX_TOOLS_PAGES} pages"
+        )))
+    }
+
+    /// The server's whole tool list, as `{"tools": [...]}`, for `relay doctor` (REQ-21), which
+    /// names missing verbs and arguments from it. Opens a session when there is none, and
+    /// re-initializes once when the server expired it (the news comes back with the list).
+    pub async fn tools_list(&self) -> Result<ToolsList, LeaseCallError> {
+        let failed = |e: RpcError| rpc_failure(&self.ep, "tools/list", &e);
+        let mut session = Vec::new();
+        let seen = match self.current() {
+            Some((current, generation)) => match self.list_tools(&current).await {
+                Err(RpcError::SessionGone) => Some(generation),
+                r => {
+                    let tools = r.map_err(failed)?;
+                    return Ok(ToolsList { tools, session });
+                }
+            },
+            None => None,
+        };
+        let tools = match self.renew(seen, &mut session).await? {
+            (_, _, Some(tools)) => tools,
+            (current, _, None) => self.list_tools(&current).await.map_err(failed)?,
+        };
+        Ok(ToolsList { tools, session })
+    }
+
+    fn current(&self) -> Option<(Session, u64)> {
+        let state = self.lock();
+        Some((state.session.clone()?, state.generation))
+    }
+
+    /// Makes sure there is a session newer than `seen` (the generation the caller found
+    /// expired; `None`: there was none). Whoever gets here first re-initializes and reports the
+    /// news; later callers use its session.
+    async fn renew(
+        &self,
+        seen: Option<u64>,
+        news: &mut Vec<SessionNews>,
+    ) -> Result<(Session, u64, Option<Value>), LeaseCallError> {
+        let _init = self.init.lock().await;
+        {
+            let mut state = self.lock();
+            if let Some(session) = &state.session
+                && seen != Some(state.generation)
+            {
+                return Ok((session.clone(), state.generation, None));
+            }
+            if seen.is_some() && state.session.is_some() {
+                state.session = None;
+                news.push(SessionNews::Expired);
+            }
+        }
+        let (caps, tools) = self.open_checked().await?;
+        news.push(SessionNews::Known(caps));
+        let (session, generation) = self.current().ok_or_else(|| LeaseCallError {
+            source_name: self.ep.source.clone(),
+            operation: "initialize".into(),
+            kind: LeaseError::Transport,
+            detail: "the session was dropped while it was being opened".into(),
+            hint: "retry".into(),
+        })?;
+        Ok((session, generation, Some(tools)))
+    }
+
+    fn supported_or(&self, operation: &str) -> Result<(), LeaseCallError> {
+        match self.capabilities() {
+            Some(caps) if !caps.supported() => Err(unsupported(&self.ep, operation, &caps)),
+            _ => Ok(()),
+        }
+    }
+
+    /// One `tools/call`, with the session handling: a session is opened first when there is
+    /// none; an HTTP 404 on the session (the server forgot it and did not run the call)
+    /// re-initializes and retries the call once, unless the re-check finds the source
+    /// unsupported.
+    async fn call(
+        &self,
+        operation: &str,
+        tool: &str,
+        arguments: Value,
+        token: Option<&str>,
+        news: &mut Vec<SessionNews>,
+    ) -> CallResult {
+        let (session, generation) = match self.current() {
+            Some((s, g)) => (s, g),
+            None => {
+                let (s, g, _) = self
+                    .renew(None, news)
+                    .await
+                    .map_err(|e| e.during(operation))?;
+                (s, g)
+            }
+        };
+        self.supported_or(operation)?;
+        let params = json!({"name": tool, "arguments": arguments});
+        match self
+            .ep
+            .rpc(Some(&session), "tools/call", params.clone())
+            .await
+        {
+            Err(RpcError::SessionGone) => {}
+            r => return self.tool_result(operation, r, token),
+        }
+        let (session, _, _) = self
+            .renew(Some(generation), news)
+            .await
+            .map_err(|e| e.during(operation))?;
+        self.supported_or(operation)?;
+        match self.ep.rpc(Some(&session), "tools/call", params).await {
+            Err(RpcError::SessionGone) => {
+                // Expired again at once: let the next call start over.
+                let mut state = self.lock();
+                if state.session.as_ref() == Some(&session) {
+                    state.session = None;
+                    news.push(SessionNews::Expired);
+                }
+                drop(state);
+                Err(rpc_failure(&self.ep, operation, &RpcError::SessionGone))
+            }
+            r => self.tool_result(operation, r, token),
+        }
+    }
+
+    /// A tool result's answer object, or its `isError` code as the error.
+    fn tool_result(
+        &self,
+        operation: &str,
+        r: Result<(Value, Vec<(String, String)>), RpcError>,
+        token: Option<&str>,
+    ) -> CallResult {
+        let (result, _) = r.map_err(|e| rpc_failure(&self.ep, operation, &e))?;
+        let answer = result
+            .get("structuredContent")
+            .filter(|v| v.is_object())
+            .cloned()
+            .or_else(|| {
+                // Servers without structured output put the same JSON in the first text block.
+                let text =
+                    result.get("content")?.as_array()?.iter().find_map(|c| {
+                        (c.get("type")? == "text").then(|| c.get("text")?.as_str())?
+                    })?;
+                serde_json::from_str::<Value>(text).ok()
+            });
+        let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
+        if !is_error {
+            return answer.ok_or_else(|| LeaseCallError {
+                source_name: self.ep.source.clone(),
+                operation: operation.to_string(),
+                kind: LeaseError::Transport,
+                detail: "the tool result carries no JSON answer".into(),
+                hint: "check that the source's url points at a relay queue server".into(),
+            });
+        }
+        let error = answer.as_ref().and_then(|a| a.get("error"));
+        let code = error.and_then(|e| e.get("code")).and_then(Value::as_str);
+        let message = error
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        let kind = match code {
+            Some(c) => ErrorCode::parse(c)
+                .map(LeaseError::Code)
+                .unwrap_or_else(|| LeaseError::Other(self.ep.quote(c, token))),
+            None => LeaseError::Other(TOOL_ERROR.into()),
+        };
+        Err(LeaseCallError {
+            source_name: self.ep.source.clone(),
+            operation: operation.to_string(),
+            detail: format!("{}: {}", kind.code(), self.ep.quote(message, token)),
+            hint: code_hint(&kind).to_string(),
+            kind,
+        })
+    }
+
+    /// Carries out a `SendClaimNext`, `SendHeartbeat` or `SendReport` and answers the input the
+    /// machine expects for it, with the session news to hand out first.
+    pub async fn execute(&self, command: &Command) -> Result<LeaseOutcome, NotALeaseCall> {
+        let mut news = Vec::new();
+        let (input, error) = match command {
+            Command::SendClaimNext {
+                request,
+                queue,
+                lease_ttl_seconds,
+                require_fence,
+                claimant,
+                ..
+            } => {
+                let mut args = Map::new();
+                if let Some(q) = queue {
+                    args.insert("queue".into(), json!(q));
+                }
+                args.insert("lease_ttl_seconds".into(), json!(lease_ttl_seconds));
+                args.insert("require_fence".into(), json!(require_fence));
+                args.insert("claimant".into(), json!(claimant));
+                let r = self
+                    .call(
+                        "claim_next",
+                        "claim_next",
+                        Value::Object(args),
+                        None,
+                        &mut news,
+                    )
+                    .await
+                    .and_then(|answer| self.decode_claim(*request, answer));
+                match r {
+                    Ok(input) => (input, None),
+                    Err(e) => (
+                        Input::ClaimFailed {
+                            request: *request,
+                            error: e.kind.clone(),
+                        },
+                        Some(e),
+                    ),
+                }
+            }
+            Command::SendHeartbeat {
+                request,
+                todo_id,
+                lease_ttl_seconds,
+                lease_token,
+                ..
+            } => {
+                let args = json!({
+                    "id": todo_id,
+                    "lease_ttl_seconds": lease_ttl_seconds,
+                    "lease_token": lease_token.expose(),
+                });
+                let op = format!("heartbeat for todo {todo_id}");
+                let token = Some(lease_token.expose());
+                match self.call(&op, "heartbeat", args, token, &mut news).await {
+                    Ok(_) => (Input::HeartbeatOk { request: *request }, None),
+                    Err(e) => (
+                        Input::HeartbeatFailed {
+                            request: *request,
+                            error: e.kind.clone(),
+                        },
+                        Some(e),
+                    ),
+                }
+            }
+            Command::SendReport {
+                request,
+                verb,
+                todo_id,
+                lease_token,
+                summary,
+                artifact,
+                result,
+                ..
+            } => {
+                let mut args = Map::new();
+                args.insert("id".into(), json!(todo_id));
+                args.insert("summary".into(), json!(summary));
+                if *verb != ReportVerb::Release {
+                    if let Some(a) = artifact {
+                        args.insert("artifact".into(), json!(a));
+                    }
+                    if result.is_object() {
+                        args.insert("result".into(), result.clone());
+                    }
+                }
+                args.insert("lease_token".into(), json!(lease_token.expose()));
+                let op = format!("{} for todo {todo_id}", verb.as_str());
+                let token = Some(lease_token.expose());
+                let r = self
+                    .call(&op, verb.as_str(), Value::Object(args), token, &mut news)
+                    .await;
+                match r {
+                    Ok(answer) => {
+                        let (dead_letter, next_retry_at) = report_fields(&answer);
+                        (
+                            Input::ReportAnswered {
+                                request: *request,
+                                dead_letter,
+                                next_retry_at,
+                            },
+                            None,
+                        )
+                    }
+                    Err(e) => (
+                        Input::ReportFailed {
+                            request: *request,
+                            error: e.kind.clone(),
+                        },
+                        Some(e),
+                    ),
+                }
+            }
+            other => {
+                // The variant's name only: other commands carry payloads and summaries.
+                let debug = format!("{other:?}");
+                let name = debug.split([' ', '{', '(']).next().unwrap_or_default();
+                return Err(NotALeaseCall(name.to_string()));
+            }
+        };
+        if let Some(e) = &error {
+            tracing::warn!(source = %self.ep.source, operation = %e.operation, code = e.kind.code(), "{e}");
+        }
+        Ok(LeaseOutcome {
+            input,
+            session: news,
+            error,
+        })
+    }
+
+    fn decode_claim(&self, request: RequestId, answer: Value) -> Result<Input, LeaseCallError> {
+        let broken = |what: String| LeaseCallError {
+            source_name: self.ep.source.clone(),
+            operation: "claim_next".into(),
+            kind: LeaseError::Transport,
+            detail: format!("the claim answer {what}"),
+            hint: "check that the source's server speaks the relay queue contract".into(),
+        };
+        if answer.get("empty").and_then(Value::as_bool) == Some(true) {
+            return Ok(Input::ClaimEmpty { request });
+        }
+        let out: ClaimOut = serde_json::from_value(answer)
+            .map_err(|e| broken(format!("does not have the claim shape ({e})")))?;
+        let claim = ClaimedTodo::from_wire(&out)
+            .ok_or_else(|| broken("lacks the todo or the attempt's seq".into()))?;
+        Ok(Input::ClaimAnswered { request, claim })
+    }
+}
+
+/// `dead_letter` and `next_retry_at` of a report answer: the todo itself (fail answers the
+/// todo plus both) or a `{"todo": …}` wrapper. Only `dead_letter` says dead letter (REQ-16).
+fn report_fields(answer: &Value) -> (bool, Option<String>) {
+    let field = |name: &str| {
+        answer
+            .get(name)
+            .or_else(|| answer.get("todo").and_then(|t| t.get(name)))
+    };
+    let dead_letter = field("dead_letter").and_then(Value::as_bool) == Some(true);
+    let next_retry_at = field("next_retry_at")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    (dead_letter, next_retry_at)
+}

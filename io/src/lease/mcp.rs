@@ -1,0 +1,309 @@
+//! The narrow MCP Streamable HTTP client under the lease client and the doorbell listener:
+//! JSON-RPC over POST, the `initialize` handshake, the `Mcp-Session-Id` session, answers as
+//! JSON or as an SSE-framed stream. Nothing else of MCP (no sampling, no roots, no answering
+//! server requests) is spoken.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use relay_core::config::Secret;
+use relay_core::relay::Redactor;
+use serde_json::{Value, json};
+
+use futures_util::StreamExt;
+
+use super::sse::SseParser;
+use super::transport::{
+    HttpRequest, MAX_RESPONSE_BYTES, StreamResponse, Transport, TransportError,
+};
+
+/// The protocol revision asked for; the server's answer decides the one used.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// The default bound on every request.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Server messages quoted in errors are cut to this many bytes.
+const QUOTE_MAX: usize = 300;
+
+/// Where a source is reached: its name (for errors), URL, resolved headers and transport.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    /// `queue.ci`, `channel.bell`: what every error names.
+    pub source: String,
+    pub url: String,
+    headers: Vec<(String, Secret)>,
+    pub transport: Arc<dyn Transport>,
+    pub timeout: Duration,
+    next_id: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Endpoint")
+            .field("source", &self.source)
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One live MCP session: the id the server gave (if any) and the protocol revision agreed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub id: Option<String>,
+    pub protocol_version: String,
+}
+
+/// Why a JSON-RPC exchange gave no result. Texts quote the server only after redaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RpcError {
+    Transport(TransportError),
+    /// HTTP 401 or 403: the credential is wrong or missing.
+    Unauthorized(u16),
+    /// HTTP 404 on a request that carried a session id: the server forgot the session and did
+    /// not run the call.
+    SessionGone,
+    /// Any other non-2xx status.
+    Status(u16),
+    /// Not JSON, not JSON-RPC, or not the answer to our request.
+    Malformed(String),
+    /// A JSON-RPC error object.
+    Rpc {
+        code: i64,
+        message: String,
+    },
+}
+
+impl RpcError {
+    pub fn describe(&self) -> String {
+        match self {
+            RpcError::Transport(e) => e.to_string(),
+            RpcError::Unauthorized(s) => format!("the server answered HTTP {s}"),
+            RpcError::SessionGone => "the server no longer knows the session (HTTP 404)".into(),
+            RpcError::Status(s) => format!("the server answered HTTP {s}"),
+            RpcError::Malformed(m) => format!("the answer is not valid JSON-RPC ({m})"),
+            RpcError::Rpc { code, message } => {
+                format!("the server answered JSON-RPC error {code}: {message}")
+            }
+        }
+    }
+}
+
+impl Endpoint {
+    pub fn new(
+        source: impl Into<String>,
+        url: impl Into<String>,
+        headers: impl IntoIterator<Item = (String, Secret)>,
+        transport: Arc<dyn Transport>,
+    ) -> Endpoint {
+        Endpoint {
+            source: source.into(),
+            url: url.into(),
+            headers: headers.into_iter().collect(),
+            transport,
+            timeout: DEFAULT_TIMEOUT,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// The resolved header values, and the credential part of a `Scheme credential` value on
+    /// its own (a server may quote just the token): never shown, masked out of quoted text.
+    pub fn secret_values(&self) -> impl Iterator<Item = &str> {
+        self.headers.iter().flat_map(|(_, v)| {
+            let value = v.expose();
+            let credential = value
+                .split_once(' ')
+                .map(|(_, rest)| rest.trim())
+                .filter(|rest| !rest.is_empty());
+            std::iter::once(value).chain(credential)
+        })
+    }
+
+    /// A redactor for text quoted from the server: the header values plus `extra` (a lease
+    /// token), and the generic credential shapes.
+    pub fn redactor<'a>(&'a self, extra: impl IntoIterator<Item = &'a str>) -> Redactor {
+        Redactor::new(self.secret_values().chain(extra))
+    }
+
+    /// The request with the source's headers, the protocol headers and the session's.
+    pub fn request(&self, session: Option<&Session>, accept: &str, body: Vec<u8>) -> HttpRequest {
+        let mut headers: Vec<(String, String)> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.clone(), v.expose().to_string()))
+            .collect();
+        headers.push(("accept".into(), accept.into()));
+        if !body.is_empty() {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        if let Some(s) = session {
+            if let Some(id) = &s.id {
+                headers.push(("mcp-session-id".into(), id.clone()));
+            }
+            headers.push(("mcp-protocol-version".into(), s.protocol_version.clone()));
+        }
+        HttpRequest {
+            url: self.url.clone(),
+            headers,
+            body,
+            timeout: self.timeout,
+        }
+    }
+
+    fn check_status(&self, session: Option<&Session>, status: u16) -> Result<(), RpcError> {
+        match status {
+            200..=299 => Ok(()),
+            401 | 403 => Err(RpcError::Unauthorized(status)),
+            404 if session.is_some_and(|s| s.id.is_some()) => Err(RpcError::SessionGone),
+            s => Err(RpcError::Status(s)),
+        }
+    }
+
+    /// One JSON-RPC request: its `result` and the answer's headers. The whole exchange is
+    /// bounded by the timeout; an answer framed as an SSE stream is read only until the event
+    /// that carries it.
+    pub async fn rpc(
+        &self,
+        session: Option<&Session>,
+        method: &str,
+        params: Value,
+    ) -> Result<(Value, Vec<(String, String)>), RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let req = self.request(
+            session,
+            "application/json, text/event-stream",
+            body.to_string().into_bytes(),
+        );
+        let exchange = async {
+            let resp = self
+                .transport
+                .post_stream(req)
+                .await
+                .map_err(RpcError::Transport)?;
+            self.check_status(session, resp.status)?;
+            let answer = read_answer(resp, id).await?;
+            Ok::<_, RpcError>(answer)
+        };
+        let (answer, headers) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| RpcError::Transport(TransportError::Timeout(self.timeout)))??;
+        if let Some(err) = answer.get("error") {
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
+            let message = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            return Err(RpcError::Rpc {
+                code,
+                message: self.quote(message, []),
+            });
+        }
+        match answer.get("result") {
+            Some(result) => Ok((result.clone(), headers)),
+            None => Err(RpcError::Malformed(
+                "neither result nor error in the answer".into(),
+            )),
+        }
+    }
+
+    /// One JSON-RPC notification (no answer expected beyond a 2xx).
+    pub async fn notify(&self, session: Option<&Session>, method: &str) -> Result<(), RpcError> {
+        let body = json!({"jsonrpc": "2.0", "method": method});
+        let req = self.request(
+            session,
+            "application/json, text/event-stream",
+            body.to_string().into_bytes(),
+        );
+        let resp = self
+            .transport
+            .post(req)
+            .await
+            .map_err(RpcError::Transport)?;
+        self.check_status(session, resp.status)
+    }
+
+    /// `initialize` (advertising no capabilities at all, so no `claude/channel`) and then
+    /// `notifications/initialized`: a new session.
+    pub async fn open_session(&self) -> Result<Session, RpcError> {
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "relay", "version": env!("CARGO_PKG_VERSION")},
+        });
+        let (result, headers) = self.rpc(None, "initialize", params).await?;
+        let session = Session {
+            id: headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("mcp-session-id"))
+                .map(|(_, v)| v.clone()),
+            protocol_version: result
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(PROTOCOL_VERSION)
+                .to_string(),
+        };
+        self.notify(Some(&session), "notifications/initialized")
+            .await?;
+        Ok(session)
+    }
+
+    /// Server text, redacted and cut, for an error message.
+    pub fn quote<'a>(&'a self, text: &str, extra: impl IntoIterator<Item = &'a str>) -> String {
+        let text = self.redactor(extra).redact(text);
+        let cut = relay_core::bounds::cut_at_char_boundary(&text, QUOTE_MAX);
+        if cut.len() < text.len() {
+            format!("{cut}…")
+        } else {
+            cut.to_string()
+        }
+    }
+}
+
+/// The JSON-RPC answer with id `id` in a 2xx response, and the response's headers: the JSON
+/// body, or the SSE event that carries it when the server answered as a stream (whatever the
+/// stream carries before it, notifications or pings, is passed over).
+async fn read_answer(
+    resp: StreamResponse,
+    id: u64,
+) -> Result<(Value, Vec<(String, String)>), RpcError> {
+    let is_stream = resp
+        .header("content-type")
+        .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
+    let StreamResponse {
+        headers, mut body, ..
+    } = resp;
+    if is_stream {
+        let mut parser = SseParser::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(RpcError::Transport)?;
+            let answer = parser
+                .push(&chunk)
+                .into_iter()
+                .filter(|e| e.event.as_deref().is_none_or(|t| t == "message"))
+                .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+                .find(|v| v.get("id").and_then(Value::as_u64) == Some(id));
+            if let Some(answer) = answer {
+                return Ok((answer, headers));
+            }
+        }
+        return Err(RpcError::Malformed(
+            "the event stream ended without the answer".into(),
+        ));
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(RpcError::Transport)?;
+        if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(RpcError::Transport(TransportError::TooLarge(
+                MAX_RESPONSE_BYTES,
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let answer = serde_json::from_slice(&bytes)
+        .map_err(|e| RpcError::Malformed(format!("not JSON: {e}")))?;
+    Ok((answer, headers))
+}

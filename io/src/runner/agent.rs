@@ -1,0 +1,262 @@
+//! The attempt's process (`Command::Spawn`).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use relay_core::relay::summary::AGENT_SUMMARY_MAX_BYTES;
+use relay_core::relay::{Command, ExitStatus, Input, ProcessEnv, Signal};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin};
+use tokio::task::JoinHandle;
+
+use super::files::open_append;
+use super::group::{GroupGuard, ProcessGroup};
+use super::{RunnerError, StartError, StartKind, check_workdir, exit_status, resolve_program};
+
+/// Everything [`spawn_agent`] needs: the machine's `Spawn` command plus the driver's part, the
+/// daemon's environment and the run log's path.
+#[derive(Clone, Debug)]
+pub struct AgentSpec {
+    pub run_id: u64,
+    pub argv: Vec<String>,
+    /// Written to the process's stdin, which is then closed; `None` gives it `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    pub workdir: String,
+    pub env: ProcessEnv,
+    /// The environment `env` is layered over (see [`super::daemon_env`]).
+    pub daemon_env: Vec<(String, String)>,
+    /// Read (at most 16 KiB) when the process has exited; removed before the spawn.
+    pub summary_file: String,
+    /// Receives the process's stdout and stderr; appended to, created with mode 0600.
+    pub run_log: PathBuf,
+}
+
+impl AgentSpec {
+    /// The spec for a `Command::Spawn`; any other command gives `None`.
+    pub fn from_command(
+        command: Command,
+        daemon_env: Vec<(String, String)>,
+        run_log: PathBuf,
+    ) -> Option<AgentSpec> {
+        match command {
+            Command::Spawn {
+                run_id,
+                argv,
+                stdin,
+                workdir,
+                env,
+                summary_file,
+                ..
+            } => Some(AgentSpec {
+                run_id,
+                argv,
+                stdin,
+                workdir,
+                env,
+                daemon_env,
+                summary_file,
+                run_log,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A running agent. Keep its [`ProcessGroup`] to signal it, and hand the rest to a task with
+/// [`Agent::deliver`] (or await [`Agent::wait`]).
+#[derive(Debug)]
+pub struct Agent {
+    run_id: u64,
+    pid: u32,
+    group: ProcessGroup,
+    /// Kills the group if this is dropped before the child was reaped.
+    guard: GroupGuard,
+    child: Child,
+    stdin: Option<(ChildStdin, Vec<u8>)>,
+    summary_file: PathBuf,
+}
+
+/// Starts the attempt's process for `Command::Spawn` and returns without waiting for it.
+///
+/// The process gets exactly `spec.env.merged(spec.daemon_env)` as its environment, `workdir` as
+/// its working directory, a process group of its own, the prompt on stdin, and the run log as
+/// stdout and stderr. A stale summary file is removed first, so that what is read after the exit
+/// is the agent's own. The error names the program, the path tried and the OS error, and turns
+/// into `Input::SpawnFailed` with `.into()`.
+pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
+    let run_id = spec.run_id;
+    let fail = |message: String| StartError {
+        run_id,
+        kind: StartKind::Agent,
+        message,
+    };
+    let argv0 = spec.argv.first().map(String::as_str).unwrap_or_default();
+    let workdir = PathBuf::from(&spec.workdir);
+    let env = spec.env.merged(spec.daemon_env);
+    check_workdir(&workdir).map_err(|e| fail(format!("cannot start `{argv0}`: {e}")))?;
+    let program = resolve_program(argv0, &workdir, &env)
+        .map_err(|e| fail(format!("cannot start the agent: {e}")))?;
+    let log = open_append(&spec.run_log).map_err(|e| {
+        fail(format!(
+            "cannot open the run log {}: {e}: check that the jobs directory is writable",
+            spec.run_log.display()
+        ))
+    })?;
+    let log_err = log.try_clone().map_err(|e| {
+        fail(format!(
+            "cannot share the run log {} with stderr: {e}",
+            spec.run_log.display()
+        ))
+    })?;
+    let summary_file = PathBuf::from(&spec.summary_file);
+    match std::fs::remove_file(&summary_file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(fail(format!(
+                "cannot remove the stale summary file {}: {e}",
+                summary_file.display()
+            )));
+        }
+    }
+
+    let mut child = {
+        // Dropped at the end of this block: its copies of the log's descriptors close with it.
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.arg0(argv0)
+            .args(spec.argv.iter().skip(1))
+            .env_clear()
+            .envs(env)
+            .current_dir(&workdir)
+            .process_group(0)
+            .stdin(if spec.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(true);
+        cmd.spawn().map_err(|e| {
+            fail(format!(
+                "cannot start `{argv0}` ({}) in {}: {e}",
+                program.display(),
+                workdir.display()
+            ))
+        })?
+    };
+    let Some(pid) = child.id() else {
+        return Err(fail(format!("`{argv0}` exited before its pid was known")));
+    };
+    let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
+    let stdin = match (child.stdin.take(), spec.stdin) {
+        (Some(pipe), Some(bytes)) => Some((pipe, bytes)),
+        _ => None,
+    };
+    tracing::debug!(run_id, pid, program = %program.display(), "agent spawned");
+    Ok(Agent {
+        run_id,
+        pid,
+        guard: GroupGuard::new(group.clone()),
+        group,
+        child,
+        stdin,
+        summary_file,
+    })
+}
+
+impl Agent {
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The process group, for the machine's `Signal` commands.
+    pub fn group(&self) -> ProcessGroup {
+        self.group.clone()
+    }
+
+    /// Signals the whole process group (SIGTERM or SIGKILL).
+    pub fn signal(&self, signal: Signal) -> Result<(), RunnerError> {
+        self.group.signal(signal)
+    }
+
+    /// Writes the prompt, waits for the process to exit, and reads the summary file:
+    /// `Input::ProcessExited`. Dropping the future before then SIGKILLs the group.
+    pub async fn wait(self) -> Input {
+        let Agent {
+            run_id,
+            pid,
+            group,
+            mut guard,
+            mut child,
+            stdin,
+            summary_file,
+        } = self;
+        let write = async move {
+            if let Some((mut pipe, bytes)) = stdin {
+                // A process that exits or closes stdin early is its own business.
+                if let Err(e) = pipe.write_all(&bytes).await {
+                    tracing::debug!(run_id, error = %e, "agent stdin not fully written");
+                }
+            }
+        };
+        tokio::pin!(write);
+        let waited = tokio::select! {
+            status = child.wait() => status,
+            () = &mut write => child.wait().await,
+        };
+        // The stdin pipe is closed here at the latest (the write future is dropped).
+        let exit = match waited {
+            Ok(status) => exit_status(status),
+            Err(e) => {
+                tracing::error!(run_id, pid, error = %e, "waiting for the agent failed; killing its group");
+                let _ = group.raw_signal(nix::sys::signal::Signal::SIGKILL);
+                let _ = child.kill().await;
+                ExitStatus::Signal(nix::sys::signal::Signal::SIGKILL as i32)
+            }
+        };
+        group.mark_reaped();
+        guard.disarm();
+        tracing::debug!(run_id, pid, ?exit, "agent exited");
+        let summary_file = read_summary(&summary_file).await;
+        Input::ProcessExited {
+            run_id,
+            exit,
+            summary_file,
+        }
+    }
+
+    /// Starts the one task that waits for the process and hands `Input::ProcessExited` to
+    /// `sink` (for example `move |i| { let _ = tx.send(i); }`). The task ends right after.
+    pub fn deliver(self, sink: impl FnOnce(Input) + Send + 'static) -> JoinHandle<()> {
+        tokio::spawn(async move { sink(self.wait().await) })
+    }
+}
+
+/// At most [`AGENT_SUMMARY_MAX_BYTES`] of the summary file, when it is a regular file (a FIFO
+/// planted there must not hang the daemon).
+async fn read_summary(path: &std::path::Path) -> Option<Vec<u8>> {
+    let meta = tokio::fs::metadata(path).await.ok()?;
+    if !meta.is_file() {
+        tracing::warn!(path = %path.display(), "the attempt summary file is not a regular file; ignored");
+        return None;
+    }
+    let file = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the attempt summary file");
+            return None;
+        }
+    };
+    let mut bytes = Vec::new();
+    let limit = u64::try_from(AGENT_SUMMARY_MAX_BYTES).unwrap_or(u64::MAX);
+    if let Err(e) = file.take(limit).read_to_end(&mut bytes).await {
+        tracing::warn!(path = %path.display(), error = %e, "cannot read the attempt summary file");
+        return None;
+    }
+    Some(bytes)
+}

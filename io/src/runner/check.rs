@@ -1,0 +1,312 @@
+//! The operator's success check (`Command::RunCheck`): a plain child, no terminal.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use relay_core::relay::{Command, ExitStatus, Input, ProcessEnv};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::process::Child;
+use tokio::task::JoinHandle;
+
+use super::files::{FILE_MODE, create_parent};
+use super::group::{GroupGuard, ProcessGroup};
+use super::{StartError, StartKind, check_workdir, exit_status, resolve_program};
+
+/// How much of a check's latest output is kept for the summary.
+pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
+
+/// How long output is still read after the check exited and what was left of its group was
+/// killed; only a descendant that left the group can keep the pipe open that long.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// Everything [`run_check`] needs: the machine's `RunCheck` plus the driver's part.
+#[derive(Clone, Debug)]
+pub struct CheckSpec {
+    pub run_id: u64,
+    pub argv: Vec<String>,
+    pub workdir: String,
+    pub env: ProcessEnv,
+    /// The environment `env` is layered over (see [`super::daemon_env`]).
+    pub daemon_env: Vec<(String, String)>,
+    /// The run log the check's output is appended to.
+    pub run_log: PathBuf,
+}
+
+impl CheckSpec {
+    /// The spec for a `Command::RunCheck`; any other command gives `None`.
+    pub fn from_command(
+        command: Command,
+        daemon_env: Vec<(String, String)>,
+        run_log: PathBuf,
+    ) -> Option<CheckSpec> {
+        match command {
+            Command::RunCheck {
+                run_id,
+                argv,
+                workdir,
+                env,
+            } => Some(CheckSpec {
+                run_id,
+                argv,
+                workdir,
+                env,
+                daemon_env,
+                run_log,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A running check. Keep its [`ProcessGroup`] for `KillCheck`, and hand the rest to a task
+/// with [`Check::deliver`] (or await [`Check::wait`]).
+#[derive(Debug)]
+pub struct Check {
+    run_id: u64,
+    pid: u32,
+    name: String,
+    group: ProcessGroup,
+    /// Kills the group if this is dropped before the child was reaped.
+    guard: GroupGuard,
+    child: Child,
+    output: pipe::Receiver,
+    run_log: PathBuf,
+}
+
+/// Starts the success check for `Command::RunCheck` and returns without waiting for it: stdin
+/// is `/dev/null`, stdout and stderr share one pipe, and the environment is exactly
+/// `spec.env.merged(spec.daemon_env)`. The error turns into `Input::CheckFailedToStart`.
+pub fn run_check(spec: CheckSpec) -> Result<Check, StartError> {
+    let run_id = spec.run_id;
+    let fail = |message: String| StartError {
+        run_id,
+        kind: StartKind::Check,
+        message,
+    };
+    let argv0 = spec.argv.first().map(String::as_str).unwrap_or_default();
+    let workdir = PathBuf::from(&spec.workdir);
+    let env = spec.env.merged(spec.daemon_env);
+    check_workdir(&workdir)
+        .map_err(|e| fail(format!("cannot start the success check `{argv0}`: {e}")))?;
+    let program = resolve_program(argv0, &workdir, &env)
+        .map_err(|e| fail(format!("cannot start the success check: {e}")))?;
+    let (sender, output) = pipe::pipe()
+        .map_err(|e| fail(format!("cannot create a pipe for the success check: {e}")))?;
+    let child = {
+        // Dropped at the end of this block, and with it our copies of the pipe's write end: the
+        // read end sees EOF once the check's processes have closed theirs.
+        let out = sender
+            .into_blocking_fd()
+            .map_err(|e| fail(format!("cannot set up the success check's output: {e}")))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| fail(format!("cannot set up the success check's output: {e}")))?;
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.arg0(argv0)
+            .args(spec.argv.iter().skip(1))
+            .env_clear()
+            .envs(env)
+            .current_dir(&workdir)
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        cmd.spawn().map_err(|e| {
+            fail(format!(
+                "cannot start the success check `{argv0}` ({}) in {}: {e}",
+                program.display(),
+                workdir.display()
+            ))
+        })?
+    };
+    let Some(pid) = child.id() else {
+        return Err(fail(format!(
+            "the success check `{argv0}` exited before its pid was known"
+        )));
+    };
+    let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
+    tracing::debug!(run_id, pid, program = %program.display(), "success check started");
+    Ok(Check {
+        run_id,
+        pid,
+        name: argv0.to_string(),
+        guard: GroupGuard::new(group.clone()),
+        group,
+        child,
+        output,
+        run_log: spec.run_log,
+    })
+}
+
+/// The run log's delimiter line for a check.
+pub(crate) fn delimiter(name: &str, run_id: u64) -> String {
+    format!("--- success check: {name} (run {run_id}) ---\n")
+}
+
+/// Where the check's output goes: the run log (when it can be opened) and the tail.
+struct Sink {
+    log: Option<tokio::fs::File>,
+    run_log: PathBuf,
+    tail: Vec<u8>,
+}
+
+impl Sink {
+    async fn open(run_log: PathBuf) -> Sink {
+        let opened = async {
+            let parent_log = run_log.clone();
+            tokio::task::spawn_blocking(move || create_parent(&parent_log))
+                .await
+                .map_err(std::io::Error::other)??;
+            tokio::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(FILE_MODE)
+                .open(&run_log)
+                .await
+        }
+        .await;
+        let log = match opened {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(path = %run_log.display(), error = %e, "cannot open the run log for the success check's output");
+                None
+            }
+        };
+        Sink {
+            log,
+            run_log,
+            tail: Vec::new(),
+        }
+    }
+
+    async fn log(&mut self, bytes: &[u8]) {
+        if let Some(f) = &mut self.log
+            && let Err(e) = f.write_all(bytes).await
+        {
+            tracing::warn!(path = %self.run_log.display(), error = %e, "cannot append the success check's output to the run log");
+            self.log = None;
+        }
+    }
+
+    async fn output(&mut self, bytes: &[u8]) {
+        self.log(bytes).await;
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > CHECK_TAIL_BYTES {
+            let excess = self.tail.len() - CHECK_TAIL_BYTES;
+            self.tail.drain(..excess);
+        }
+    }
+
+    async fn close(mut self) -> Vec<u8> {
+        if let Some(f) = &mut self.log
+            && let Err(e) = f.flush().await
+        {
+            tracing::warn!(path = %self.run_log.display(), error = %e, "cannot flush the run log");
+        }
+        self.tail
+    }
+}
+
+impl Check {
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The check's process group, for `KillCheck` ([`ProcessGroup::kill`]).
+    pub fn group(&self) -> ProcessGroup {
+        self.group.clone()
+    }
+
+    /// `KillCheck`: SIGKILL to the check's whole group.
+    pub fn kill(&self) -> Result<(), super::RunnerError> {
+        self.group.kill()
+    }
+
+    /// Copies the output into the run log under the delimiter line and into the tail, waits
+    /// for the check to exit, kills whatever it left running in its group, and yields
+    /// `Input::CheckExited`. Dropping the future before then SIGKILLs the group.
+    pub async fn wait(self) -> Input {
+        let Check {
+            run_id,
+            pid,
+            name,
+            group,
+            mut guard,
+            mut child,
+            mut output,
+            run_log,
+        } = self;
+        let mut sink = Sink::open(run_log).await;
+        sink.log(delimiter(&name, run_id).as_bytes()).await;
+        let mut buf = vec![0u8; 8 * 1024];
+        let mut open = true;
+        let waited = loop {
+            tokio::select! {
+                status = child.wait() => break status,
+                read = output.read(&mut buf), if open => match read {
+                    Ok(0) => open = false,
+                    Ok(n) => sink.output(&buf[..n]).await,
+                    Err(e) => {
+                        tracing::warn!(run_id, error = %e, "reading the success check's output failed");
+                        open = false;
+                    }
+                },
+            }
+        };
+        let exit = match waited {
+            Ok(status) => exit_status(status),
+            Err(e) => {
+                tracing::error!(run_id, pid, error = %e, "waiting for the success check failed; killing its group");
+                let _ = child.kill().await;
+                ExitStatus::Signal(nix::sys::signal::Signal::SIGKILL as i32)
+            }
+        };
+        // What the check left behind in its group would hold the pipe open: it goes too.
+        if let Err(e) = group.raw_signal(nix::sys::signal::Signal::SIGKILL) {
+            tracing::warn!(run_id, pgid = group.pgid(), error = %e, "cannot kill what the success check left running");
+        }
+        group.mark_reaped();
+        guard.disarm();
+        if open {
+            let drain = async {
+                loop {
+                    match output.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => sink.output(&buf[..n]).await,
+                    }
+                }
+            };
+            if tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await.is_err() {
+                tracing::warn!(
+                    run_id,
+                    "a process the success check started still holds its output open; stopped reading"
+                );
+            }
+        }
+        let code = match exit {
+            ExitStatus::Code(c) => format!("exit {c}"),
+            ExitStatus::Signal(s) => format!("killed by signal {s}"),
+        };
+        sink.log(format!("--- success check: {code} ---\n").as_bytes())
+            .await;
+        let output_tail = sink.close().await;
+        tracing::debug!(run_id, pid, ?exit, "success check exited");
+        Input::CheckExited {
+            run_id,
+            exit,
+            output_tail,
+        }
+    }
+
+    /// Starts the one task that copies the output, waits for the check and hands
+    /// `Input::CheckExited` to `sink`. The task ends right after.
+    pub fn deliver(self, sink: impl FnOnce(Input) + Send + 'static) -> JoinHandle<()> {
+        tokio::spawn(async move { sink(self.wait().await) })
+    }
+}
