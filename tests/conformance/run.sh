@@ -76,7 +76,7 @@ set +e
 suite_status=$?
 set -e
 # The suite's per-scenario summary, without its "Total:" line (compare.py's line is the verdict).
-sed -n '/=== SUMMARY ===/,$p' "$work/suite.log" | grep -v '^Total:' || true
+sed -n '/=== SUMMARY ===/,$p' "$work/suite.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -v '^Total:' || true
 
 status=0
 python3 "$here/compare.py" "$work/results" "$here/expected-failures.txt" || status=1

@@ -111,7 +111,8 @@ class Relay:
 def relay():
     r = Relay()
     r.token = r.cli("endpoint", "create", ENDPOINT, "--verbs", ",".join(GRANTED), "--queues", QUEUE)
-    assert r.token and "\n" not in r.token, "endpoint create prints the token on one line"
+    one_line = bool(r.token) and "\n" not in r.token  # (never shown: it is a credential)
+    assert one_line, "endpoint create prints the token on one line"
     r.todos = {
         name: r.cli(
             "todo", "add", "--endpoint", ENDPOINT, "--queue", QUEUE, "--title", name,
@@ -298,6 +299,7 @@ def test_wrong_token_is_401(relay: Relay) -> None:
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 401
+    assert e.value.headers.get("WWW-Authenticate", "").lower().startswith("bearer")
 
     # The SDK sees the same refusal and does not get a session.
     async def go() -> None:
