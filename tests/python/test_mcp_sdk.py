@@ -37,6 +37,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 REPO = Path(__file__).resolve().parents[2]
 ENDPOINT = "worker"
 QUEUE = "work"
+OTHER = "other"  # a second granted queue, so that claim_next on QUEUE has one candidate
 # The verbs vended to ENDPOINT; get_todo comes with list_todos, release and add_todo are not granted.
 GRANTED = ["claim_next", "claim", "heartbeat", "complete", "fail", "list_todos"]
 LISTED = {"claim_next", "claim", "heartbeat", "complete", "fail", "list_todos", "get_todo"}
@@ -110,27 +111,32 @@ class Relay:
 @pytest.fixture(scope="module")
 def relay():
     r = Relay()
-    r.token = r.cli("endpoint", "create", ENDPOINT, "--verbs", ",".join(GRANTED), "--queues", QUEUE)
+    r.token = r.cli(
+        "endpoint", "create", ENDPOINT, "--verbs", ",".join(GRANTED), "--queues", f"{QUEUE},{OTHER}"
+    )
     one_line = bool(r.token) and "\n" not in r.token  # (never shown: it is a credential)
     assert one_line, "endpoint create prints the token on one line"
     r.todos = {
         name: r.cli(
-            "todo", "add", "--endpoint", ENDPOINT, "--queue", QUEUE, "--title", name,
+            "todo", "add", "--endpoint", ENDPOINT, "--queue", queue, "--title", name,
             "--max-attempts", "2",
         )
-        for name in ("dead-letter", "retry")
+        for name, queue in (("dead-letter", QUEUE), ("retry", OTHER))
     }
     r.start()
     yield r
     r.stop()
 
 
-def client(r: Relay, token: str | None = None) -> Client:
+def client(r: Relay, token: str | None = None, mode: str = "auto") -> Client:
+    """An SDK client with the bearer token. mode "auto" (the SDK's default) first probes
+    `server/discover` (the 2026-07-28 revision) and falls back to the initialize handshake,
+    which is what relay speaks; "legacy" goes straight to initialize."""
     http = httpx2.AsyncClient(
         headers={"Authorization": f"Bearer {token or r.token}"},
         timeout=httpx2.Timeout(30.0, read=300.0),
     )
-    return Client(streamable_http_client(r.url(), http_client=http))
+    return Client(streamable_http_client(r.url(), http_client=http), mode=mode)
 
 
 def answer(result: Any) -> dict[str, Any]:
@@ -154,9 +160,10 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def test_initialize_and_tools_list(relay: Relay) -> None:
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_initialize_and_tools_list(relay: Relay, mode: str) -> None:
     async def go() -> None:
-        async with client(relay) as c:
+        async with client(relay, mode=mode) as c:
             assert c.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
             assert c.server_info is not None and c.server_info.name == "relay"
             assert c.server_capabilities.tools is not None
@@ -175,11 +182,11 @@ def test_fenced_claim_heartbeat_fail_until_dead_letter(relay: Relay) -> None:
 
     async def go() -> None:
         async with client(relay) as c:
-            # Attempt 1: fenced, a one-second lease, one heartbeat; then it lapses.
+            # Attempt 1: claim_next, fenced, a one-second lease, one heartbeat; then it lapses.
             first = answer(
                 await c.call_tool(
-                    "claim",
-                    {"id": todo, "require_fence": True, "lease_ttl_seconds": 1},
+                    "claim_next",
+                    {"queue": QUEUE, "require_fence": True, "lease_ttl_seconds": 1},
                 )
             )
             assert first["empty"] is False and first["todo"]["id"] == todo
