@@ -42,7 +42,7 @@ impl Drop for Proc {
 }
 
 struct Server {
-    _proc: Proc,
+    proc: Option<Proc>,
     url: String,
     db: String,
 }
@@ -66,10 +66,15 @@ impl Server {
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
             .to_string();
         Server {
-            _proc: Proc(child),
+            proc: Some(Proc(child)),
             url,
             db,
         }
+    }
+
+    /// Kills the server (the store file stays).
+    fn stop(&mut self) {
+        self.proc.take();
     }
 
     fn cli(&self, args: &[&str]) -> String {
@@ -478,7 +483,11 @@ fn a_check_that_exits_75_is_run_again_until_it_decides() {
     });
     d.stop();
     let checks = std::fs::read_to_string(s.out.join(format!("check.{id}"))).expect("check log");
-    assert_eq!(checks.lines().count(), 3, "two 'not yet' answers, then green");
+    assert_eq!(
+        checks.lines().count(),
+        3,
+        "two 'not yet' answers, then green"
+    );
     assert_eq!(s.server.attempts(&id).len(), 1, "one attempt, not three");
 }
 
@@ -497,9 +506,15 @@ fn an_already_green_check_completes_without_spawning() {
         (s.server.state(&id) == "done").then_some(())
     });
     d.stop();
-    assert!(!s.ran(&id), "the agent must not run when the check is green");
+    assert!(
+        !s.ran(&id),
+        "the agent must not run when the check is green"
+    );
     let runs = d.runs("w1");
-    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    let run = runs
+        .iter()
+        .find(|r| r["todo_id"] == id.as_str())
+        .expect("run");
     assert_eq!(run["relay_outcome"], "completed");
     assert!(run.get("exit_code").is_none_or(Value::is_null), "{run}");
 }
@@ -521,7 +536,10 @@ fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
     });
     d.stop();
     let runs = d.runs("w1");
-    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    let run = runs
+        .iter()
+        .find(|r| r["todo_id"] == id.as_str())
+        .expect("run");
     assert_eq!(run["relay_outcome"], "dead_lettered");
     assert_eq!(run["check_exit"], 1);
     let attempts = s.server.attempts(&id);
@@ -539,10 +557,13 @@ fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
 fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     let s = Setup::new();
     // Heartbeats every 30 s on a 1 m lease; the cancel is noticed at the next heartbeat.
-    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#).to_path_buf();
-    let text = std::fs::read_to_string(&config)
-        .expect("config")
-        .replace(r#"heartbeat_interval = "20s""#, r#"heartbeat_interval = "1s""#);
+    let config = s
+        .config(None, 1, "", r#"schedule = "@every 1s""#)
+        .to_path_buf();
+    let text = std::fs::read_to_string(&config).expect("config").replace(
+        r#"heartbeat_interval = "20s""#,
+        r#"heartbeat_interval = "1s""#,
+    );
     std::fs::write(&config, text).expect("config");
     let id = s.server.add(&s.endpoint, "hang forever", 3);
     let mut d = Daemon::start(s.path(), &config);
@@ -560,7 +581,10 @@ fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     });
     d.stop();
     let runs = d.runs("w1");
-    let run = runs.iter().find(|r| r["todo_id"] == id.as_str()).expect("run");
+    let run = runs
+        .iter()
+        .find(|r| r["todo_id"] == id.as_str())
+        .expect("run");
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
     assert!(s.server.state(&id) == "canceled");
 }
@@ -571,10 +595,14 @@ fn three_workers_two_todos_one_doorbell() {
     let config = s.config(None, 3, "", r#"triggers = ["channel.bell"]"#);
     let mut d = Daemon::start(s.path(), &config);
     // The doorbell listener is up once describe answers with a verified session.
-    wait_for("the daemon to verify its lease source", Duration::from_secs(30), || {
-        let (ok, out) = d.cli(&["describe", "--json"]);
-        (ok && out.contains("\"supported\"")).then_some(())
-    });
+    wait_for(
+        "the daemon to verify its lease source",
+        Duration::from_secs(30),
+        || {
+            let (ok, out) = d.cli(&["describe", "--json"]);
+            (ok && out.contains("\"supported\"")).then_some(())
+        },
+    );
     let a = s.server.add(&s.endpoint, "first", 3);
     let b = s.server.add(&s.endpoint, "second", 3);
     wait_for("both todos done", Duration::from_secs(60), || {
@@ -620,7 +648,10 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
             .any(|r| r["outcome"] == "interrupted")
             .then_some(runs)
     });
-    let interrupted = runs.iter().find(|r| r["outcome"] == "interrupted").expect("run");
+    let interrupted = runs
+        .iter()
+        .find(|r| r["outcome"] == "interrupted")
+        .expect("run");
     assert_eq!(interrupted["todo_id"], id.as_str());
     assert!(interrupted.get("relay_outcome").is_none_or(Value::is_null));
     // No report was made for it: the server closes the first attempt as died once the lease
@@ -638,4 +669,41 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     d.stop();
     let last = s.server.attempts(&id);
     assert_eq!(last[0]["outcome"], "released", "{last:?}");
+}
+
+#[test]
+fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_deadline() {
+    let mut s = Setup::new();
+    // Every second's firing is recorded (skipped: the server is gone); keep them all.
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "hang on", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        s.out.join(format!("started.{id}")).exists().then_some(())
+    });
+    // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
+    // shows now is the one it acts on.
+    s.server.stop();
+    let (ok, out) = d.cli(&["describe", "w1", "--json"]);
+    assert!(ok, "{out}");
+    let described: Value = serde_json::from_str(&out).expect("json");
+    let deadline = described[0]["relay"]["attempt"]["lease_deadline"]
+        .as_str()
+        .and_then(relay_core::time::parse_rfc3339)
+        .unwrap_or_else(|| panic!("no lease deadline in {described}"));
+    let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
+        std::fs::read_to_string(s.out.join(format!("term.{id}"))).ok()
+    });
+    let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
+    assert!(
+        term_ms + 50 >= deadline && term_ms <= deadline + 1000,
+        "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
+    );
+    let run = wait_for("the closed run", Duration::from_secs(30), || {
+        let runs = d.runs("w1");
+        runs.into_iter()
+            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
+    });
+    assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
+    d.stop();
 }

@@ -123,7 +123,9 @@ pub fn init_logs_quiet() {
 
 pub fn daemon(args: DaemonArgs) -> ExitCode {
     let Some(config) = args.state.config.clone() else {
-        return fail("`relay daemon` needs --config FILE (or RELAY_CONFIG): the harness.toml to run");
+        return fail(
+            "`relay daemon` needs --config FILE (or RELAY_CONFIG): the harness.toml to run",
+        );
     };
     init_logs();
     let rt = runtime();
@@ -176,7 +178,12 @@ fn ask(state: &StateArgs, request: Request) -> Result<Value, String> {
 
 #[allow(clippy::print_stdout)]
 pub fn trigger(args: HarnessArgs) -> ExitCode {
-    match ask(&args.state, Request::Trigger { harness: args.harness.clone() }) {
+    match ask(
+        &args.state,
+        Request::Trigger {
+            harness: args.harness.clone(),
+        },
+    ) {
         Ok(_) => {
             println!("fired {}", args.harness);
             ExitCode::SUCCESS
@@ -187,11 +194,19 @@ pub fn trigger(args: HarnessArgs) -> ExitCode {
 
 #[allow(clippy::print_stdout)]
 pub fn describe(args: DescribeArgs) -> ExitCode {
-    let answer = match ask(&args.state, Request::Describe { harness: args.harness.clone() }) {
+    let answer = match ask(
+        &args.state,
+        Request::Describe {
+            harness: args.harness.clone(),
+        },
+    ) {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let harnesses = answer.get("harnesses").cloned().unwrap_or(Value::Array(Vec::new()));
+    let harnesses = answer
+        .get("harnesses")
+        .cloned()
+        .unwrap_or(Value::Array(Vec::new()));
     if args.json {
         println!("{harnesses}");
         return ExitCode::SUCCESS;
@@ -205,7 +220,11 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
         let relay = &h["relay"];
         let source = &h["source"];
         println!("harness {}", s(&relay["harness"]));
-        println!("  lease source   {} ({})", s(&source["name"]), s(&source["url"]));
+        println!(
+            "  lease source   {} ({})",
+            s(&source["name"]),
+            s(&source["url"])
+        );
         println!("  header names   {}", s(&source["header_names"]));
         println!("  session        {}", s(&source["session"]));
         println!("  next schedule  {}", s(&h["schedule"]));
@@ -231,7 +250,10 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let rows = answer.get("rows").cloned().unwrap_or(Value::Array(Vec::new()));
+    let rows = answer
+        .get("rows")
+        .cloned()
+        .unwrap_or(Value::Array(Vec::new()));
     let failing = rows
         .as_array()
         .into_iter()
@@ -249,7 +271,11 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
             );
         }
     }
-    if failing { ExitCode::from(1) } else { ExitCode::SUCCESS }
+    if failing {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 #[allow(clippy::print_stdout)]
@@ -268,8 +294,8 @@ pub fn runs(args: RunsArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!(
-        "{:>6}  {:<12} {:<26} {:<14} {:<24} {:>7}  {}",
-        "run", "outcome", "started", "relay", "todo", "attempt", "trigger"
+        "{:>6}  {:<12} {:<26} {:<14} {:<24} {:>7}  trigger",
+        "run", "outcome", "started", "relay", "todo", "attempt"
     );
     for r in records {
         let outcome = serde_json::to_value(r.outcome).unwrap_or_default();
@@ -286,7 +312,9 @@ pub fn runs(args: RunsArgs) -> ExitCode {
             r.started_at,
             relay_col,
             r.todo_id.as_deref().unwrap_or("-"),
-            r.attempt.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            r.attempt
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
             r.trigger
         );
     }

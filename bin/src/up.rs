@@ -273,7 +273,11 @@ async fn up(dir: &Path) -> Result<(), String> {
     // The daemon's files.
     write(&dir.join("agent.sh"), AGENT, 0o755)?;
     write(&dir.join("check.sh"), CHECK, 0o755)?;
-    write(&dir.join("quickstart.env"), &format!("RELAY_TOKEN={token}\n"), 0o600)?;
+    write(
+        &dir.join("quickstart.env"),
+        &format!("RELAY_TOKEN={token}\n"),
+        0o600,
+    )?;
     let config_path = dir.join("harness.toml");
     write(&config_path, &config(&endpoint_url), 0o644)?;
     let transport = relay_io::lease::ReqwestTransport::new()
@@ -304,7 +308,10 @@ async fn up(dir: &Path) -> Result<(), String> {
             "  relay runs worker-1 --state-dir {}    run records",
             dir.join("state").display()
         );
-        println!("  {}/state/jobs/<worker>/<run>.log    run logs", dir.display());
+        println!(
+            "  {}/state/jobs/<worker>/<run>.log    run logs",
+            dir.display()
+        );
     }
     Ok(())
 }
@@ -321,8 +328,10 @@ fn finished(todo: &relay_core::ledger::Todo) -> bool {
 async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     let bar = indicatif::ProgressBar::new(ids.len() as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
@@ -338,7 +347,10 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
         let done = todos.iter().filter(|t| finished(t)).count();
-        let claimed = todos.iter().filter(|t| t.state == TodoState::Claimed).count();
+        let claimed = todos
+            .iter()
+            .filter(|t| t.state == TodoState::Claimed)
+            .count();
         let waiting = todos
             .iter()
             .filter(|t| t.state == TodoState::Failed && !t.dead_letter())

@@ -48,7 +48,9 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
         Err(error) => {
             return vec![row(
                 Level::Fail,
-                format!("tools/list failed: {error}; check the url, the token and that the server runs"),
+                format!(
+                    "tools/list failed: {error}; check the url, the token and that the server runs"
+                ),
             )];
         }
     };
@@ -151,7 +153,10 @@ mod tests {
             ("fail", &["id", "summary", "artifact", "lease_token"]),
         ]));
         let rows = source_rows("queue.ci", Ok(&caps));
-        let fail = rows.iter().find(|r| r.message.contains("SPEC-0034")).unwrap();
+        let fail = rows
+            .iter()
+            .find(|r| r.message.contains("SPEC-0034"))
+            .unwrap();
         for arg in [
             "claim_next.require_fence",
             "claim_next.claimant",

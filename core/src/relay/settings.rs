@@ -22,10 +22,10 @@ pub struct HostFacts {
 /// A path as the config wrote it, made absolute: `~/x` from the home directory, a relative path
 /// from the config file's folder, an absolute path unchanged.
 pub fn expand_path(written: &str, facts: &HostFacts) -> String {
-    if written == "~" {
-        if let Some(home) = &facts.home {
-            return home.clone();
-        }
+    if written == "~"
+        && let Some(home) = &facts.home
+    {
+        return home.clone();
     }
     if let (Some(rest), Some(home)) = (written.strip_prefix("~/"), &facts.home) {
         return format!("{}/{rest}", home.trim_end_matches('/'));
@@ -159,8 +159,12 @@ schedule = "@every 1m"
 "#;
 
     fn resolved() -> ResolvedConfig {
-        let config = parse(&Source::new("/etc/relay/harness.toml", CONFIG), &[], FileKind::Global)
-            .expect("config parses");
+        let config = parse(
+            &Source::new("/etc/relay/harness.toml", CONFIG),
+            &[],
+            FileKind::Global,
+        )
+        .expect("config parses");
         let files: BTreeMap<String, String> = [
             ("ci.env", "TOKEN=queue-secret\n"),
             ("cairn.env", "CAIRN=cairn-secret\n"),
@@ -183,7 +187,10 @@ schedule = "@every 1m"
         assert_eq!(s.attempt_receipt.as_deref(), Some("cairn.main"));
         assert_eq!(
             s.secrets,
-            vec!["Bearer cairn-secret".to_string(), "Bearer queue-secret".into()]
+            vec![
+                "Bearer cairn-secret".to_string(),
+                "Bearer queue-secret".into()
+            ]
         );
         assert_eq!(s.env_file, vec![("API_KEY".into(), "agent-secret".into())]);
         let check = s.success_check.unwrap();

@@ -756,7 +756,10 @@ fn already_green() {
         panic!()
     };
     let env = env_of(&cmds[check]);
-    assert_eq!(var(&env, "HARNESS_RELAY_FILE").as_deref(), Some(path.as_str()));
+    assert_eq!(
+        var(&env, "HARNESS_RELAY_FILE").as_deref(),
+        Some(path.as_str())
+    );
     assert_eq!(
         var(&env, "HARNESS_AGENT_EXIT"),
         None,

@@ -21,7 +21,9 @@ use super::{DaemonHandle, Msg};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Trigger { harness: String },
+    Trigger {
+        harness: String,
+    },
     Describe {
         #[serde(default)]
         harness: Option<String>,
@@ -91,7 +93,11 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
 
 /// Sends one request to the daemon of `state_dir` and returns its answer. The error says how
 /// to start a daemon when none listens.
-pub async fn request(state_dir: &Path, request: &Request, timeout: Duration) -> Result<Value, String> {
+pub async fn request(
+    state_dir: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Value, String> {
     let path = socket_path(state_dir);
     let talk = async {
         let stream = UnixStream::connect(&path).await.map_err(|e| {

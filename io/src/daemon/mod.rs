@@ -199,8 +199,7 @@ impl Daemon {
                 continue;
             };
             let prompt = load::prompt(h.prompt_file.as_deref(), &facts)?;
-            let Some(settings) = relay::harness_settings(resolved, &h.name, &facts, prompt)
-            else {
+            let Some(settings) = relay::harness_settings(resolved, &h.name, &facts, prompt) else {
                 continue;
             };
             let first = journal.next_run_id(&h.name).map_err(|e| e.to_string())?;
@@ -502,7 +501,9 @@ impl Daemon {
     }
 
     fn slot(&mut self, harness: &str) -> &mut Slot {
-        self.slots.get_mut(harness).expect("commands come from a slot's machine")
+        self.slots
+            .get_mut(harness)
+            .expect("commands come from a slot's machine")
     }
 
     fn execute(&mut self, harness: &str, cmd: Command) {
@@ -511,7 +512,11 @@ impl Daemon {
             Command::SendClaimNext { .. }
             | Command::SendHeartbeat { .. }
             | Command::SendReport { .. } => self.lease_call(harness, cmd),
-            Command::WriteContextFile { run_id, path, bytes } => {
+            Command::WriteContextFile {
+                run_id,
+                path,
+                bytes,
+            } => {
                 // Written before the next command runs: the check before the spawn and the
                 // agent both read it.
                 if let Err(e) = runner::write_context_file_now(&path, &bytes) {
@@ -627,9 +632,7 @@ impl Daemon {
             let Ok(outcome) = client.execute(&cmd).await else {
                 return;
             };
-            if let Some(e) = &outcome.error {
-                tracing::warn!(harness = %h, run_id, "{e}");
-            }
+            // The client has logged any error, with its source and operation.
             for news in outcome.session {
                 let _ = tx.send(Msg::Session {
                     source: source.clone(),
@@ -730,8 +733,7 @@ impl Daemon {
                 let _ = reply.send(json!({"ok": true, "harnesses": harnesses}));
             }
             control::Request::Doctor => {
-                let mut rows: Vec<relay::doctor::Row> =
-                    relay::doctor::binding_rows(&self.config);
+                let mut rows: Vec<relay::doctor::Row> = relay::doctor::binding_rows(&self.config);
                 let clients: Vec<(String, Arc<LeaseClient>)> = self
                     .sources
                     .iter()
