@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Runs the official MCP conformance suite (@modelcontextprotocol/conformance, pinned in
+# package.json) against `relay serve`, and compares its checks with expected-failures.txt.
+#
+#   RELAY_BIN   the relay binary (default: ${CARGO_TARGET_DIR:-target}/debug/relay)
+#   KEEP=1      keep the temporary folder (db, server log, suite log and results)
+#
+# Needs `npm ci` in this folder first (.ci/mcp.sh does it). Fails on a failing check that is not
+# in expected-failures.txt, and on a listed check that now passes.
+#
+# The suite 0.1.13 cannot send request headers (it connects with a bare URL), and every relay
+# endpoint needs `Authorization: Bearer <token>`; auth-proxy.mjs adds the header and passes
+# everything else through, Host and Origin included. The token lives only in this script's
+# memory and the proxy's environment; it is never printed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+RELAY_BIN="${RELAY_BIN:-${CARGO_TARGET_DIR:-$repo/target}/debug/relay}"
+suite="$here/node_modules/.bin/conformance"
+[ -x "$RELAY_BIN" ] || { echo "conformance: no relay binary at $RELAY_BIN (cargo build -p relay, or set RELAY_BIN)" >&2; exit 1; }
+[ -x "$suite" ] || { echo "conformance: the suite is not installed; run: (cd $here && npm ci)" >&2; exit 1; }
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "${KEEP:-}" = 1 ]; then echo "conformance: kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+# Starts "$@" in the background with stdout on a pipe and sets FIRST to its first line (30 s
+# bound; only a broken start reaches it), then keeps draining the rest into its log so the
+# process never blocks on a full pipe.
+FIRST=""
+start() {
+    local name="$1"; shift
+    local fifo="$work/$name.fifo" fd
+    mkfifo "$fifo"
+    "$@" >"$fifo" 2>"$work/$name.log" &
+    pids+=("$!")
+    exec {fd}<"$fifo"
+    if ! IFS= read -r -t 30 FIRST <&"$fd"; then
+        echo "conformance: $name did not start; its log:" >&2
+        tail -n 20 "$work/$name.log" >&2
+        exit 1
+    fi
+    cat <&"$fd" >>"$work/$name.log" &
+    pids+=("$!")
+    exec {fd}<&-
+}
+
+export RELAY_DB="sqlite:$work/relay.db"
+token="$("$RELAY_BIN" endpoint create conformance \
+    --verbs claim_next,claim,heartbeat,complete,fail,release,list_todos,add_todo)"
+"$RELAY_BIN" todo add --endpoint conformance --queue work --title "conformance sample" >/dev/null
+
+start serve "$RELAY_BIN" serve --listen 127.0.0.1:0
+case "$FIRST" in
+    "listening on http://"*) server="${FIRST#listening on }" ;;
+    *) echo "conformance: unexpected first line from relay serve: $FIRST" >&2; exit 1 ;;
+esac
+RELAY_TOKEN="$token" start proxy node "$here/auth-proxy.mjs" "$server"
+unset token
+proxy="${FIRST#proxy on }"
+echo "conformance: relay serve at $server, suite via the auth proxy at $proxy"
+
+# The suite's own baseline (by scenario) from our list, so that its exit status means "crashed
+# or unexpected"; compare.py then checks check by check.
+baseline="$work/baseline.yml"
+{ echo "server:"; grep -v '^\s*\(#\|$\)' "$here/expected-failures.txt" | awk '{print "  - " $1}' | sort -u; } >"$baseline"
+
+set +e
+(cd "$work" && NO_COLOR=1 FORCE_COLOR=0 "$suite" server --url "$proxy/mcp/conformance" --output-dir "$work/results" \
+    --expected-failures "$baseline") >"$work/suite.log" 2>&1
+suite_status=$?
+set -e
+# The suite's per-scenario summary, without its "Total:" line (compare.py's line is the verdict).
+sed -n '/=== SUMMARY ===/,$p' "$work/suite.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -v '^Total:' || true
+
+status=0
+python3 "$here/compare.py" "$work/results" "$here/expected-failures.txt" || status=1
+if [ "$suite_status" != 0 ] && [ "$status" = 0 ]; then
+    echo "conformance: the suite exited $suite_status although every check is as expected; its log:"
+    tail -n 40 "$work/suite.log"
+    status=1
+fi
+exit "$status"
