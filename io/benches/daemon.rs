@@ -73,7 +73,10 @@ async fn main() {
     system.add(200).await;
     let start = tokio::time::Instant::now();
     while system.done().await < 200 {
-        assert!(start.elapsed() < Duration::from_secs(300), "attempts did not finish");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "attempts did not finish"
+        );
         for n in 0..10 {
             handle.trigger(&format!("w{n}"));
         }
@@ -142,13 +145,16 @@ async fn main() {
         )
         .await
         .expect("describe");
-        let supported = answer["harnesses"]
-            .as_array()
-            .is_some_and(|h| h.len() == 100 && h.iter().all(|h| h["source"]["session"] == "supported"));
+        let supported = answer["harnesses"].as_array().is_some_and(|h| {
+            h.len() == 100 && h.iter().all(|h| h["source"]["session"] == "supported")
+        });
         if supported {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "sessions never verified");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "sessions never verified"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
