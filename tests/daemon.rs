@@ -707,3 +707,66 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
     d.stop();
 }
+
+#[test]
+fn doctor_names_what_a_read_only_endpoint_lacks_and_describe_shows_no_secret() {
+    let s = Setup::new();
+    let token = s
+        .server
+        .cli(&["endpoint", "create", "ro", "--verbs", "list_todos"]);
+    let token = token.trim();
+    std::fs::write(s.path().join("ro.env"), format!("TOKEN={token}\n")).expect("env");
+    let config = s.path().join("ro.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[queue.ro]
+url = "{}/mcp/ro"
+env_file = "ro.env"
+headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
+
+[harness.reader]
+command = ["sh", "agent.sh"]
+env_file = "agent.env"
+schedule = "@daily"
+lease = "queue.ro"
+"#,
+            s.server.url
+        ),
+    )
+    .expect("config");
+    let mut d = Daemon::start(s.path(), &config);
+    // The session is checked once the daemon is up; describe shows it unsupported.
+    let described = wait_for("the capability check", Duration::from_secs(30), || {
+        let (ok, out) = d.cli(&["describe", "reader", "--json"]);
+        (ok && out.contains("\"unsupported\"")).then_some(out)
+    });
+    assert!(described.contains("Authorization"), "{described}");
+    assert!(
+        !described.contains(token),
+        "describe leaked the bearer token"
+    );
+    let (ok, doctor) = d.cli(&["doctor"]);
+    assert!(!ok, "a fail row makes doctor exit non-zero: {doctor}");
+    assert!(
+        doctor.contains("claim_next, heartbeat, complete, fail"),
+        "{doctor}"
+    );
+    assert!(!doctor.contains(token));
+    // A firing of the unsupported source claims nothing and is recorded skipped.
+    let (ok, out) = d.cli(&["trigger", "reader"]);
+    assert!(ok, "{out}");
+    let run = wait_for("the skipped run", Duration::from_secs(30), || {
+        d.runs("reader").into_iter().next()
+    });
+    assert_eq!(run["outcome"], "skipped");
+    assert_eq!(run["skipped_reason"], "lease_source_unsupported");
+    assert_eq!(run["trigger"], "manual");
+    d.stop();
+    let log = std::fs::read_to_string(&d.log).expect("daemon log");
+    assert!(
+        !log.contains(token),
+        "the daemon log holds the bearer token"
+    );
+}

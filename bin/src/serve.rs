@@ -100,7 +100,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
     server
-        .serve(listener, shutdown_signal())
+        .serve(listener, relay_io::shutdown_signal())
         .await
         .map_err(|e| Error::internal(format!("the server stopped on an I/O error: {e}")))
 }
@@ -112,26 +112,4 @@ fn db_kind(url: &str) -> &'static str {
     } else {
         "sqlite"
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("stop signal received");
 }

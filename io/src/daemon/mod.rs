@@ -424,14 +424,8 @@ impl Daemon {
             return;
         };
         let input = match news {
+            // The client has logged the one ERROR of an unsupported initialize (REQ-19).
             SessionNews::Known(caps) => {
-                if !caps.supported() {
-                    tracing::error!(
-                        source = %source,
-                        missing = %caps.missing.join(", "),
-                        "lease source unsupported: relay needs a queue server with attempt history and fenced leases (SPEC-0034); firings are skipped until it is upgraded"
-                    );
-                }
                 s.caps = Some(caps.clone());
                 Input::CapabilitiesKnown(caps)
             }
