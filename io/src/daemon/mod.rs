@@ -28,7 +28,9 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::config::{FileKind, Harness};
-use relay_core::relay::{self, Capabilities, Command, Input, Relay, RunOutcome, StopReason};
+use relay_core::relay::{
+    self, Capabilities, Command, Input, Relay, RunOutcome, RunRecord, StopReason,
+};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
@@ -125,6 +127,9 @@ pub struct Daemon {
     journal: Journal,
     /// Held for the daemon's life: one daemon per state dir.
     _lock: DaemonLock,
+    /// Run records (and the `keep_runs` to prune to after a closing one) for the writer task.
+    records: mpsc::UnboundedSender<(RunRecord, usize)>,
+    writer: tokio::task::JoinHandle<()>,
     daemon_env: Vec<(String, String)>,
     config: relay_core::config::Config,
     slots: BTreeMap<String, Slot>,
@@ -225,12 +230,15 @@ impl Daemon {
         }
 
         let (doorbells_stop, _) = watch::channel(false);
+        let (records, writer) = record_writer(journal.clone());
         let mut daemon = Daemon {
             clock: opts.clock,
             tx: tx.clone(),
             rx,
             journal,
             _lock: lock,
+            records,
+            writer,
             daemon_env: opts.daemon_env,
             config,
             slots,
@@ -355,6 +363,9 @@ impl Daemon {
         let _ = self.doorbells_stop.send(true);
         self.background.iter().for_each(AbortHandle::abort);
         control::remove(self.journal.state_dir());
+        // Every record is on disk before `run` returns.
+        drop(self.records);
+        let _ = self.writer.await;
     }
 
     fn next_deadline(&self) -> Option<Millis> {
@@ -576,16 +587,13 @@ impl Daemon {
                 self.track(harness, run_id, task.abort_handle());
             }
             Command::WriteRunRecord { record } => {
-                // Written here, in order: a run's records replace one another.
-                if let Err(e) = self.journal.write_record(&record) {
-                    tracing::error!(harness, run_id, error = %e, "run record not written");
-                }
-                if record.outcome != RunOutcome::Running {
+                let closed = record.outcome != RunOutcome::Running;
+                if closed {
                     self.metrics.run_closed(&record);
-                    let keep = self.slot(harness).harness.keep_runs as usize;
-                    if let Err(e) = self.journal.prune(harness, keep) {
-                        tracing::warn!(harness, error = %e, "old runs not pruned");
-                    }
+                }
+                let keep = self.slot(harness).harness.keep_runs as usize;
+                let _ = self.records.send((record, keep));
+                if closed {
                     let slot = self.slot(harness);
                     slot.agents.remove(&run_id);
                     slot.checks.remove(&run_id);
@@ -750,6 +758,38 @@ impl Daemon {
             }
         }
     }
+}
+
+/// The one task that writes run records, in the order the machines wrote them (a run's
+/// records replace one another), each synced to disk, off the actor; after a run's closing
+/// record it prunes the harness to its `keep_runs`.
+fn record_writer(
+    journal: Journal,
+) -> (
+    mpsc::UnboundedSender<(RunRecord, usize)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(RunRecord, usize)>();
+    let task = tokio::spawn(async move {
+        while let Some((record, keep)) = rx.recv().await {
+            let journal = journal.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                if let Err(e) = journal.write_record(&record) {
+                    tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
+                }
+                if record.outcome != RunOutcome::Running
+                    && let Err(e) = journal.prune(&record.harness, keep)
+                {
+                    tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
+                }
+            })
+            .await;
+            if done.is_err() {
+                tracing::error!("the run record writer failed");
+            }
+        }
+    });
+    (tx, task)
 }
 
 /// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.

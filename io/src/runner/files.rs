@@ -43,6 +43,12 @@ pub(crate) fn open_append(path: &Path) -> std::io::Result<File> {
 /// 0600 (so the content is never readable by others, even for an instant), synced, then renamed
 /// over `path`. Parent directories are created with mode 0700.
 pub(crate) fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_private(path, bytes, true)
+}
+
+/// [`write_private_atomic`], with the fsync only when `durable`: a file that need not survive a
+/// power loss (the context file lives exactly as long as its attempt's process) skips it.
+pub(crate) fn write_private(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     create_parent(path)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -59,7 +65,9 @@ pub(crate) fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result
             .mode(FILE_MODE)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if written.is_err() {
@@ -91,12 +99,14 @@ pub async fn write_context_file(path: impl AsRef<Path>, bytes: Vec<u8>) -> Resul
     .await
 }
 
-/// [`write_context_file`] without a blocking-pool hop, for a caller that must have the file on
-/// disk before its next step (the daemon's actor starts the check or the agent that reads it
-/// right after; the file is a few KiB).
+/// [`write_context_file`] without a blocking-pool hop and without an fsync, for a caller that
+/// must have the file in place before its next step (the daemon's actor starts the check or the
+/// agent that reads it right after; the file is a few KiB). The rename still makes it appear
+/// whole; it is not synced because it matters only while its attempt's process runs, and a
+/// power loss ends that attempt anyway.
 pub fn write_context_file_now(path: impl AsRef<Path>, bytes: &[u8]) -> Result<(), RunnerError> {
     let path = path.as_ref();
-    write_private_atomic(path, bytes).map_err(|source| RunnerError::Io {
+    write_private(path, bytes, false).map_err(|source| RunnerError::Io {
         op: "write the context file",
         path: path.to_path_buf(),
         source,
