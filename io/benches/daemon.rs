@@ -10,6 +10,9 @@
 //!
 //! `cargo bench -p relay-io --bench daemon`
 
+// A benchmark reports on stdout.
+#![allow(clippy::print_stdout)]
+
 #[path = "../tests/support/inproc.rs"]
 mod inproc;
 
