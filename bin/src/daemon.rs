@@ -101,33 +101,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("the tokio runtime starts")
 }
 
-/// Logs go to stderr; `RELAY_LOG` sets the filter (default `info`).
-pub fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RELAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-/// For `relay up`: only warnings, so that the progress view stays readable.
-pub fn init_logs_quiet() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RELAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 pub fn daemon(args: DaemonArgs) -> ExitCode {
     let Some(config) = args.state.config.clone() else {
         return fail(
             "`relay daemon` needs --config FILE (or RELAY_CONFIG): the harness.toml to run",
         );
     };
-    init_logs();
+    crate::logs::init("info", false);
     let rt = runtime();
     rt.block_on(async move {
         let transport = match relay_io::lease::ReqwestTransport::new() {

@@ -5,6 +5,7 @@
 
 mod check_config;
 mod daemon;
+mod logs;
 mod operator;
 mod serve;
 mod sim;

@@ -43,7 +43,7 @@ pub struct Args {
 }
 
 pub fn run(db: &DbOpt, args: Args) -> ExitCode {
-    init_logs(args.log_json);
+    crate::logs::init("info", args.log_json);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
@@ -51,19 +51,6 @@ pub fn run(db: &DbOpt, args: Args) -> ExitCode {
     match rt.block_on(serve(db, args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
-    }
-}
-
-fn init_logs(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("RELAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.with_ansi(false).init();
     }
 }
 

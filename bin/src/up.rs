@@ -167,7 +167,8 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    crate::daemon::init_logs_quiet();
+    // Only warnings, so that the progress view stays readable.
+    crate::logs::init("warn", false);
     let dir = match args.dir {
         Some(d) => d,
         None => match tempfile::Builder::new().prefix("relay-up-").tempdir() {

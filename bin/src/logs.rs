@@ -1,0 +1,15 @@
+//! Logs of the long-running commands: stderr, filtered by `RELAY_LOG` (else `default`), text
+//! without colour codes or JSON lines. Never a token: the code that logs never holds one.
+
+pub fn init(default: &str, json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("RELAY_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.with_ansi(false).try_init()
+    };
+}
