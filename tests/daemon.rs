@@ -770,3 +770,104 @@ lease = "queue.ro"
         "the daemon log holds the bearer token"
     );
 }
+
+/// A minimal Cairn: answers every `POST /artifacts` with a fresh handle and keeps the bodies.
+struct FakeCairn {
+    url: String,
+    /// Each request's head and body.
+    bodies: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl FakeCairn {
+    fn start() -> FakeCairn {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind cairn");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let sink = bodies.clone();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut head = String::new();
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    head.push_str(&line);
+                }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                let n = {
+                    let mut b = sink.lock().expect("lock");
+                    b.push((head, String::from_utf8_lossy(&body).into_owned()));
+                    b.len()
+                };
+                let answer = format!("{{\"handle\":\"mcp://cairn/receipt-{n}\"}}");
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        FakeCairn { url, bodies }
+    }
+}
+
+#[test]
+fn a_failed_attempt_uploads_a_receipt_and_the_fail_carries_its_handle() {
+    let s = Setup::new();
+    let cairn = FakeCairn::start();
+    std::fs::write(
+        s.path().join("cairn.env"),
+        "CAIRN_TOKEN=cairn-secret-value\n",
+    )
+    .expect("env");
+    let config = s.config(
+        None,
+        1,
+        r#"attempt_receipt = "cairn.main""#,
+        r#"schedule = "@every 1s""#,
+    );
+    let mut text = std::fs::read_to_string(&config).expect("config");
+    text.push_str(&format!(
+        r#"
+[cairn.main]
+url = "{}"
+env_file = "cairn.env"
+headers = {{ Authorization = "Bearer ${{CAIRN_TOKEN}}" }}
+"#,
+        cairn.url
+    ));
+    std::fs::write(&config, text).expect("config");
+    let id = s.server.add(&s.endpoint, "fail once", 1);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the dead letter", Duration::from_secs(60), || {
+        (s.server.show(&id)["todo"]["dead_letter"] == true).then_some(())
+    });
+    d.stop();
+    let attempts = s.server.attempts(&id);
+    assert_eq!(
+        attempts[0]["artifact"], "mcp://cairn/receipt-1",
+        "{attempts:?}"
+    );
+    let bodies = cairn.bodies.lock().expect("lock").clone();
+    assert_eq!(bodies.len(), 1, "one receipt");
+    let (head, body) = &bodies[0];
+    assert!(head.starts_with("POST /artifacts"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("authorization: bearer cairn-secret-value")
+    );
+    // The receipt holds the summary and the run log's tail (the agent's output), tagged.
+    assert!(body.contains("it failed on purpose"), "{body}");
+    assert!(body.contains("receipt") && body.contains("relay"), "{body}");
+    assert!(
+        !body.contains("cairn-secret-value"),
+        "the receipt carries the credential"
+    );
+}
