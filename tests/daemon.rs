@@ -214,10 +214,15 @@ struct Daemon {
     config: PathBuf,
     state: PathBuf,
     log: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Daemon {
     fn start(dir: &Path, config: &Path) -> Daemon {
+        Daemon::start_with(dir, config, &[])
+    }
+
+    fn start_with(dir: &Path, config: &Path, extra: &[&str]) -> Daemon {
         let state = dir.join("state");
         let log = dir.join("daemon.log");
         let mut d = Daemon {
@@ -225,6 +230,7 @@ impl Daemon {
             config: config.to_path_buf(),
             state,
             log,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         d.spawn();
         d
@@ -242,6 +248,7 @@ impl Daemon {
             .arg(&self.config)
             .arg("--state-dir")
             .arg(&self.state)
+            .args(&self.extra)
             .env("RELAY_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(log)
@@ -870,4 +877,37 @@ headers = {{ Authorization = "Bearer ${{CAIRN_TOKEN}}" }}
         !body.contains("cairn-secret-value"),
         "the receipt carries the credential"
     );
+}
+
+#[test]
+fn the_daemon_exports_attempts_by_outcome_as_prometheus_metrics() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let id = s.server.add(&s.endpoint, "count me", 3);
+    let mut d = Daemon::start_with(s.path(), &config, &["--metrics-listen", &addr]);
+    wait_for("the todo to complete", Duration::from_secs(60), || {
+        (s.server.state(&id) == "done").then_some(())
+    });
+    let text = wait_for("the counter", Duration::from_secs(30), || {
+        let mut conn = TcpStream::connect(&addr).ok()?;
+        write!(
+            conn,
+            "GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text).ok()?;
+        text.contains(r#"harness_relay_attempts_total{harness="w1",outcome="completed"} 1"#)
+            .then_some(text)
+    });
+    assert!(
+        text.contains(r#"harness_relay_heartbeat_failures_total{harness="w1"} 0"#),
+        "{text}"
+    );
+    d.stop();
 }

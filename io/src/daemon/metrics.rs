@@ -64,6 +64,14 @@ impl DaemonMetrics {
         }
     }
 
+    /// Makes the harness's heartbeat-failure series exist at 0, so that a rate over it is
+    /// defined before the first failure.
+    pub(crate) fn harness(&self, harness: &str) {
+        let _ = self.heartbeat_failures.get_or_create(&HarnessLabel {
+            harness: harness.to_string(),
+        });
+    }
+
     pub(crate) fn heartbeat_failure(&self, harness: &str) {
         self.heartbeat_failures
             .get_or_create(&HarnessLabel {

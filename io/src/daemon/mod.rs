@@ -214,6 +214,7 @@ impl Daemon {
                 s.harnesses.push(h.name.clone());
             }
             let next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
+            metrics.harness(&h.name);
             slots.insert(
                 h.name.clone(),
                 Slot {
