@@ -49,11 +49,20 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path) -> Server {
+        Server::start_on(dir, "127.0.0.1:0")
+    }
+
+    fn start_on(dir: &Path, listen: &str) -> Server {
         let db = format!("sqlite:{}", dir.join("relay.db").display());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))
+            .expect("server log");
         let mut child = Command::new(relay_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+            .args(["serve", "--listen", listen, "--db", &db])
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("server.log")).expect("server log"))
+            .stderr(log)
             .spawn()
             .expect("start relay serve");
         let mut first = String::new();
@@ -910,4 +919,25 @@ fn the_daemon_exports_attempts_by_outcome_as_prometheus_metrics() {
         "{text}"
     );
     d.stop();
+}
+
+#[test]
+fn a_restarted_server_forgets_the_session_and_the_daemon_initializes_again() {
+    let mut s = Setup::new();
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let first = s.server.add(&s.endpoint, "before", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the first todo", Duration::from_secs(60), || {
+        (s.server.state(&first) == "done").then_some(())
+    });
+    // Same address, same store; the sessions were in the old process's memory.
+    let listen = s.server.url.trim_start_matches("http://").to_string();
+    s.server.stop();
+    s.server = Server::start_on(s.path(), &listen);
+    let second = s.server.add(&s.endpoint, "after", 3);
+    wait_for("the second todo", Duration::from_secs(60), || {
+        (s.server.state(&second) == "done").then_some(())
+    });
+    d.stop();
+    assert_eq!(s.server.attempts(&second).len(), 1);
 }

@@ -63,6 +63,9 @@ pub enum Msg {
     ToHarness { harness: String, input: Input },
     /// The lease client's session changed for a source (`queue.<name>`).
     Session { source: String, news: SessionNews },
+    /// The source's session expired and the lease client could not open a new one: start
+    /// initializing it (nothing else would, since no claim is made while it is unverified).
+    Reinitialize { source: String },
     /// A trigger fired a harness.
     Fire { harness: String, trigger: String },
     /// A request from the control socket.
@@ -113,6 +116,8 @@ struct Slot {
 
 struct SourceSlot {
     client: Arc<LeaseClient>,
+    /// The task (re-)initializing the session, while one runs.
+    initializing: Option<AbortHandle>,
     caps: Option<Capabilities>,
     harnesses: Vec<String>,
     url: String,
@@ -182,6 +187,7 @@ impl Daemon {
                 format!("queue.{name}"),
                 SourceSlot {
                     client: Arc::new(client),
+                    initializing: None,
                     caps: None,
                     harnesses: Vec::new(),
                     url: q.endpoint.url.as_str().to_string(),
@@ -265,34 +271,50 @@ impl Daemon {
     /// One task per lease source: initialize (and re-try with capped backoff until the server
     /// answers), then tell every bound harness what the server supports.
     fn start_sessions(&mut self) {
-        for (name, s) in &self.sources {
-            if s.harnesses.is_empty() {
-                continue;
-            }
-            let client = s.client.clone();
-            let tx = self.tx.clone();
-            let source = name.clone();
-            let task = tokio::spawn(async move {
-                let mut delay = Duration::from_millis(500);
-                loop {
-                    match client.initialize().await {
-                        Ok(caps) => {
-                            let _ = tx.send(Msg::Session {
-                                source,
-                                news: SessionNews::Known(caps),
-                            });
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(source = %source, error = %e, "lease session could not initialize; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(30));
-                        }
+        let bound: Vec<String> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| !s.harnesses.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for source in bound {
+            self.initialize(&source);
+        }
+    }
+
+    /// Initializes the source's session on a task, retrying with capped backoff until the
+    /// server answers; at most one such task per source at a time. At start, and on
+    /// [`Msg::Reinitialize`].
+    fn initialize(&mut self, source: &str) {
+        let Some(s) = self.sources.get_mut(source) else {
+            return;
+        };
+        if s.initializing.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let client = s.client.clone();
+        let tx = self.tx.clone();
+        let name = source.to_string();
+        let task = tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                match client.initialize().await {
+                    Ok(caps) => {
+                        let _ = tx.send(Msg::Session {
+                            source: name,
+                            news: SessionNews::Known(caps),
+                        });
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(source = %name, error = %e, "lease session could not initialize; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
                     }
                 }
-            });
-            self.background.push(task.abort_handle());
-        }
+            }
+        });
+        s.initializing = Some(task.abort_handle());
     }
 
     /// One doorbell listener per channel that triggers a started harness.
@@ -363,6 +385,9 @@ impl Daemon {
         }
         let _ = self.doorbells_stop.send(true);
         self.background.iter().for_each(AbortHandle::abort);
+        for s in self.sources.values() {
+            s.initializing.iter().for_each(AbortHandle::abort);
+        }
         control::remove(self.journal.state_dir());
         // Every record is on disk before `run` returns.
         drop(self.records);
@@ -409,6 +434,7 @@ impl Daemon {
                 self.input(&harness, input);
             }
             Msg::Session { source, news } => self.session(&source, news),
+            Msg::Reinitialize { source } => self.initialize(&source),
             Msg::Fire { harness, trigger } => {
                 if !self.stopping {
                     self.fire(&harness, &trigger);
@@ -636,10 +662,16 @@ impl Daemon {
                 return;
             };
             // The client has logged any error, with its source and operation.
+            let expired = matches!(outcome.session.last(), Some(SessionNews::Expired));
             for news in outcome.session {
                 let _ = tx.send(Msg::Session {
                     source: source.clone(),
                     news,
+                });
+            }
+            if expired {
+                let _ = tx.send(Msg::Reinitialize {
+                    source: source.clone(),
                 });
             }
             let _ = tx.send(Msg::ToHarness {
