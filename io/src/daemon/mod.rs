@@ -5,7 +5,9 @@
 //!
 //! The actor is a single task. It never awaits the network, a process or an upload: every lease
 //! call, process wait, success check and receipt upload runs in a task of its own and posts its
-//! result back as a [`Msg`]. Timers come from [`Relay::poll_timeout`] and the harness schedules;
+//! result back as a [`Msg`] (run records go to one writer task, in order; only the few-KiB
+//! context file is written in place, unsynced, because the check or agent that reads it starts
+//! next). Timers come from [`Relay::poll_timeout`] and the harness schedules;
 //! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
@@ -22,7 +24,6 @@ mod metrics;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 use std::time::Duration;
 
