@@ -154,14 +154,11 @@ impl Daemon {
     /// leased harness and starts the lease sessions, doorbells and the control socket.
     pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
         let loaded = load::load(&opts.config, FileKind::Global)?;
-        std::fs::create_dir_all(&opts.state_dir).map_err(|e| {
-            format!(
-                "cannot create the state dir {}: {e}; choose a writable --state-dir",
-                opts.state_dir.display()
-            )
-        })?;
         let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
-        let journal = Journal::open(&state_dir).map_err(|e| e.to_string())?;
+        // Creates the state dir (mode 0700) when missing: it holds the control socket, the
+        // run logs and the context files.
+        let journal = Journal::open(&state_dir)
+            .map_err(|e| format!("{e} (the state dir: choose a writable --state-dir)"))?;
         let lock = journal.lock().map_err(|e| e.to_string())?;
         let now = opts.clock.now();
         let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
