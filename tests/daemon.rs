@@ -457,7 +457,10 @@ fn a_success_completes_and_the_token_stays_out_of_every_file_log_env_and_record(
     assert!(!tokens.is_empty(), "the tap saw no lease token");
     // The state dir holds payloads and the control socket: the daemon's user only.
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&d.state).expect("state dir").permissions().mode();
+    let mode = std::fs::metadata(&d.state)
+        .expect("state dir")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o700, "state dir mode {mode:o}");
     let runs = d.runs("w1");
     let closed = runs
