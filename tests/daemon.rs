@@ -31,6 +31,14 @@ fn wait_for<T>(what: &str, bound: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
+/// The content of a one-line file an agent writes with `echo … > file`, once the line is whole
+/// (the shell creates the file before the line is in it).
+fn line_in(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .filter(|t| t.ends_with('\n'))
+}
+
 /// A child process killed when the test ends, whatever happens.
 struct Proc(Child);
 
@@ -591,11 +599,11 @@ fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     let id = s.server.add(&s.endpoint, "hang forever", 3);
     let mut d = Daemon::start(s.path(), &config);
     wait_for("the agent to start", Duration::from_secs(60), || {
-        s.out.join(format!("started.{id}")).exists().then_some(())
+        line_in(&s.out.join(format!("started.{id}")))
     });
     s.server.cli(&["todo", "cancel", &id]);
     wait_for("the agent to be stopped", Duration::from_secs(30), || {
-        s.out.join(format!("term.{id}")).exists().then_some(())
+        line_in(&s.out.join(format!("term.{id}")))
     });
     wait_for("the closed run", Duration::from_secs(30), || {
         d.runs("w1")
@@ -657,11 +665,11 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     let id = s.server.add(&s.endpoint, "hang then fine", 3);
     let mut d = Daemon::start(s.path(), &config);
     wait_for("the agent to start", Duration::from_secs(60), || {
-        s.out.join(format!("started.{id}")).exists().then_some(())
+        line_in(&s.out.join(format!("started.{id}")))
     });
     d.kill9();
     // The orphaned agent is nobody's now; end it so that only the lease decides what happens.
-    let pid = std::fs::read_to_string(s.out.join(format!("started.{id}"))).expect("pid");
+    let pid = line_in(&s.out.join(format!("started.{id}"))).expect("pid");
     let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
     std::fs::remove_file(s.out.join(format!("started.{id}"))).expect("reset");
     d.spawn();
@@ -687,7 +695,7 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     assert_eq!(first["died"], true, "{first}");
     // The second attempt hangs like the first; the daemon's stop releases it.
     wait_for("the second agent to start", Duration::from_secs(60), || {
-        s.out.join(format!("started.{id}")).exists().then_some(())
+        line_in(&s.out.join(format!("started.{id}")))
     });
     d.stop();
     let last = s.server.attempts(&id);
@@ -702,7 +710,7 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
     let id = s.server.add(&s.endpoint, "hang on", 3);
     let mut d = Daemon::start(s.path(), &config);
     wait_for("the agent to start", Duration::from_secs(60), || {
-        s.out.join(format!("started.{id}")).exists().then_some(())
+        line_in(&s.out.join(format!("started.{id}")))
     });
     // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
     // shows now is the one it acts on.
@@ -715,7 +723,7 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
         .and_then(relay_core::time::parse_rfc3339)
         .unwrap_or_else(|| panic!("no lease deadline in {described}"));
     let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
-        std::fs::read_to_string(s.out.join(format!("term.{id}"))).ok()
+        line_in(&s.out.join(format!("term.{id}")))
     });
     let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
     assert!(
