@@ -6,16 +6,21 @@ must stay honest); 0 otherwise. Prints one line per check that did not pass and 
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 
 FAILING = {"FAILURE", "ERROR"}
 
 
+# The suite names each run `server-<scenario>-<ISO timestamp>`, e.g.
+# `server-ping-2026-11-29T17-55-16-203Z`: the timestamp is everything from `-YYYY-MM-DDT` on
+# (a search for the last "-20" would also stop inside the milliseconds).
+TIMESTAMP = re.compile(r"-\d{4}-\d{2}-\d{2}T.*$")
+
+
 def scenario_of(run_dir: Path) -> str:
-    # The suite names each run `server-<scenario>-<ISO timestamp>`.
-    name = run_dir.name.removeprefix("server-")
-    return name[: name.rfind("-20")] if "-20" in name else name
+    return TIMESTAMP.sub("", run_dir.name.removeprefix("server-"))
 
 
 def main() -> int:
