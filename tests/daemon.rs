@@ -298,6 +298,15 @@ impl Daemon {
         )
     }
 
+    /// The harness's newest closed run of a todo, once its record is written.
+    fn closed_run(&self, harness: &str, todo: &str) -> Value {
+        wait_for("the closed run", Duration::from_secs(30), || {
+            self.runs(harness)
+                .into_iter()
+                .find(|r| r["todo_id"] == todo && r["outcome"] != "running")
+        })
+    }
+
     /// The harness's run records, newest first.
     fn runs(&self, harness: &str) -> Vec<Value> {
         let (ok, out) = self.cli(&["runs", harness, "--json", "--limit", "1000"]);
@@ -470,11 +479,7 @@ fn a_success_completes_and_the_token_stays_out_of_every_file_log_env_and_record(
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o700, "state dir mode {mode:o}");
-    let runs = d.runs("w1");
-    let closed = runs
-        .iter()
-        .find(|r| r["todo_id"] == id.as_str())
-        .expect("a run for the todo");
+    let closed = d.closed_run("w1", &id);
     assert_eq!(closed["relay_outcome"], "completed");
     assert_eq!(closed["lease"], "queue.q");
     assert_eq!(closed["attempt"], 1);
@@ -541,11 +546,7 @@ fn an_already_green_check_completes_without_spawning() {
         !s.ran(&id),
         "the agent must not run when the check is green"
     );
-    let runs = d.runs("w1");
-    let run = runs
-        .iter()
-        .find(|r| r["todo_id"] == id.as_str())
-        .expect("run");
+    let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "completed");
     assert!(run.get("exit_code").is_none_or(Value::is_null), "{run}");
 }
@@ -560,17 +561,8 @@ fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
         let t = s.server.show(&id);
         (t["todo"]["state"] == "failed" && t["todo"]["dead_letter"] == true).then_some(())
     });
-    wait_for("the closed run", Duration::from_secs(30), || {
-        d.runs("w1")
-            .into_iter()
-            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
-    });
+    let run = d.closed_run("w1", &id);
     d.stop();
-    let runs = d.runs("w1");
-    let run = runs
-        .iter()
-        .find(|r| r["todo_id"] == id.as_str())
-        .expect("run");
     assert_eq!(run["relay_outcome"], "dead_lettered");
     assert_eq!(run["check_exit"], 1);
     let attempts = s.server.attempts(&id);
@@ -587,7 +579,7 @@ fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
 #[test]
 fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     let s = Setup::new();
-    // Heartbeats every 30 s on a 1 m lease; the cancel is noticed at the next heartbeat.
+    // Heartbeats every second on a 1 m lease; the cancel is noticed at the next heartbeat.
     let config = s
         .config(None, 1, "", r#"schedule = "@every 1s""#)
         .to_path_buf();
@@ -605,17 +597,8 @@ fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     wait_for("the agent to be stopped", Duration::from_secs(30), || {
         line_in(&s.out.join(format!("term.{id}")))
     });
-    wait_for("the closed run", Duration::from_secs(30), || {
-        d.runs("w1")
-            .into_iter()
-            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
-    });
+    let run = d.closed_run("w1", &id);
     d.stop();
-    let runs = d.runs("w1");
-    let run = runs
-        .iter()
-        .find(|r| r["todo_id"] == id.as_str())
-        .expect("run");
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
     assert!(s.server.state(&id) == "canceled");
 }
@@ -730,11 +713,7 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
         term_ms + 50 >= deadline && term_ms <= deadline + 1000,
         "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
     );
-    let run = wait_for("the closed run", Duration::from_secs(30), || {
-        let runs = d.runs("w1");
-        runs.into_iter()
-            .find(|r| r["todo_id"] == id.as_str() && r["outcome"] != "running")
-    });
+    let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
     d.stop();
 }

@@ -210,26 +210,9 @@ async fn tapped(req: Request, next: Next, tap: &Tap, fault: Fault, lost: &Mutex<
     response
 }
 
-/// turmoil's listener as axum's (as in `io/src/lease/tests.rs`, which an integration test
-/// cannot reach).
-struct SimListener(turmoil::net::TcpListener);
-
-impl axum::serve::Listener for SimListener {
-    type Io = turmoil::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            if let Ok(conn) = self.0.accept().await {
-                return conn;
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
+#[path = "support/sim_listener.rs"]
+mod sim_listener;
+use sim_listener::SimListener;
 
 // ---------------------------------------------------------------------------------------------
 // The client host: the attempt machine, the real lease client, simulated processes

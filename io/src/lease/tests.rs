@@ -1077,25 +1077,9 @@ fn compose_receipt_appends_the_redacted_log_section() {
 // turmoil
 // ---------------------------------------------------------------------------------------------
 
-/// turmoil's listener as axum's.
-struct SimListener(turmoil::net::TcpListener);
-
-impl axum::serve::Listener for SimListener {
-    type Io = turmoil::net::TcpStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            if let Ok(conn) = self.0.accept().await {
-                return conn;
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
+#[path = "../../tests/support/sim_listener.rs"]
+mod sim_listener;
+use sim_listener::SimListener;
 
 #[test]
 fn the_hyper_transport_runs_the_lease_client_and_the_doorbell_over_turmoil() {

@@ -11,7 +11,9 @@ use tokio::task::JoinHandle;
 
 use super::files::open_append;
 use super::group::{GroupGuard, ProcessGroup};
-use super::{RunnerError, StartError, StartKind, check_workdir, exit_status, resolve_program};
+use super::{
+    RunnerError, StartError, StartKind, check_workdir, child_command, exit_status, resolve_program,
+};
 
 /// Everything [`spawn_agent`] needs: the machine's `Spawn` command plus the driver's part, the
 /// daemon's environment and the run log's path.
@@ -122,21 +124,14 @@ pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
 
     let mut child = {
         // Dropped at the end of this block: its copies of the log's descriptors close with it.
-        let mut cmd = tokio::process::Command::new(&program);
-        cmd.arg0(argv0)
-            .args(spec.argv.iter().skip(1))
-            .env_clear()
-            .envs(env)
-            .current_dir(&workdir)
-            .process_group(0)
-            .stdin(if spec.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(true);
+        let mut cmd = child_command(&program, &spec.argv, env, &workdir);
+        cmd.stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log_err));
         cmd.spawn().map_err(|e| {
             fail(format!(
                 "cannot start `{argv0}` ({}) in {}: {e}",

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::files::{FILE_MODE, create_parent};
 use super::group::{GroupGuard, ProcessGroup};
-use super::{StartError, StartKind, check_workdir, exit_status, resolve_program};
+use super::{StartError, StartKind, check_workdir, child_command, exit_status, resolve_program};
 
 /// How much of a check's latest output is kept for the summary.
 pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
@@ -102,17 +102,10 @@ pub fn run_check(spec: CheckSpec) -> Result<Check, StartError> {
         let err = out
             .try_clone()
             .map_err(|e| fail(format!("cannot set up the success check's output: {e}")))?;
-        let mut cmd = tokio::process::Command::new(&program);
-        cmd.arg0(argv0)
-            .args(spec.argv.iter().skip(1))
-            .env_clear()
-            .envs(env)
-            .current_dir(&workdir)
-            .process_group(0)
-            .stdin(std::process::Stdio::null())
+        let mut cmd = child_command(&program, &spec.argv, env, &workdir);
+        cmd.stdin(std::process::Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
+            .stderr(err);
         cmd.spawn().map_err(|e| {
             fail(format!(
                 "cannot start the success check `{argv0}` ({}) in {}: {e}",

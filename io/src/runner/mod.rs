@@ -174,6 +174,26 @@ pub(crate) fn resolve_program(
 
 /// Checks the workdir before a spawn, so that a missing one is named as such (the OS reports
 /// it as a missing program).
+/// The command both an agent and a check start with: `argv[0]` as written, exactly `env` (nothing
+/// inherited), the workdir, a process group of its own (so a signal reaches its children too), and
+/// killed if its handle is dropped. The caller sets stdin, stdout and stderr.
+pub(crate) fn child_command(
+    program: &Path,
+    argv: &[String],
+    env: Vec<(String, String)>,
+    workdir: &Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.arg0(argv.first().map(String::as_str).unwrap_or_default())
+        .args(argv.iter().skip(1))
+        .env_clear()
+        .envs(env)
+        .current_dir(workdir)
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd
+}
+
 pub(crate) fn check_workdir(workdir: &Path) -> Result<(), String> {
     match std::fs::metadata(workdir) {
         Ok(m) if m.is_dir() => Ok(()),

@@ -9,9 +9,11 @@ use std::time::Instant;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use relay_core::ledger::{Actor, ClaimOpts, Disposition, NewTodo, Outcome, Report, TodoFilter};
+use relay_core::ledger::{
+    Actor, ClaimOpts, Claimed, Disposition, NewTodo, Outcome, Report, TodoFilter,
+};
 use relay_core::wire::{
-    self, ClaimOut, GetTodoOut, ListTodosOut, TodoOut, Tool, ToolCall, lease_ttl_ms,
+    self, ClaimOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool, ToolCall, lease_ttl_ms,
 };
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
@@ -298,7 +300,7 @@ fn report_of(
     result: Option<serde_json::Map<String, Value>>,
     summary: Option<String>,
     artifact: Option<String>,
-    token: Option<&relay_core::wire::LeaseToken>,
+    token: Option<&LeaseToken>,
 ) -> Report {
     Report {
         result: result.map(Value::Object),
@@ -309,6 +311,35 @@ fn report_of(
 }
 
 impl Server {
+    /// The options of a claim (`claim_next` or `claim`), with a fresh fence token when asked.
+    fn claim_opts(
+        &self,
+        require_fence: Option<bool>,
+        lease_ttl_seconds: Option<u64>,
+        claimant: Option<String>,
+    ) -> Result<(ClaimOpts, Option<LeaseToken>), Error> {
+        let token = require_fence
+            .unwrap_or(false)
+            .then(|| self.new_lease_token())
+            .transpose()?;
+        let opts = ClaimOpts {
+            ttl: lease_ttl_ms(lease_ttl_seconds),
+            claimant,
+            token_hash: token.as_ref().map(LeaseToken::hash),
+        };
+        Ok((opts, token))
+    }
+
+    /// A claim's answer; a takeover closed the lapsed attempt, which the metrics count.
+    fn claimed(&self, c: &Claimed, token: Option<LeaseToken>) -> Result<Value, Error> {
+        if c.takeover {
+            self.inner
+                .metrics
+                .closed(Outcome::LeaseExpired, Disposition::Requeued);
+        }
+        to_value(&ClaimOut::claimed(c, token))
+    }
+
     /// Runs one decoded tool call for `endpoint` over `session`.
     async fn call(
         &self,
@@ -331,16 +362,8 @@ impl Server {
                     Some(q) => Some(vec![q.clone()]),
                     None => endpoint.queues.clone(),
                 };
-                let token = a
-                    .require_fence
-                    .unwrap_or(false)
-                    .then(|| self.new_lease_token())
-                    .transpose()?;
-                let opts = ClaimOpts {
-                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
-                    claimant: a.claimant,
-                    token_hash: token.as_ref().map(|t| t.hash()),
-                };
+                let (opts, token) =
+                    self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
                 let claimed = store
                     .claim_next(self.now(), &actor, queues.as_deref(), &opts)
@@ -348,12 +371,7 @@ impl Server {
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
                 match claimed? {
                     None => to_value(&ClaimOut::empty()),
-                    Some(c) => {
-                        if c.takeover {
-                            m.closed(Outcome::LeaseExpired, Disposition::Requeued);
-                        }
-                        to_value(&ClaimOut::claimed(&c, token))
-                    }
+                    Some(c) => self.claimed(&c, token),
                 }
             }
             ToolCall::Claim(a) => {
@@ -369,24 +387,12 @@ impl Server {
                         return Err(queue_forbidden("claim", &view.todo.queue));
                     }
                 }
-                let token = a
-                    .require_fence
-                    .unwrap_or(false)
-                    .then(|| self.new_lease_token())
-                    .transpose()?;
-                let opts = ClaimOpts {
-                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
-                    claimant: a.claimant,
-                    token_hash: token.as_ref().map(|t| t.hash()),
-                };
+                let (opts, token) =
+                    self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
                 let claimed = store.claim(self.now(), &actor, &a.id, &opts).await;
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
-                let c = claimed?;
-                if c.takeover {
-                    m.closed(Outcome::LeaseExpired, Disposition::Requeued);
-                }
-                to_value(&ClaimOut::claimed(&c, token))
+                self.claimed(&claimed?, token)
             }
             ToolCall::Heartbeat(a) => {
                 let t = store
