@@ -655,11 +655,11 @@ pub mod relay {
     use crate::error::ErrorCode;
     use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
     use crate::relay::{
-        Capabilities, ClaimedTodo, Command, ContractError, ExitStatus, HarnessSettings, Input,
-        LeaseError, LeaseToken, OnOverlap, PriorAttempt, Relay, ReportVerb, RequestId, RunOutcome,
-        RunRecord, StopReason, SuccessCheck,
+        Capabilities, ClaimedTodo, Command, ContractError, Describe, ExitStatus, HarnessSettings,
+        Input, LeaseError, LeaseToken, OnOverlap, PriorAttempt, Relay, ReportVerb, RequestId,
+        RunOutcome, RunRecord, StopReason, SuccessCheck,
     };
-    use crate::time::{MINUTE, Millis, SECOND, parse_rfc3339, rfc3339};
+    use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
 
     /// 2026-09-22T12:00:00Z, where every scripted test starts.
     pub fn t0() -> Millis {
@@ -840,7 +840,10 @@ pub mod relay {
     /// instants, and keeps every command it saw.
     pub struct Driver {
         pub relay: Relay,
+        /// The monotonic clock; the wall clock reads `now + wall_offset`.
         pub now: Millis,
+        /// How far the wall clock has been stepped from the monotonic one (0: they agree).
+        pub wall_offset: i64,
         /// Every command with the time it was emitted.
         pub log: Vec<(Millis, Command)>,
         pub auto_heartbeat: AutoHeartbeat,
@@ -866,6 +869,7 @@ pub mod relay {
             let mut d = Driver {
                 relay: Relay::new(settings, 7, first_run_id),
                 now,
+                wall_offset: 0,
                 log: Vec::new(),
                 auto_heartbeat: AutoHeartbeat::Reply(Ok(())),
             };
@@ -882,8 +886,21 @@ pub mod relay {
         }
 
         pub fn try_input(&mut self, input: Input) -> Result<Vec<Command>, ContractError> {
-            self.relay.handle_input(self.now, input)?;
+            self.relay.handle_input(self.clock(), input)?;
             Ok(self.drain())
+        }
+
+        /// Both clocks as the machine reads them now.
+        pub fn clock(&self) -> Now {
+            Now {
+                mono: self.now,
+                wall: self.now.saturating_add_signed(self.wall_offset),
+            }
+        }
+
+        /// `harness describe` now.
+        pub fn describe(&self) -> Describe {
+            self.relay.describe(self.clock())
         }
 
         fn drain(&mut self) -> Vec<Command> {
@@ -912,12 +929,16 @@ pub mod relay {
         /// Moves time to `t`, handling each timer at the instant it is due.
         pub fn advance_to(&mut self, t: Millis) -> Vec<Command> {
             let mut out = Vec::new();
-            while let Some((at, _)) = self.relay.poll_timeout().filter(|(at, _)| *at <= t) {
+            // Bounded: a machine whose due timer does not move would otherwise spin forever.
+            for _ in 0..100_000 {
+                let Some((at, _)) = self.relay.poll_timeout().filter(|(at, _)| *at <= t) else {
+                    self.now = self.now.max(t);
+                    return out;
+                };
                 self.now = self.now.max(at);
                 out.extend(self.input(Input::TimerFired));
             }
-            self.now = self.now.max(t);
-            out
+            panic!("timers due by {t} did not settle: a handled timer must move or disarm");
         }
 
         pub fn advance(&mut self, by: Millis) -> Vec<Command> {
@@ -940,8 +961,7 @@ pub mod relay {
 
         /// The run id of the attempt in flight.
         pub fn run_id(&self) -> u64 {
-            self.relay
-                .describe()
+            self.describe()
                 .attempt
                 .map(|a| a.run_id)
                 .unwrap_or_else(|| panic!("no attempt in flight"))
@@ -1215,6 +1235,8 @@ pub mod relay {
         SessionExpired,
         /// Feeds an answer given earlier once more.
         Replay(u8),
+        /// The wall clock steps by this many ms (either way); the monotonic one does not.
+        WallStep(i64),
     }
 
     /// A decoded program: the harness settings it runs under and its steps.
@@ -1304,7 +1326,8 @@ pub mod relay {
                         release: b() % 2 == 0,
                     },
                 },
-                _ => RelayOp::Replay(b()),
+                18 => RelayOp::Replay(b()),
+                _ => RelayOp::WallStep((i64::from(b()) - 128) * 30 * SECOND as i64),
             });
         }
         RelayProgram {
@@ -1339,6 +1362,10 @@ pub mod relay {
     struct World {
         relay: Relay,
         now: Millis,
+        /// The wall clock reads `now + wall_offset` (see [`RelayOp::WallStep`]).
+        wall_offset: i64,
+        /// Whether `WallStep` operations step the wall clock (the comparison run ignores them).
+        wall_steps: bool,
         trace: Trace,
         claim: Option<(RequestId, u64)>,
         heartbeats: Vec<RequestId>,
@@ -1364,8 +1391,12 @@ pub mod relay {
             {
                 self.feed(Input::TimerFired)?;
             }
+            let now = Now {
+                mono: self.now,
+                wall: self.now.saturating_add_signed(self.wall_offset),
+            };
             self.relay
-                .handle_input(self.now, input.clone())
+                .handle_input(now, input.clone())
                 .map_err(|e| format!("at {}: {input:?} was refused: {e}", self.now))?;
             let mut commands = Vec::new();
             while let Some(c) = self.relay.poll_command() {
@@ -1384,7 +1415,7 @@ pub mod relay {
                 }
                 commands.push(c);
             }
-            let describe = serde_json::to_string(&self.relay.describe()).unwrap_or_default();
+            let describe = serde_json::to_string(&self.relay.describe(now)).unwrap_or_default();
             let debug = format!("{:?}", self.relay);
             self.trace.steps.push(Step {
                 now: self.now,
@@ -1435,6 +1466,8 @@ pub mod relay {
             };
             match op {
                 RelayOp::Advance(by) => self.advance_to(self.now + by)?,
+                RelayOp::WallStep(by) if self.wall_steps => self.wall_offset += by,
+                RelayOp::WallStep(_) => {}
                 RelayOp::Fire { within_hours } => self.feed(Input::Firing {
                     trigger: "channel.sb".into(),
                     within_hours: *within_hours,
@@ -1645,7 +1678,8 @@ pub mod relay {
                 } else {
                     return Err(format!(
                         "stuck: in flight with nothing awaited and no timer: {}",
-                        serde_json::to_string(&self.relay.describe()).unwrap_or_default()
+                        serde_json::to_string(&self.relay.describe(Now::agreeing(self.now)))
+                            .unwrap_or_default()
                     ));
                 }
             }
@@ -1655,9 +1689,16 @@ pub mod relay {
 
     /// Runs a program and heals the world; the trace is what the properties read.
     pub fn run_relay_program(program: &RelayProgram) -> Result<Trace, String> {
+        run_relay_program_with(program, true)
+    }
+
+    /// Runs a program, with its wall-clock steps or without them.
+    fn run_relay_program_with(program: &RelayProgram, wall_steps: bool) -> Result<Trace, String> {
         let mut w = World {
             relay: Relay::new(program.settings.clone(), 11, 1),
             now: t0(),
+            wall_offset: 0,
+            wall_steps,
             trace: Trace {
                 settings: program.settings.clone(),
                 steps: Vec::new(),
@@ -1681,6 +1722,46 @@ pub mod relay {
 
     fn trace_of(bytes: &[u8]) -> Result<Trace, String> {
         run_relay_program(&decode_relay_program(bytes))
+    }
+
+    /// A stepped wall clock changes nothing but text: the same program with its wall-clock
+    /// steps left out sends the same commands at the same monotonic instants, run records
+    /// differing only in their `started_at` / `ended_at` stamps. (Deadlines on wall time would
+    /// move every timer a step crosses.)
+    pub fn relay_wall_clock_moves_no_deadline(bytes: &[u8]) -> Result<(), String> {
+        let program = decode_relay_program(bytes);
+        let stepped = run_relay_program_with(&program, true)?;
+        let steady = run_relay_program_with(&program, false)?;
+        let unstamped = |c: &Command| match c {
+            Command::WriteRunRecord { record } => Command::WriteRunRecord {
+                record: RunRecord {
+                    started_at: String::new(),
+                    ended_at: None,
+                    ..record.clone()
+                },
+            },
+            other => other.clone(),
+        };
+        if stepped.steps.len() != steady.steps.len() {
+            return Err(format!(
+                "wall-clock steps changed the number of steps: {} against {}",
+                stepped.steps.len(),
+                steady.steps.len()
+            ));
+        }
+        for (i, (a, b)) in stepped.steps.iter().zip(&steady.steps).enumerate() {
+            let (ca, cb): (Vec<Command>, Vec<Command>) = (
+                a.commands.iter().map(unstamped).collect(),
+                b.commands.iter().map(unstamped).collect(),
+            );
+            if a.now != b.now || a.input != b.input || ca != cb {
+                return Err(format!(
+                    "step {i} differs once the wall clock steps:\n  stepped: at {} {:?} -> {ca:?}\n  steady:  at {} {:?} -> {cb:?}",
+                    a.now, a.input, b.now, b.input
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Nothing reaches the lease source before admission: a claim only for a firing within its
@@ -1936,8 +2017,8 @@ pub mod relay {
     }
 
     /// `harness describe` as JSON.
-    pub fn describe_json(relay: &Relay) -> Value {
-        serde_json::to_value(relay.describe()).unwrap_or_default()
+    pub fn describe_json(relay: &Relay, now: Now) -> Value {
+        serde_json::to_value(relay.describe(now)).unwrap_or_default()
     }
 }
 
@@ -1953,7 +2034,8 @@ pub fn relay_transitions(bytes: &[u8]) -> Result<(), String> {
     relay::relay_silent_after_lease_loss(bytes)?;
     relay::relay_nothing_after_close(bytes)?;
     relay::relay_token_stays_in_lease_calls(bytes)?;
-    relay::relay_one_outcome_per_claim(bytes)
+    relay::relay_one_outcome_per_claim(bytes)?;
+    relay::relay_wall_clock_moves_no_deadline(bytes)
 }
 
 /// `config_parse`: arbitrary bytes (as lossy UTF-8) as harness.toml.

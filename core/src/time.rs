@@ -1,10 +1,46 @@
 //! Time as a value: milliseconds since the Unix epoch, and durations in milliseconds.
 //!
-//! Core never reads a clock; every input carries `now`. This module only converts between the
-//! millisecond numbers the machines use and the RFC 3339 strings the wire and the records show.
+//! Core never reads a clock; every input carries `now`. This module converts between the
+//! millisecond numbers the machines use and the RFC 3339 strings the wire and the records show,
+//! and defines [`Now`], the pair of readings (monotonic for deadlines, wall for text) that the
+//! relay machine takes.
 
-/// Milliseconds since 1970-01-01T00:00:00Z (UTC). The only notion of time in core.
+/// A time in milliseconds: since 1970-01-01T00:00:00Z (UTC) for wall readings and everything
+/// on the wire, or from a host's own origin for monotonic readings (see [`Now`]). The only
+/// notion of time in core.
 pub type Millis = u64;
+
+/// One reading of a host's two clocks, taken together, as every input of the relay machine
+/// carries it.
+///
+/// Deadlines and timers run on `mono`: a clock that never steps (the shell reads one that also
+/// counts time suspended, so that a lease does not outlive a laptop lid), in milliseconds from
+/// an origin of its own. `wall` (milliseconds since the epoch) only stamps text: run records,
+/// context files, summaries, `describe`. A wall clock stepped back or forward (an NTP
+/// correction, a VM restore, an operator's `date -s`) therefore moves no deadline: a worker
+/// whose wall clock went back an hour still stops its agent when its lease runs out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    pub mono: Millis,
+    pub wall: Millis,
+}
+
+impl Now {
+    /// Both clocks read `ms`: for tests and models in which the wall clock never steps.
+    pub fn agreeing(ms: Millis) -> Now {
+        Now { mono: ms, wall: ms }
+    }
+
+    /// The wall time at which the monotonic instant `mono` falls, judged from this reading (for
+    /// text only: a later step of the wall clock makes it wrong, never the deadline itself).
+    pub fn wall_at(self, mono: Millis) -> Millis {
+        if mono >= self.mono {
+            self.wall.saturating_add(mono - self.mono)
+        } else {
+            self.wall.saturating_sub(self.mono - mono)
+        }
+    }
+}
 
 pub const SECOND: Millis = 1_000;
 pub const MINUTE: Millis = 60 * SECOND;

@@ -27,7 +27,7 @@ use relay_core::relay::{
     Signal,
 };
 use relay_core::testing::relay::{is_report, records, settings, t0};
-use relay_core::time::SECOND;
+use relay_core::time::{Now, SECOND};
 use relay_io::clock::Clock;
 use relay_io::lease::{HyperTransport, LeaseClient};
 use relay_io::server::{Server, ServerConfig};
@@ -53,6 +53,10 @@ impl Clock for SimClock {
     fn now(&self) -> Millis {
         let elapsed = turmoil::sim_elapsed().unwrap_or_default().as_millis();
         t0() + u64::try_from(elapsed).unwrap_or(u64::MAX)
+    }
+    /// Turmoil's clock never steps: both readings agree.
+    fn mono(&self) -> Millis {
+        self.now()
     }
 }
 
@@ -342,7 +346,7 @@ async fn drive(mut script: Script, trace: Trace) -> turmoil::Result {
         let at = now();
         lock(&trace.0).inputs.push((at, input.clone()));
         relay
-            .handle_input(at, input)
+            .handle_input(Now::agreeing(at), input)
             .map_err(|e| format!("{e:?}"))?;
         while let Some(cmd) = relay.poll_command() {
             (script.on_command)(&cmd);

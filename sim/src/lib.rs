@@ -93,12 +93,19 @@ pub fn scenario_from_bytes(data: &[u8]) -> (Options, Plan) {
         let at = u64::from(chunk[0]) * options.safety / 256;
         let relay = usize::from(chunk[2]) % options.relays;
         let len = (u64::from(chunk[3]) + 1) * 5 * SECOND;
-        let fault = match chunk[1] % 5 {
+        let fault = match chunk[1] % 6 {
             0 => Fault::Partition { relay, len },
             1 => Fault::Outage { len },
             2 => Fault::Crash { relay, down: len },
             3 => Fault::Pause { relay, len },
-            _ => Fault::ClockJump { relay, by: len },
+            4 => Fault::WallStep {
+                relay,
+                by: len as i64,
+            },
+            _ => Fault::WallStep {
+                relay,
+                by: -(len as i64),
+            },
         };
         plan.faults.push((at, fault));
     }

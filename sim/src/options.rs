@@ -23,14 +23,18 @@ pub enum Mutation {
     ReportAfterDeadline,
     /// The reaper closes each reaped attempt a second time.
     ReaperClosesTwice,
+    /// The relay driver hands the machine its wall clock as the monotonic one: every deadline
+    /// moves with a wall-clock step.
+    DeadlinesOnWallClock,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 4] = [
+    pub const ALL: [Mutation; 5] = [
         Mutation::IgnoreHeartbeatConflict,
         Mutation::ServerSkipsFence,
         Mutation::ReportAfterDeadline,
         Mutation::ReaperClosesTwice,
+        Mutation::DeadlinesOnWallClock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +43,7 @@ impl Mutation {
             Mutation::ServerSkipsFence => "server-skips-fence",
             Mutation::ReportAfterDeadline => "report-after-deadline",
             Mutation::ReaperClosesTwice => "reaper-closes-twice",
+            Mutation::DeadlinesOnWallClock => "deadlines-on-wall-clock",
         }
     }
 
@@ -63,9 +68,11 @@ pub struct Faults {
     pub crashes: bool,
     /// Host pauses longer than the lease: a stale worker waking up.
     pub pauses: bool,
-    /// Relay clocks that run fast or slow (within the bound below) and jump.
+    /// Relay clocks (monotonic and wall, each its own rate) that run fast or slow within the
+    /// bound below.
     pub clock_drift: bool,
-    pub clock_jumps: bool,
+    /// Relay wall clocks that step back and forward.
+    pub wall_steps: bool,
     /// Operators cancelling and retrying todos.
     pub operators: bool,
 }
@@ -132,7 +139,7 @@ impl Options {
             crashes: on(&mut r, 400),
             pauses: on(&mut r, 350),
             clock_drift: on(&mut r, 500),
-            clock_jumps: on(&mut r, 300),
+            wall_steps: on(&mut r, 400),
             operators: on(&mut r, 400),
         };
         let check = on(&mut r, 600);
@@ -185,7 +192,7 @@ impl fmt::Display for Options {
         write!(
             f,
             "\nfaults: request_loss={}‰ response_loss={}‰ duplicate={}‰ delay_max={}ms \
-             partitions={} outages={} crashes={} pauses={} clock_drift={} clock_jumps={} \
+             partitions={} outages={} crashes={} pauses={} clock_drift={} wall_steps={} \
              operators={}",
             fl.request_loss,
             fl.response_loss,
@@ -196,7 +203,7 @@ impl fmt::Display for Options {
             fl.crashes,
             fl.pauses,
             fl.clock_drift,
-            fl.clock_jumps,
+            fl.wall_steps,
             fl.operators
         )?;
         if let Some(m) = self.mutation {

@@ -18,10 +18,12 @@ pub enum Fault {
     Outage { len: Millis },
     /// The relay's host dies (its processes with it) and comes back after `down`.
     Crash { relay: usize, down: Millis },
-    /// The relay's host freezes for `len` (a VM pause): nothing on it runs, its clock jumps.
+    /// The relay's host freezes for `len` (a VM pause): nothing on it runs, and both its
+    /// clocks jump forward by `len` when it wakes.
     Pause { relay: usize, len: Millis },
-    /// The relay's clock jumps forward.
-    ClockJump { relay: usize, by: Millis },
+    /// The relay's wall clock steps by `by` ms, back or forward (an NTP correction, a VM
+    /// restore, `date -s`); its monotonic clock does not move.
+    WallStep { relay: usize, by: i64 },
 }
 
 impl Fault {
@@ -31,7 +33,7 @@ impl Fault {
             Fault::Outage { .. } => "outage",
             Fault::Crash { .. } => "crash",
             Fault::Pause { .. } => "pause",
-            Fault::ClockJump { .. } => "clock_jump",
+            Fault::WallStep { .. } => "wall_step",
         }
     }
 }
@@ -126,12 +128,15 @@ impl Plan {
                 ));
             }
         }
-        if f.clock_jumps {
+        if f.wall_steps {
             for _ in 0..count(&mut p) {
-                let by = p.range(SECOND, 2 * o.lease_ttl);
+                // Up to twice the lease either way: back far enough that a deadline on the wall
+                // clock would keep an agent running long after another took its todo over.
+                let by = p.range(SECOND, 2 * o.lease_ttl) as i64;
+                let by = if p.chance(600) { -by } else { by };
                 plan.faults.push((
                     p.below(o.safety),
-                    Fault::ClockJump {
+                    Fault::WallStep {
                         relay: relay(&mut p),
                         by,
                     },

@@ -32,7 +32,8 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("outage", 20),
         ("crash", 20),
         ("pause", 20),
-        ("clock_jump", 20),
+        ("wall_step", 20),
+        ("wall_step_back", 10),
         ("operator_cancel", 5),
         ("operator_retry", 5),
         // transitions

@@ -16,7 +16,7 @@ use relay_core::relay::{
     OnOverlap, Relay, RelayOutcome, ReportVerb, RequestId, RunOutcome, RunRecord, Signal,
     SuccessCheck, reconcile_interrupted,
 };
-use relay_core::time::{MINUTE, Millis, SECOND};
+use relay_core::time::{HOUR, MINUTE, Millis, Now, SECOND};
 use relay_core::wire::ClaimOut;
 use serde_json::{Value, json};
 
@@ -184,12 +184,45 @@ struct Pending {
     is_heartbeat: bool,
 }
 
+/// One clock of a host: it reads `global + offset`, running fast or slow by `drift_ppm`.
+#[derive(Clone, Copy, Debug)]
+struct HostClock {
+    offset: i64,
+    drift_ppm: i64,
+}
+
+impl HostClock {
+    fn read(&self, global: Millis) -> Millis {
+        let g = global as i128;
+        let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
+        (g + self.offset as i128 + drift).max(0) as Millis
+    }
+
+    /// Sets the clock so that it reads `local` at `global`.
+    fn set(&mut self, global: Millis, local: Millis) {
+        let g = global as i128;
+        let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
+        self.offset = (local as i128 - g - drift) as i64;
+    }
+
+    /// The global instant at which this clock reads `local` (the inverse of `read`).
+    fn when(&self, local: Millis) -> Millis {
+        let l = local as i128 - self.offset as i128;
+        let g = (l * 1_000_000 + T0 as i128 * self.drift_ppm as i128)
+            / (1_000_000 + self.drift_ppm as i128);
+        g.max(0) as Millis
+    }
+}
+
 struct Host {
     relay: Option<Relay>,
     /// Bumped at every restart; events of an old lifetime are dropped.
     life: u32,
-    clock_offset: i64,
-    drift_ppm: i64,
+    /// The monotonic clock: it drifts, it runs on through a pause (it counts suspended time),
+    /// it never steps; a reboot starts it again from a small number.
+    mono: HostClock,
+    /// The wall clock: it drifts on its own and steps either way ([`Fault::WallStep`]).
+    wall: HostClock,
     timer_gen: u64,
     proc: Option<Proc>,
     check: Option<(u64, u64)>,
@@ -216,18 +249,22 @@ struct Host {
 }
 
 impl Host {
-    fn local(&self, global: Millis) -> Millis {
-        let g = global as i128;
-        let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
-        (g + self.clock_offset as i128 + drift).max(0) as Millis
+    /// The clock the driver hands the machine as monotonic: the wall clock under the canary
+    /// that puts deadlines on wall time.
+    fn machine_clock(&self, mutation: Option<Mutation>) -> HostClock {
+        if mutation == Some(Mutation::DeadlinesOnWallClock) {
+            self.wall
+        } else {
+            self.mono
+        }
     }
 
-    /// The global instant at which this host's clock reads `local` (the inverse of `local`).
-    fn global(&self, local: Millis) -> Millis {
-        let l = local as i128 - self.clock_offset as i128;
-        let g = (l * 1_000_000 + T0 as i128 * self.drift_ppm as i128)
-            / (1_000_000 + self.drift_ppm as i128);
-        g.max(0) as Millis
+    /// What the machine is told the time is, at `global`.
+    fn now(&self, global: Millis, mutation: Option<Mutation>) -> Now {
+        Now {
+            mono: self.machine_clock(mutation).read(global),
+            wall: self.wall.read(global),
+        }
     }
 }
 
@@ -278,15 +315,26 @@ fn todo_id(n: usize) -> String {
 impl World {
     pub fn new(o: Options, plan: &Plan) -> World {
         let mut setup = Rng::stream(o.seed, "hosts");
+        let drift = |setup: &mut Rng| {
+            if o.faults.clock_drift {
+                setup.range(0, 2 * MAX_DRIFT_PPM as u64) as i64 - MAX_DRIFT_PPM
+            } else {
+                0
+            }
+        };
         let hosts = (0..o.relays)
             .map(|_| Host {
                 relay: None,
                 life: 0,
-                clock_offset: 0,
-                drift_ppm: if o.faults.clock_drift {
-                    setup.range(0, 2 * MAX_DRIFT_PPM as u64) as i64 - MAX_DRIFT_PPM
-                } else {
-                    0
+                // Up for a while already: the monotonic clock reads an uptime, nothing like a
+                // wall time, so that a reading used as the other shows at once.
+                mono: HostClock {
+                    offset: setup.range(MINUTE, 30 * 24 * HOUR) as i64 - T0 as i64,
+                    drift_ppm: drift(&mut setup),
+                },
+                wall: HostClock {
+                    offset: 0,
+                    drift_ppm: drift(&mut setup),
                 },
                 timer_gen: 0,
                 proc: None,
@@ -418,9 +466,9 @@ impl World {
         let seed = self.o.seed ^ (r as u64) << 32 ^ u64::from(self.hosts[r].life);
         let first = self.hosts[r].next_run_id;
         let mut relay = Relay::new(settings, seed, first);
-        let local = self.hosts[r].local(self.now);
+        let now = self.hosts[r].now(self.now, self.o.mutation);
         let caps = Capabilities::full(self.o.release_granted);
-        if let Err(e) = relay.handle_input(local, Input::CapabilitiesKnown(caps)) {
+        if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
         self.hosts[r].relay = Some(relay);
@@ -542,9 +590,9 @@ impl World {
             }
             Ev::Timer { relay, generation } => {
                 if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {
-                    let local = self.begin_step(relay);
+                    let now = self.begin_step(relay);
                     if let Some(m) = self.hosts[relay].relay.as_mut() {
-                        m.handle_timeout(local);
+                        m.handle_timeout(now);
                     }
                     self.drain(relay);
                 }
@@ -668,10 +716,16 @@ impl World {
                 self.schedule(self.now + len, Ev::OutageEnd);
             }
             Fault::Crash { relay, down } => {
-                let h = &mut self.hosts[relay];
-                if h.relay.is_none() {
+                if self.hosts[relay].relay.is_none() {
                     return;
                 }
+                // Half the crashes take the host down with them: its monotonic clock starts
+                // again from a small uptime when it boots.
+                let reboot = self
+                    .net
+                    .chance(500)
+                    .then(|| self.net.range(MINUTE, 10 * MINUTE));
+                let h = &mut self.hosts[relay];
                 // The host dies with its processes; its volatile state is gone, the journal
                 // stays, and a run left `running` is reconciled as interrupted on restart.
                 h.relay = None;
@@ -683,9 +737,12 @@ impl World {
                 h.deferred.clear();
                 h.life += 1;
                 h.timer_gen += 1;
-                let local = h.local(self.now + down);
+                let wall = h.wall.read(self.now + down);
                 for rec in h.journal.values_mut() {
-                    *rec = reconcile_interrupted(rec.clone(), local);
+                    *rec = reconcile_interrupted(rec.clone(), wall);
+                }
+                if let Some(uptime) = reboot {
+                    h.mono.set(self.now + down, uptime);
                 }
                 self.schedule(self.now + down, Ev::Restart(relay));
             }
@@ -695,8 +752,11 @@ impl World {
                     self.schedule(self.now + len, Ev::Resume(relay));
                 }
             }
-            Fault::ClockJump { relay, by } => {
-                self.hosts[relay].clock_offset += by as i64;
+            Fault::WallStep { relay, by } => {
+                if by < 0 {
+                    self.count("wall_step_back");
+                }
+                self.hosts[relay].wall.offset += by;
                 self.wake(relay);
             }
         }
@@ -720,9 +780,9 @@ impl World {
     /// The host's clock moved past deadlines (it woke from a pause, or jumped): its overdue
     /// timers fire at once, as a real timer wheel fires them on its next turn.
     fn wake(&mut self, r: usize) {
-        let local = self.begin_step(r);
+        let now = self.begin_step(r);
         if let Some(m) = self.hosts[r].relay.as_mut() {
-            m.handle_timeout(local);
+            m.handle_timeout(now);
         }
         self.drain(r);
     }
@@ -763,24 +823,24 @@ impl World {
     // -----------------------------------------------------------------------------------------
 
     /// Notes whether the machine holds a live lease before it handles the next input.
-    fn begin_step(&mut self, r: usize) -> Millis {
+    fn begin_step(&mut self, r: usize) -> Now {
         let h = &mut self.hosts[r];
-        let local = h.local(self.now);
+        let now = h.now(self.now, self.o.mutation);
         h.was_live = h
             .relay
             .as_ref()
             .and_then(Relay::lease_deadline)
-            .is_some_and(|d| local < d);
+            .is_some_and(|d| now.mono < d);
         h.ended_now.clear();
-        local
+        now
     }
 
     fn feed(&mut self, r: usize, input: Input) {
-        let local = self.begin_step(r);
+        let now = self.begin_step(r);
         let Some(m) = self.hosts[r].relay.as_mut() else {
             return;
         };
-        if let Err(e) = m.handle_input(local, input) {
+        if let Err(e) = m.handle_input(now, input) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
         self.drain(r);
@@ -803,13 +863,11 @@ impl World {
         h.timer_gen += 1;
         let generation = h.timer_gen;
         if let Some((local, _)) = h.relay.as_ref().and_then(Relay::poll_timeout) {
-            let at = h.global(local).max(self.now);
+            // The machine's timers are on the clock its driver hands it as monotonic.
+            let clock = h.machine_clock(self.o.mutation);
+            let at = clock.when(local).max(self.now);
             // Rounding in the clock inverse must never wake the machine early.
-            let at = if self.hosts[r].local(at) < local {
-                at + 1
-            } else {
-                at
-            };
+            let at = if clock.read(at) < local { at + 1 } else { at };
             self.schedule(
                 at,
                 Ev::Timer {
@@ -1452,7 +1510,7 @@ impl World {
     /// sent outside any step (`strict`, the late-send canary) must be live now.
     fn check_lease_live(&mut self, r: usize, run_id: u64, strict: bool, what: &str) {
         let h = &self.hosts[r];
-        let local = h.local(self.now);
+        let local = h.machine_clock(self.o.mutation).read(self.now);
         let live_now = h
             .relay
             .as_ref()
@@ -1631,8 +1689,9 @@ impl World {
         }
     }
 
-    /// Processes: none outlives its relay's lease by more than a second, and no two relays run
-    /// a process for one todo while each believes its lease valid.
+    /// Processes: none outlives its relay's lease, or the server's, by more than a second (and
+    /// the drift bound), and no two relays run a process for one todo while each believes its
+    /// lease valid.
     fn check_processes(&mut self) {
         let mut problems = Vec::new();
         let tolerance = self.o.lease_ttl * MAX_DRIFT_PPM as u64 / 1_000_000 + 1;
@@ -1653,7 +1712,26 @@ impl World {
                     ),
                 ));
             }
-            let local = h.local(self.now);
+            // The truth, whatever the relay believes: the server's own expiry of the attempt
+            // (its last accepted claim or heartbeat + ttl, on the server's clock).
+            let expiry = h.runs.get(&p.run_id).and_then(|run| {
+                self.ledger
+                    .attempts(&run.todo)
+                    .find(|a| a.seq == run.seq)
+                    .map(|a| a.lease_expires_at)
+            });
+            if let Some(expiry) = expiry
+                && self.now > expiry + tolerance + SECOND
+            {
+                problems.push((
+                    "stops_by_server_expiry",
+                    format!(
+                        "relay {r}'s process for {} runs at {} although the server's lease ended at {expiry}",
+                        p.todo, self.now
+                    ),
+                ));
+            }
+            let local = h.machine_clock(self.o.mutation).read(self.now);
             match m.lease_deadline() {
                 Some(d) if local <= d + SECOND => {
                     if local + tolerance < d {

@@ -18,7 +18,7 @@ use super::types::{
     ClaimedTodo, Command, ExitStatus, HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap,
     ProcessEnv, ReportVerb, RequestId, Signal, StopReason, TimerReason,
 };
-use crate::time::{Millis, SECOND, rfc3339};
+use crate::time::{Millis, Now, SECOND, rfc3339};
 
 /// A receipt upload may hold the report back this long, no longer (REQ-13).
 pub const RECEIPT_TIMEOUT: Millis = 30 * SECOND;
@@ -266,6 +266,9 @@ pub struct Relay {
     /// The one firing `on_overlap = "queue"` holds, by trigger.
     held: Option<String>,
     commands: VecDeque<Command>,
+    /// The wall reading of the input being handled. It stamps the text of run records and
+    /// nothing else: every `now: Millis` inside the machine is the monotonic reading.
+    wall: Millis,
 }
 
 impl Relay {
@@ -280,6 +283,7 @@ impl Relay {
             attempt: None,
             held: None,
             commands: VecDeque::new(),
+            wall: 0,
         }
     }
 
@@ -293,7 +297,10 @@ impl Relay {
 
     /// Feeds one input at `now`. Deadlines already due at `now` are handled first, so a late
     /// driver never lets an expired lease act. Drain [`Relay::poll_command`] afterwards.
-    pub fn handle_input(&mut self, now: Millis, input: Input) -> Result<(), ContractError> {
+    /// `now.mono` must never decrease from one call to the next; `now.wall` may jump anywhere.
+    pub fn handle_input(&mut self, now: Now, input: Input) -> Result<(), ContractError> {
+        self.wall = now.wall;
+        let now = now.mono;
         self.handle_due_timers(now);
         match input {
             Input::Firing {
@@ -353,8 +360,9 @@ impl Relay {
     }
 
     /// Handles every deadline due at `now` (what [`Input::TimerFired`] does).
-    pub fn handle_timeout(&mut self, now: Millis) {
-        self.handle_due_timers(now);
+    pub fn handle_timeout(&mut self, now: Now) {
+        self.wall = now.wall;
+        self.handle_due_timers(now.mono);
     }
 
     fn handle_due_timers(&mut self, now: Millis) {
@@ -378,25 +386,25 @@ impl Relay {
 
     fn handle_firing(&mut self, now: Millis, trigger: String, within_hours: bool) {
         if !self.settings.enabled {
-            return self.skip(now, &trigger, SkippedReason::Disabled);
+            return self.skip(&trigger, SkippedReason::Disabled);
         }
         if self.attempt.is_some() {
             // Overlap is decided before hours (SPEC-0008's order), except that a firing outside
             // its hours is never held: it could not have started now either.
             return match self.settings.on_overlap {
-                OnOverlap::Skip => self.skip(now, &trigger, SkippedReason::Overlap),
+                OnOverlap::Skip => self.skip(&trigger, SkippedReason::Overlap),
                 OnOverlap::Queue if !within_hours => {
-                    self.skip(now, &trigger, SkippedReason::OutsideHours)
+                    self.skip(&trigger, SkippedReason::OutsideHours)
                 }
                 // One held firing is enough to run once more; further ones add nothing.
                 OnOverlap::Queue if self.held.is_some() => {
-                    self.skip(now, &trigger, SkippedReason::Overlap)
+                    self.skip(&trigger, SkippedReason::Overlap)
                 }
                 OnOverlap::Queue => self.held = Some(trigger),
             };
         }
         if !within_hours {
-            return self.skip(now, &trigger, SkippedReason::OutsideHours);
+            return self.skip(&trigger, SkippedReason::OutsideHours);
         }
         self.start(now, &trigger);
     }
@@ -404,18 +412,18 @@ impl Relay {
     /// The lease-side admission steps, then the claim. A held firing comes here when it starts.
     fn start(&mut self, now: Millis, trigger: &str) {
         if !self.settings.enabled {
-            return self.skip(now, trigger, SkippedReason::Disabled);
+            return self.skip(trigger, SkippedReason::Disabled);
         }
         if !self.settings.lease_enabled {
-            return self.skip(now, trigger, SkippedReason::LeaseDisabled);
+            return self.skip(trigger, SkippedReason::LeaseDisabled);
         }
         if self.source != SourceState::Supported {
-            return self.skip(now, trigger, SkippedReason::LeaseSourceUnsupported);
+            return self.skip(trigger, SkippedReason::LeaseSourceUnsupported);
         }
         let run_id = self.alloc_run_id();
         let request = next_request(&mut self.next_request);
         let s = &self.settings;
-        let record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, now);
+        let record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, self.wall);
         // The running record goes first, so a crash after the claim leaves something to
         // reconcile as interrupted.
         self.commands.push_back(Command::WriteRunRecord {
@@ -961,13 +969,13 @@ impl Relay {
     }
 
     /// A firing refused before any call to the lease source: one record, nothing else.
-    fn skip(&mut self, now: Millis, trigger: &str, reason: SkippedReason) {
+    fn skip(&mut self, trigger: &str, reason: SkippedReason) {
         let run_id = self.alloc_run_id();
         let s = &self.settings;
-        let mut record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, now);
+        let mut record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, self.wall);
         record.outcome = RunOutcome::Skipped;
         record.skipped_reason = Some(reason);
-        record.ended_at = Some(rfc3339(now));
+        record.ended_at = Some(rfc3339(self.wall));
         self.commands.push_back(Command::WriteRunRecord { record });
     }
 
@@ -1419,7 +1427,7 @@ impl Relay {
             a.record.outcome = outcome;
             a.record.relay_outcome = Some(relay_outcome);
         }
-        a.record.ended_at = Some(rfc3339(now));
+        a.record.ended_at = Some(rfc3339(self.wall));
         self.commands
             .push_back(Command::WriteRunRecord { record: a.record });
         if let Some(trigger) = self.held.take() {
@@ -1485,8 +1493,8 @@ impl Relay {
         timers.into_iter().min()
     }
 
-    /// What `harness describe` shows.
-    pub fn describe(&self) -> Describe {
+    /// What `harness describe` shows; the lease deadline as the wall time `now` expects it at.
+    pub fn describe(&self, now: Now) -> Describe {
         Describe {
             harness: self.settings.harness.clone(),
             lease: self.settings.lease.clone(),
@@ -1499,7 +1507,7 @@ impl Relay {
                 todo_id: a.lease.as_ref().map(|l| l.claim.todo_id.clone()),
                 attempt: a.lease.as_ref().map(|l| l.claim.attempt),
                 max_attempts: a.lease.as_ref().map(|l| l.claim.max_attempts),
-                lease_deadline: a.live_lease().map(|l| rfc3339(l.deadline)),
+                lease_deadline: a.live_lease().map(|l| rfc3339(now.wall_at(l.deadline))),
             }),
         }
     }

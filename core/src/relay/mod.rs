@@ -11,13 +11,21 @@
 //! # Driving it
 //!
 //! ```text
+//! let now = Now { mono: monotonic_ms(), wall: wall_ms() };
 //! relay.handle_input(now, input)?;           // or relay.handle_timeout(now)
 //! while let Some(cmd) = relay.poll_command() { execute(cmd) }
-//! sleep_until(relay.poll_timeout())           // then Input::TimerFired
+//! sleep_until_mono(relay.poll_timeout())      // then relay.handle_timeout(now)
 //! ```
 //!
 //! Drain [`Relay::poll_command`] until `None` after every input, then ask
-//! [`Relay::poll_timeout`] for the next deadline and its [`TimerReason`]. Answers to network
+//! [`Relay::poll_timeout`] for the next deadline and its [`TimerReason`].
+//!
+//! `now` is a [`Now`](crate::time::Now): a monotonic and a wall reading taken together. Every
+//! deadline and timer (lease deadline, heartbeats, run timeout, kill grace, check interval and
+//! timeout, receipt wait, report retries) is computed and compared on the monotonic one, and
+//! [`Relay::poll_timeout`] answers on it; the wall reading only stamps the text of run records
+//! and `describe`. A wall clock that steps back therefore cannot keep an agent running past
+//! its lease. Answers to network
 //! commands carry the command's [`RequestId`]; an answer to a request that is no longer awaited
 //! (a heartbeat answer after the attempt ended, a duplicate report answer) is an ordinary input
 //! and is ignored. Only inputs that name something the machine never asked for are

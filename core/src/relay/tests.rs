@@ -9,7 +9,7 @@ use super::*;
 use crate::error::ErrorCode;
 use crate::ledger::{Ledger, LedgerConfig, NewTodo};
 use crate::testing::relay::*;
-use crate::time::{MINUTE, Millis, SECOND, parse_rfc3339};
+use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339};
 
 const TOKEN: &str = "q3vZw-T0K3N-f3nc3";
 
@@ -454,8 +454,7 @@ fn a_long_run_keeps_its_lease() {
             .any(|c| matches!(c, Command::Signal { .. }))
     );
     assert!(
-        d.relay
-            .describe()
+        d.describe()
             .attempt
             .is_some_and(|a| a.lease_deadline.is_some())
     );
@@ -470,7 +469,7 @@ fn the_lease_deadline_counts_from_the_send_time() {
     let request = d.last_request(is_heartbeat);
     d.advance(20 * SECOND);
     d.input(Input::HeartbeatOk { request }); // answered 20 s later
-    let deadline = d.relay.describe().attempt.and_then(|a| a.lease_deadline);
+    let deadline = d.describe().attempt.and_then(|a| a.lease_deadline);
     assert_eq!(
         deadline.as_deref(),
         Some("2026-09-22T12:06:00Z"),
@@ -565,6 +564,43 @@ fn switchboard_unreachable() {
             .count(),
         0
     );
+}
+
+/// The lease deadline runs on the monotonic clock: the worker's wall clock stepping back an
+/// hour (an NTP correction, a VM restore, `date -s`) mid-attempt, with the server unreachable
+/// from then on,
+/// still stops the agent at the true deadline; stepping forward an hour stops nothing early.
+/// Only the text of the records and of describe follows the wall clock.
+#[test]
+fn a_wall_clock_step_moves_no_deadline() {
+    for step in [-(HOUR as i64), HOUR as i64] {
+        let mut d = Driver::new(settings()); // claimed at 12:00:00, lease_ttl 5m
+        d.start(claim_1());
+        d.advance(2 * MINUTE); // heartbeats at 12:01 and 12:02: the lease runs to 12:07
+        d.auto_heartbeat = AutoHeartbeat::Reply(Err(LeaseError::Transport));
+        d.wall_offset = step;
+        let shown = d.describe().attempt.and_then(|a| a.lease_deadline);
+        let expected = crate::time::rfc3339((at("2026-09-22T12:07:00Z") as i64 + step) as u64);
+        assert_eq!(
+            shown,
+            Some(expected),
+            "describe shows the deadline in wall time"
+        );
+        d.advance_to(at("2026-09-22T12:06:59.999Z"));
+        assert!(
+            !d.commands().iter().any(is_term),
+            "step {step}: stopped early"
+        );
+        d.advance_to(at("2026-09-22T12:07:01Z"));
+        let term = d.log.iter().find(|(_, c)| is_term(c)).map(|(t, _)| *t);
+        assert_eq!(term, Some(at("2026-09-22T12:07:00Z")), "step {step}");
+        let cmds = d.exit(-15, None);
+        let record = &records(&cmds)[0];
+        assert_eq!(record.relay_outcome, Some(RelayOutcome::LeaseLost));
+        let wall_end = (at("2026-09-22T12:07:01Z") as i64 + step) as u64;
+        assert_eq!(record.ended_at, Some(crate::time::rfc3339(wall_end)));
+        assert_eq!(record.started_at, "2026-09-22T12:00:00Z");
+    }
 }
 
 // ---- REQ-9: verdict -------------------------------------------------------------------------
@@ -1249,7 +1285,7 @@ fn doctor_output() {
     // check the rendered text and the protocol frame too.
     let mut d = Driver::new(settings());
     d.start(claim_1());
-    let view = d.relay.describe();
+    let view = d.describe();
     assert_eq!(view.lease, "queue.ci");
     let attempt = view.attempt.clone().unwrap_or_else(|| panic!("no attempt"));
     assert_eq!(
@@ -1260,7 +1296,12 @@ fn doctor_output() {
         attempt.lease_deadline.as_deref(),
         Some("2026-09-22T12:05:00Z")
     );
-    let shown = format!("{} {:?} {:?}", describe_json(&d.relay), view, d.relay);
+    let shown = format!(
+        "{} {:?} {:?}",
+        describe_json(&d.relay, d.clock()),
+        view,
+        d.relay
+    );
     for secret in [TOKEN, HEADER_SECRET, ENV_FILE_SECRET] {
         assert!(!shown.contains(secret), "{secret} shown");
     }
@@ -1598,6 +1639,11 @@ proptest! {
     #[test]
     fn prop_one_relay_outcome_per_claim(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         relay_one_outcome_per_claim(&bytes).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn prop_wall_clock_moves_no_deadline(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        relay_wall_clock_moves_no_deadline(&bytes).map_err(TestCaseError::fail)?;
     }
 }
 

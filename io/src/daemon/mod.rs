@@ -43,6 +43,12 @@ use crate::runner::{self, AgentSpec, CheckSpec, ProcessGroup};
 
 pub use metrics::{DaemonMetrics, serve_metrics};
 
+/// The longest the actor sleeps while a timer is set. Tokio's timers run on `CLOCK_MONOTONIC`,
+/// which stops while the machine is suspended, whereas the machines' deadlines run on boot time,
+/// which does not: waking at least this often means a lease that lapsed during a suspend stops
+/// its agent within this long of the resume.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
 /// What `relay daemon` needs besides the config file.
 pub struct DaemonOptions {
     pub config: PathBuf,
@@ -360,10 +366,7 @@ impl Daemon {
             if self.stopping && self.slots.values().all(|s| !s.relay.in_flight()) {
                 break;
             }
-            let now = self.clock.now();
-            let wait = self
-                .next_deadline()
-                .map(|d| Duration::from_millis(d.saturating_sub(now)));
+            let wait = self.next_wait();
             let msg = match wait {
                 Some(wait) => tokio::select! {
                     msg = self.rx.recv() => msg,
@@ -392,32 +395,48 @@ impl Daemon {
         let _ = self.writer.await;
     }
 
-    fn next_deadline(&self) -> Option<Millis> {
-        self.slots
+    /// How long the actor may sleep: until the earliest machine timer (on the monotonic
+    /// clock) or schedule firing (on the wall clock, as cron is), and never more than
+    /// [`MAX_SLEEP`] while a timer is set.
+    fn next_wait(&self) -> Option<Duration> {
+        let now = self.clock.reading();
+        let timers = self.slots.values().filter_map(|s| {
+            let (at, _) = s.relay.poll_timeout()?;
+            Some(at.saturating_sub(now.mono))
+        });
+        let fires = self
+            .slots
             .values()
-            .flat_map(|s| {
-                let fire = if self.stopping { None } else { s.next_fire };
-                [s.relay.poll_timeout().map(|(at, _)| at), fire]
-            })
-            .flatten()
-            .min()
+            .filter(|_| !self.stopping)
+            .filter_map(|s| Some(s.next_fire?.saturating_sub(now.wall)));
+        let wait = timers.chain(fires).min()?;
+        Some(Duration::from_millis(wait).min(MAX_SLEEP))
     }
 
     fn on_time(&mut self) {
-        let now = self.clock.now();
+        let now = self.clock.reading();
         let names: Vec<String> = self.slots.keys().cloned().collect();
         for name in names {
             let slot = self.slots.get_mut(&name).expect("slot exists");
-            if slot.relay.poll_timeout().is_some_and(|(at, _)| at <= now) {
+            if slot
+                .relay
+                .poll_timeout()
+                .is_some_and(|(at, _)| at <= now.mono)
+            {
                 slot.relay.handle_timeout(now);
                 self.drain(&name);
             }
             let slot = self.slots.get_mut(&name).expect("slot exists");
             if !self.stopping
                 && let Some(at) = slot.next_fire
-                && at <= now
+                && at <= now.wall
             {
-                slot.next_fire = slot.harness.schedule.as_ref().map(|s| s.next_after(now));
+                let next = slot
+                    .harness
+                    .schedule
+                    .as_ref()
+                    .map(|s| s.next_after(now.wall));
+                slot.next_fire = next;
                 self.fire(&name, "schedule");
             }
         }
@@ -496,7 +515,7 @@ impl Daemon {
     }
 
     fn input(&mut self, harness: &str, input: Input) {
-        let now = self.clock.now();
+        let now = self.clock.reading();
         let Some(slot) = self.slots.get_mut(harness) else {
             return;
         };
@@ -747,7 +766,7 @@ impl Daemon {
                         let slot = &self.slots[name];
                         let source = &self.sources[&slot.source];
                         json!({
-                            "relay": slot.relay.describe(),
+                            "relay": slot.relay.describe(self.clock.reading()),
                             "source": {
                                 "name": slot.source,
                                 "url": source.url,
