@@ -232,6 +232,7 @@ struct Daemon {
     state: PathBuf,
     log: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -240,6 +241,11 @@ impl Daemon {
     }
 
     fn start_with(dir: &Path, config: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_env(dir, config, extra, &[])
+    }
+
+    /// A daemon with `env` set in its environment.
+    fn start_env(dir: &Path, config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let state = dir.join("state");
         let log = dir.join("daemon.log");
         let mut d = Daemon {
@@ -248,6 +254,10 @@ impl Daemon {
             state,
             log,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn();
         d
@@ -266,6 +276,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(&self.state)
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RELAY_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(log)
@@ -705,6 +716,86 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
         .as_str()
         .and_then(relay_core::time::parse_rfc3339)
         .unwrap_or_else(|| panic!("no lease deadline in {described}"));
+    let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
+        line_in(&s.out.join(format!("term.{id}")))
+    });
+    let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
+    assert!(
+        term_ms + 50 >= deadline && term_ms <= deadline + 1000,
+        "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
+    );
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
+    d.stop();
+}
+
+/// libfaketime's preload library, from Debian's `libfaketime` (which `.ci/run` installs).
+fn libfaketime() -> Option<PathBuf> {
+    let lib = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketime.so.1"))
+        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
+        .find(|p| p.exists());
+    if lib.is_none() {
+        assert!(
+            std::env::var("RELAY_REQUIRE_FAKETIME").as_deref() != Ok("1"),
+            "libfaketime is not installed and RELAY_REQUIRE_FAKETIME=1: apt-get install libfaketime"
+        );
+        eprintln!("SKIPPED: libfaketime is not installed (apt-get install libfaketime)");
+    }
+    lib
+}
+
+/// The daemon's wall clock steps back an hour (libfaketime, preloaded into the daemon alone,
+/// with `FAKETIME_DONT_FAKE_MONOTONIC=1` so that its monotonic and boot-time clocks stay true)
+/// while its server is unreachable: the agent is still stopped within a second of the true
+/// lease deadline. With deadlines on the wall clock it would run on for another hour.
+#[test]
+fn a_wall_clock_stepped_back_mid_attempt_stops_the_agent_at_the_true_deadline() {
+    let Some(lib) = libfaketime() else {
+        return;
+    };
+    let mut s = Setup::new();
+    let config = s.config(None, 1, "", r#"triggers = ["channel.bell"]"#);
+    // The agent and the check run without the preload: their `date` is the true time.
+    let env = std::fs::read_to_string(s.path().join("agent.env")).expect("env");
+    std::fs::write(s.path().join("agent.env"), format!("{env}LD_PRELOAD=\n")).expect("env");
+    let offset = s.path().join("faketime");
+    std::fs::write(&offset, "+0\n").expect("faketime file");
+    let id = s.server.add(&s.endpoint, "hang on", 3);
+    let mut d = Daemon::start_env(
+        s.path(),
+        &config,
+        &[],
+        &[
+            ("LD_PRELOAD", lib.to_str().expect("path")),
+            ("FAKETIME_TIMESTAMP_FILE", offset.to_str().expect("path")),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        line_in(&s.out.join(format!("started.{id}")))
+    });
+    s.server.stop();
+    let deadline_shown = |d: &Daemon| {
+        let (ok, out) = d.cli(&["describe", "w1", "--json"]);
+        assert!(ok, "{out}");
+        let described: Value = serde_json::from_str(&out).expect("json");
+        described[0]["relay"]["attempt"]["lease_deadline"]
+            .as_str()
+            .and_then(relay_core::time::parse_rfc3339)
+            .unwrap_or_else(|| panic!("no lease deadline in {described}"))
+    };
+    let deadline = deadline_shown(&d);
+    std::fs::write(&offset, "-3600\n").expect("step the wall clock");
+    // The step reached the daemon: it now shows the same deadline an hour earlier in wall time.
+    let stepped = deadline_shown(&d);
+    assert!(
+        stepped + 3_600_000 >= deadline && stepped + 3_600_000 <= deadline + 1_000,
+        "the daemon's wall clock did not step back: deadline {deadline}, now shown as {stepped}"
+    );
     let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
         line_in(&s.out.join(format!("term.{id}")))
     });
