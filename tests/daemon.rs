@@ -318,6 +318,17 @@ impl Daemon {
         })
     }
 
+    /// The lease deadline `relay describe` shows for the harness's attempt in flight, in ms.
+    fn lease_deadline(&self, harness: &str) -> u64 {
+        let (ok, out) = self.cli(&["describe", harness, "--json"]);
+        assert!(ok, "{out}");
+        let described: Value = serde_json::from_str(&out).expect("json");
+        described[0]["relay"]["attempt"]["lease_deadline"]
+            .as_str()
+            .and_then(relay_core::time::parse_rfc3339)
+            .unwrap_or_else(|| panic!("no lease deadline in {described}"))
+    }
+
     /// The harness's run records, newest first.
     fn runs(&self, harness: &str) -> Vec<Value> {
         let (ok, out) = self.cli(&["runs", harness, "--json", "--limit", "1000"]);
@@ -449,6 +460,19 @@ kill_grace = "2s"
 
     fn ran(&self, id: &str) -> bool {
         self.out.join(format!("ran.{id}")).exists()
+    }
+
+    /// The 'hang' agent of todo `id` got its SIGTERM within a second of `deadline` (ms), by the
+    /// time the agent itself read.
+    fn stopped_within_a_second_of(&self, id: &str, deadline: u64) {
+        let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
+            line_in(&self.out.join(format!("term.{id}")))
+        });
+        let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
+        assert!(
+            term_ms + 50 >= deadline && term_ms <= deadline + 1000,
+            "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
+        );
     }
 }
 
@@ -709,21 +733,8 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
     // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
     // shows now is the one it acts on.
     s.server.stop();
-    let (ok, out) = d.cli(&["describe", "w1", "--json"]);
-    assert!(ok, "{out}");
-    let described: Value = serde_json::from_str(&out).expect("json");
-    let deadline = described[0]["relay"]["attempt"]["lease_deadline"]
-        .as_str()
-        .and_then(relay_core::time::parse_rfc3339)
-        .unwrap_or_else(|| panic!("no lease deadline in {described}"));
-    let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
-        line_in(&s.out.join(format!("term.{id}")))
-    });
-    let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
-    assert!(
-        term_ms + 50 >= deadline && term_ms <= deadline + 1000,
-        "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
-    );
+    let deadline = d.lease_deadline("w1");
+    s.stopped_within_a_second_of(&id, deadline);
     let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
     d.stop();
@@ -779,30 +790,14 @@ fn a_wall_clock_stepped_back_mid_attempt_stops_the_agent_at_the_true_deadline() 
         line_in(&s.out.join(format!("started.{id}")))
     });
     s.server.stop();
-    let deadline_shown = |d: &Daemon| {
-        let (ok, out) = d.cli(&["describe", "w1", "--json"]);
-        assert!(ok, "{out}");
-        let described: Value = serde_json::from_str(&out).expect("json");
-        described[0]["relay"]["attempt"]["lease_deadline"]
-            .as_str()
-            .and_then(relay_core::time::parse_rfc3339)
-            .unwrap_or_else(|| panic!("no lease deadline in {described}"))
-    };
-    let deadline = deadline_shown(&d);
+    let deadline = d.lease_deadline("w1");
     std::fs::write(&offset, "-3600\n").expect("step the wall clock");
-    // The step reached the daemon: it now shows the same deadline an hour earlier in wall time.
-    let stepped = deadline_shown(&d);
+    let stepped = d.lease_deadline("w1");
+    s.stopped_within_a_second_of(&id, deadline);
+    // The step did reach the daemon: it showed the same deadline an hour earlier in wall time.
     assert!(
         stepped + 3_600_000 >= deadline && stepped + 3_600_000 <= deadline + 1_000,
-        "the daemon's wall clock did not step back: deadline {deadline}, now shown as {stepped}"
-    );
-    let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
-        line_in(&s.out.join(format!("term.{id}")))
-    });
-    let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
-    assert!(
-        term_ms + 50 >= deadline && term_ms <= deadline + 1000,
-        "SIGTERM at {term_ms}, lease deadline {deadline}: not within a second"
+        "the daemon's wall clock did not step back: deadline {deadline}, then shown as {stepped}"
     );
     let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
