@@ -270,3 +270,67 @@ pub async fn request(
     }
     Ok(answer)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::events::{EventLog, FOLLOW_BUFFER};
+    use relay_core::relay::Event;
+    use tokio::sync::mpsc;
+
+    fn event(run_id: u64) -> Event {
+        Event::RunStarted {
+            harness: "w1".into(),
+            run_id,
+            trigger: "manual".into(),
+        }
+    }
+
+    /// A follower that does not keep up never holds the actor: every push goes through while
+    /// the follower reads nothing, and once it reads again its stream ends with a line saying
+    /// how far behind it fell.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_that_falls_behind_is_disconnected_saying_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let server = serve(dir.path(), DaemonHandle { tx }).expect("serve");
+        let mut stream = UnixStream::connect(socket_path(dir.path()))
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"{\"op\":\"events\",\"follow\":true}\n")
+            .await
+            .expect("request");
+        let mut log = EventLog::default();
+        log.push(&event(0), 0);
+        match rx.recv().await {
+            Some(Msg::Events {
+                follow: true,
+                reply,
+            }) => {
+                let _ = reply.send(log.feed(true));
+            }
+            other => panic!("expected an events request, got {other:?}"),
+        }
+        // The actor's side: far more than the follower may fall behind by, without waiting.
+        let total = FOLLOW_BUFFER as u64 * 20;
+        for n in 1..=total {
+            log.push(&event(n), 0);
+        }
+        let mut lines = BufReader::new(stream).lines();
+        let mut received = Vec::new();
+        while let Some(line) = lines.next_line().await.expect("read") {
+            received.push(serde_json::from_str::<Value>(&line).expect("json"));
+        }
+        let last = received.pop().expect("a last line");
+        assert_eq!(last["ok"], false, "{last}");
+        let message = last["error"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("events behind and was disconnected"),
+            "{message}"
+        );
+        assert_eq!(received[0]["run_id"], 0, "the recent events come first");
+        assert!((received.len() as u64) < total, "nothing was dropped");
+        server.abort();
+    }
+}

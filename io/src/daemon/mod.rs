@@ -217,11 +217,12 @@ impl Daemon {
     /// leased harness and starts the lease sessions, doorbells and the control socket.
     pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
         let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+        // A config that does not load leaves no trace: it is read before the state dir is made.
+        let prepared = load::prepare(&opts.config, &state_dir.join("jobs"), &opts.host)?;
         // Creates the state dir (mode 0700) when missing: it holds the control socket, the
         // run logs and the context files.
         let journal = Journal::open(&state_dir)
             .map_err(|e| format!("{e} (the state dir: choose a writable --state-dir)"))?;
-        let prepared = load::prepare(&opts.config, Path::new(journal.jobs_dir()), &opts.host)?;
         let lock = journal.lock().map_err(|e| e.to_string())?;
         let now = opts.clock.now();
         let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
