@@ -1301,6 +1301,10 @@ fn events_follow_a_run_from_start_to_finish_and_carry_no_secret() {
     // Plain `relay events` prints the recent ones from the ring, the same lines.
     let (ok, out) = d.cli(&["events"]);
     assert!(ok, "{out}");
+    assert!(
+        out.lines().all(|l| l.starts_with("{\"event\":")),
+        "each line starts with its event: {out}"
+    );
     let recent: Vec<Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
@@ -1491,4 +1495,33 @@ lease = "queue.ro"
         .expect("relay doctor");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--config"), "{err}");
+}
+
+#[test]
+fn reload_moving_a_lease_source_opens_a_new_session_there() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let mut d = Daemon::start(s.path(), &config);
+    d.wait_verified();
+    // The same server behind a relay that keeps what it sends: a new url, so a new session.
+    let tap = Tap::start(&s.server.url);
+    let tapped = format!("http://127.0.0.1:{}", tap.port);
+    s.config(Some(&tapped), 1, "", r#"schedule = "@every 1s""#);
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("lease source queue.q changed (a new session)"),
+        "{out}"
+    );
+    let id = s.server.add(&s.endpoint, "fix it", 3);
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    assert!(
+        !tap.tokens().is_empty(),
+        "the claim did not go through the new url"
+    );
+    let described = d.described();
+    assert_eq!(described[0]["source"]["url"], format!("{tapped}/mcp/work"));
+    assert_eq!(described[0]["source"]["session"], "supported");
+    d.stop();
 }

@@ -110,8 +110,8 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
     write.shutdown().await
 }
 
-async fn write_line(write: &mut OwnedWriteHalf, line: &Value) -> std::io::Result<()> {
-    let mut bytes = serde_json::to_vec(line).unwrap_or_default();
+async fn write_line(write: &mut OwnedWriteHalf, line: &str) -> std::io::Result<()> {
+    let mut bytes = line.as_bytes().to_vec();
     bytes.push(b'\n');
     match tokio::time::timeout(FOLLOW_WRITE_TIMEOUT, write.write_all(&bytes)).await {
         Ok(r) => r,
@@ -136,7 +136,11 @@ async fn stream_events(
         None
     };
     let Some((recent, receiver)) = feed else {
-        write_line(&mut write, &error("the daemon is stopping".into())).await?;
+        write_line(
+            &mut write,
+            &error("the daemon is stopping".into()).to_string(),
+        )
+        .await?;
         return write.shutdown().await;
     };
     for line in &recent {
@@ -160,7 +164,7 @@ async fn stream_events(
                         "this follower fell {missed} events behind and was disconnected; run \
                          `relay events --follow` again (`relay events` shows the recent ones)"
                     ));
-                    write_line(&mut write, &line).await?;
+                    write_line(&mut write, &line.to_string()).await?;
                     break;
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
@@ -198,13 +202,13 @@ async fn connect(state_dir: &Path) -> Result<UnixStream, RequestError> {
     })
 }
 
-/// `relay events`: sends the request and hands each event line to `on_event` until the daemon
-/// ends the stream. A line saying `"ok": false` (the daemon is stopping, the follower fell
-/// behind) is the error.
+/// `relay events`: sends the request and hands each event line (as the daemon wrote it) to
+/// `on_event` until the daemon ends the stream. A line saying `"ok": false` (the daemon is
+/// stopping, the follower fell behind) is the error.
 pub async fn events(
     state_dir: &Path,
     follow: bool,
-    mut on_event: impl FnMut(&Value),
+    mut on_event: impl FnMut(&str),
 ) -> Result<(), RequestError> {
     let stream = connect(state_dir).await?;
     let (read, mut write) = stream.into_split();
@@ -224,7 +228,7 @@ pub async fn events(
                 .unwrap_or("the daemon ended the stream");
             return Err(RequestError::Failed(msg.to_string()));
         }
-        on_event(&value);
+        on_event(&line);
     }
     Ok(())
 }

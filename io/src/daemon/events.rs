@@ -6,10 +6,11 @@
 //! control socket then disconnects it with a line saying how many events it missed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use relay_core::Millis;
 use relay_core::relay::Event;
-use serde_json::Value;
+use serde::Serialize;
 use tokio::sync::broadcast;
 
 /// Recent events kept for plain `relay events`.
@@ -17,13 +18,21 @@ pub const RING: usize = 1000;
 /// Events a follower may fall behind by before it is disconnected.
 pub const FOLLOW_BUFFER: usize = 1024;
 
-/// What `relay events` gets: the recent events, oldest first, and for `--follow` a receiver
-/// subscribed at the same instant (so nothing is missed or repeated between the two).
-pub type Feed = (Vec<Value>, Option<broadcast::Receiver<Value>>);
+/// What `relay events` gets: the recent event lines, oldest first, and for `--follow` a
+/// receiver subscribed at the same instant (so nothing is missed or repeated between the two).
+pub type Feed = (Vec<Arc<str>>, Option<broadcast::Receiver<Arc<str>>>);
+
+/// One line: the event's own fields (`event` first), then `at`.
+#[derive(Serialize)]
+struct Line<'a> {
+    #[serde(flatten)]
+    event: &'a Event,
+    at: String,
+}
 
 pub struct EventLog {
-    ring: VecDeque<Value>,
-    followers: broadcast::Sender<Value>,
+    ring: VecDeque<Arc<str>>,
+    followers: broadcast::Sender<Arc<str>>,
 }
 
 impl Default for EventLog {
@@ -36,12 +45,13 @@ impl Default for EventLog {
 }
 
 impl EventLog {
-    /// Records an event with the wall time it happened at (`at`, RFC 3339).
-    pub fn push(&mut self, event: &Event, now: Millis) -> Value {
-        let mut line = serde_json::to_value(event).unwrap_or_default();
-        if let Value::Object(map) = &mut line {
-            map.insert("at".into(), Value::String(relay_core::time::rfc3339(now)));
-        }
+    /// Records an event with the wall time it happened at (`at`, RFC 3339); returns its line.
+    pub fn push(&mut self, event: &Event, now: Millis) -> Arc<str> {
+        let line = Line {
+            event,
+            at: relay_core::time::rfc3339(now),
+        };
+        let line: Arc<str> = serde_json::to_string(&line).unwrap_or_default().into();
         if self.ring.len() == RING {
             self.ring.pop_front();
         }

@@ -39,7 +39,7 @@ pub mod load;
 mod metrics;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1109,7 +1109,7 @@ impl Daemon {
         };
         match request {
             control::Request::Trigger { harness } => {
-                if !self.slots.get(&harness).is_some_and(|s| !s.removed) {
+                if self.slots.get(&harness).is_none_or(|s| s.removed) {
                     let _ = reply.send(unknown(&harness));
                     return;
                 }
