@@ -55,6 +55,7 @@ enum Cmd {
     /// Make the running daemon re-read its config and drop-ins (as SIGHUP does); prints what changed.
     Reload(daemon::ReloadArgs),
     /// End a harness's attempt in flight as an operator stop (released); later firings run.
+    /// Exit status 0 also when nothing was in flight (the output says so).
     Stop(daemon::HarnessArgs),
     /// The running daemon's events as JSON lines (run_started, relay_claimed, run_finished, …).
     Events(daemon::EventsArgs),

@@ -198,6 +198,10 @@ pub struct Daemon {
     /// The config running now (its `Debug` shows no secret).
     resolved: ResolvedConfig,
     slots: BTreeMap<String, Slot>,
+    /// The highest run id each harness has written a record for in this daemon: a harness a
+    /// reload removes and adds back continues after it, even while its records are still on
+    /// their way to disk.
+    last_run_ids: BTreeMap<String, u64>,
     sources: BTreeMap<String, SourceSlot>,
     next_generation: u64,
     cairns: BTreeMap<String, Arc<ReceiptClient>>,
@@ -247,6 +251,7 @@ impl Daemon {
             transport: opts.transport,
             resolved: prepared.resolved.clone(),
             slots: BTreeMap::new(),
+            last_run_ids: BTreeMap::new(),
             sources: BTreeMap::new(),
             next_generation: 1,
             cairns: BTreeMap::new(),
@@ -329,7 +334,8 @@ impl Daemon {
         };
         let (source, client, generation) = (settings.lease.clone(), s.client.clone(), s.generation);
         let caps = s.caps.clone();
-        let first = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
+        let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
+        let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
         let now = self.clock.now();
         self.metrics.harness(name);
         self.slots.insert(
@@ -995,6 +1001,8 @@ impl Daemon {
                 self.track(harness, run_id, task.abort_handle());
             }
             Command::WriteRunRecord { record } => {
+                let last = self.last_run_ids.entry(harness.to_string()).or_default();
+                *last = (*last).max(record.run_id);
                 let closed = record.outcome != RunOutcome::Running;
                 if closed {
                     self.metrics.run_closed(&record);
