@@ -365,6 +365,10 @@ case "$title" in
     while :; do sleep 0.1; done ;;
   *fail*)
     printf '{"summary":"it failed on purpose"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"; exit 1 ;;
+  *gate*)
+    # Runs until the test opens the gate, then succeeds.
+    echo $$ > "$OUT/started.$HARNESS_TODO_ID"
+    while [ ! -e "$OUT/open.$HARNESS_TODO_ID" ]; do sleep 0.1; done ;;
 esac
 printf '{"summary":"all good"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"
 exit 0
@@ -1020,4 +1024,590 @@ fn a_restarted_server_forgets_the_session_and_the_daemon_initializes_again() {
     });
     d.stop();
     assert_eq!(s.server.attempts(&second).len(), 1);
+}
+
+// ---- reload, stop, events, catch_up, doctor without a daemon ---------------------------------
+
+impl Daemon {
+    fn pid(&self) -> String {
+        self.proc
+            .as_ref()
+            .expect("daemon running")
+            .0
+            .id()
+            .to_string()
+    }
+
+    /// `relay describe --json`, once the daemon answers.
+    fn described(&self) -> Vec<Value> {
+        let (ok, out) = self.cli(&["describe", "--json"]);
+        assert!(ok, "{out}");
+        serde_json::from_str::<Value>(&out)
+            .expect("json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn harness_names(&self) -> Vec<String> {
+        self.described()
+            .iter()
+            .filter_map(|h| h["relay"]["harness"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Waits until every harness's lease source session is verified.
+    fn wait_verified(&self) {
+        wait_for("a verified lease session", Duration::from_secs(30), || {
+            // Until the daemon is up, the control socket does not answer.
+            let (ok, out) = self.cli(&["describe", "--json"]);
+            let all: Vec<Value> = ok.then(|| serde_json::from_str(&out).ok()).flatten()?;
+            (!all.is_empty() && all.iter().all(|h| h["source"]["session"] == "supported"))
+                .then_some(())
+        });
+    }
+}
+
+/// A leased harness table like the ones `Setup::config` writes.
+fn harness_table(name: &str, extra: &str) -> String {
+    format!(
+        r#"
+[harness.{name}]
+command = ["sh", "agent.sh"]
+env_file = "agent.env"
+lease = "queue.q"
+success_check = ["sh", "check.sh"]
+success_check_interval = "1s"
+kill_grace = "2s"
+{extra}
+"#
+    )
+}
+
+#[test]
+fn reload_a_broken_dropin_changes_nothing_and_a_fixed_one_starts_its_harness() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@daily""#);
+    let mut d = Daemon::start(s.path(), &config);
+    d.wait_verified();
+    let dropins = s.path().join("harness.d");
+    std::fs::create_dir_all(&dropins).expect("harness.d");
+    let dropin = dropins.join("extra.toml");
+    std::fs::write(
+        &dropin,
+        harness_table("w9", "schedule = \"@daily\"\ntimeout = \"soon\""),
+    )
+    .expect("drop-in");
+    // `relay reload` answers the error: the file, the table and the key.
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(!ok, "a broken drop-in is refused: {out}");
+    for part in [
+        dropin.display().to_string(),
+        "[harness.w9]".into(),
+        "timeout".into(),
+    ] {
+        assert!(out.contains(&part), "{part} not in {out}");
+    }
+    assert!(out.contains("nothing changed"), "{out}");
+    // SIGHUP: the same refusal, in the log; the daemon runs on with what it had.
+    let _ = Command::new("kill").args(["-HUP", &d.pid()]).status();
+    wait_for(
+        "the refused reload in the log",
+        Duration::from_secs(30),
+        || {
+            let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+            (log.matches("reload refused").count() >= 2).then_some(())
+        },
+    );
+    assert_eq!(d.harness_names(), ["w1"]);
+
+    // Fixed, and reloaded by SIGHUP: the added harness starts and claims.
+    std::fs::write(&dropin, harness_table("w9", "schedule = \"@daily\"")).expect("drop-in");
+    let _ = Command::new("kill").args(["-HUP", &d.pid()]).status();
+    wait_for("w9 to start", Duration::from_secs(30), || {
+        (d.harness_names() == ["w1", "w9"]).then_some(())
+    });
+    d.wait_verified();
+    let id = s.server.add(&s.endpoint, "fix it", 3);
+    let (ok, out) = d.cli(&["trigger", "w9"]);
+    assert!(ok, "{out}");
+    let run = d.closed_run("w9", &id);
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    // A reload that changes nothing says so.
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok && out.contains("nothing changed"), "{out}");
+    d.stop();
+}
+
+#[test]
+fn reload_removing_a_harness_releases_its_attempt_naming_the_reason() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "hang around", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        line_in(&s.out.join(format!("started.{id}")))
+    });
+    // The same sources, no harness.
+    s.config(None, 0, "", "");
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("harness w1 removed: its run"), "{out}");
+    wait_for("the agent to be stopped", Duration::from_secs(30), || {
+        line_in(&s.out.join(format!("term.{id}")))
+    });
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["relay_outcome"], "released", "{run}");
+    assert_eq!(run["outcome"], "cancelled", "{run}");
+    assert!(
+        run.get("check_exit").is_none_or(Value::is_null),
+        "no check ran: {run}"
+    );
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts[0]["outcome"], "released", "{attempts:?}");
+    let summary = attempts[0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("harness removed"), "{summary}");
+    assert_eq!(s.server.state(&id), "pending");
+    // Its slot is gone once the attempt closed.
+    wait_for("w1 to be gone", Duration::from_secs(30), || {
+        d.harness_names().is_empty().then_some(())
+    });
+    let (ok, out) = d.cli(&["trigger", "w1"]);
+    assert!(!ok && out.contains("no leased harness named"), "{out}");
+    d.stop();
+}
+
+#[test]
+fn reload_changing_a_harness_lets_its_attempt_run_on_under_the_old_config() {
+    let s = Setup::new();
+    std::fs::write(
+        s.path().join("agent2.sh"),
+        "echo v2 > \"$OUT/v2.$HARNESS_TODO_ID\"\nexec sh agent.sh\n",
+    )
+    .expect("agent2");
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let first = s.server.add(&s.endpoint, "gate one", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the first agent to start", Duration::from_secs(60), || {
+        line_in(&s.out.join(format!("started.{first}")))
+    });
+    let text = std::fs::read_to_string(&config).expect("config").replace(
+        r#"command = ["sh", "agent.sh"]"#,
+        r#"command = ["sh", "agent2.sh"]"#,
+    );
+    std::fs::write(&config, text).expect("config");
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("harness w1 changed"), "{out}");
+    assert!(out.contains("new settings apply after run"), "{out}");
+    // The attempt in flight runs on: not stopped, and it finishes as it started.
+    std::fs::write(s.out.join(format!("open.{first}")), "").expect("open the gate");
+    let run = d.closed_run("w1", &first);
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    assert!(
+        !s.out.join(format!("term.{first}")).exists(),
+        "the agent was stopped"
+    );
+    assert!(
+        !s.out.join(format!("v2.{first}")).exists(),
+        "the new command ran it"
+    );
+    assert_eq!(s.server.attempts(&first).len(), 1);
+    // The next attempt runs the new command.
+    let second = s.server.add(&s.endpoint, "plain", 3);
+    let run = d.closed_run("w1", &second);
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    assert!(
+        s.out.join(format!("v2.{second}")).exists(),
+        "the new command did not run"
+    );
+    d.stop();
+}
+
+#[test]
+fn stop_ends_the_attempt_as_an_operator_stop_and_the_schedule_claims_again() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    let id = s.server.add(&s.endpoint, "hang in there", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    wait_for("the agent to start", Duration::from_secs(60), || {
+        line_in(&s.out.join(format!("started.{id}")))
+    });
+    std::fs::remove_file(s.out.join(format!("started.{id}"))).expect("reset");
+    let (ok, out) = d.cli(&["stop", "w1"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("stopping w1: run") && out.contains(&id),
+        "{out}"
+    );
+    wait_for("the agent to be stopped", Duration::from_secs(30), || {
+        line_in(&s.out.join(format!("term.{id}")))
+    });
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["relay_outcome"], "released", "{run}");
+    let attempts = s.server.attempts(&id);
+    let summary = attempts[0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("operator stop"), "{summary}");
+    // A later firing of the schedule claims the todo again: attempt 2 runs.
+    wait_for(
+        "the second attempt to start",
+        Duration::from_secs(60),
+        || line_in(&s.out.join(format!("started.{id}"))),
+    );
+    assert_eq!(s.server.attempts(&id).len(), 2);
+    // A harness with nothing in flight: stop says so, with exit status 0.
+    let dropins = s.path().join("harness.d");
+    std::fs::create_dir_all(&dropins).expect("harness.d");
+    std::fs::write(
+        dropins.join("idle.toml"),
+        harness_table("idle", "schedule = \"@daily\""),
+    )
+    .expect("drop-in");
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok && out.contains("harness idle added"), "{out}");
+    let (ok, out) = d.cli(&["stop", "idle"]);
+    assert!(
+        ok && out.contains("nothing to stop: idle has no attempt in flight"),
+        "{out}"
+    );
+    let (ok, out) = d.cli(&["stop", "nope"]);
+    assert!(!ok && out.contains("no leased harness named"), "{out}");
+    d.stop();
+}
+
+/// The JSON lines a `relay events --follow` child has printed so far.
+struct Follower {
+    proc: Proc,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Follower {
+    fn start(d: &Daemon) -> Follower {
+        let mut child = Command::new(relay_bin())
+            .args(["events", "--follow", "--state-dir"])
+            .arg(&d.state)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("relay events --follow");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).expect("an event line is JSON");
+                sink.lock().expect("lock").push(v);
+            }
+        });
+        Follower {
+            proc: Proc(child),
+            lines,
+        }
+    }
+
+    fn lines(&self) -> Vec<Value> {
+        self.lines.lock().expect("lock").clone()
+    }
+}
+
+#[test]
+fn events_follow_a_run_from_start_to_finish_and_carry_no_secret() {
+    let s = Setup::new();
+    let tap = Tap::start(&s.server.url);
+    let tapped = format!("http://127.0.0.1:{}", tap.port);
+    let config = s.config(
+        Some(&tapped),
+        1,
+        "keep_runs = 1000",
+        r#"schedule = "@every 1s""#,
+    );
+    let mut d = Daemon::start(s.path(), &config);
+    d.wait_verified();
+    let follower = Follower::start(&d);
+    // Before any todo: runs that find no work are skipped, with their reason.
+    wait_for("a no_work run_skipped", Duration::from_secs(30), || {
+        follower
+            .lines()
+            .iter()
+            .any(|e| e["event"] == "run_skipped" && e["reason"] == "no_work")
+            .then_some(())
+    });
+    let id = s
+        .server
+        .cli(&[
+            "todo",
+            "add",
+            "--endpoint",
+            &s.endpoint,
+            "--queue",
+            "work",
+            "--title",
+            "fix it",
+            "--payload",
+            r#"{"secret_payload":"payload-marker-5309"}"#,
+        ])
+        .trim()
+        .to_string();
+    let run = d.closed_run("w1", &id);
+    let run_id = run["run_id"].clone();
+    let of_run = |lines: &[Value]| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|e| e["run_id"] == run_id)
+            .cloned()
+            .collect()
+    };
+    let events = wait_for("run_finished of the run", Duration::from_secs(30), || {
+        let mine = of_run(&follower.lines());
+        mine.iter()
+            .any(|e| e["event"] == "run_finished")
+            .then_some(mine)
+    });
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "run_started",
+            "relay_claimed",
+            "relay_reported",
+            "run_finished"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[1]["todo_id"], id.as_str());
+    assert_eq!(events[1]["attempt"], 1);
+    assert_eq!(events[2]["relay_outcome"], "completed");
+    assert_eq!(events[2]["dead_letter"], false);
+    assert_eq!(events[3]["outcome"], "success");
+    for e in &events {
+        assert_eq!(e["harness"], "w1", "{e}");
+        assert!(e["at"].is_string(), "{e}");
+    }
+    // Plain `relay events` prints the recent ones from the ring, the same lines.
+    let (ok, out) = d.cli(&["events"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.lines().all(|l| l.starts_with("{\"event\":")),
+        "each line starts with its event: {out}"
+    );
+    let recent: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(of_run(&recent), events);
+    // No token, header value, summary or payload byte in any event.
+    let tokens = tap.tokens();
+    assert!(!tokens.is_empty());
+    let bearer = std::fs::read_to_string(s.path().join("token.env")).expect("env");
+    let bearer = bearer.trim().trim_start_matches("TOKEN=");
+    for secret in
+        tokens
+            .iter()
+            .map(String::as_str)
+            .chain([bearer, "all good", "payload-marker-5309"])
+    {
+        assert!(!out.contains(secret), "{secret} in relay events");
+        let followed = serde_json::to_string(&follower.lines()).unwrap_or_default();
+        assert!(
+            !followed.contains(secret),
+            "{secret} in relay events --follow"
+        );
+    }
+    d.stop();
+    // The follower's stream ends with the daemon.
+    let mut proc = follower.proc;
+    let status = wait_for("the follower to end", Duration::from_secs(30), || {
+        proc.0.try_wait().ok().flatten()
+    });
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn catch_up_fires_once_for_a_slot_missed_while_the_daemon_was_down() {
+    let s = Setup::new();
+    // Refused without a schedule: never accepted and ignored.
+    let bad = s.path().join("bad.toml");
+    std::fs::write(&bad, "[harness.x]\ncommand = [\"true\"]\ncatch_up = true\n").expect("bad");
+    let out = Command::new(relay_bin())
+        .args(["check-config"])
+        .arg(&bad)
+        .output()
+        .expect("check-config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("catch_up") && err.contains("schedule"),
+        "{err}"
+    );
+
+    let config = s.config(
+        None,
+        1,
+        "keep_runs = 1000\ncatch_up = true",
+        r#"schedule = "@every 1h""#,
+    );
+    let mut d = Daemon::start(s.path(), &config);
+    d.wait_verified();
+    let (ok, out) = d.cli(&["trigger", "w1"]);
+    assert!(ok, "{out}");
+    let last = wait_for("the manual run", Duration::from_secs(30), || {
+        d.runs("w1").into_iter().find(|r| r["outcome"] != "running")
+    });
+    d.stop();
+    assert!(
+        !d.runs("w1").iter().any(|r| r["trigger"] == "catch_up"),
+        "nothing was missed yet"
+    );
+    // The daemon was down for two hours: the record of its last run says so.
+    let record = d
+        .state
+        .join("runs/w1")
+        .join(format!("{}.json", last["run_id"]));
+    let mut value: Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).expect("record")).expect("json");
+    let started =
+        relay_core::time::parse_rfc3339(value["started_at"].as_str().expect("started_at"))
+            .expect("rfc3339");
+    value["started_at"] = Value::String(relay_core::time::rfc3339(started - 2 * 3_600_000));
+    std::fs::write(&record, serde_json::to_vec_pretty(&value).expect("json")).expect("record");
+
+    let id = s.server.add(&s.endpoint, "owed work", 3);
+    d.spawn();
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["trigger"], "catch_up", "{run}");
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    d.stop();
+    // Restarted right away, nothing is owed: a manual firing is the only new run.
+    d.spawn();
+    d.wait_verified();
+    let (ok, out) = d.cli(&["trigger", "w1"]);
+    assert!(ok, "{out}");
+    wait_for("the second manual run", Duration::from_secs(30), || {
+        (d.runs("w1")
+            .iter()
+            .filter(|r| r["trigger"] == "manual" && r["outcome"] != "running")
+            .count()
+            == 2)
+            .then_some(())
+    });
+    d.stop();
+    let catch_ups = d
+        .runs("w1")
+        .iter()
+        .filter(|r| r["trigger"] == "catch_up")
+        .count();
+    assert_eq!(catch_ups, 1);
+}
+
+#[test]
+fn doctor_without_a_daemon_initializes_each_source_itself_and_prints_the_same_rows() {
+    let s = Setup::new();
+    let token = s
+        .server
+        .cli(&["endpoint", "create", "ro", "--verbs", "list_todos"]);
+    let token = token.trim();
+    std::fs::write(s.path().join("ro.env"), format!("TOKEN={token}\n")).expect("env");
+    let ro = s.path().join("ro.toml");
+    std::fs::write(
+        &ro,
+        format!(
+            r#"
+[queue.ro]
+url = "{}/mcp/ro"
+env_file = "ro.env"
+headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
+
+[harness.reader]
+command = ["sh", "agent.sh"]
+schedule = "@daily"
+lease = "queue.ro"
+"#,
+            s.server.url
+        ),
+    )
+    .expect("config");
+    let doctor = |config: &Path, state: &Path| {
+        let out = Command::new(relay_bin())
+            .args(["doctor", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(state)
+            .output()
+            .expect("relay doctor");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let state = s.path().join("state");
+    // No daemon: a fail row for the read-only endpoint, exit 1.
+    let (code, alone, note) = doctor(&ro, &state);
+    assert_eq!(code, Some(1), "{alone}{note}");
+    assert!(
+        alone.contains("claim_next, heartbeat, complete, fail"),
+        "{alone}"
+    );
+    assert!(note.contains("no daemon runs"), "{note}");
+    assert!(!alone.contains(token) && !note.contains(token));
+    // The daemon's doctor prints the same rows.
+    let mut d = Daemon::start(s.path(), &ro);
+    wait_for("the capability check", Duration::from_secs(30), || {
+        let (ok, out) = d.cli(&["describe", "reader", "--json"]);
+        (ok && out.contains("\"unsupported\"")).then_some(())
+    });
+    let (code, with_daemon, _) = doctor(&ro, &state);
+    assert_eq!(code, Some(1));
+    assert_eq!(with_daemon, alone);
+    d.stop();
+    // A full endpoint is one ok row, exit 0; a server that does not answer is a fail row.
+    let config = s.config(None, 1, "", r#"schedule = "@daily""#);
+    let (code, out, _) = doctor(&config, &state);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("ok") && out.contains("queue.q"), "{out}");
+    let closed = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let config = s.config(Some(&gone), 1, "", r#"schedule = "@daily""#);
+    let (code, out, _) = doctor(&config, &state);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("tools/list failed"), "{out}");
+    // Without a daemon and without --config, doctor says what to pass.
+    let out = Command::new(relay_bin())
+        .args(["doctor", "--state-dir"])
+        .arg(&state)
+        .env_remove("RELAY_CONFIG")
+        .output()
+        .expect("relay doctor");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--config"), "{err}");
+}
+
+#[test]
+fn reload_moving_a_lease_source_opens_a_new_session_there() {
+    let s = Setup::new();
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let mut d = Daemon::start(s.path(), &config);
+    d.wait_verified();
+    // The same server behind a relay that keeps what it sends: a new url, so a new session.
+    let tap = Tap::start(&s.server.url);
+    let tapped = format!("http://127.0.0.1:{}", tap.port);
+    s.config(Some(&tapped), 1, "", r#"schedule = "@every 1s""#);
+    let (ok, out) = d.cli(&["reload"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("lease source queue.q changed (a new session)"),
+        "{out}"
+    );
+    let id = s.server.add(&s.endpoint, "fix it", 3);
+    let run = d.closed_run("w1", &id);
+    assert_eq!(run["relay_outcome"], "completed", "{run}");
+    assert!(
+        !tap.tokens().is_empty(),
+        "the claim did not go through the new url"
+    );
+    let described = d.described();
+    assert_eq!(described[0]["source"]["url"], format!("{tapped}/mcp/work"));
+    assert_eq!(described[0]["source"]["session"], "supported");
+    d.stop();
 }

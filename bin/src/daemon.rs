@@ -1,4 +1,5 @@
-//! `relay daemon` and the commands that talk to it: `trigger`, `describe`, `runs`, `doctor`.
+//! `relay daemon` and the commands that talk to it: `trigger`, `describe`, `runs`, `doctor`,
+//! `reload`, `stop`, `events`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -6,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_io::clock::SystemClock;
-use relay_io::daemon::control::{self, Request};
+use relay_io::daemon::control::{self, Request, RequestError};
 use relay_io::daemon::{Daemon, DaemonOptions};
 use relay_io::journal::Journal;
 use serde_json::Value;
@@ -89,6 +90,24 @@ pub struct DoctorArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    state: StateArgs,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    state: StateArgs,
+    /// Keep printing events as they happen, until the daemon stops.
+    #[arg(long, short = 'f')]
+    follow: bool,
+}
+
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("relay: {message}");
     ExitCode::from(1)
@@ -132,6 +151,19 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
         {
             return fail(format!("cannot serve metrics on {addr}: {e}"));
         }
+        // SIGHUP re-reads the config; the outcome is logged (`relay reload` also prints it).
+        let reloader = handle.clone();
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        tracing::info!("SIGHUP: reloading the config");
+                        reloader.reload();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "SIGHUP cannot be caught: use `relay reload`"),
+        }
         let stopper = handle.clone();
         tokio::spawn(async move {
             relay_io::shutdown_signal().await;
@@ -152,6 +184,10 @@ fn host_name() -> String {
 }
 
 fn ask(state: &StateArgs, request: Request) -> Result<Value, String> {
+    ask_daemon(state, request).map_err(|e| e.to_string())
+}
+
+fn ask_daemon(state: &StateArgs, request: Request) -> Result<Value, RequestError> {
     let dir = state.state_dir();
     runtime().block_on(control::request(&dir, &request, Duration::from_secs(60)))
 }
@@ -224,16 +260,37 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-#[allow(clippy::print_stdout)]
+/// With a daemon running for the state dir, its rows; without one, the rows of `--config`'s
+/// sources, asked directly (an operator runs doctor precisely when the daemon does not work).
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn doctor(args: DoctorArgs) -> ExitCode {
-    let answer = match ask(&args.state, Request::Doctor) {
-        Ok(a) => a,
+    let rows = match ask_daemon(&args.state, Request::Doctor) {
+        Ok(answer) => answer
+            .get("rows")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new())),
+        Err(RequestError::NoDaemon(why)) => {
+            let Some(config) = args.state.config.clone() else {
+                return fail(format!(
+                    "{why}; or pass --config FILE to check its lease sources without a daemon"
+                ));
+            };
+            eprintln!(
+                "relay: no daemon runs for {}; checking the lease sources of {} directly",
+                args.state.state_dir().display(),
+                config.display()
+            );
+            let transport = match relay_io::lease::ReqwestTransport::new() {
+                Ok(t) => Arc::new(t),
+                Err(e) => return fail(format!("the HTTP client did not start: {e}")),
+            };
+            match runtime().block_on(relay_io::daemon::doctor::standalone(&config, transport)) {
+                Ok(rows) => serde_json::to_value(rows).unwrap_or_default(),
+                Err(e) => return fail(e),
+            }
+        }
         Err(e) => return fail(e),
     };
-    let rows = answer
-        .get("rows")
-        .cloned()
-        .unwrap_or(Value::Array(Vec::new()));
     let failing = rows
         .as_array()
         .into_iter()
@@ -299,4 +356,151 @@ pub fn runs(args: RunsArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `relay reload`: the daemon re-reads its config and says what changed.
+#[allow(clippy::print_stdout)]
+pub fn reload(args: ReloadArgs) -> ExitCode {
+    let answer = match ask(&args.state, Request::Reload) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    if args.json {
+        println!("{answer}");
+        return ExitCode::SUCCESS;
+    }
+    for line in reload_lines(&answer) {
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn names(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The reload answer as lines a person reads: one per change.
+fn reload_lines(answer: &Value) -> Vec<String> {
+    let diff = &answer["diff"];
+    let mut out = vec![format!(
+        "reloaded {} ({} drop-in{})",
+        answer["config"].as_str().unwrap_or("?"),
+        answer["dropins"],
+        if answer["dropins"] == 1 { "" } else { "s" }
+    )];
+    let aborted: Vec<(String, String)> = answer["aborted"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            (
+                a["harness"].as_str().unwrap_or("?").to_string(),
+                a["run_id"].to_string(),
+            )
+        })
+        .collect();
+    let aborted_run = |h: &str| {
+        aborted
+            .iter()
+            .find(|(n, _)| n == h)
+            .map(|(_, r)| format!(": its run {r} is stopped and released"))
+            .unwrap_or_default()
+    };
+    for h in names(&diff["harnesses"]["added"]) {
+        out.push(format!("harness {h} added"));
+    }
+    for h in names(&diff["harnesses"]["removed"]) {
+        out.push(format!("harness {h} removed{}", aborted_run(&h)));
+    }
+    for h in names(&diff["harnesses"]["changed"]) {
+        out.push(format!("harness {h} changed{}", aborted_run(&h)));
+    }
+    for r in answer["reconfigured"].as_array().into_iter().flatten() {
+        let h = r["harness"].as_str().unwrap_or("?");
+        match r["applies"].as_str() {
+            Some("after_run") => out.push(format!(
+                "harness {h}: new settings apply after run {} (it runs on under the ones it started with)",
+                r["run_id"]
+            )),
+            _ => out.push(format!("harness {h}: new settings apply from the next firing")),
+        }
+    }
+    for (kind, label) in [
+        ("queues", "lease source"),
+        ("cairns", "cairn"),
+        ("channels", "channel"),
+    ] {
+        for (what, verb) in [
+            ("added", "added"),
+            ("removed", "removed"),
+            ("changed", "changed"),
+        ] {
+            for n in names(&diff[kind][what]) {
+                let session = names(&diff["new_sessions"]).contains(&n);
+                let note = if session { " (a new session)" } else { "" };
+                out.push(format!("{label} {n} {verb}{note}"));
+            }
+        }
+    }
+    if out.len() == 1 {
+        out.push("nothing changed".into());
+    }
+    out
+}
+
+/// `relay stop HARNESS`: an operator stop of the attempt in flight. Exit status 0 whether or
+/// not one was in flight (the harness runs nothing afterwards either way); the line says which.
+#[allow(clippy::print_stdout)]
+pub fn stop(args: HarnessArgs) -> ExitCode {
+    let answer = match ask(
+        &args.state,
+        Request::Stop {
+            harness: args.harness.clone(),
+        },
+    ) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let h = &args.harness;
+    let todo = answer["todo_id"]
+        .as_str()
+        .map(|t| format!(", todo {t}"))
+        .unwrap_or_default();
+    if answer["stopped"] == true {
+        println!(
+            "stopping {h}: run {}{todo} is stopped and its lease released; later firings run as scheduled",
+            answer["run_id"]
+        );
+    } else if answer["run_id"].is_null() {
+        println!("nothing to stop: {h} has no attempt in flight");
+    } else {
+        println!(
+            "nothing to stop: {h}'s run {}{todo} is already ending ({})",
+            answer["run_id"],
+            answer["phase"].as_str().unwrap_or("?")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `relay events [--follow]`: the daemon's events, one JSON object per line.
+#[allow(clippy::print_stdout)]
+pub fn events(args: EventsArgs) -> ExitCode {
+    use std::io::Write;
+    let dir = args.state.state_dir();
+    let printed = runtime().block_on(control::events(&dir, args.follow, |event| {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (`relay events | head`) ends nothing here; the stream ends with the
+        // daemon or the socket.
+        let _ = writeln!(out, "{event}");
+        let _ = out.flush();
+    }));
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
 }

@@ -50,8 +50,15 @@ enum Cmd {
     Describe(daemon::DescribeArgs),
     /// List a harness's runs, newest first (read from the state dir).
     Runs(daemon::RunsArgs),
-    /// Check the running daemon's lease sources and bindings.
+    /// Check the lease sources and bindings: the running daemon's, or --config's without one.
     Doctor(daemon::DoctorArgs),
+    /// Make the running daemon re-read its config and drop-ins (as SIGHUP does); prints what changed.
+    Reload(daemon::ReloadArgs),
+    /// End a harness's attempt in flight as an operator stop (released); later firings run.
+    /// Exit status 0 also when nothing was in flight (the output says so).
+    Stop(daemon::HarnessArgs),
+    /// The running daemon's events as JSON lines (run_started, relay_claimed, run_finished, …).
+    Events(daemon::EventsArgs),
     /// The quick start: server, daemon and sample work on embedded SQLite, until drained.
     Up(up::Args),
 }
@@ -72,6 +79,9 @@ fn main() -> ExitCode {
         Cmd::Describe(args) => daemon::describe(args),
         Cmd::Runs(args) => daemon::runs(args),
         Cmd::Doctor(args) => daemon::doctor(args),
+        Cmd::Reload(args) => daemon::reload(args),
+        Cmd::Stop(args) => daemon::stop(args),
+        Cmd::Events(args) => daemon::events(args),
         Cmd::Up(args) => up::run(args),
     }
 }

@@ -35,7 +35,9 @@
 //!   - `schedule`: `"@every <duration>"` (at least 1s, aligned to multiples since the Unix epoch),
 //!     `@hourly`, `@daily`, `@midnight`, `@weekly`, `@monthly`, `@yearly`, `@annually`, or a
 //!     five-field cron expression evaluated in UTC ([`Schedule`]);
-//!   - `triggers`: `["channel.<name>", …]`, each declared; `catch_up` (default false);
+//!   - `triggers`: `["channel.<name>", …]`, each declared;
+//!   - `catch_up` (default false; needs `schedule`): at daemon start, fire once when a slot
+//!     passed since the harness's newest run ([`Harness::catch_up_slot`]);
 //!   - `keep_runs` (default 20, 1 to 10000): run records and logs kept per harness;
 //!   - `enabled` (default true), `description`;
 //!   - relay keys, global file only: `lease = "queue.<name>"` (needs `schedule` or `triggers`),
@@ -67,6 +69,7 @@
 //!
 #![doc = concat!("```toml\n", include_str!("example.toml"), "```")]
 
+mod diff;
 mod duration;
 mod hours;
 mod schedule;
@@ -76,6 +79,7 @@ mod url;
 #[cfg(test)]
 mod tests;
 
+pub use diff::{Changes, ConfigDiff, diff};
 pub use duration::{DurationError, format_duration, parse_duration};
 pub use hours::OperatingHours;
 pub use schedule::{Cron, Schedule};
@@ -268,6 +272,20 @@ pub struct Harness {
     pub description: Option<String>,
     /// Set exactly when the harness has `lease`.
     pub relay: Option<HarnessRelay>,
+}
+
+impl Harness {
+    /// SPEC-0014 `catch_up`, at daemon start: the first schedule slot after the harness's newest
+    /// run (`last_run_started`, from its run record) that is not after `now`, which the daemon
+    /// fires once (trigger `catch_up`). `None` without `catch_up`, without a schedule, when no
+    /// slot fell in between, or when the harness never ran (it owes no slot it was never
+    /// scheduled for).
+    pub fn catch_up_slot(&self, last_run_started: Option<Millis>, now: Millis) -> Option<Millis> {
+        if !self.catch_up {
+            return None;
+        }
+        self.schedule.as_ref()?.missed_since(last_run_started?, now)
+    }
 }
 
 /// The relay keys of a leased harness.
@@ -1185,6 +1203,15 @@ fn harness(r: &mut Reader, name: String, kind: FileKind, refs: &Declared) -> Opt
         }
     }
     let catch_up = r.bool("catch_up").unwrap_or(false);
+    // Without a schedule there is no slot to miss: the key would be accepted and ignored.
+    if catch_up && !r.t.contains_key("schedule") {
+        r.err(
+            "catch_up",
+            "catch_up = true needs a schedule: it fires once at start when a schedule slot was \
+             missed while the daemon was down; add schedule = \"@every …\" or remove catch_up"
+                .to_string(),
+        );
+    }
     let keep_runs = match r.t.get("keep_runs") {
         None => DEFAULT_KEEP_RUNS,
         Some(v) => match v.as_integer() {

@@ -51,6 +51,13 @@ impl Schedule {
         })
     }
 
+    /// The first slot strictly after `last` (when the harness last ran) that is not after
+    /// `now`: a firing owed while nothing ran. `None` when no slot fell in between.
+    pub fn missed_since(&self, last: Millis, now: Millis) -> Option<Millis> {
+        let slot = self.next_after(last);
+        (slot <= now).then_some(slot)
+    }
+
     /// The first firing time strictly after `now`. [`Millis::MAX`] means "never", which parsing
     /// rules out, so callers may treat it as unreachable.
     pub fn next_after(&self, now: Millis) -> Millis {

@@ -382,7 +382,8 @@ fn harness_keys_and_defaults() {
     let c = global(
         "[channel.sb]\nurl = \"http://localhost:7777/mcp/x\"\n\
          [harness.x]\ncommand = [\"agent\", \"-p\"]\ntriggers = [\"channel.sb\"]\n\
-         operating_hours = \"mon-fri 09:00-18:00\"\non_overlap = \"queue\"\ncatch_up = true\n",
+         operating_hours = \"mon-fri 09:00-18:00\"\non_overlap = \"queue\"\ncatch_up = true\n\
+         schedule = \"@hourly\"\n",
     )
     .unwrap();
     let h = &c.harnesses["x"];
@@ -395,7 +396,7 @@ fn harness_keys_and_defaults() {
         (h.keep_runs, h.kill_grace, h.timeout),
         (DEFAULT_KEEP_RUNS, 10 * SECOND, None)
     );
-    assert!(h.operating_hours.is_some() && h.schedule.is_none() && h.relay.is_none());
+    assert!(h.operating_hours.is_some() && h.schedule.is_some() && h.relay.is_none());
 
     let errs = fails(global(
         "[harness.x]\ncommand = [\"a\"]\ntriggers = [\"channel.nope\", \"webhook.x\"]\n\
@@ -683,4 +684,171 @@ proptest! {
     fn config_parse_never_panics_on_any_text(text in ".{0,200}") {
         crate::testing::config_parse_never_panics(&text);
     }
+}
+
+// --- catch_up ---------------------------------------------------------------------------------
+
+#[test]
+fn catch_up_without_a_schedule_is_refused_naming_the_key() {
+    let e = one_error(global(
+        "[harness.x]\ncommand = [\"agent\"]\ncatch_up = true\n",
+    ));
+    assert_eq!(e.table.as_deref(), Some("harness.x"));
+    assert_eq!(e.key.as_deref(), Some("catch_up"));
+    assert!(e.message.contains("needs a schedule"), "{e}");
+    // Off, it needs nothing.
+    assert!(global("[harness.x]\ncommand = [\"agent\"]\ncatch_up = false\n").is_ok());
+}
+
+#[test]
+fn catch_up_fires_once_for_a_slot_missed_since_the_last_run() {
+    use crate::time::{HOUR, parse_rfc3339};
+    let at = |s: &str| parse_rfc3339(s).unwrap();
+    let c =
+        global("[harness.x]\ncommand = [\"agent\"]\nschedule = \"@every 1h\"\ncatch_up = true\n")
+            .unwrap();
+    let h = &c.harnesses["x"];
+    let last = Some(at("2026-09-22T10:00:00Z"));
+    // Down from 10:30 to 10:45: no slot passed.
+    assert_eq!(h.catch_up_slot(last, at("2026-09-22T10:45:00Z")), None);
+    // Down past 11:00 (and 12:00): one catch-up, for the first missed slot.
+    assert_eq!(
+        h.catch_up_slot(last, at("2026-09-22T12:30:00Z")),
+        Some(at("2026-09-22T11:00:00Z"))
+    );
+    assert_eq!(
+        h.catch_up_slot(last, at("2026-09-22T11:00:00Z")),
+        Some(11 * HOUR + at("2026-09-22T00:00:00Z"))
+    );
+    // A harness that never ran owes nothing; without catch_up nothing is owed either.
+    assert_eq!(h.catch_up_slot(None, at("2026-09-22T12:30:00Z")), None);
+    let mut off = h.clone();
+    off.catch_up = false;
+    assert_eq!(off.catch_up_slot(last, at("2026-09-22T12:30:00Z")), None);
+    // A cron schedule's grid is found the same way.
+    let c = global(
+        "[harness.x]\ncommand = [\"agent\"]\nschedule = \"0 9 * * mon-fri\"\ncatch_up = true\n",
+    )
+    .unwrap();
+    let h = &c.harnesses["x"];
+    // Friday 09:00 ran; down over the weekend until Monday 08:00: nothing missed.
+    let fri = Some(at("2026-09-25T09:00:00Z"));
+    assert_eq!(h.catch_up_slot(fri, at("2026-09-28T08:00:00Z")), None);
+    assert_eq!(
+        h.catch_up_slot(fri, at("2026-09-28T09:30:00Z")),
+        Some(at("2026-09-28T09:00:00Z"))
+    );
+}
+
+// --- reload diff ------------------------------------------------------------------------------
+
+fn resolved_with(text: &str, dropin: Option<&str>, env: &str) -> ResolvedConfig {
+    let dropins: Vec<Source> = dropin
+        .map(|t| Source::new("harness.d/extra.toml", t))
+        .into_iter()
+        .collect();
+    let config = parse(
+        &Source::new("harness.toml", text),
+        &dropins,
+        FileKind::Global,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let files: std::collections::BTreeMap<String, String> =
+        [("q.env".to_string(), env.to_string())]
+            .into_iter()
+            .collect();
+    resolve(&config, &files).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const RELOAD_BASE: &str = r#"
+[queue.q]
+url = "http://127.0.0.1:7070/mcp/a"
+env_file = "q.env"
+headers = { Authorization = "Bearer ${TOKEN}" }
+
+[queue.spare]
+url = "http://127.0.0.1:7070/mcp/b"
+
+[harness.w1]
+command = ["sh", "agent.sh"]
+schedule = "@every 1m"
+lease = "queue.q"
+
+[harness.w2]
+command = ["sh", "agent.sh"]
+schedule = "@every 1m"
+lease = "queue.q"
+"#;
+
+#[test]
+fn the_same_config_is_no_change_even_when_a_table_moves_to_a_dropin() {
+    let old = resolved_with(RELOAD_BASE, None, "TOKEN=a\n");
+    assert!(diff(&old, &old).is_empty());
+    let (main, moved) = RELOAD_BASE.split_at(RELOAD_BASE.find("[harness.w2]").unwrap());
+    let new = resolved_with(main, Some(moved), "TOKEN=a\n");
+    assert_eq!(diff(&old, &new), ConfigDiff::default());
+    let described = RELOAD_BASE.replace(
+        "[harness.w1]\n",
+        "[harness.w1]\ndescription = \"new words\"\n",
+    );
+    assert!(diff(&old, &resolved_with(&described, None, "TOKEN=a\n")).is_empty());
+}
+
+#[test]
+fn a_reload_names_what_was_added_removed_and_changed() {
+    let old = resolved_with(RELOAD_BASE, None, "TOKEN=a\n");
+    let text = RELOAD_BASE
+        .replace("[harness.w2]\ncommand = [\"sh\", \"agent.sh\"]\nschedule = \"@every 1m\"\nlease = \"queue.q\"\n", "")
+        .replace("[harness.w1]\ncommand = [\"sh\", \"agent.sh\"]", "[harness.w1]\ncommand = [\"sh\", \"other.sh\"]")
+        + "\n[harness.w3]\ncommand = [\"true\"]\nschedule = \"@every 1m\"\nlease = \"queue.spare\"\n";
+    let d = diff(&old, &resolved_with(&text, None, "TOKEN=a\n"));
+    assert_eq!(d.harnesses.added, ["w3"]);
+    assert_eq!(d.harnesses.removed, ["w2"]);
+    assert_eq!(d.harnesses.changed, ["w1"]);
+    assert!(d.queues.is_empty() && d.new_sessions.is_empty());
+    assert!(d.aborts("w2", "queue.q"), "a removed harness is aborted");
+    assert!(!d.aborts("w1", "queue.q"), "a changed one runs on");
+}
+
+#[test]
+fn a_lease_source_gets_a_new_session_when_its_url_headers_or_credentials_change() {
+    let old = resolved_with(RELOAD_BASE, None, "TOKEN=a\n");
+    // The credential alone (the env file's value) changed.
+    let d = diff(&old, &resolved_with(RELOAD_BASE, None, "TOKEN=b\n"));
+    assert_eq!(d.new_sessions, ["queue.q"]);
+    assert_eq!(d.queues.changed, ["queue.q"]);
+    assert!(d.harnesses.is_empty());
+    let moved = RELOAD_BASE.replace("/mcp/a", "/mcp/c");
+    assert_eq!(
+        diff(&old, &resolved_with(&moved, None, "TOKEN=a\n")).new_sessions,
+        ["queue.q"]
+    );
+    let header = RELOAD_BASE.replace("Bearer ${TOKEN}", "Token ${TOKEN}");
+    assert_eq!(
+        diff(&old, &resolved_with(&header, None, "TOKEN=a\n")).new_sessions,
+        ["queue.q"]
+    );
+    // A lease_ttl change is a change of the source, not of its session.
+    let ttl = RELOAD_BASE.replace(
+        "headers = { Authorization = \"Bearer ${TOKEN}\" }\n",
+        "headers = { Authorization = \"Bearer ${TOKEN}\" }\nlease_ttl = \"2m\"\n",
+    );
+    let d = diff(&old, &resolved_with(&ttl, None, "TOKEN=a\n"));
+    assert_eq!(d.queues.changed, ["queue.q"]);
+    assert!(d.new_sessions.is_empty());
+    // No secret reaches the diff.
+    assert!(!format!("{d:?}").contains("TOKEN=a"));
+}
+
+#[test]
+fn a_removed_lease_source_aborts_the_attempts_on_it() {
+    let old = resolved_with(RELOAD_BASE, None, "TOKEN=a\n");
+    let text = RELOAD_BASE.replace("[queue.spare]\nurl = \"http://127.0.0.1:7070/mcp/b\"\n", "");
+    let d = diff(&old, &resolved_with(&text, None, "TOKEN=a\n"));
+    assert_eq!(d.queues.removed, ["queue.spare"]);
+    assert!(
+        d.aborts("w1", "queue.spare"),
+        "an attempt still on the removed source"
+    );
+    assert!(!d.aborts("w1", "queue.q"));
 }

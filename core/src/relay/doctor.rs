@@ -92,6 +92,19 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
     rows
 }
 
+/// The lease sources (`queue.<name>`) that a leased harness of `config` binds, sorted: the ones
+/// doctor asks for their tools/list, with or without a running daemon.
+pub fn bound_sources(config: &Config) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = config
+        .harnesses
+        .values()
+        .filter_map(|h| h.relay.as_ref())
+        .filter(|r| config.queues.contains_key(&r.lease))
+        .map(|r| r.lease_ref().to_string())
+        .collect();
+    set.into_iter().collect()
+}
+
 /// Warnings about how harnesses bind their sources: a harness rung by a channel on one url but
 /// claiming on a lease source at another cannot claim what its doorbell announces.
 pub fn binding_rows(config: &Config) -> Vec<Row> {
@@ -190,6 +203,7 @@ lease = "queue.q"
 "#;
         let config = parse(&Source::new("h.toml", text), &[], FileKind::Global).unwrap();
         let rows = binding_rows(&config);
+        assert_eq!(bound_sources(&config), ["queue.q"]);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].level, Level::Warn);
         let same = text.replace("/mcp/b", "/mcp/a");

@@ -265,10 +265,24 @@ pub struct Relay {
     attempt: Option<Attempt>,
     /// The one firing `on_overlap = "queue"` holds, by trigger.
     held: Option<String>,
+    /// A reload's settings, waiting for the attempt in flight to close.
+    pending: Option<HarnessSettings>,
     commands: VecDeque<Command>,
     /// The wall reading of the input being handled. It stamps the text of run records and
     /// nothing else: every `now: Millis` inside the machine is the monotonic reading.
     wall: Millis,
+}
+
+/// What [`Relay::reconfigure`] did with a reload's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "applies", rename_all = "snake_case")]
+pub enum Reconfigured {
+    /// The settings are the ones the relay runs on (any waiting ones were dropped).
+    Unchanged,
+    /// No attempt was in flight: the next firing runs on them.
+    Now,
+    /// They wait for this run, which goes on under the settings it started with.
+    AfterRun { run_id: u64 },
 }
 
 impl Relay {
@@ -282,6 +296,7 @@ impl Relay {
             release_advertised: false,
             attempt: None,
             held: None,
+            pending: None,
             commands: VecDeque::new(),
             wall: 0,
         }
@@ -289,6 +304,48 @@ impl Relay {
 
     pub fn settings(&self) -> &HarnessSettings {
         &self.settings
+    }
+
+    /// A reload's settings for this harness (REQ-14): an attempt in flight goes on under the
+    /// settings it started with, and the new ones apply once it has closed (before a held
+    /// firing starts). Settings equal to the current ones drop any that were waiting. A new
+    /// lease source makes the source unverified again: its capabilities are another server's.
+    pub fn reconfigure(&mut self, settings: HarnessSettings) -> Reconfigured {
+        if settings == self.settings {
+            self.pending = None;
+            return Reconfigured::Unchanged;
+        }
+        match &self.attempt {
+            Some(a) => {
+                self.pending = Some(settings);
+                Reconfigured::AfterRun { run_id: a.run_id }
+            }
+            None => {
+                self.apply_settings(settings);
+                Reconfigured::Now
+            }
+        }
+    }
+
+    fn apply_settings(&mut self, settings: HarnessSettings) {
+        if settings.lease != self.settings.lease {
+            self.source = SourceState::Unverified;
+            self.release_advertised = false;
+        }
+        self.settings = settings;
+    }
+
+    /// Whether a stop request would end the attempt in flight now: there is one, it is not
+    /// already stopping or ending, and its verdict is not yet known (a known verdict is
+    /// reported as decided).
+    pub fn stop_would_abort(&self) -> bool {
+        self.attempt.as_ref().is_some_and(|a| {
+            let verdict_known = matches!(
+                a.phase,
+                Phase::Receipt { .. } | Phase::Reporting { .. } | Phase::Ending
+            );
+            a.stop.is_none() && a.end.is_none() && !verdict_known
+        })
     }
 
     // ---------------------------------------------------------------------------------------
@@ -428,6 +485,13 @@ impl Relay {
         // reconcile as interrupted.
         self.commands.push_back(Command::WriteRunRecord {
             record: record.clone(),
+        });
+        self.commands.push_back(Command::Emit {
+            event: Event::RunStarted {
+                harness: s.harness.clone(),
+                run_id,
+                trigger: trigger.to_string(),
+            },
         });
         self.commands.push_back(Command::SendClaimNext {
             request,
@@ -860,18 +924,14 @@ impl Relay {
     fn handle_stop(&mut self, now: Millis, reason: StopReason) {
         // A stopping harness does not start its held firing later.
         self.held = None;
+        // Once the verdict is known (receipt, report) it is reported as it is: releasing would
+        // throw away a verdict on the work.
+        if !self.stop_would_abort() {
+            return;
+        }
         let Some(a) = self.attempt.as_mut() else {
             return;
         };
-        // Once the verdict is known (receipt, report) it is reported as it is: releasing would
-        // throw away a verdict on the work.
-        let verdict_known = matches!(
-            a.phase,
-            Phase::Receipt { .. } | Phase::Reporting { .. } | Phase::Ending
-        );
-        if a.stop.is_some() || a.end.is_some() || verdict_known {
-            return;
-        }
         a.stop = Some(reason);
         if matches!(a.phase, Phase::Claiming { .. }) {
             return; // the claim's answer decides: a lease is released at once
@@ -976,6 +1036,8 @@ impl Relay {
         record.outcome = RunOutcome::Skipped;
         record.skipped_reason = Some(reason);
         record.ended_at = Some(rfc3339(self.wall));
+        let event = Event::closing(&record);
+        self.commands.push_back(Command::Emit { event });
         self.commands.push_back(Command::WriteRunRecord { record });
     }
 
@@ -1428,8 +1490,14 @@ impl Relay {
             a.record.relay_outcome = Some(relay_outcome);
         }
         a.record.ended_at = Some(rfc3339(self.wall));
+        let event = Event::closing(&a.record);
+        self.commands.push_back(Command::Emit { event });
         self.commands
             .push_back(Command::WriteRunRecord { record: a.record });
+        // A reload's settings wait for the attempt that ran under the old ones (REQ-14).
+        if let Some(settings) = self.pending.take() {
+            self.apply_settings(settings);
+        }
         if let Some(trigger) = self.held.take() {
             self.start(now, &trigger);
         }

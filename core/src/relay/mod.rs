@@ -59,6 +59,12 @@
 //!   to exit first, so no other worker starts while this one still runs.
 //! - A run record is written when the claim is sent (`running`), when it is answered and when
 //!   the run ends, after its process and check have exited.
+//! - Events: `run_started` follows the running record, the relay_* events follow the step they
+//!   name, and `run_finished` (or `run_skipped`) comes just before the final record, so it is a
+//!   run's last command.
+//! - A reload ([`Relay::reconfigure`]) never changes an attempt in flight: its settings wait for
+//!   the close, and apply before a held firing starts. A harness the reload removes is stopped
+//!   with `StopReason::HarnessRemoved` like any other abort.
 //! - Exit 75 whose re-run would start past the check's total time is inconclusive at once.
 //! - A receipt is also made when the agent's handle was dropped as malformed, and for an
 //!   attempt the check found already satisfied; an artifact that carries a known secret is
@@ -82,7 +88,8 @@ pub use context::{
     RunFiles, UNTRUSTED, claimant, context_file, context_file_bytes, relay_env, run_files,
 };
 pub use machine::{
-    AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Relay, SourceState,
+    AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Reconfigured, Relay,
+    SourceState,
 };
 pub use record::{
     Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason, reconcile_interrupted,

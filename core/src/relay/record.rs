@@ -129,10 +129,30 @@ pub fn reconcile_interrupted(mut record: RunRecord, now: Millis) -> RunRecord {
     record
 }
 
-/// Protocol events of a leased harness.
+/// The events of a leased harness (REQ-20), as `relay events` prints them: each names its harness
+/// and run. A run that claims starts with `run_started`; every run ends with exactly one
+/// `run_finished`, or `run_skipped` when the firing started nothing (admission refused it, or the
+/// claim found no work or failed) — so a skipped firing is one `run_skipped` alone. The relay_*
+/// events fall between. Like a record, no event can hold a summary, a payload, a header value or
+/// a token: every field is a name, a number or a code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// The claim is being sent (the run record says `running`).
+    RunStarted {
+        harness: String,
+        run_id: u64,
+        trigger: String,
+    },
+    /// The firing started no process; `claim_error` as in [`RunRecord::claim_error`].
+    RunSkipped {
+        harness: String,
+        run_id: u64,
+        trigger: String,
+        reason: SkippedReason,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claim_error: Option<String>,
+    },
     RelayClaimed {
         harness: String,
         run_id: u64,
@@ -152,14 +172,56 @@ pub enum Event {
         run_id: u64,
         todo_id: String,
     },
+    /// The run's final record is written next; nothing more happens for it.
+    RunFinished {
+        harness: String,
+        run_id: u64,
+        outcome: RunOutcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        relay_outcome: Option<RelayOutcome>,
+    },
 }
 
 impl Event {
     pub fn run_id(&self) -> u64 {
         match self {
-            Event::RelayClaimed { run_id, .. }
+            Event::RunStarted { run_id, .. }
+            | Event::RunSkipped { run_id, .. }
+            | Event::RelayClaimed { run_id, .. }
             | Event::RelayReported { run_id, .. }
-            | Event::RelayLeaseLost { run_id, .. } => *run_id,
+            | Event::RelayLeaseLost { run_id, .. }
+            | Event::RunFinished { run_id, .. } => *run_id,
+        }
+    }
+
+    pub fn harness(&self) -> &str {
+        match self {
+            Event::RunStarted { harness, .. }
+            | Event::RunSkipped { harness, .. }
+            | Event::RelayClaimed { harness, .. }
+            | Event::RelayReported { harness, .. }
+            | Event::RelayLeaseLost { harness, .. }
+            | Event::RunFinished { harness, .. } => harness,
+        }
+    }
+
+    /// The event that ends a run whose final record is `record`: `run_skipped` for a skipped
+    /// run, `run_finished` otherwise.
+    pub fn closing(record: &RunRecord) -> Event {
+        match (record.outcome, record.skipped_reason) {
+            (RunOutcome::Skipped, Some(reason)) => Event::RunSkipped {
+                harness: record.harness.clone(),
+                run_id: record.run_id,
+                trigger: record.trigger.clone(),
+                reason,
+                claim_error: record.claim_error.clone(),
+            },
+            (outcome, _) => Event::RunFinished {
+                harness: record.harness.clone(),
+                run_id: record.run_id,
+                outcome,
+                relay_outcome: record.relay_outcome,
+            },
         }
     }
 }

@@ -64,8 +64,8 @@ fn is_term(c: &Command) -> bool {
     )
 }
 
-/// A skipped record, as a firing refused before any lease call writes it.
-fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Millis) -> Command {
+/// What a firing refused before any lease call emits: the run_skipped event, then its record.
+fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Millis) -> Vec<Command> {
     let mut record = RunRecord {
         harness: "fixer".into(),
         run_id,
@@ -84,7 +84,12 @@ fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Millis) -> Co
         artifact: None,
     };
     record.ended_at = Some(record.started_at.clone());
-    Command::WriteRunRecord { record }
+    vec![
+        Command::Emit {
+            event: Event::closing(&record),
+        },
+        Command::WriteRunRecord { record },
+    ]
 }
 
 fn env_of(c: &Command) -> Vec<(String, String)> {
@@ -107,7 +112,7 @@ fn firing_during_a_run() {
     let cmds = d.fire();
     assert_eq!(
         cmds,
-        [skipped(2, "channel.sb", SkippedReason::Overlap, d.now)]
+        skipped(2, "channel.sb", SkippedReason::Overlap, d.now)
     );
 }
 
@@ -124,7 +129,7 @@ fn a_held_firing_claims_only_when_it_starts() {
     );
     assert_eq!(
         d.fire(),
-        [skipped(2, "channel.sb", SkippedReason::Overlap, d.now)],
+        skipped(2, "channel.sb", SkippedReason::Overlap, d.now),
         "one firing is held; a further one is skipped"
     );
     d.exit(0, None);
@@ -155,7 +160,7 @@ fn outside_hours() {
     });
     assert_eq!(
         cmds,
-        [skipped(1, "schedule", SkippedReason::OutsideHours, d.now)]
+        skipped(1, "schedule", SkippedReason::OutsideHours, d.now)
     );
 }
 
@@ -166,19 +171,14 @@ fn a_disabled_harness_or_lease_source_claims_nothing() {
     let mut d = Driver::new(s);
     assert_eq!(
         d.fire(),
-        [skipped(1, "channel.sb", SkippedReason::Disabled, d.now)]
+        skipped(1, "channel.sb", SkippedReason::Disabled, d.now)
     );
     let mut s = settings();
     s.lease_enabled = false;
     let mut d = Driver::new(s);
     assert_eq!(
         d.fire(),
-        [skipped(
-            1,
-            "channel.sb",
-            SkippedReason::LeaseDisabled,
-            d.now
-        )]
+        skipped(1, "channel.sb", SkippedReason::LeaseDisabled, d.now)
     );
 }
 
@@ -194,6 +194,13 @@ fn claimed_and_spawned() {
         [
             Command::WriteRunRecord {
                 record: running.clone()
+            },
+            Command::Emit {
+                event: Event::RunStarted {
+                    harness: "fixer".into(),
+                    run_id: 1,
+                    trigger: "channel.sb".into(),
+                }
             },
             Command::SendClaimNext {
                 request: RequestId(1),
@@ -246,7 +253,20 @@ fn nothing_to_claim() {
     assert_eq!(record.outcome, RunOutcome::Skipped);
     assert_eq!(record.skipped_reason, Some(SkippedReason::NoWork));
     assert_eq!(record.relay_outcome, Some(RelayOutcome::NoWork));
-    assert_eq!(cmds.len(), 1);
+    assert_eq!(
+        cmds[0],
+        Command::Emit {
+            event: Event::RunSkipped {
+                harness: "fixer".into(),
+                run_id: 1,
+                trigger: "catch_up".into(),
+                reason: SkippedReason::NoWork,
+                claim_error: None,
+            }
+        },
+        "the run that found no work ends with run_skipped"
+    );
+    assert_eq!(cmds.len(), 2);
     assert!(
         !d.commands()
             .iter()
@@ -266,7 +286,7 @@ fn endpoint_lacks_the_verb() {
     let record = &records(&cmds)[0];
     assert_eq!(record.skipped_reason, Some(SkippedReason::ClaimFailed));
     assert_eq!(record.claim_error.as_deref(), Some("forbidden"));
-    assert_eq!(cmds.len(), 1, "nothing spawned");
+    assert_eq!(cmds.len(), 2, "the event and the record; nothing spawned");
     // The doctor half: the endpoint's tools/list lacks the verb.
     let caps = check_capabilities(&tools_list(&[("list_todos", &["queue"])]));
     assert!(caps.missing_verbs.contains(&"claim_next".to_string()));
@@ -1334,12 +1354,12 @@ fn a_server_that_predates_attempt_history() {
     let cmds = d.fire();
     assert_eq!(
         cmds,
-        [skipped(
+        skipped(
             1,
             "channel.sb",
             SkippedReason::LeaseSourceUnsupported,
             d.now
-        )]
+        )
     );
 }
 
@@ -1366,12 +1386,12 @@ fn a_claim_waits_for_the_capability_check_of_a_new_session() {
     d.input(Input::SessionExpired);
     assert_eq!(
         d.fire(),
-        [skipped(
+        skipped(
             1,
             "channel.sb",
             SkippedReason::LeaseSourceUnsupported,
             d.now
-        )]
+        )
     );
 }
 
@@ -1656,4 +1676,323 @@ proptest! {
     ) {
         prop_assert_eq!(crate::testing::summary_compose(&bytes), Ok(()));
     }
+}
+
+// ---- REQ-20: events -------------------------------------------------------------------------
+
+fn events(cmds: &[Command]) -> Vec<&Event> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Emit { event } => Some(event),
+            _ => None,
+        })
+        .collect()
+}
+
+fn event_name(e: &Event) -> String {
+    serde_json::to_value(e).unwrap_or_default()["event"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn an_attempt_emits_its_events_in_order_and_none_holds_a_secret() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.exit(0, Some(br#"{"summary":"fixed the flaky test"}"#));
+    d.report_ok(false);
+    let cmds = d.commands();
+    let names: Vec<String> = events(&cmds).into_iter().map(event_name).collect();
+    assert_eq!(
+        names,
+        [
+            "run_started",
+            "relay_claimed",
+            "relay_reported",
+            "run_finished"
+        ]
+    );
+    assert_eq!(
+        events(&cmds).last().map(|e| (*e).clone()),
+        Some(Event::RunFinished {
+            harness: "fixer".into(),
+            run_id: 1,
+            outcome: RunOutcome::Success,
+            relay_outcome: Some(RelayOutcome::Completed),
+        })
+    );
+    // run_finished is the run's last command but for its final record.
+    let n = cmds.len();
+    assert!(matches!(
+        &cmds[n - 2],
+        Command::Emit {
+            event: Event::RunFinished { .. }
+        }
+    ));
+    assert!(
+        matches!(&cmds[n - 1], Command::WriteRunRecord { record } if record.outcome == RunOutcome::Success)
+    );
+    let text = serde_json::to_string(&events(&cmds)).unwrap_or_default();
+    for secret in [
+        TOKEN,
+        HEADER_SECRET,
+        ENV_FILE_SECRET,
+        "fixed the flaky test",
+        "ci-failures",
+    ] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    let json = serde_json::to_value(events(&cmds)[1]).unwrap_or_default();
+    assert_eq!(
+        json,
+        json!({"event": "relay_claimed", "harness": "fixer", "run_id": 1, "todo_id": "td_1", "attempt": 1})
+    );
+}
+
+#[test]
+fn a_skipped_firing_is_one_run_skipped_with_its_reason() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    let cmds = d.fire();
+    assert_eq!(
+        events(&cmds),
+        [&Event::RunSkipped {
+            harness: "fixer".into(),
+            run_id: 2,
+            trigger: "channel.sb".into(),
+            reason: SkippedReason::Overlap,
+            claim_error: None,
+        }]
+    );
+    let json = serde_json::to_value(events(&cmds)[0]).unwrap_or_default();
+    assert_eq!(json["reason"], "overlap");
+    assert!(json.get("claim_error").is_none());
+}
+
+#[test]
+fn a_lost_lease_ends_with_run_finished_after_relay_lease_lost() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.auto_heartbeat = AutoHeartbeat::Reply(Err(conflict()));
+    d.advance(MINUTE);
+    d.exit(-15, None);
+    let names: Vec<String> = events(&d.commands()).into_iter().map(event_name).collect();
+    assert_eq!(
+        names,
+        [
+            "run_started",
+            "relay_claimed",
+            "relay_lease_lost",
+            "run_finished"
+        ]
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Every run's events open with run_started (unless it is one run_skipped), close with
+    /// exactly one run_finished or run_skipped, and the closing event comes right before the
+    /// run's final record.
+    #[test]
+    fn prop_each_run_is_framed_by_its_events(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let trace = run_relay_program(&decode_relay_program(&bytes)).map_err(TestCaseError::fail)?;
+        let cmds: Vec<&Command> = trace.steps.iter().flat_map(|s| &s.commands).collect();
+        let mut seen: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        for (i, c) in cmds.iter().enumerate() {
+            match c {
+                Command::Emit { event } => seen.entry(event.run_id()).or_default().push(event_name(event)),
+                Command::WriteRunRecord { record } if record.outcome != RunOutcome::Running => {
+                    let closing = match cmds.get(i.wrapping_sub(1)) {
+                        Some(Command::Emit { event }) if event.run_id() == record.run_id => event.clone(),
+                        other => return Err(TestCaseError::fail(format!("final record of run {} not preceded by its closing event: {other:?}", record.run_id))),
+                    };
+                    prop_assert_eq!(closing, Event::closing(record));
+                }
+                _ => {}
+            }
+        }
+        for (run, names) in seen {
+            let closing = names.iter().filter(|n| *n == "run_finished" || *n == "run_skipped").count();
+            prop_assert!(closing <= 1, "run {}: {:?}", run, names);
+            if names.len() > 1 || names[0] != "run_skipped" {
+                prop_assert_eq!(&names[0], "run_started", "run {}: {:?}", run, names);
+            }
+            if closing == 1 {
+                let last = names.last().map(String::as_str);
+                prop_assert!(matches!(last, Some("run_finished" | "run_skipped")), "run {}: {:?}", run, names);
+            }
+        }
+    }
+}
+
+// ---- REQ-14: reload and operator stop -------------------------------------------------------
+
+#[test]
+fn a_reload_waits_for_the_attempt_in_flight_and_applies_at_its_close() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    let mut new = settings();
+    new.lease_ttl = 2 * MINUTE;
+    new.argv = vec!["codex".into()];
+    assert_eq!(
+        d.relay.reconfigure(new.clone()),
+        Reconfigured::AfterRun { run_id: 1 }
+    );
+    assert_eq!(
+        d.relay.settings().lease_ttl,
+        5 * MINUTE,
+        "the attempt runs on"
+    );
+    let beats = d.advance(MINUTE);
+    assert!(
+        beats.iter().any(|c| matches!(
+            c,
+            Command::SendHeartbeat {
+                lease_ttl_seconds: 300,
+                ..
+            }
+        )),
+        "the heartbeat still asks for the old ttl: {beats:?}"
+    );
+    d.exit(0, None);
+    d.report_ok(false);
+    assert_eq!(d.relay.settings(), &new, "applied once the attempt closed");
+    let cmds = d.fire();
+    assert!(cmds.iter().any(|c| matches!(
+        c,
+        Command::SendClaimNext {
+            lease_ttl_seconds: 120,
+            ..
+        }
+    )));
+    let cmds = d.input(Input::ClaimAnswered {
+        request: d.last_request(is_claim),
+        claim: claimed("td_2", 1, 5, Some(TOKEN)),
+    });
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, Command::Spawn { argv, .. } if argv == &["codex".to_string()]))
+    );
+}
+
+#[test]
+fn a_reload_without_an_attempt_applies_at_once_and_a_revert_drops_the_waiting_settings() {
+    let mut d = Driver::new(settings());
+    let mut new = settings();
+    new.enabled = false;
+    assert_eq!(d.relay.reconfigure(new.clone()), Reconfigured::Now);
+    assert_eq!(
+        d.fire(),
+        skipped(1, "channel.sb", SkippedReason::Disabled, d.now)
+    );
+    assert_eq!(d.relay.reconfigure(new), Reconfigured::Unchanged);
+
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    let mut new = settings();
+    new.argv = vec!["other".into()];
+    assert_eq!(
+        d.relay.reconfigure(new),
+        Reconfigured::AfterRun { run_id: 1 }
+    );
+    assert_eq!(d.relay.reconfigure(settings()), Reconfigured::Unchanged);
+    d.exit(0, None);
+    d.report_ok(false);
+    assert_eq!(
+        d.relay.settings(),
+        &settings(),
+        "the reverted settings stay"
+    );
+}
+
+#[test]
+fn a_new_lease_source_is_unverified_until_its_capability_check() {
+    let mut d = Driver::new(settings());
+    let mut new = settings();
+    new.lease = "queue.other".into();
+    assert_eq!(d.relay.reconfigure(new), Reconfigured::Now);
+    let cmds = d.fire();
+    assert_eq!(cmds, {
+        let mut s = skipped(
+            1,
+            "channel.sb",
+            SkippedReason::LeaseSourceUnsupported,
+            d.now,
+        );
+        if let Command::WriteRunRecord { record } = &mut s[1] {
+            record.lease = "queue.other".into();
+        }
+        s[0] = Command::Emit {
+            event: Event::RunSkipped {
+                harness: "fixer".into(),
+                run_id: 1,
+                trigger: "channel.sb".into(),
+                reason: SkippedReason::LeaseSourceUnsupported,
+                claim_error: None,
+            },
+        };
+        s
+    });
+    d.input(Input::CapabilitiesKnown(Capabilities::full(true)));
+    assert!(d.fire().iter().any(is_claim));
+}
+
+#[test]
+fn a_removed_harness_is_released_naming_the_reason_or_failed_without_release() {
+    for release in [true, false] {
+        let mut d = Driver::with_capabilities(settings(), Capabilities::full(release));
+        d.start(claim_1());
+        assert!(d.relay.stop_would_abort());
+        d.input(Input::StopRequested {
+            reason: StopReason::HarnessRemoved,
+        });
+        assert!(!d.relay.stop_would_abort(), "already stopping");
+        let (verb, summary, _, result) = the_report(&d.exit(-15, None));
+        assert!(summary.contains("harness removed"), "{summary}");
+        if release {
+            assert_eq!(verb, ReportVerb::Release);
+        } else {
+            assert_eq!(verb, ReportVerb::Fail);
+            assert_eq!(result["harness"]["reason"], "harness_removed");
+        }
+        assert_eq!(count(&d.commands(), is_check), 0);
+    }
+}
+
+#[test]
+fn an_operator_stop_ends_the_attempt_and_a_later_firing_claims_again() {
+    let mut d = Driver::new(settings());
+    assert!(!d.relay.stop_would_abort(), "nothing in flight");
+    d.start(claim_1());
+    d.input(Input::StopRequested {
+        reason: StopReason::OperatorStop,
+    });
+    let (verb, summary, _, _) = the_report(&d.exit(-15, None));
+    assert_eq!(verb, ReportVerb::Release);
+    assert!(summary.contains("operator stop"), "{summary}");
+    d.report_ok(false);
+    assert!(!d.relay.in_flight());
+    let cmds = d.fire();
+    assert!(
+        cmds.iter().any(is_claim),
+        "the stop does not outlive its attempt"
+    );
+}
+
+#[test]
+fn a_stop_once_the_verdict_is_known_changes_nothing() {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d.exit(0, None);
+    assert!(!d.relay.stop_would_abort(), "the complete is out");
+    assert_eq!(
+        d.input(Input::StopRequested {
+            reason: StopReason::OperatorStop
+        }),
+        []
+    );
+    let record = records(&d.report_ok(false))[0].clone();
+    assert_eq!(record.relay_outcome, Some(RelayOutcome::Completed));
 }

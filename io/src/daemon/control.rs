@@ -1,10 +1,16 @@
-//! The control socket: how `relay trigger`, `relay describe` and `relay doctor` talk to a
-//! running daemon. A Unix socket at `<state>/control.sock` (mode 0600, so only the daemon's
-//! user may fire its harnesses); one JSON request line in, one JSON answer line out.
+//! The control socket: how `relay trigger`, `describe`, `doctor`, `reload`, `stop` and `events`
+//! talk to a running daemon. A Unix socket at `<state>/control.sock` (mode 0600, so only the
+//! daemon's user may fire its harnesses); one JSON request line in, one JSON answer line out —
+//! except `events`, answered with one JSON line per event (the recent ones, then, with `follow`,
+//! each new one as it happens).
 //!
-//! Requests: `{"op":"trigger","harness":H}`, `{"op":"describe","harness":H?}`, `{"op":"doctor"}`.
-//! Answers carry `"ok": true` or `"ok": false, "error": "…"`. Nothing secret crosses it: describe
-//! shows header names, never values, and no token.
+//! Requests: `{"op":"trigger","harness":H}`, `{"op":"describe","harness":H?}`, `{"op":"doctor"}`,
+//! `{"op":"reload"}`, `{"op":"stop","harness":H}`, `{"op":"events","follow":B?}`. Answers carry
+//! `"ok": true` or `"ok": false, "error": "…"`; an event line has an `event` field instead, and a
+//! follower that falls [`super::events::FOLLOW_BUFFER`] events behind (or stops reading for
+//! [`FOLLOW_WRITE_TIMEOUT`]) gets an `"ok": false` line saying so and is disconnected: it never
+//! holds the daemon up. Nothing secret crosses the socket: describe shows header names, never
+//! values, and no token; events carry names, numbers and codes only.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,8 +18,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio::task::AbortHandle;
 
 use super::{DaemonHandle, Msg};
@@ -29,7 +36,18 @@ pub enum Request {
         harness: Option<String>,
     },
     Doctor,
+    Reload,
+    Stop {
+        harness: String,
+    },
+    Events {
+        #[serde(default)]
+        follow: bool,
+    },
 }
+
+/// A follower that has not taken a line for this long is disconnected.
+pub const FOLLOW_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join("control.sock")
@@ -75,6 +93,7 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
         Err(e) => error(format!(
             "bad control request: {e}; send one JSON line such as {{\"op\":\"doctor\"}}"
         )),
+        Ok(Request::Events { follow }) => return stream_events(write, daemon, follow).await,
         Ok(request) => {
             let (tx, rx) = oneshot::channel();
             if daemon.send(Msg::Control { request, reply: tx }) {
@@ -91,46 +110,231 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
     write.shutdown().await
 }
 
+async fn write_line(write: &mut OwnedWriteHalf, line: &str) -> std::io::Result<()> {
+    let mut bytes = line.as_bytes().to_vec();
+    bytes.push(b'\n');
+    match tokio::time::timeout(FOLLOW_WRITE_TIMEOUT, write.write_all(&bytes)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the reader took no line",
+        )),
+    }
+}
+
+/// `events`: the recent events, then (with `follow`) each new one, until the daemon stops, the
+/// reader goes away or falls behind.
+async fn stream_events(
+    mut write: OwnedWriteHalf,
+    daemon: DaemonHandle,
+    follow: bool,
+) -> std::io::Result<()> {
+    let (tx, rx) = oneshot::channel();
+    let feed = if daemon.send(Msg::Events { follow, reply: tx }) {
+        rx.await.ok()
+    } else {
+        None
+    };
+    let Some((recent, receiver)) = feed else {
+        write_line(
+            &mut write,
+            &error("the daemon is stopping".into()).to_string(),
+        )
+        .await?;
+        return write.shutdown().await;
+    };
+    for line in &recent {
+        write_line(&mut write, line).await?;
+    }
+    if let Some(mut receiver) = receiver {
+        loop {
+            match receiver.recv().await {
+                Ok(line) => {
+                    if let Err(e) = write_line(&mut write, &line).await {
+                        tracing::info!(error = %e, "an events follower was disconnected: it stopped reading");
+                        return Err(e);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::info!(
+                        missed,
+                        "an events follower fell behind and was disconnected"
+                    );
+                    let line = error(format!(
+                        "this follower fell {missed} events behind and was disconnected; run \
+                         `relay events --follow` again (`relay events` shows the recent ones)"
+                    ));
+                    write_line(&mut write, &line.to_string()).await?;
+                    break;
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    }
+    write.shutdown().await
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestError {
+    /// Nothing listens on the socket: no daemon runs for this state dir.
+    NoDaemon(String),
+    /// The daemon refused the request, or the conversation failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::NoDaemon(m) | RequestError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+async fn connect(state_dir: &Path) -> Result<UnixStream, RequestError> {
+    let path = socket_path(state_dir);
+    UnixStream::connect(&path).await.map_err(|e| {
+        RequestError::NoDaemon(format!(
+            "no daemon answers at {} ({e}): start one with `relay daemon --config FILE --state-dir {}`",
+            path.display(),
+            state_dir.display()
+        ))
+    })
+}
+
+/// `relay events`: sends the request and hands each event line (as the daemon wrote it) to
+/// `on_event` until the daemon ends the stream. A line saying `"ok": false` (the daemon is
+/// stopping, the follower fell behind) is the error.
+pub async fn events(
+    state_dir: &Path,
+    follow: bool,
+    mut on_event: impl FnMut(&str),
+) -> Result<(), RequestError> {
+    let stream = connect(state_dir).await?;
+    let (read, mut write) = stream.into_split();
+    let failed = |e: std::io::Error| RequestError::Failed(format!("control socket: {e}"));
+    let mut bytes = serde_json::to_vec(&Request::Events { follow }).unwrap_or_default();
+    bytes.push(b'\n');
+    write.write_all(&bytes).await.map_err(failed)?;
+    let mut lines = BufReader::new(read).lines();
+    while let Some(line) = lines.next_line().await.map_err(failed)? {
+        let value: Value = serde_json::from_str(&line).map_err(|e| {
+            RequestError::Failed(format!("the daemon answered something unreadable ({e})"))
+        })?;
+        if value.get("ok") == Some(&Value::Bool(false)) {
+            let msg = value
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the daemon ended the stream");
+            return Err(RequestError::Failed(msg.to_string()));
+        }
+        on_event(&line);
+    }
+    Ok(())
+}
+
 /// Sends one request to the daemon of `state_dir` and returns its answer. The error says how
 /// to start a daemon when none listens.
 pub async fn request(
     state_dir: &Path,
     request: &Request,
     timeout: Duration,
-) -> Result<Value, String> {
+) -> Result<Value, RequestError> {
     let path = socket_path(state_dir);
     let talk = async {
-        let stream = UnixStream::connect(&path).await.map_err(|e| {
-            format!(
-                "no daemon answers at {} ({e}): start one with `relay daemon --config FILE --state-dir {}`",
-                path.display(),
-                state_dir.display()
-            )
-        })?;
+        let stream = connect(state_dir).await?;
+        let failed = RequestError::Failed;
         let (read, mut write) = stream.into_split();
-        let mut bytes = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+        let mut bytes = serde_json::to_vec(request).map_err(|e| failed(e.to_string()))?;
         bytes.push(b'\n');
         write
             .write_all(&bytes)
             .await
-            .map_err(|e| format!("control socket write failed: {e}"))?;
+            .map_err(|e| failed(format!("control socket write failed: {e}")))?;
         let mut line = String::new();
         BufReader::new(read)
             .read_line(&mut line)
             .await
-            .map_err(|e| format!("control socket read failed: {e}"))?;
+            .map_err(|e| failed(format!("control socket read failed: {e}")))?;
         serde_json::from_str::<Value>(&line)
-            .map_err(|e| format!("the daemon answered something unreadable ({e})"))
+            .map_err(|e| failed(format!("the daemon answered something unreadable ({e})")))
     };
-    let answer = tokio::time::timeout(timeout, talk)
-        .await
-        .map_err(|_| format!("the daemon at {} did not answer in time", path.display()))??;
+    let answer = tokio::time::timeout(timeout, talk).await.map_err(|_| {
+        RequestError::Failed(format!(
+            "the daemon at {} did not answer in time",
+            path.display()
+        ))
+    })??;
     if answer.get("ok") == Some(&Value::Bool(false)) {
         let msg = answer
             .get("error")
             .and_then(Value::as_str)
             .unwrap_or("the daemon refused the request");
-        return Err(msg.to_string());
+        return Err(RequestError::Failed(msg.to_string()));
     }
     Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::events::{EventLog, FOLLOW_BUFFER};
+    use relay_core::relay::Event;
+    use tokio::sync::mpsc;
+
+    fn event(run_id: u64) -> Event {
+        Event::RunStarted {
+            harness: "w1".into(),
+            run_id,
+            trigger: "manual".into(),
+        }
+    }
+
+    /// A follower that does not keep up never holds the actor: every push goes through while
+    /// the follower reads nothing, and once it reads again its stream ends with a line saying
+    /// how far behind it fell.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_that_falls_behind_is_disconnected_saying_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let server = serve(dir.path(), DaemonHandle { tx }).expect("serve");
+        let mut stream = UnixStream::connect(socket_path(dir.path()))
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"{\"op\":\"events\",\"follow\":true}\n")
+            .await
+            .expect("request");
+        let mut log = EventLog::default();
+        log.push(&event(0), 0);
+        match rx.recv().await {
+            Some(Msg::Events {
+                follow: true,
+                reply,
+            }) => {
+                let _ = reply.send(log.feed(true));
+            }
+            other => panic!("expected an events request, got {other:?}"),
+        }
+        // The actor's side: far more than the follower may fall behind by, without waiting.
+        let total = FOLLOW_BUFFER as u64 * 20;
+        for n in 1..=total {
+            log.push(&event(n), 0);
+        }
+        let mut lines = BufReader::new(stream).lines();
+        let mut received = Vec::new();
+        while let Some(line) = lines.next_line().await.expect("read") {
+            received.push(serde_json::from_str::<Value>(&line).expect("json"));
+        }
+        let last = received.pop().expect("a last line");
+        assert_eq!(last["ok"], false, "{last}");
+        let message = last["error"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("events behind and was disconnected"),
+            "{message}"
+        );
+        assert_eq!(received[0]["run_id"], 0, "the recent events come first");
+        assert!((received.len() as u64) < total, "nothing was dropped");
+        server.abort();
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use relay_core::config::{FileKind, ResolvedConfig, Source, parse, resolve};
-use relay_core::relay::{HostFacts, expand_path};
+use relay_core::relay::{HarnessSettings, HostFacts, expand_path, harness_settings};
 
 /// A loaded config, with where it came from.
 #[derive(Debug)]
@@ -85,5 +85,43 @@ pub fn prompt(written: Option<&str>, facts: &HostFacts) -> Result<Option<Vec<u8>
             "cannot read prompt_file {}: {e}; check the path and its permissions",
             path.display()
         )
+    })
+}
+
+/// A config as the daemon runs it: loaded and validated ([`load`]), every leased harness's
+/// prompt read and its settings made. Start and reload both go through [`prepare`], so a reload
+/// is validated exactly like a start.
+#[derive(Debug)]
+pub struct Prepared {
+    pub resolved: ResolvedConfig,
+    pub config_dir: PathBuf,
+    pub dropins: usize,
+    /// The settings of each leased harness, by name.
+    pub settings: BTreeMap<String, HarnessSettings>,
+}
+
+/// Loads `file` (global rules) and makes the settings of its leased harnesses, with run files
+/// under `jobs_dir` and `host` in claimant labels. A harness without `lease` is logged and left
+/// out. Any error (a config error naming file, table and key; an unreadable env file or prompt)
+/// refuses the whole config.
+pub fn prepare(file: &Path, jobs_dir: &Path, host: &str) -> Result<Prepared, String> {
+    let loaded = load(file, FileKind::Global)?;
+    let facts = host_facts(&loaded.config_dir, jobs_dir, host);
+    let mut settings = BTreeMap::new();
+    for h in loaded.resolved.config.harnesses.values() {
+        if h.relay.is_none() {
+            tracing::warn!(harness = %h.name, "harness has no lease: relay runs leased harnesses only; it is not started");
+            continue;
+        }
+        let bytes = prompt(h.prompt_file.as_deref(), &facts)?;
+        if let Some(s) = harness_settings(&loaded.resolved, &h.name, &facts, bytes) {
+            settings.insert(h.name.clone(), s);
+        }
+    }
+    Ok(Prepared {
+        resolved: loaded.resolved,
+        config_dir: loaded.config_dir,
+        dropins: loaded.dropins,
+        settings,
     })
 }

@@ -11,6 +11,20 @@
 //! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
+//! # Reload (REQ-14, REQ-17)
+//!
+//! SIGHUP and `relay reload` read the config again through [`load::prepare`], the loader of a
+//! start, on a blocking task; a config that does not load changes nothing. What changed is
+//! `relay_core::config::diff`'s answer, and the daemon applies it: added harnesses start; a
+//! harness that is removed (or loses its `lease`), or whose attempt runs on a removed lease
+//! source, is stopped with `StopReason::HarnessRemoved` and its slot goes once the attempt has
+//! closed; every other harness gets its new settings through `Relay::reconfigure`, which keeps an
+//! attempt in flight on the settings it started with. A lease source whose url, headers or
+//! credentials changed gets a new client and session; its harnesses hear `SessionExpired`, then
+//! the new capabilities. An attempt keeps the client it claimed with until it closes (so a
+//! release still reaches the server that holds its lease); a harness is re-bound to its source's
+//! current client between attempts.
+//!
 //! # Files
 //!
 //! `<state>/jobs/<harness>/<run_id>.log` (run log), `.relay.json` (context file, 0600) and
@@ -19,18 +33,21 @@
 //! anywhere: tokens live inside the lease commands only, for the life of the call.
 
 pub mod control;
+pub mod doctor;
+pub mod events;
 pub mod load;
 mod metrics;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Millis;
-use relay_core::config::{FileKind, Harness};
+use relay_core::config::{ConfigDiff, Harness, ResolvedConfig};
 use relay_core::relay::{
-    self, Capabilities, Command, Input, Relay, RunOutcome, RunRecord, StopReason,
+    self, Capabilities, Command, HarnessSettings, Input, Reconfigured, Relay, RunOutcome,
+    RunRecord, StopReason,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -48,6 +65,9 @@ pub use metrics::{DaemonMetrics, serve_metrics};
 /// which does not: waking at least this often means a lease that lapsed during a suspend stops
 /// its agent within this long of the resume.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// The trigger name of a `catch_up` firing.
+pub const CATCH_UP: &str = "catch_up";
 
 /// What `relay daemon` needs besides the config file.
 pub struct DaemonOptions {
@@ -68,17 +88,38 @@ pub struct DaemonOptions {
 pub enum Msg {
     /// An input for one harness's machine (answers, process and check events).
     ToHarness { harness: String, input: Input },
-    /// The lease client's session changed for a source (`queue.<name>`).
-    Session { source: String, news: SessionNews },
+    /// The session of a source's client (`queue.<name>`) changed. `generation` names the
+    /// client: news of a client a reload replaced is ignored.
+    Session {
+        source: String,
+        generation: u64,
+        news: SessionNews,
+    },
     /// The source's session expired and the lease client could not open a new one: start
     /// initializing it (nothing else would, since no claim is made while it is unverified).
-    Reinitialize { source: String },
+    Reinitialize { source: String, generation: u64 },
     /// A trigger fired a harness.
     Fire { harness: String, trigger: String },
+    /// A channel's doorbell rang: fire the harnesses it triggers now.
+    Ring { channel: String },
     /// A request from the control socket.
     Control {
         request: control::Request,
         reply: oneshot::Sender<Value>,
+    },
+    /// `relay events`: the recent events, and a subscription with `follow`.
+    Events {
+        follow: bool,
+        reply: oneshot::Sender<events::Feed>,
+    },
+    /// SIGHUP, or `relay reload` (which awaits the answer).
+    Reload {
+        reply: Option<oneshot::Sender<Value>>,
+    },
+    /// The reload's config, loaded off the actor.
+    Reloaded {
+        prepared: Box<Result<load::Prepared, String>>,
+        reply: Option<oneshot::Sender<Value>>,
     },
     /// Stop: abort attempts in flight (release or fail them), then return.
     Stop,
@@ -98,6 +139,10 @@ impl DaemonHandle {
             trigger: "manual".into(),
         });
     }
+    /// Re-reads the config, as SIGHUP does; the outcome is logged.
+    pub fn reload(&self) {
+        let _ = self.tx.send(Msg::Reload { reply: None });
+    }
     /// Asks the daemon to stop; [`Daemon::run`] returns once attempts in flight are closed.
     pub fn stop(&self) {
         let _ = self.tx.send(Msg::Stop);
@@ -110,7 +155,15 @@ impl DaemonHandle {
 struct Slot {
     relay: Relay,
     harness: Harness,
+    /// The source (`queue.<name>`) and client the machine's attempts run on. Re-bound to the
+    /// source its settings name only while no attempt is in flight.
     source: String,
+    client: Arc<LeaseClient>,
+    generation: u64,
+    /// A reload removed the harness: it fires nothing more and goes once its attempt closes.
+    removed: bool,
+    /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
+    catch_up: Option<Millis>,
     next_fire: Option<Millis>,
     /// Process groups of running agents and checks, by run.
     agents: BTreeMap<u64, ProcessGroup>,
@@ -123,10 +176,11 @@ struct Slot {
 
 struct SourceSlot {
     client: Arc<LeaseClient>,
+    /// Names this client; a new one (a reload that changed the session) gets a new number.
+    generation: u64,
     /// The task (re-)initializing the session, while one runs.
     initializing: Option<AbortHandle>,
     caps: Option<Capabilities>,
-    harnesses: Vec<String>,
     url: String,
     header_names: Vec<String>,
 }
@@ -143,14 +197,27 @@ pub struct Daemon {
     records: mpsc::UnboundedSender<(RunRecord, usize)>,
     writer: tokio::task::JoinHandle<()>,
     daemon_env: Vec<(String, String)>,
-    config: relay_core::config::Config,
+    config_path: PathBuf,
+    host: String,
+    seed: u64,
+    transport: Arc<dyn Transport>,
+    /// The config running now (its `Debug` shows no secret).
+    resolved: ResolvedConfig,
     slots: BTreeMap<String, Slot>,
+    /// The highest run id each harness has written a record for in this daemon: a harness a
+    /// reload removes and adds back continues after it, even while its records are still on
+    /// their way to disk.
+    last_run_ids: BTreeMap<String, u64>,
     sources: BTreeMap<String, SourceSlot>,
+    next_generation: u64,
     cairns: BTreeMap<String, Arc<ReceiptClient>>,
-    /// Background tasks that are not a run's: session set-up, doorbells, the control socket.
+    /// The doorbell listener (and its forwarding task) of each channel that triggers a harness.
+    doorbells: BTreeMap<String, [AbortHandle; 2]>,
+    /// Background tasks that are not a run's: session set-up, the control socket.
     background: Vec<AbortHandle>,
     /// Tells the doorbell listeners to stop.
     doorbells_stop: watch::Sender<bool>,
+    events: events::EventLog,
     metrics: Arc<DaemonMetrics>,
     stopping: bool,
 }
@@ -159,8 +226,9 @@ impl Daemon {
     /// Loads the config, locks and reconciles the state dir (REQ-15), builds a machine per
     /// leased harness and starts the lease sessions, doorbells and the control socket.
     pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
-        let loaded = load::load(&opts.config, FileKind::Global)?;
         let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+        // A config that does not load leaves no trace: it is read before the state dir is made.
+        let prepared = load::prepare(&opts.config, &state_dir.join("jobs"), &opts.host)?;
         // Creates the state dir (mode 0700) when missing: it holds the control socket, the
         // run logs and the context files.
         let journal = Journal::open(&state_dir)
@@ -171,75 +239,7 @@ impl Daemon {
         for r in &reconciled {
             tracing::warn!(harness = %r.harness, run_id = r.run_id, "run left running by an earlier daemon recorded interrupted; its lease is left to lapse");
         }
-        let facts = load::host_facts(
-            &loaded.config_dir,
-            Path::new(journal.jobs_dir()),
-            &opts.host,
-        );
-        let resolved = &loaded.resolved;
-        let config = resolved.config.clone();
         let (tx, rx) = mpsc::unbounded_channel();
-        let metrics = Arc::new(DaemonMetrics::default());
-
-        let mut sources = BTreeMap::new();
-        for (name, q) in &config.queues {
-            let Some(client) = LeaseClient::from_config(resolved, name, opts.transport.clone())
-            else {
-                continue;
-            };
-            sources.insert(
-                format!("queue.{name}"),
-                SourceSlot {
-                    client: Arc::new(client),
-                    initializing: None,
-                    caps: None,
-                    harnesses: Vec::new(),
-                    url: q.endpoint.url.as_str().to_string(),
-                    header_names: q.endpoint.headers.keys().cloned().collect(),
-                },
-            );
-        }
-        let mut cairns = BTreeMap::new();
-        for name in config.cairns.keys() {
-            if let Some(client) = ReceiptClient::from_config(resolved, name, opts.transport.clone())
-            {
-                cairns.insert(format!("cairn.{name}"), Arc::new(client));
-            }
-        }
-
-        let mut slots = BTreeMap::new();
-        for h in config.harnesses.values() {
-            let Some(r) = &h.relay else {
-                tracing::warn!(harness = %h.name, "harness has no lease: relay runs leased harnesses only; it is not started");
-                continue;
-            };
-            let prompt = load::prompt(h.prompt_file.as_deref(), &facts)?;
-            let Some(settings) = relay::harness_settings(resolved, &h.name, &facts, prompt) else {
-                continue;
-            };
-            let first = journal.next_run_id(&h.name).map_err(|e| e.to_string())?;
-            let seed = opts.seed ^ fnv(&h.name);
-            let source = format!("queue.{}", r.lease);
-            if let Some(s) = sources.get_mut(&source) {
-                s.harnesses.push(h.name.clone());
-            }
-            let next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
-            metrics.harness(&h.name);
-            slots.insert(
-                h.name.clone(),
-                Slot {
-                    relay: Relay::new(settings, seed, first),
-                    harness: h.clone(),
-                    source,
-                    next_fire,
-                    agents: BTreeMap::new(),
-                    checks: BTreeMap::new(),
-                    unwritable: BTreeMap::new(),
-                    tasks: BTreeMap::new(),
-                },
-            );
-        }
-
         let (doorbells_stop, _) = watch::channel(false);
         let (records, writer) = record_writer(journal.clone());
         let mut daemon = Daemon {
@@ -251,17 +251,36 @@ impl Daemon {
             records,
             writer,
             daemon_env: opts.daemon_env,
-            config,
-            slots,
-            sources,
-            cairns,
+            config_path: opts.config,
+            host: opts.host,
+            seed: opts.seed,
+            transport: opts.transport,
+            resolved: prepared.resolved.clone(),
+            slots: BTreeMap::new(),
+            last_run_ids: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            next_generation: 1,
+            cairns: BTreeMap::new(),
+            doorbells: BTreeMap::new(),
             background: Vec::new(),
             doorbells_stop,
-            metrics,
+            events: events::EventLog::default(),
+            metrics: Arc::new(DaemonMetrics::default()),
             stopping: false,
         };
-        daemon.start_sessions();
-        daemon.start_doorbells(resolved, opts.transport.clone());
+        for name in prepared.resolved.config.queues.keys() {
+            daemon.add_source(&prepared.resolved, name);
+        }
+        daemon.set_cairns(&prepared.resolved);
+        for (name, settings) in prepared.settings {
+            daemon.add_slot(&name, settings)?;
+            daemon.owe_catch_up(&name, now);
+        }
+        let bound: Vec<String> = daemon.bound_sources();
+        for source in bound {
+            daemon.initialize(&source);
+        }
+        daemon.reconcile_doorbells(&ConfigDiff::default());
         let control = control::serve(&state_dir, DaemonHandle { tx: tx.clone() })
             .map_err(|e| e.to_string())?;
         daemon.background.push(control);
@@ -272,23 +291,132 @@ impl Daemon {
         self.metrics.clone()
     }
 
-    /// One task per lease source: initialize (and re-try with capped backoff until the server
-    /// answers), then tell every bound harness what the server supports.
-    fn start_sessions(&mut self) {
-        let bound: Vec<String> = self
-            .sources
-            .iter()
-            .filter(|(_, s)| !s.harnesses.is_empty())
-            .map(|(n, _)| n.clone())
+    /// A client for `[queue.<name>]`, not yet initialized.
+    fn add_source(&mut self, resolved: &ResolvedConfig, name: &str) {
+        let Some(q) = resolved.config.queues.get(name) else {
+            return;
+        };
+        let Some(client) = LeaseClient::from_config(resolved, name, self.transport.clone()) else {
+            return;
+        };
+        let key = format!("queue.{name}");
+        if let Some(old) = self.sources.get(&key) {
+            old.initializing.iter().for_each(AbortHandle::abort);
+        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.sources.insert(
+            key,
+            SourceSlot {
+                client: Arc::new(client),
+                generation,
+                initializing: None,
+                caps: None,
+                url: q.endpoint.url.as_str().to_string(),
+                header_names: q.endpoint.headers.keys().cloned().collect(),
+            },
+        );
+    }
+
+    fn set_cairns(&mut self, resolved: &ResolvedConfig) {
+        // Receipt clients hold no session: an upload in flight keeps the one it started with.
+        self.cairns = resolved
+            .config
+            .cairns
+            .keys()
+            .filter_map(|name| {
+                let client = ReceiptClient::from_config(resolved, name, self.transport.clone())?;
+                Some((format!("cairn.{name}"), Arc::new(client)))
+            })
             .collect();
-        for source in bound {
-            self.initialize(&source);
+    }
+
+    fn add_slot(&mut self, name: &str, settings: HarnessSettings) -> Result<(), String> {
+        let Some(harness) = self.resolved.config.harnesses.get(name).cloned() else {
+            return Ok(());
+        };
+        let Some(s) = self.sources.get(&settings.lease) else {
+            return Ok(());
+        };
+        let (source, client, generation) = (settings.lease.clone(), s.client.clone(), s.generation);
+        let caps = s.caps.clone();
+        let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
+        let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
+        let now = self.clock.now();
+        self.metrics.harness(name);
+        self.slots.insert(
+            name.to_string(),
+            Slot {
+                relay: Relay::new(settings, self.seed ^ fnv(name), first),
+                next_fire: harness.schedule.as_ref().map(|s| s.next_after(now)),
+                harness,
+                source,
+                client,
+                generation,
+                removed: false,
+                catch_up: None,
+                agents: BTreeMap::new(),
+                checks: BTreeMap::new(),
+                unwritable: BTreeMap::new(),
+                tasks: BTreeMap::new(),
+            },
+        );
+        if let Some(caps) = caps {
+            self.input(name, Input::CapabilitiesKnown(caps));
+        }
+        Ok(())
+    }
+
+    /// SPEC-0014 `catch_up`, at start: a schedule slot passed since the harness's newest run
+    /// is fired once, when its source's session has been checked (a firing before that would
+    /// only be skipped as unsupported).
+    fn owe_catch_up(&mut self, name: &str, now: Millis) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        if !slot.harness.catch_up {
+            return;
+        }
+        let last = match self.journal.records(name, 1) {
+            Ok(records) => records
+                .first()
+                .and_then(|r| relay_core::time::parse_rfc3339(&r.started_at)),
+            Err(e) => {
+                tracing::warn!(harness = name, error = %e, "catch_up: the last run could not be read; nothing is caught up");
+                return;
+            }
+        };
+        slot.catch_up = slot.harness.catch_up_slot(last, now);
+        if let Some(missed) = slot.catch_up {
+            tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed), "a schedule slot was missed while the daemon was down; catch_up fires once");
         }
     }
 
+    /// The sources a harness of the daemon is bound to, or will be after its attempt.
+    fn bound_sources(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .slots
+            .values()
+            .filter(|s| !s.removed)
+            .map(|s| s.relay.settings().lease.clone())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The harnesses whose machines run on `source` (their settings name it).
+    fn harnesses_on(&self, source: &str) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.relay.settings().lease == source)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Initializes the source's session on a task, retrying with capped backoff until the
-    /// server answers; at most one such task per source at a time. At start, and on
-    /// [`Msg::Reinitialize`].
+    /// server answers; at most one such task per source at a time. At start, on
+    /// [`Msg::Reinitialize`], and for a new or changed source on reload.
     fn initialize(&mut self, source: &str) {
         let Some(s) = self.sources.get_mut(source) else {
             return;
@@ -297,6 +425,7 @@ impl Daemon {
             return;
         }
         let client = s.client.clone();
+        let generation = s.generation;
         let tx = self.tx.clone();
         let name = source.to_string();
         let task = tokio::spawn(async move {
@@ -306,6 +435,7 @@ impl Daemon {
                     Ok(caps) => {
                         let _ = tx.send(Msg::Session {
                             source: name,
+                            generation,
                             news: SessionNews::Known(caps),
                         });
                         return;
@@ -321,42 +451,61 @@ impl Daemon {
         s.initializing = Some(task.abort_handle());
     }
 
-    /// One doorbell listener per channel that triggers a started harness.
-    fn start_doorbells(
-        &mut self,
-        resolved: &relay_core::config::ResolvedConfig,
-        transport: Arc<dyn Transport>,
-    ) {
-        for (name, ch) in &self.config.channels.clone() {
-            let rung: Vec<String> = self
-                .slots
-                .values()
-                .filter(|s| s.harness.triggers.iter().any(|t| t == name))
-                .map(|s| s.harness.name.clone())
-                .collect();
-            if rung.is_empty() || !ch.enabled {
+    /// One doorbell listener per enabled channel that triggers a harness of the daemon: stops
+    /// those no longer wanted or changed by the reload, starts the missing ones.
+    fn reconcile_doorbells(&mut self, diff: &ConfigDiff) {
+        let wanted: Vec<String> = self
+            .resolved
+            .config
+            .channels
+            .values()
+            .filter(|ch| ch.enabled)
+            .filter(|ch| {
+                self.slots
+                    .values()
+                    .any(|s| !s.removed && s.harness.triggers.contains(&ch.name))
+            })
+            .map(|ch| ch.name.clone())
+            .collect();
+        let changed = |name: &str| {
+            diff.channels
+                .changed
+                .iter()
+                .any(|c| c == &format!("channel.{name}"))
+        };
+        let stale: Vec<String> = self
+            .doorbells
+            .keys()
+            .filter(|n| !wanted.contains(n) || changed(n))
+            .cloned()
+            .collect();
+        for name in stale {
+            if let Some(tasks) = self.doorbells.remove(&name) {
+                tasks.iter().for_each(AbortHandle::abort);
+            }
+        }
+        for name in wanted {
+            if self.doorbells.contains_key(&name) {
                 continue;
             }
-            let Some(listener) = DoorbellListener::from_config(resolved, name, transport.clone())
+            let Some(listener) =
+                DoorbellListener::from_config(&self.resolved, &name, self.transport.clone())
             else {
                 continue;
             };
             let (ring_tx, mut ring_rx) = mpsc::channel(16);
             let listener = listener.spawn(ring_tx, self.doorbells_stop.subscribe());
-            self.background.push(listener.abort_handle());
             let tx = self.tx.clone();
-            let trigger = format!("channel.{name}");
-            let task = tokio::spawn(async move {
+            let channel = name.clone();
+            let forward = tokio::spawn(async move {
                 while ring_rx.recv().await.is_some() {
-                    for h in &rung {
-                        let _ = tx.send(Msg::Fire {
-                            harness: h.clone(),
-                            trigger: trigger.clone(),
-                        });
-                    }
+                    let _ = tx.send(Msg::Ring {
+                        channel: channel.clone(),
+                    });
                 }
             });
-            self.background.push(task.abort_handle());
+            self.doorbells
+                .insert(name, [listener.abort_handle(), forward.abort_handle()]);
         }
     }
 
@@ -385,6 +534,9 @@ impl Daemon {
             }
         }
         let _ = self.doorbells_stop.send(true);
+        for tasks in self.doorbells.values() {
+            tasks.iter().for_each(AbortHandle::abort);
+        }
         self.background.iter().for_each(AbortHandle::abort);
         for s in self.sources.values() {
             s.initializing.iter().for_each(AbortHandle::abort);
@@ -407,7 +559,7 @@ impl Daemon {
         let fires = self
             .slots
             .values()
-            .filter(|_| !self.stopping)
+            .filter(|s| !self.stopping && !s.removed)
             .filter_map(|s| Some(s.next_fire?.saturating_sub(now.wall)));
         let wait = timers.chain(fires).min()?;
         Some(Duration::from_millis(wait).min(MAX_SLEEP))
@@ -417,7 +569,9 @@ impl Daemon {
         let now = self.clock.reading();
         let names: Vec<String> = self.slots.keys().cloned().collect();
         for name in names {
-            let slot = self.slots.get_mut(&name).expect("slot exists");
+            let Some(slot) = self.slots.get_mut(&name) else {
+                continue;
+            };
             if slot
                 .relay
                 .poll_timeout()
@@ -426,8 +580,11 @@ impl Daemon {
                 slot.relay.handle_timeout(now);
                 self.drain(&name);
             }
-            let slot = self.slots.get_mut(&name).expect("slot exists");
+            let Some(slot) = self.slots.get_mut(&name) else {
+                continue;
+            };
             if !self.stopping
+                && !slot.removed
                 && let Some(at) = slot.next_fire
                 && at <= now.wall
             {
@@ -450,15 +607,60 @@ impl Daemon {
                 }
                 self.input(&harness, input);
             }
-            Msg::Session { source, news } => self.session(&source, news),
-            Msg::Reinitialize { source } => self.initialize(&source),
+            Msg::Session {
+                source,
+                generation,
+                news,
+            } => self.session(&source, generation, news),
+            Msg::Reinitialize { source, generation } => {
+                if self
+                    .sources
+                    .get(&source)
+                    .is_some_and(|s| s.generation == generation)
+                {
+                    self.initialize(&source);
+                }
+            }
             Msg::Fire { harness, trigger } => {
                 if !self.stopping {
                     self.fire(&harness, &trigger);
                 }
             }
+            Msg::Ring { channel } => {
+                if self.stopping {
+                    return;
+                }
+                let rung: Vec<String> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| !s.removed && s.harness.triggers.contains(&channel))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for h in rung {
+                    self.fire(&h, &format!("channel.{channel}"));
+                }
+            }
             Msg::Control { request, reply } => self.control(request, reply),
-
+            Msg::Events { follow, reply } => {
+                let _ = reply.send(self.events.feed(follow));
+            }
+            Msg::Reload { reply } => self.reload(reply),
+            Msg::Reloaded { prepared, reply } => match *prepared {
+                Ok(prepared) => {
+                    let answer = self.apply_reload(prepared);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(answer);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(config = %self.config_path.display(), error = %e, "reload refused: the config did not load, nothing changed");
+                    if let Some(reply) = reply {
+                        let _ = reply.send(control::error(format!(
+                            "the config did not load, nothing changed:\n{e}"
+                        )));
+                    }
+                }
+            },
             Msg::Stop => {
                 self.stopping = true;
                 let names: Vec<String> = self.slots.keys().cloned().collect();
@@ -474,10 +676,13 @@ impl Daemon {
         }
     }
 
-    fn session(&mut self, source: &str, news: SessionNews) {
+    fn session(&mut self, source: &str, generation: u64, news: SessionNews) {
         let Some(s) = self.sources.get_mut(source) else {
             return;
         };
+        if s.generation != generation {
+            return; // a client a reload replaced
+        }
         let input = match news {
             // The client has logged the one ERROR of an unsupported initialize (REQ-19).
             SessionNews::Known(caps) => {
@@ -489,14 +694,166 @@ impl Daemon {
                 Input::SessionExpired
             }
         };
-        for h in s.harnesses.clone() {
+        let known = matches!(input, Input::CapabilitiesKnown(_));
+        for h in self.harnesses_on(source) {
             self.input(&h, input.clone());
+            if known
+                && !self.stopping
+                && let Some(slot) = self.slots.get_mut(&h)
+                && !slot.removed
+                && slot.catch_up.take().is_some()
+            {
+                self.fire(&h, CATCH_UP);
+            }
         }
+    }
+
+    /// Starts loading the config again, off the actor.
+    fn reload(&mut self, reply: Option<oneshot::Sender<Value>>) {
+        if self.stopping {
+            if let Some(reply) = reply {
+                let _ = reply.send(control::error("the daemon is stopping".into()));
+            }
+            return;
+        }
+        let (file, jobs, host) = (
+            self.config_path.clone(),
+            PathBuf::from(self.journal.jobs_dir()),
+            self.host.clone(),
+        );
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let prepared = tokio::task::spawn_blocking(move || load::prepare(&file, &jobs, &host))
+                .await
+                .unwrap_or_else(|e| Err(format!("the config loader failed: {e}")));
+            let _ = tx.send(Msg::Reloaded {
+                prepared: Box::new(prepared),
+                reply,
+            });
+        });
+    }
+
+    /// Applies a loaded config (see the module doc) and answers what changed.
+    fn apply_reload(&mut self, prepared: load::Prepared) -> Value {
+        if self.stopping {
+            return control::error("the daemon is stopping".into());
+        }
+        let diff = relay_core::config::diff(&self.resolved, &prepared.resolved);
+        let new = prepared.resolved;
+        // Sources first, so that harnesses bind to what the new config names.
+        for source in &diff.queues.removed {
+            if let Some(s) = self.sources.remove(source) {
+                s.initializing.iter().for_each(AbortHandle::abort);
+            }
+        }
+        for source in diff.queues.added.iter().chain(&diff.new_sessions) {
+            let name = source.trim_start_matches("queue.");
+            self.add_source(&new, name);
+            if diff.new_sessions.contains(source) {
+                for h in self.harnesses_on(source) {
+                    self.input(&h, Input::SessionExpired);
+                }
+            }
+        }
+        for source in &diff.queues.changed {
+            if let (Some(s), Some(q)) = (
+                self.sources.get_mut(source),
+                new.config.queues.get(source.trim_start_matches("queue.")),
+            ) {
+                s.header_names = q.endpoint.headers.keys().cloned().collect();
+            }
+        }
+        self.set_cairns(&new);
+        self.resolved = new;
+
+        let mut aborted = Vec::new();
+        let mut reconfigured = Vec::new();
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in &names {
+            let slot = self.slots.get_mut(name).expect("slot exists");
+            let lease = slot.relay.settings().lease.clone();
+            let settings = prepared.settings.get(name).cloned();
+            if settings.is_none() || diff.aborts(name, &lease) {
+                let run = slot
+                    .relay
+                    .describe(self.clock.reading())
+                    .attempt
+                    .map(|a| a.run_id);
+                if let Some(run_id) = run.filter(|_| slot.relay.stop_would_abort()) {
+                    aborted.push(json!({"harness": name, "run_id": run_id}));
+                }
+                self.input(
+                    name,
+                    Input::StopRequested {
+                        reason: StopReason::HarnessRemoved,
+                    },
+                );
+            }
+            let Some(slot) = self.slots.get_mut(name) else {
+                continue;
+            };
+            match settings {
+                None => slot.removed = true,
+                Some(settings) => {
+                    slot.removed = false;
+                    let applies = slot.relay.reconfigure(settings);
+                    if applies != Reconfigured::Unchanged {
+                        let mut entry = serde_json::to_value(applies).unwrap_or_default();
+                        entry["harness"] = json!(name);
+                        reconfigured.push(entry);
+                    }
+                    if let Some(h) = self.resolved.config.harnesses.get(name) {
+                        if h.schedule != slot.harness.schedule {
+                            let now = self.clock.now();
+                            slot.next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
+                        }
+                        slot.harness = h.clone();
+                    }
+                }
+            }
+            self.settle(name);
+        }
+        let mut added = Vec::new();
+        for (name, settings) in prepared.settings {
+            if self.slots.contains_key(&name) {
+                continue;
+            }
+            match self.add_slot(&name, settings) {
+                Ok(()) => added.push(name),
+                Err(e) => {
+                    tracing::error!(harness = %name, error = %e, "the added harness did not start")
+                }
+            }
+        }
+        for source in self.bound_sources() {
+            if self.sources.get(&source).is_some_and(|s| s.caps.is_none()) {
+                self.initialize(&source);
+            }
+        }
+        self.reconcile_doorbells(&diff);
+        tracing::info!(
+            config = %self.config_path.display(),
+            added = ?diff.harnesses.added,
+            removed = ?diff.harnesses.removed,
+            changed = ?diff.harnesses.changed,
+            sources = ?diff.queues,
+            new_sessions = ?diff.new_sessions,
+            "config reloaded"
+        );
+        json!({
+            "ok": true,
+            "config": self.config_path.display().to_string(),
+            "dropins": prepared.dropins,
+            "diff": diff,
+            "started": added,
+            "aborted": aborted,
+            "reconfigured": reconfigured,
+        })
     }
 
     fn fire(&mut self, harness: &str, trigger: &str) {
         let now = self.clock.now();
-        let Some(slot) = self.slots.get(harness) else {
+        let Some(slot) = self.slots.get(harness).filter(|s| !s.removed) else {
             tracing::warn!(harness, "fired a harness that is not running; ignored");
             return;
         };
@@ -532,9 +889,41 @@ impl Daemon {
                 return;
             };
             let Some(cmd) = slot.relay.poll_command() else {
-                return;
+                break;
             };
             self.execute(harness, cmd);
+        }
+        self.settle(harness);
+    }
+
+    /// Between attempts: a removed harness's slot goes, and a harness whose settings name
+    /// another source, or whose source got a new client, is bound to it.
+    fn settle(&mut self, harness: &str) {
+        let Some(slot) = self.slots.get_mut(harness) else {
+            return;
+        };
+        if slot.relay.in_flight() {
+            return;
+        }
+        if slot.removed {
+            self.slots.remove(harness);
+            tracing::info!(harness, "harness removed by a reload has stopped");
+            return;
+        }
+        let want = slot.relay.settings().lease.clone();
+        let Some(s) = self.sources.get(&want) else {
+            return;
+        };
+        if slot.source == want && slot.generation == s.generation {
+            return;
+        }
+        let moved = slot.source != want;
+        slot.source = want;
+        slot.client = s.client.clone();
+        slot.generation = s.generation;
+        // A machine moved to another source is unverified: tell it what that source answered.
+        if moved && let Some(caps) = s.caps.clone() {
+            self.input(harness, Input::CapabilitiesKnown(caps));
         }
     }
 
@@ -631,6 +1020,8 @@ impl Daemon {
                 self.track(harness, run_id, task.abort_handle());
             }
             Command::WriteRunRecord { record } => {
+                let last = self.last_run_ids.entry(harness.to_string()).or_default();
+                *last = (*last).max(record.run_id);
                 let closed = record.outcome != RunOutcome::Running;
                 if closed {
                     self.metrics.run_closed(&record);
@@ -648,8 +1039,9 @@ impl Daemon {
                 }
             }
             Command::Emit { event } => {
-                let fields = serde_json::to_string(&event).unwrap_or_default();
-                tracing::info!(target: "relay::event", harness, event = %fields, "relay event");
+                let now = self.clock.now();
+                let line = self.events.push(&event, now);
+                tracing::info!(target: "relay::event", harness, event = %line, "relay event");
             }
             Command::WarnRunLog { run_id, text } => {
                 let log = self.run_log(harness, run_id);
@@ -667,11 +1059,10 @@ impl Daemon {
     /// A lease call on a task of its own; its session news, then its answer, come back.
     fn lease_call(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
-        let source = self.slot(harness).source.clone();
-        let Some(s) = self.sources.get(&source) else {
-            return;
-        };
-        let client = s.client.clone();
+        // The client the attempt claimed with, even when a reload has replaced it since.
+        let slot = self.slot(harness);
+        let (source, client, generation) =
+            (slot.source.clone(), slot.client.clone(), slot.generation);
         let tx = self.tx.clone();
         let h = harness.to_string();
         let task = tokio::spawn(async move {
@@ -683,12 +1074,14 @@ impl Daemon {
             for news in outcome.session {
                 let _ = tx.send(Msg::Session {
                     source: source.clone(),
+                    generation,
                     news,
                 });
             }
             if expired {
                 let _ = tx.send(Msg::Reinitialize {
                     source: source.clone(),
+                    generation,
                 });
             }
             let _ = tx.send(Msg::ToHarness {
@@ -736,17 +1129,50 @@ impl Daemon {
     }
 
     fn control(&mut self, request: control::Request, reply: oneshot::Sender<Value>) {
+        let unknown = |h: &str| {
+            control::error(format!(
+                "no leased harness named {h:?} runs in this daemon; see `relay describe` for the names"
+            ))
+        };
         match request {
             control::Request::Trigger { harness } => {
-                if !self.slots.contains_key(&harness) {
-                    let _ = reply.send(control::error(format!(
-                        "no leased harness named {harness:?} runs in this daemon; see `relay describe` for the names"
-                    )));
+                if self.slots.get(&harness).is_none_or(|s| s.removed) {
+                    let _ = reply.send(unknown(&harness));
                     return;
                 }
                 self.fire(&harness, "manual");
                 let _ = reply.send(json!({"ok": true, "harness": harness}));
             }
+            control::Request::Stop { harness } => {
+                let Some(slot) = self.slots.get(&harness) else {
+                    let _ = reply.send(unknown(&harness));
+                    return;
+                };
+                let Some(attempt) = slot.relay.describe(self.clock.reading()).attempt else {
+                    let _ = reply.send(json!({"ok": true, "harness": harness, "stopped": false}));
+                    return;
+                };
+                let stops = slot.relay.stop_would_abort();
+                let answer = json!({
+                    "ok": true,
+                    "harness": harness,
+                    "stopped": stops,
+                    "run_id": attempt.run_id,
+                    "todo_id": attempt.todo_id,
+                    "phase": attempt.phase,
+                });
+                if stops {
+                    tracing::info!(harness = %harness, run_id = attempt.run_id, "operator stop");
+                    self.input(
+                        &harness,
+                        Input::StopRequested {
+                            reason: StopReason::OperatorStop,
+                        },
+                    );
+                }
+                let _ = reply.send(answer);
+            }
+            control::Request::Reload => self.reload(Some(reply)),
             control::Request::Describe { harness } => {
                 let names: Vec<&String> = match &harness {
                     Some(h) => self.slots.keys().filter(|k| *k == h).collect(),
@@ -755,28 +1181,33 @@ impl Daemon {
                 if let Some(h) = &harness
                     && names.is_empty()
                 {
-                    let _ = reply.send(control::error(format!(
-                        "no leased harness named {h:?} runs in this daemon"
-                    )));
+                    let _ = reply.send(unknown(h));
                     return;
                 }
                 let harnesses: Vec<Value> = names
                     .into_iter()
                     .map(|name| {
                         let slot = &self.slots[name];
-                        let source = &self.sources[&slot.source];
+                        let source = self
+                            .sources
+                            .get(&slot.source)
+                            .filter(|s| s.generation == slot.generation);
+                        let session = match source.map(|s| &s.caps) {
+                            // The attempt in flight holds a client a reload replaced or removed.
+                            None => "replaced",
+                            Some(None) => "unverified",
+                            Some(Some(c)) if c.supported() => "supported",
+                            Some(Some(_)) => "unsupported",
+                        };
                         json!({
                             "relay": slot.relay.describe(self.clock.reading()),
                             "source": {
                                 "name": slot.source,
-                                "url": source.url,
-                                "header_names": source.header_names,
-                                "session": match &source.caps {
-                                    None => "unverified",
-                                    Some(c) if c.supported() => "supported",
-                                    Some(_) => "unsupported",
-                                },
+                                "url": source.map(|s| s.url.clone()),
+                                "header_names": source.map(|s| s.header_names.clone()),
+                                "session": session,
                             },
+                            "removed": slot.removed,
                             "schedule": slot.next_fire.map(relay_core::time::rfc3339),
                             "triggers": slot.harness.triggers,
                         })
@@ -785,26 +1216,20 @@ impl Daemon {
                 let _ = reply.send(json!({"ok": true, "harnesses": harnesses}));
             }
             control::Request::Doctor => {
-                let mut rows: Vec<relay::doctor::Row> = relay::doctor::binding_rows(&self.config);
-                let clients: Vec<(String, Arc<LeaseClient>)> = self
-                    .sources
-                    .iter()
-                    .filter(|(_, s)| !s.harnesses.is_empty())
-                    .map(|(n, s)| (n.clone(), s.client.clone()))
-                    .collect();
+                let config = self.resolved.config.clone();
+                let clients: Vec<(String, Arc<LeaseClient>)> =
+                    relay::doctor::bound_sources(&config)
+                        .into_iter()
+                        .filter_map(|n| Some((n.clone(), self.sources.get(&n)?.client.clone())))
+                        .collect();
                 tokio::spawn(async move {
-                    for (name, client) in clients {
-                        let rows_for = match client.tools_list().await {
-                            Ok(list) => relay::doctor::source_rows(
-                                &name,
-                                Ok(&relay::check_capabilities(&list.tools)),
-                            ),
-                            Err(e) => relay::doctor::source_rows(&name, Err(&e.to_string())),
-                        };
-                        rows.extend(rows_for);
-                    }
+                    let rows = doctor::rows(&config, clients).await;
                     let _ = reply.send(json!({"ok": true, "rows": rows}));
                 });
+            }
+            // The socket task asks with `Msg::Events`; a request that gets here is answered.
+            control::Request::Events { .. } => {
+                let _ = reply.send(control::error("events are streamed, not answered".into()));
             }
         }
     }
