@@ -449,6 +449,13 @@ fn a_claim_answer_without_a_needed_field_is_claim_failed_and_the_log_names_it() 
             .then_some(log)
     });
     assert!(!log.contains("standin-lease-"), "the log holds a token");
+    // The run's own log says it too.
+    let run_log = s
+        .daemon
+        .state
+        .join(format!("jobs/w1/{}.log", run["run_id"]));
+    let text = wait_for("the run log's warning", BOUND, || line_in(&run_log));
+    assert!(text.contains("todo.attempt"), "{text}");
     // Nothing spawned, nothing sent for the claim: its lease lapses on the server.
     assert!(!s.out.join("ran.td_odd").exists());
     for verb in ["heartbeat", "complete", "fail", "release"] {
