@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the real-MCP-client tests need (tests/mcp_clients.rs runs them under cargo test):
+# Installs what the real-MCP-client tests need (tests/mcp_clients.rs runs them under cargo test,
+# and tests/contract.rs runs the stand-in queue server tests/standin/server.py on the same SDK):
 #   1. tests/python: the official Python MCP SDK and pytest (pinned in requirements.txt);
 #   2. tests/conformance: the official MCP conformance suite (pinned in package-lock.json).
 # With --run, it also builds `relay` and runs both scripts directly (handy when working on them).

@@ -5,25 +5,10 @@
 //! (`.ci/mcp.sh --install` does both). Without them these tests say so and pass, unless
 //! `RELAY_REQUIRE_MCP_CLIENTS=1` (CI sets it), which makes a missing tool a failure.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Whether the tool is there; a missing one fails the test only when CI requires it.
-fn available(what: &str, present: bool, install: &str) -> bool {
-    if present {
-        return true;
-    }
-    assert!(
-        std::env::var("RELAY_REQUIRE_MCP_CLIENTS").as_deref() != Ok("1"),
-        "{what} is not installed and RELAY_REQUIRE_MCP_CLIENTS=1: run {install}"
-    );
-    eprintln!("SKIPPED: {what} is not installed; run {install} to include this test");
-    false
-}
+mod common;
+use common::{available, repo};
 
 fn run(script: &str) {
     let out = Command::new("bash")

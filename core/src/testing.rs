@@ -655,11 +655,12 @@ pub mod relay {
     use crate::error::ErrorCode;
     use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
     use crate::relay::{
-        Capabilities, ClaimedTodo, Command, ContractError, Describe, ExitStatus, HarnessSettings,
-        Input, LeaseError, LeaseToken, OnOverlap, PriorAttempt, Relay, ReportVerb, RequestId,
-        RunOutcome, RunRecord, StopReason, SuccessCheck,
+        Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
+        HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, ReportVerb, RequestId,
+        RunOutcome, RunRecord, StopReason, SuccessCheck, decode_claim,
     };
     use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
+    use crate::wire::ClaimOut;
 
     /// 2026-09-22T12:00:00Z, where every scripted test starts.
     pub fn t0() -> Millis {
@@ -718,12 +719,10 @@ pub mod relay {
             max_attempts: max,
             attempt_seq: u64::from(attempt),
             lease_token: token.map(LeaseToken::new),
-            claimed_at: "2026-09-22T12:00:00Z".into(),
             todo: json!({
                 "id": todo_id, "queue": "ci-failures", "title": "CI red on main",
                 "kind": "check_suite", "source": "gitea", "payload": {"sha": "abc123"},
-                "work_order": null, "created_at": "2026-09-22T11:58:00Z", "state": "claimed",
-                "attempt": attempt, "max_attempts": max,
+                "work_order": null, "created_at": "2026-09-22T11:58:00Z",
             }),
             prior_attempts: Vec::new(),
         }
@@ -1092,38 +1091,18 @@ pub mod relay {
                             request: *request,
                             error: Self::error(e),
                         },
-                        Ok(Some(c)) => Input::ClaimAnswered {
-                            request: *request,
-                            claim: ClaimedTodo {
-                                todo_id: c.todo.id.clone(),
-                                attempt: c.todo.attempt,
-                                max_attempts: c.todo.max_attempts,
-                                attempt_seq: u64::from(c.attempt_seq),
-                                lease_token: Some(LeaseToken::new(token)),
-                                claimed_at: rfc3339(c.todo.claimed_at.unwrap_or(now)),
-                                todo: json!({
-                                    "id": c.todo.id, "queue": c.todo.queue, "title": c.todo.title,
-                                    "kind": c.todo.kind, "source": c.todo.source,
-                                    "payload": c.todo.payload, "work_order": c.todo.work_order,
-                                    "created_at": rfc3339(c.todo.created_at),
-                                }),
-                                prior_attempts: c
-                                    .prior_attempts
-                                    .iter()
-                                    .map(|a| PriorAttempt {
-                                        seq: u64::from(a.seq),
-                                        number: a.attempt,
-                                        outcome: a.outcome.map(|o| o.as_str().to_string()),
-                                        died: a.died(),
-                                        claimant: a.claimant.clone(),
-                                        claimed_at: Some(rfc3339(a.claimed_at)),
-                                        ended_at: a.ended_at.map(rfc3339),
-                                        summary: a.summary.clone(),
-                                        artifact: a.artifact.clone(),
-                                    })
-                                    .collect(),
-                            },
-                        },
+                        // Through the wire answer and the daemon's own decoder.
+                        Ok(Some(c)) => {
+                            let out = ClaimOut::claimed(&c, Some(LeaseToken::new(token)));
+                            let answer = serde_json::to_value(&out).unwrap_or_default();
+                            match decode_claim(&answer) {
+                                Ok(ClaimAnswer::Claimed(claim)) => Input::ClaimAnswered {
+                                    request: *request,
+                                    claim,
+                                },
+                                other => panic!("our own claim answer did not decode: {other:?}"),
+                            }
+                        }
                     }
                 }
                 Command::SendHeartbeat {
@@ -1626,7 +1605,7 @@ pub mod relay {
                         Capabilities {
                             missing: vec!["claim_next.require_fence".into()],
                             release_advertised: *release,
-                            missing_verbs: Vec::new(),
+                            ..Capabilities::default()
                         }
                     };
                     self.feed(Input::CapabilitiesKnown(caps))?;

@@ -1,10 +1,11 @@
 //! The daemon's own costs, on loopback against a real server (SQLite):
 //!
-//! 1. claim → spawn latency: from the server's claim instant (the attempt's `claimed_at`) to
-//!    the first instruction of the agent (it writes its clock), p50 / p99, for one harness fired
-//!    by hand (nothing else going on) and for twenty harnesses whose schedule fires them in the
-//!    same instant (the claims queue at the store); against a baseline measured in the same
-//!    run: starting the same program from tokio directly (spawn → first instruction).
+//! 1. claim → spawn latency: from the claim answer's arrival at the daemon (the context file's
+//!    `attempt.claimed_at`; the contract's claim answer carries no time) to the first
+//!    instruction of the agent (it writes its clock), p50 / p99, for one harness fired by hand
+//!    (nothing else going on) and for twenty harnesses whose schedule fires them in the same
+//!    instant (the claims queue at the store); against a baseline measured in the same run:
+//!    starting the same program from tokio directly (spawn → first instruction).
 //! 2. Memory: the process's resident set before and after a daemon with 100 leased harnesses
 //!    has started and verified its lease source, idle.
 //!

@@ -12,9 +12,9 @@ use relay_core::ledger::{
     TokenHash, transition,
 };
 use relay_core::relay::{
-    Capabilities, ClaimedTodo, Command, ExitStatus, HarnessSettings, Input, LeaseError, LeaseToken,
-    OnOverlap, Relay, RelayOutcome, ReportVerb, RequestId, RunOutcome, RunRecord, Signal,
-    SuccessCheck, reconcile_interrupted,
+    Capabilities, ClaimAnswer, ClaimedTodo, Command, ExitStatus, HarnessSettings, Input,
+    LeaseError, LeaseToken, OnOverlap, Relay, RelayOutcome, ReportVerb, RequestId, RunOutcome,
+    RunRecord, Signal, SuccessCheck, decode_claim, reconcile_interrupted,
 };
 use relay_core::time::{HOUR, MINUTE, Millis, Now, SECOND};
 use relay_core::wire::ClaimOut;
@@ -1387,9 +1387,11 @@ impl World {
                             self.count("takeover");
                         }
                         let out = ClaimOut::claimed(&c, token.map(LeaseToken::new));
-                        match ClaimedTodo::from_wire(&out) {
-                            Some(ct) => Ok(Answer::Claimed(Box::new(ct))),
-                            None => {
+                        // The daemon's own decoder reads the answer as JSON, as off the wire.
+                        let answer = serde_json::to_value(&out).unwrap_or_default();
+                        match decode_claim(&answer) {
+                            Ok(ClaimAnswer::Claimed(ct)) => Ok(Answer::Claimed(Box::new(ct))),
+                            Ok(ClaimAnswer::Empty) | Err(_) => {
                                 self.violate(
                                     Kind::Correctness,
                                     "wire",

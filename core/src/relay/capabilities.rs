@@ -3,8 +3,12 @@
 //! properties, so what they declare is exactly what the server accepts. Doctor (REQ-21) uses
 //! the same answer.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::contract::ARGUMENTS;
 
 /// The drain verbs relay needs, with the arguments each must declare.
 const REQUIRED: [(&str, &[&str]); 4] = [
@@ -26,6 +30,10 @@ pub struct Capabilities {
     pub release_advertised: bool,
     /// The required verbs that are absent altogether (doctor names them).
     pub missing_verbs: Vec<String>,
+    /// The arguments each advertised drain verb declares (its inputSchema's properties), so
+    /// that an extension argument is sent only where it is declared.
+    #[serde(default)]
+    pub declared: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Capabilities {
@@ -33,13 +41,29 @@ impl Capabilities {
         self.missing.is_empty()
     }
 
-    /// What a server with the full SPEC-0034 surface answers (tests and drivers use it).
+    /// What a server with exactly the contract's SPEC-0034 surface answers (tests and drivers
+    /// use it).
     pub fn full(release_advertised: bool) -> Capabilities {
         Capabilities {
             missing: Vec::new(),
             release_advertised,
             missing_verbs: Vec::new(),
+            declared: ARGUMENTS
+                .iter()
+                .filter(|(verb, _)| release_advertised || *verb != "release")
+                .map(|(verb, args)| {
+                    let args = args.iter().map(|a| a.to_string()).collect();
+                    (verb.to_string(), args)
+                })
+                .collect(),
         }
+    }
+
+    /// Whether the server's schema for `verb` declares the argument `arg`.
+    pub fn declares(&self, verb: &str, arg: &str) -> bool {
+        self.declared
+            .get(verb)
+            .is_some_and(|args| args.contains(arg))
     }
 }
 
@@ -85,6 +109,12 @@ pub fn check_capabilities(tools_list: &Value) -> Capabilities {
         }
     }
     caps.release_advertised = check(RELEASE.0, RELEASE.1, &mut caps);
+    for (verb, _) in ARGUMENTS {
+        if let Some(props) = declared(verb) {
+            let props = props.into_iter().map(str::to_string).collect();
+            caps.declared.insert(verb.to_string(), props);
+        }
+    }
     caps
 }
 
@@ -113,5 +143,22 @@ mod tests {
         let caps = check_capabilities(&list);
         assert!(!caps.supported());
         assert_eq!(caps.missing, ["release.lease_token"]);
+    }
+
+    #[test]
+    fn the_declared_arguments_are_kept_per_verb() {
+        let mut list = spec_0034_tools();
+        list["tools"][3]["inputSchema"]["properties"]["retryable"] = serde_json::json!({});
+        assert_eq!(list["tools"][3]["name"], "fail");
+        let caps = check_capabilities(&list);
+        assert!(caps.supported());
+        assert!(caps.declares("fail", "retryable"));
+        assert!(caps.declares("fail", "lease_token"));
+        assert!(!caps.declares("complete", "retryable"));
+        assert!(
+            !caps.declares("get_todo", "id"),
+            "only the drain verbs are kept"
+        );
+        assert!(!Capabilities::full(false).declares("release", "id"));
     }
 }

@@ -29,8 +29,9 @@ pub fn run_files(jobs_dir: &str, harness: &str, run_id: u64) -> RunFiles {
     }
 }
 
-/// The todo fields the context file carries; anything else the server sent stays out.
-const TODO_FIELDS: [&str; 8] = [
+/// The todo fields the context file carries (the contract's, less the attempt counts); anything
+/// else the server sent stays out.
+pub(crate) const TODO_FIELDS: [&str; 8] = [
     "id",
     "queue",
     "title",
@@ -49,8 +50,14 @@ pub const UNTRUSTED: [&str; 4] = [
     "prior_attempts[].summary",
 ];
 
-/// The context file's JSON.
-pub fn context_file(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &str) -> Value {
+/// The context file's JSON. `claimed_at` is the daemon's time of the claim answer (the
+/// contract's claim answer has no such field).
+pub fn context_file(
+    claim: &ClaimedTodo,
+    claimed_at: &str,
+    lease_ttl_seconds: u64,
+    summary_file: &str,
+) -> Value {
     let todo: serde_json::Map<String, Value> = TODO_FIELDS
         .iter()
         .map(|f| {
@@ -69,7 +76,7 @@ pub fn context_file(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &
             "seq": claim.attempt_seq,
             "number": claim.attempt,
             "max": claim.max_attempts,
-            "claimed_at": claim.claimed_at,
+            "claimed_at": claimed_at,
             "lease_ttl_seconds": lease_ttl_seconds,
         },
         "prior_attempts": prior,
@@ -81,12 +88,12 @@ pub fn context_file(claim: &ClaimedTodo, lease_ttl_seconds: u64, summary_file: &
 /// The context file's bytes as written.
 pub fn context_file_bytes(
     claim: &ClaimedTodo,
+    claimed_at: &str,
     lease_ttl_seconds: u64,
     summary_file: &str,
 ) -> Vec<u8> {
-    let mut bytes =
-        serde_json::to_vec_pretty(&context_file(claim, lease_ttl_seconds, summary_file))
-            .unwrap_or_default();
+    let file = context_file(claim, claimed_at, lease_ttl_seconds, summary_file);
+    let mut bytes = serde_json::to_vec_pretty(&file).unwrap_or_default();
     bytes.push(b'\n');
     bytes
 }

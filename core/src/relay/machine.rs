@@ -147,6 +147,8 @@ impl Phase {
 #[derive(Debug)]
 struct Lease {
     claim: ClaimedTodo,
+    /// When the claim was answered, for the context file (the claim answer carries no time).
+    claimed_at: String,
     token: LeaseToken,
     deadline: Millis,
     next_heartbeat: Millis,
@@ -560,6 +562,7 @@ impl Relay {
             disputed: false,
             token,
             claim,
+            claimed_at: rfc3339(now),
         });
         let event = Event::RelayClaimed {
             harness: s.harness.clone(),
@@ -609,6 +612,16 @@ impl Relay {
             Some(error) => {
                 a.record.skipped_reason = Some(SkippedReason::ClaimFailed);
                 a.record.claim_error = Some(error.code().to_string());
+                if let LeaseError::Malformed(e) = &error {
+                    let run_id = a.run_id;
+                    self.warn(
+                        run_id,
+                        format!(
+                            "{e}; refusing the claim: nothing is spawned and the lease will lapse. \
+                         The queue server does not answer what the relay contract requires"
+                        ),
+                    );
+                }
             }
         }
         self.close(now);
@@ -1125,7 +1138,12 @@ impl Relay {
             return;
         };
         let files = run_files(&s.jobs_dir, &s.harness, a.run_id);
-        let bytes = context_file_bytes(&lease.claim, s.lease_ttl_seconds(), &files.summary_file);
+        let bytes = context_file_bytes(
+            &lease.claim,
+            &lease.claimed_at,
+            s.lease_ttl_seconds(),
+            &files.summary_file,
+        );
         self.commands.push_back(Command::WriteContextFile {
             run_id: a.run_id,
             path: files.context_file,

@@ -72,6 +72,7 @@
 
 mod capabilities;
 mod context;
+pub mod contract;
 pub mod doctor;
 mod machine;
 mod record;
@@ -86,6 +87,10 @@ mod tests;
 pub use capabilities::{Capabilities, check_capabilities};
 pub use context::{
     RunFiles, UNTRUSTED, claimant, context_file, context_file_bytes, relay_env, run_files,
+};
+pub use contract::{
+    AnswerError, ClaimAnswer, LeaseCall, answer_input, decode_claim, decode_report, failed_input,
+    lease_call,
 };
 pub use machine::{
     AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Reconfigured, Relay,

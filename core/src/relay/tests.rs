@@ -293,6 +293,43 @@ fn endpoint_lacks_the_verb() {
 }
 
 #[test]
+fn a_claim_answer_without_a_needed_field_is_refused_and_named() {
+    let mut d = Driver::new(settings());
+    d.fire();
+    let error = AnswerError {
+        verb: "claim_next",
+        field: "todo.attempt",
+        problem: contract::Problem::Missing,
+    };
+    let cmds = d.input(Input::ClaimFailed {
+        request: RequestId(1),
+        error: LeaseError::Malformed(Box::new(error)),
+    });
+    let record = &records(&cmds)[0];
+    assert_eq!(record.outcome, RunOutcome::Skipped);
+    assert_eq!(record.skipped_reason, Some(SkippedReason::ClaimFailed));
+    assert_eq!(record.claim_error.as_deref(), Some("malformed_answer"));
+    let warning = cmds.iter().find_map(|c| match c {
+        Command::WarnRunLog { text, .. } => Some(text.clone()),
+        _ => None,
+    });
+    let warning = warning.unwrap_or_else(|| panic!("no run-log warning in {cmds:#?}"));
+    assert!(warning.contains("todo.attempt"), "{warning}");
+    assert!(warning.contains("the lease will lapse"), "{warning}");
+    assert_eq!(
+        d.advance(10 * MINUTE),
+        [],
+        "nothing is sent: the lease lapses"
+    );
+    assert!(
+        !d.commands()
+            .iter()
+            .any(|c| is_spawn(c) || is_heartbeat(c) || is_report(c))
+    );
+    assert!(!d.relay.in_flight());
+}
+
+#[test]
 fn a_claim_without_a_fence_is_refused() {
     let mut d = Driver::new(settings());
     let cmds = d.claim(claimed("td_1", 1, 5, None));
@@ -323,10 +360,10 @@ fn second_attempt_sees_the_first() {
     let mut claim = claimed("td_1", 2, 5, Some(TOKEN));
     claim.attempt_seq = 2;
     claim.prior_attempts = vec![PriorAttempt {
-        seq: 1,
-        number: 1,
+        seq: Some(1),
+        number: Some(1),
         outcome: Some("failed".into()),
-        died: false,
+        died: Some(false),
         claimant: Some("harness/buildbox/fixer/run-1".into()),
         claimed_at: Some("2026-09-22T11:00:00Z".into()),
         ended_at: Some("2026-09-22T11:20:00Z".into()),

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::capabilities::Capabilities;
+use super::contract::AnswerError;
 use super::record::{Event, RunRecord};
 use super::redact::Redactor;
 use crate::error::ErrorCode;
@@ -124,6 +125,9 @@ pub enum LeaseError {
     Transport,
     /// An error code this version does not know; kept verbatim for the record.
     Other(String),
+    /// The server accepted the call but its answer lacks a field the daemon needs (or has it
+    /// in a form the daemon cannot use): code `malformed_answer`.
+    Malformed(Box<AnswerError>),
 }
 
 impl LeaseError {
@@ -132,6 +136,7 @@ impl LeaseError {
             LeaseError::Code(c) => c.as_str(),
             LeaseError::Transport => "transport",
             LeaseError::Other(code) => code,
+            LeaseError::Malformed(_) => "malformed_answer",
         }
     }
 
@@ -144,13 +149,16 @@ impl LeaseError {
     }
 }
 
-/// One earlier attempt, as the claim answer lists it.
+/// One earlier attempt, as the claim answer lists it (newest first). Each field is what the
+/// server said, or `None` when it said nothing usable: these are shown to the agent, never
+/// relied on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriorAttempt {
-    pub seq: u64,
-    pub number: u32,
+    pub seq: Option<u64>,
+    /// The attempt's number (the server's `attempt`).
+    pub number: Option<u32>,
     pub outcome: Option<String>,
-    pub died: bool,
+    pub died: Option<bool>,
     pub claimant: Option<String>,
     pub claimed_at: Option<String>,
     pub ended_at: Option<String>,
@@ -158,7 +166,7 @@ pub struct PriorAttempt {
     pub artifact: Option<String>,
 }
 
-/// A successful `claim_next` answer, converted by the driver from the wire.
+/// A successful `claim_next` answer, as [`super::decode_claim`] reads it from the wire.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimedTodo {
     pub todo_id: String,
@@ -168,45 +176,12 @@ pub struct ClaimedTodo {
     pub attempt_seq: u64,
     /// `None` when the server ignored `require_fence`: the claim is then refused (`no_fence`).
     pub lease_token: Option<LeaseToken>,
-    pub claimed_at: String,
-    /// The todo as the server returned it; the context file copies only the REQ-6 fields.
+    /// The contract's todo fields (`id`, `queue`, `title`, `kind`, `source`, `payload`,
+    /// `work_order`, `created_at`), `null` where the server sent none; the context file copies
+    /// them.
     pub todo: Value,
     /// Newest first.
     pub prior_attempts: Vec<PriorAttempt>,
-}
-
-impl ClaimedTodo {
-    /// A `claim_next` answer as the lease client decodes it from the wire; `None` when the
-    /// answer is empty or lacks the todo or the attempt's seq.
-    pub fn from_wire(out: &crate::wire::ClaimOut) -> Option<ClaimedTodo> {
-        let todo = out.todo.as_ref()?;
-        Some(ClaimedTodo {
-            todo_id: todo.id.clone(),
-            attempt: todo.attempt,
-            max_attempts: todo.max_attempts,
-            attempt_seq: u64::from(out.attempt_seq?),
-            lease_token: out.lease_token.clone(),
-            claimed_at: todo.claimed_at.clone().unwrap_or_default(),
-            todo: serde_json::to_value(todo).ok()?,
-            prior_attempts: out
-                .prior_attempts
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .map(|a| PriorAttempt {
-                    seq: u64::from(a.seq),
-                    number: a.attempt,
-                    outcome: a.outcome.clone(),
-                    died: a.died,
-                    claimant: a.claimant.clone(),
-                    claimed_at: Some(a.claimed_at.clone()),
-                    ended_at: a.ended_at.clone(),
-                    summary: a.summary.clone(),
-                    artifact: a.artifact.clone(),
-                })
-                .collect(),
-        })
-    }
 }
 
 /// How a child process ended.

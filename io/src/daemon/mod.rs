@@ -1046,12 +1046,13 @@ impl Daemon {
             Command::WarnRunLog { run_id, text } => {
                 let log = self.run_log(harness, run_id);
                 let h = harness.to_string();
-                let task = tokio::spawn(async move {
+                // Not tracked with the run's tasks: a refused claim warns and then closes its
+                // run at once, and closing aborts those tasks. The append ends on its own.
+                tokio::spawn(async move {
                     if let Err(e) = runner::warn_run_log(&log, &text).await {
                         tracing::warn!(harness = %h, run_id, error = %e, "warning not written to the run log");
                     }
                 });
-                self.track(harness, run_id, task.abort_handle());
             }
         }
     }

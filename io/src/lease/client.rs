@@ -7,11 +7,10 @@ use std::time::Duration;
 use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
 use relay_core::error::ErrorCode;
 use relay_core::relay::{
-    Capabilities, ClaimedTodo, Command, Input, LeaseError, ReportVerb, RequestId,
-    check_capabilities,
+    AnswerError, Capabilities, Command, Input, LeaseError, answer_input, check_capabilities,
+    failed_input, lease_call,
 };
-use relay_core::wire::ClaimOut;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::mcp::{Endpoint, RpcError, Session};
 use super::transport::Transport;
@@ -123,8 +122,11 @@ struct State {
 /// Error mapping (the input's [`LeaseError`]):
 /// - a tool result with `isError` → `Code(conflict | not_found | forbidden | invalid |
 ///   internal)`, an unknown code → `Other(code)`, no code → `Other("tool_error")`;
-/// - connection refused, timeout, HTTP 5xx, an answer that is not JSON-RPC or not the tool's
-///   shape, a session that expired again right after re-initializing → `Transport`;
+/// - connection refused, timeout, HTTP 5xx, an answer that is not JSON-RPC, a session that
+///   expired again right after re-initializing → `Transport`;
+/// - a claim answer without a field the daemon needs (`todo.id`, `todo.attempt`,
+///   `todo.max_attempts`, `attempt_seq`, a usable `lease_token`) → `Malformed`, naming it (code
+///   `malformed_answer`); no other field is read, and nothing else is required of an answer;
 /// - HTTP 401/403 → `Other("unauthorized")`: the credential is wrong, retrying cannot help;
 /// - other HTTP statuses → `Other("http_<status>")`; a JSON-RPC error object →
 ///   `Other("rpc_error")`;
@@ -413,15 +415,15 @@ impl LeaseClient {
         }
     }
 
-    /// One `tools/call`, with the session handling: a session is opened first when there is
-    /// none; an HTTP 404 on the session (the server forgot it and did not run the call)
-    /// re-initializes and retries the call once, unless the re-check finds the source
-    /// unsupported.
+    /// One `tools/call` for a lease command, with the session handling: a session is opened
+    /// first when there is none; an HTTP 404 on the session (the server forgot it and did not
+    /// run the call) re-initializes and retries the call once, unless the re-check finds the
+    /// source unsupported. The arguments are built (core's [`lease_call`]) against the
+    /// capabilities of the session that carries the call.
     async fn call(
         &self,
         operation: &str,
-        tool: &str,
-        arguments: Value,
+        command: &Command,
         token: Option<&str>,
         news: &mut Vec<SessionNews>,
     ) -> CallResult {
@@ -436,10 +438,9 @@ impl LeaseClient {
             }
         };
         self.supported_or(operation)?;
-        let params = json!({"name": tool, "arguments": arguments});
         match self
             .ep
-            .rpc(Some(&session), "tools/call", params.clone())
+            .rpc(Some(&session), "tools/call", self.call_params(command))
             .await
         {
             Err(RpcError::SessionGone) => {}
@@ -450,7 +451,11 @@ impl LeaseClient {
             .await
             .map_err(|e| e.during(operation))?;
         self.supported_or(operation)?;
-        match self.ep.rpc(Some(&session), "tools/call", params).await {
+        match self
+            .ep
+            .rpc(Some(&session), "tools/call", self.call_params(command))
+            .await
+        {
             Err(RpcError::SessionGone) => {
                 // Expired again at once: let the next call start over.
                 let mut state = self.lock();
@@ -465,7 +470,17 @@ impl LeaseClient {
         }
     }
 
-    /// A tool result's answer object, or its `isError` code as the error.
+    /// `tools/call`'s params for a lease command under the current capabilities.
+    fn call_params(&self, command: &Command) -> Value {
+        let caps = self.capabilities().unwrap_or_default();
+        match lease_call(command, &caps) {
+            Some(call) => json!({"name": call.tool, "arguments": call.arguments}),
+            None => Value::Null,
+        }
+    }
+
+    /// A tool result's answer object (`Value::Null` when a successful result carries no JSON:
+    /// for most verbs the contract reads only success), or its `isError` code as the error.
     fn tool_result(
         &self,
         operation: &str,
@@ -485,15 +500,18 @@ impl LeaseClient {
                     })?;
                 serde_json::from_str::<Value>(text).ok()
             });
-        let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
-        if !is_error {
-            return answer.ok_or_else(|| LeaseCallError {
+        if !result.is_object() {
+            return Err(LeaseCallError {
                 source_name: self.ep.source.clone(),
                 operation: operation.to_string(),
                 kind: LeaseError::Transport,
-                detail: "the tool result carries no JSON answer".into(),
-                hint: "check that the source's url points at a relay queue server".into(),
+                detail: "the tools/call result is not a JSON object".into(),
+                hint: "check that the source's url points at an MCP queue server".into(),
             });
+        }
+        let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
+        if !is_error {
+            return Ok(answer.unwrap_or(Value::Null));
         }
         let error = answer.as_ref().and_then(|a| a.get("error"));
         let code = error.and_then(|e| e.get("code")).and_then(Value::as_str);
@@ -517,125 +535,49 @@ impl LeaseClient {
     }
 
     /// Carries out a `SendClaimNext`, `SendHeartbeat` or `SendReport` and answers the input the
-    /// machine expects for it, with the session news to hand out first.
+    /// machine expects for it, with the session news to hand out first. The answer is read by
+    /// core's contract decoder ([`answer_input`]): only the contract's fields, and an answer
+    /// without one the daemon needs is a failure naming it (`malformed_answer`).
     pub async fn execute(&self, command: &Command) -> Result<LeaseOutcome, NotALeaseCall> {
-        let mut news = Vec::new();
-        let (input, error) = match command {
-            Command::SendClaimNext {
-                request,
-                queue,
-                lease_ttl_seconds,
-                require_fence,
-                claimant,
-                ..
-            } => {
-                let mut args = Map::new();
-                if let Some(q) = queue {
-                    args.insert("queue".into(), json!(q));
-                }
-                args.insert("lease_ttl_seconds".into(), json!(lease_ttl_seconds));
-                args.insert("require_fence".into(), json!(require_fence));
-                args.insert("claimant".into(), json!(claimant));
-                let r = self
-                    .call(
-                        "claim_next",
-                        "claim_next",
-                        Value::Object(args),
-                        None,
-                        &mut news,
-                    )
-                    .await
-                    .and_then(|answer| self.decode_claim(*request, answer));
-                match r {
-                    Ok(input) => (input, None),
-                    Err(e) => (
-                        Input::ClaimFailed {
-                            request: *request,
-                            error: e.kind.clone(),
-                        },
-                        Some(e),
-                    ),
-                }
-            }
+        let (operation, token) = match command {
+            Command::SendClaimNext { .. } => ("claim_next".to_string(), None),
             Command::SendHeartbeat {
-                request,
                 todo_id,
-                lease_ttl_seconds,
                 lease_token,
                 ..
-            } => {
-                let args = json!({
-                    "id": todo_id,
-                    "lease_ttl_seconds": lease_ttl_seconds,
-                    "lease_token": lease_token.expose(),
-                });
-                let op = format!("heartbeat for todo {todo_id}");
-                let token = Some(lease_token.expose());
-                match self.call(&op, "heartbeat", args, token, &mut news).await {
-                    Ok(_) => (Input::HeartbeatOk { request: *request }, None),
-                    Err(e) => (
-                        Input::HeartbeatFailed {
-                            request: *request,
-                            error: e.kind.clone(),
-                        },
-                        Some(e),
-                    ),
-                }
-            }
+            } => (
+                format!("heartbeat for todo {todo_id}"),
+                Some(lease_token.expose()),
+            ),
             Command::SendReport {
-                request,
                 verb,
                 todo_id,
                 lease_token,
-                summary,
-                artifact,
-                result,
                 ..
-            } => {
-                let mut args = Map::new();
-                args.insert("id".into(), json!(todo_id));
-                args.insert("summary".into(), json!(summary));
-                if *verb != ReportVerb::Release {
-                    if let Some(a) = artifact {
-                        args.insert("artifact".into(), json!(a));
-                    }
-                    if result.is_object() {
-                        args.insert("result".into(), result.clone());
-                    }
-                }
-                args.insert("lease_token".into(), json!(lease_token.expose()));
-                let op = format!("{} for todo {todo_id}", verb.as_str());
-                let token = Some(lease_token.expose());
-                let r = self
-                    .call(&op, verb.as_str(), Value::Object(args), token, &mut news)
-                    .await;
-                match r {
-                    Ok(answer) => {
-                        let (dead_letter, next_retry_at) = report_fields(&answer);
-                        (
-                            Input::ReportAnswered {
-                                request: *request,
-                                dead_letter,
-                                next_retry_at,
-                            },
-                            None,
-                        )
-                    }
-                    Err(e) => (
-                        Input::ReportFailed {
-                            request: *request,
-                            error: e.kind.clone(),
-                        },
-                        Some(e),
-                    ),
-                }
-            }
+            } => (
+                format!("{} for todo {todo_id}", verb.as_str()),
+                Some(lease_token.expose()),
+            ),
             other => {
                 // The variant's name only: other commands carry payloads and summaries.
                 let debug = format!("{other:?}");
                 let name = debug.split([' ', '{', '(']).next().unwrap_or_default();
                 return Err(NotALeaseCall(name.to_string()));
             }
+        };
+        let mut news = Vec::new();
+        let answered = self.call(&operation, command, token, &mut news).await;
+        let (input, error) = match answered.map(|answer| answer_input(command, &answer)) {
+            Ok(Some(Ok(input))) => (Some(input), None),
+            Ok(Some(Err(e))) => {
+                let e = self.malformed(&operation, e);
+                (failed_input(command, e.kind.clone()), Some(e))
+            }
+            Err(e) => (failed_input(command, e.kind.clone()), Some(e)),
+            Ok(None) => (None, None),
+        };
+        let Some(input) = input else {
+            return Err(NotALeaseCall(operation));
         };
         if let Some(e) = &error {
             tracing::warn!(source = %self.ep.source, operation = %e.operation, code = e.kind.code(), "{e}");
@@ -647,36 +589,17 @@ impl LeaseClient {
         })
     }
 
-    fn decode_claim(&self, request: RequestId, answer: Value) -> Result<Input, LeaseCallError> {
-        let broken = |what: String| LeaseCallError {
+    /// An accepted call whose answer lacks a field the daemon needs.
+    fn malformed(&self, operation: &str, e: AnswerError) -> LeaseCallError {
+        LeaseCallError {
             source_name: self.ep.source.clone(),
-            operation: "claim_next".into(),
-            kind: LeaseError::Transport,
-            detail: format!("the claim answer {what}"),
-            hint: "check that the source's server speaks the relay queue contract".into(),
-        };
-        if answer.get("empty").and_then(Value::as_bool) == Some(true) {
-            return Ok(Input::ClaimEmpty { request });
+            operation: operation.to_string(),
+            kind: LeaseError::Malformed(Box::new(e)),
+            detail: format!("{e} (nothing was spawned; the lease will lapse)"),
+            hint: "the queue server does not answer what the relay contract requires (relay \
+                   reads the claim's todo.id, todo.attempt, todo.max_attempts, attempt_seq and \
+                   lease_token); check the server's version against the contract"
+                .to_string(),
         }
-        let out: ClaimOut = serde_json::from_value(answer)
-            .map_err(|e| broken(format!("does not have the claim shape ({e})")))?;
-        let claim = ClaimedTodo::from_wire(&out)
-            .ok_or_else(|| broken("lacks the todo or the attempt's seq".into()))?;
-        Ok(Input::ClaimAnswered { request, claim })
     }
-}
-
-/// `dead_letter` and `next_retry_at` of a report answer: the todo itself (fail answers the
-/// todo plus both) or a `{"todo": …}` wrapper. Only `dead_letter` says dead letter (REQ-16).
-fn report_fields(answer: &Value) -> (bool, Option<String>) {
-    let field = |name: &str| {
-        answer
-            .get(name)
-            .or_else(|| answer.get("todo").and_then(|t| t.get(name)))
-    };
-    let dead_letter = field("dead_letter").and_then(Value::as_bool) == Some(true);
-    let next_retry_at = field("next_retry_at")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    (dead_letter, next_retry_at)
 }

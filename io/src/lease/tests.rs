@@ -49,6 +49,8 @@ enum Reply {
     Ok(Value),
     /// The same, framed as an SSE stream.
     OkSse(Value),
+    /// This tool result as it is (a text-only result, say).
+    Raw(Value),
     /// An `isError` result with this code and message.
     ToolError(&'static str, String),
     Http(u16),
@@ -248,6 +250,7 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
             Reply::Ok(answer) => {
                 axum::Json(rpc_answer(&id, tool_result(&answer, false))).into_response()
             }
+            Reply::Raw(result) => axum::Json(rpc_answer(&id, result)).into_response(),
             Reply::OkSse(answer) => {
                 // A notification first, then the answer, and the stream is never closed: the
                 // client must stop reading at its answer.
@@ -538,6 +541,108 @@ async fn claims_decode_fenced_unfenced_and_empty() {
                "claimant": "harness/buildbox/fixer/run-1"})
     );
     assert_eq!(fake.lock().gets, 0);
+}
+
+/// A claim answer with the relay-design contract table's fields and nothing more.
+fn contract_claim_answer() -> Value {
+    json!({
+        "empty": false,
+        "todo": {"id": "td_1", "queue": "ci-failures", "title": "CI red", "kind": null,
+                 "source": null, "payload": {"sha": "abc"}, "work_order": null,
+                 "attempt": 1, "max_attempts": 3, "created_at": "2026-09-22T11:58:00Z"},
+        "attempt_seq": 1,
+        "lease_token": TOKEN,
+        "prior_attempts": [],
+    })
+}
+
+#[tokio::test]
+async fn a_contract_only_claim_is_claimed_and_one_missing_a_needed_field_is_claim_failed() {
+    let fake = Fake::new();
+    fake.reply(Reply::OkSse(contract_claim_answer()));
+    let needed = [
+        "todo.id",
+        "todo.attempt",
+        "todo.max_attempts",
+        "attempt_seq",
+    ];
+    for field in needed {
+        let mut answer = contract_claim_answer();
+        match field.split_once('.') {
+            Some((_, key)) => answer["todo"].as_object_mut().map(|t| t.remove(key)),
+            None => answer.as_object_mut().map(|a| a.remove(field)),
+        };
+        fake.reply(Reply::Ok(answer));
+    }
+    let mut bad_token = contract_claim_answer();
+    bad_token["lease_token"] = json!(42);
+    fake.reply(Reply::Ok(bad_token));
+    // A text-only result that is not JSON: no todo.
+    fake.reply(Reply::Raw(
+        json!({"content": [{"type": "text", "text": "claimed!"}]}),
+    ));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+
+    let ok = run(&client, claim_cmd(1)).await;
+    let Input::ClaimAnswered { claim, .. } = &ok.input else {
+        panic!("{:?}", ok.input)
+    };
+    assert_eq!(
+        (claim.todo_id.as_str(), claim.attempt, claim.max_attempts),
+        ("td_1", 1, 3)
+    );
+    assert_eq!(claim.todo["payload"], json!({"sha": "abc"}));
+    assert_eq!(claim.lease_token, Some(LeaseToken::new(TOKEN)));
+
+    for (n, field) in needed.iter().chain(&["lease_token", "todo"]).enumerate() {
+        let out = run(&client, claim_cmd(n as u64 + 2)).await;
+        let LeaseError::Malformed(e) = failed_with(&out) else {
+            panic!("{field}: {:?}", out.input)
+        };
+        assert_eq!(e.field, *field);
+        assert_eq!(LeaseError::Malformed(e).code(), "malformed_answer");
+        // The daemon's log line is this error's text: it names the field, never the token.
+        let text = out.error.expect("error").to_string();
+        assert!(text.starts_with("queue.ci: claim_next failed: "), "{text}");
+        assert!(text.contains(&format!(" {field}")), "{text}");
+        assert!(text.contains("the lease will lapse"), "{text}");
+        assert!(!text.contains(TOKEN), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn answers_that_only_say_success_need_no_json() {
+    let fake = Fake::new();
+    let text_only = || Reply::Raw(json!({"content": [{"type": "text", "text": "ok"}]}));
+    fake.reply(text_only()).reply(text_only()).reply(Reply::Ok(
+        json!({"state": "failed", "attempt": 3, "max_attempts": 3}),
+    ));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    assert_eq!(
+        run(&client, heartbeat_cmd(1)).await.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    let accepted = |n| Input::ReportAnswered {
+        request: RequestId(n),
+        dead_letter: false,
+        next_retry_at: None,
+    };
+    assert_eq!(
+        run(&client, report_cmd(2, ReportVerb::Complete))
+            .await
+            .input,
+        accepted(2)
+    );
+    // A fail answer without dead_letter is accepted and is not a dead letter, whatever the
+    // attempt counts say (REQ-16).
+    assert_eq!(
+        run(&client, report_cmd(3, ReportVerb::Fail)).await.input,
+        accepted(3)
+    );
 }
 
 #[tokio::test]

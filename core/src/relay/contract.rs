@@ -1,0 +1,393 @@
+//! The client side of the queue server's contract (relay-design, "The Switchboard contract relay
+//! uses"): the arguments the daemon sends for each lease command, and what it reads from each
+//! answer. The daemon is released apart from the server, so it must work against any server
+//! that honours that table, not only our own.
+//!
+//! # Liberal in what it reads
+//!
+//! An answer is read for the table's fields only; any other field is ignored, and every field
+//! is optional except the few the daemon cannot work without:
+//!
+//! - `claim_next`: `empty: true` is an empty queue. Otherwise `todo.id` (a non-empty string),
+//!   `todo.attempt` and `todo.max_attempts` (whole numbers from 1) and `attempt_seq` (a whole
+//!   number) must be there; a missing or mistyped one is an [`AnswerError`] naming it, which the
+//!   lease client turns into `claim_failed` (code `malformed_answer`): nothing is spawned and the
+//!   lease lapses. A missing (or `null`) `lease_token` is the machine's `no_fence` refusal; one
+//!   that is not a non-empty string is an [`AnswerError`]. The other todo fields (`queue`,
+//!   `title`, `kind`, `source`, `payload`, `work_order`, `created_at`) are copied into the
+//!   context file as they came, `null` when absent; `prior_attempts` entries are read field by
+//!   field (the server's `attempt` is the context file's `number`), a field of the wrong type
+//!   reads as absent and an entry that is not an object is skipped.
+//! - `heartbeat`, `complete`, `release`: any answer that is not a tool error is success; its
+//!   content is not read (it need not even be JSON).
+//! - `fail`: `dead_letter` is a dead letter only when it is the JSON `true`; `next_retry_at` is
+//!   read when it is a string. A fail answer without `dead_letter` is an accepted fail that is
+//!   not a dead letter (`relay_outcome = failed`): the server has closed the attempt, so sending
+//!   it again could only be refused as a late report, and REQ-16 forbids inferring a dead letter
+//!   from `state` or attempt counts.
+//!
+//! Nothing here quotes a value from an answer in an error: a mistyped field might hold a token.
+//!
+//! # Strict in what it sends
+//!
+//! [`lease_call`] builds each call's arguments from the wire's typed argument structs, leaving
+//! absent options out (a strict schema refuses `null` for a string). An argument beyond the
+//! table's ([`ARGUMENTS`]) is an extension (the first will be `fail.retryable`): it is sent
+//! only when the server's schema declares it ([`Capabilities::declares`]), because an
+//! undeclared argument fails the whole call.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::capabilities::Capabilities;
+use super::context::TODO_FIELDS;
+use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, ReportVerb};
+use crate::wire::{ClaimNextArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs};
+
+/// The contract table's "Arguments sent", per verb: what every server honouring it accepts
+/// (the † ones are checked at initialize, REQ-19). Anything else is an extension.
+pub const ARGUMENTS: [(&str, &[&str]); 5] = [
+    (
+        "claim_next",
+        &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
+    ),
+    ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
+    (
+        "complete",
+        &["id", "result", "summary", "artifact", "lease_token"],
+    ),
+    (
+        "fail",
+        &["id", "result", "summary", "artifact", "lease_token"],
+    ),
+    ("release", &["id", "summary", "lease_token"]),
+];
+
+/// The contract's arguments of `verb`; empty for a verb the table does not name.
+pub fn contract_arguments(verb: &str) -> &'static [&'static str] {
+    ARGUMENTS
+        .iter()
+        .find(|(v, _)| *v == verb)
+        .map_or(&[], |(_, args)| args)
+}
+
+/// What is wrong with a field of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problem {
+    Missing,
+    /// Present, but not what the field must be (the text says what it must be).
+    Not(&'static str),
+}
+
+/// An answer that lacks a field the daemon needs, or has it in a form it cannot use. It names
+/// the verb and the field, never the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerError {
+    pub verb: &'static str,
+    /// The field's path in the answer, `todo.attempt`.
+    pub field: &'static str,
+    pub problem: Problem,
+}
+
+impl std::fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.problem {
+            Problem::Missing => write!(f, "the {} answer has no {}", self.verb, self.field),
+            Problem::Not(what) => {
+                write!(f, "the {} answer's {} is not {what}", self.verb, self.field)
+            }
+        }
+    }
+}
+
+impl std::error::Error for AnswerError {}
+
+/// A decoded `claim_next` answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClaimAnswer {
+    Empty,
+    Claimed(ClaimedTodo),
+}
+
+const CLAIM: &str = "claim_next";
+
+fn need<T>(
+    field: &'static str,
+    v: Option<&Value>,
+    want: &'static str,
+    read: impl Fn(&Value) -> Option<T>,
+) -> Result<T, AnswerError> {
+    let problem = match v {
+        None | Some(Value::Null) => Problem::Missing,
+        Some(v) => match read(v) {
+            Some(t) => return Ok(t),
+            None => Problem::Not(want),
+        },
+    };
+    Err(AnswerError {
+        verb: CLAIM,
+        field,
+        problem,
+    })
+}
+
+fn count(v: &Value) -> Option<u32> {
+    v.as_u64()
+        .filter(|n| *n >= 1)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// Reads a `claim_next` answer (the tool result's JSON object).
+pub fn decode_claim(answer: &Value) -> Result<ClaimAnswer, AnswerError> {
+    if answer.get("empty").and_then(Value::as_bool) == Some(true) {
+        return Ok(ClaimAnswer::Empty);
+    }
+    let todo = need("todo", answer.get("todo"), "an object", |v| {
+        v.as_object().cloned()
+    })?;
+    let todo_id = need("todo.id", todo.get("id"), "a non-empty string", text)?;
+    let attempt = need(
+        "todo.attempt",
+        todo.get("attempt"),
+        "a whole number from 1",
+        count,
+    )?;
+    let max_attempts = need(
+        "todo.max_attempts",
+        todo.get("max_attempts"),
+        "a whole number from 1",
+        count,
+    )?;
+    let attempt_seq = need(
+        "attempt_seq",
+        answer.get("attempt_seq"),
+        "a whole number",
+        Value::as_u64,
+    )?;
+    let lease_token = match answer.get("lease_token") {
+        // The server ignored require_fence: the machine refuses the claim as `no_fence`.
+        None | Some(Value::Null) => None,
+        v => Some(need("lease_token", v, "a non-empty string", text).map(LeaseToken::new)?),
+    };
+    // Only the contract's todo fields travel on (to the context file).
+    let todo: Map<String, Value> = TODO_FIELDS
+        .iter()
+        .map(|f| (f.to_string(), todo.get(*f).cloned().unwrap_or(Value::Null)))
+        .collect();
+    let prior_attempts = answer
+        .get("prior_attempts")
+        .and_then(Value::as_array)
+        .map(|list| list.iter().filter_map(prior_attempt).collect())
+        .unwrap_or_default();
+    Ok(ClaimAnswer::Claimed(ClaimedTodo {
+        todo_id,
+        attempt,
+        max_attempts,
+        attempt_seq,
+        lease_token,
+        todo: Value::Object(todo),
+        prior_attempts,
+    }))
+}
+
+/// One `prior_attempts` entry; a field of the wrong type reads as absent.
+fn prior_attempt(v: &Value) -> Option<PriorAttempt> {
+    let a = v.as_object()?;
+    let string = |k: &str| a.get(k).and_then(Value::as_str).map(str::to_string);
+    Some(PriorAttempt {
+        seq: a.get("seq").and_then(Value::as_u64),
+        number: a
+            .get("attempt")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok()),
+        outcome: string("outcome"),
+        died: a.get("died").and_then(Value::as_bool),
+        claimant: string("claimant"),
+        claimed_at: string("claimed_at"),
+        ended_at: string("ended_at"),
+        summary: string("summary"),
+        artifact: string("artifact"),
+    })
+}
+
+/// What the daemon reads from an accepted report: `dead_letter` and `next_retry_at` of a
+/// `fail` answer (see the module doc for a fail answer without them); nothing of the others.
+pub fn decode_report(verb: ReportVerb, answer: &Value) -> (bool, Option<String>) {
+    if verb != ReportVerb::Fail {
+        return (false, None);
+    }
+    let dead_letter = answer.get("dead_letter").and_then(Value::as_bool) == Some(true);
+    let next_retry_at = answer
+        .get("next_retry_at")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    (dead_letter, next_retry_at)
+}
+
+/// The machine's input for a lease command's successful tool answer (`answer` is the result's
+/// JSON, `Value::Null` when it carried none). `None` for a command that is not a lease call.
+pub fn answer_input(command: &Command, answer: &Value) -> Option<Result<Input, AnswerError>> {
+    Some(Ok(match command {
+        Command::SendClaimNext { request, .. } => match decode_claim(answer) {
+            Ok(ClaimAnswer::Empty) => Input::ClaimEmpty { request: *request },
+            Ok(ClaimAnswer::Claimed(claim)) => Input::ClaimAnswered {
+                request: *request,
+                claim,
+            },
+            Err(e) => return Some(Err(e)),
+        },
+        Command::SendHeartbeat { request, .. } => Input::HeartbeatOk { request: *request },
+        Command::SendReport { request, verb, .. } => {
+            let (dead_letter, next_retry_at) = decode_report(*verb, answer);
+            Input::ReportAnswered {
+                request: *request,
+                dead_letter,
+                next_retry_at,
+            }
+        }
+        _ => return None,
+    }))
+}
+
+/// The machine's input for a lease command that failed with `error`. `None` for a command that
+/// is not a lease call.
+pub fn failed_input(command: &Command, error: LeaseError) -> Option<Input> {
+    Some(match command {
+        Command::SendClaimNext { request, .. } => Input::ClaimFailed {
+            request: *request,
+            error,
+        },
+        Command::SendHeartbeat { request, .. } => Input::HeartbeatFailed {
+            request: *request,
+            error,
+        },
+        Command::SendReport { request, .. } => Input::ReportFailed {
+            request: *request,
+            error,
+        },
+        _ => return None,
+    })
+}
+
+/// One `tools/call` to the lease source: the tool and its arguments. The arguments hold the
+/// lease token, so `Debug` shows their names only.
+#[derive(Clone, PartialEq)]
+pub struct LeaseCall {
+    pub tool: &'static str,
+    pub arguments: Value,
+}
+
+impl std::fmt::Debug for LeaseCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&String> = self
+            .arguments
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        f.debug_struct("LeaseCall")
+            .field("tool", &self.tool)
+            .field("arguments", &names)
+            .finish()
+    }
+}
+
+/// The `tools/call` for a `SendClaimNext`, `SendHeartbeat` or `SendReport`, given what the
+/// source's schemas declare; `None` for any other command.
+pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
+    let (tool, args) = match command {
+        Command::SendClaimNext {
+            queue,
+            lease_ttl_seconds,
+            require_fence,
+            claimant,
+            ..
+        } => (
+            "claim_next",
+            object(&ClaimNextArgs {
+                queue: queue.clone(),
+                lease_ttl_seconds: Some(*lease_ttl_seconds),
+                require_fence: Some(*require_fence),
+                claimant: Some(claimant.clone()),
+            }),
+        ),
+        Command::SendHeartbeat {
+            todo_id,
+            lease_ttl_seconds,
+            lease_token,
+            ..
+        } => (
+            "heartbeat",
+            object(&HeartbeatArgs {
+                id: todo_id.clone(),
+                lease_ttl_seconds: Some(*lease_ttl_seconds),
+                lease_token: Some(lease_token.clone()),
+            }),
+        ),
+        Command::SendReport {
+            verb: ReportVerb::Release,
+            todo_id,
+            lease_token,
+            summary,
+            ..
+        } => (
+            "release",
+            object(&ReleaseArgs {
+                id: todo_id.clone(),
+                summary: Some(summary.clone()),
+                lease_token: Some(lease_token.clone()),
+            }),
+        ),
+        Command::SendReport {
+            verb,
+            todo_id,
+            lease_token,
+            summary,
+            artifact,
+            result,
+            ..
+        } => (
+            verb.as_str(),
+            object(&ReportArgs {
+                id: todo_id.clone(),
+                result: result.as_object().cloned(),
+                summary: Some(summary.clone()),
+                artifact: artifact.clone(),
+                lease_token: Some(lease_token.clone()),
+            }),
+        ),
+        _ => return None,
+    };
+    Some(LeaseCall {
+        tool,
+        arguments: Value::Object(keep_declared(tool, args, caps)),
+    })
+}
+
+/// The arguments as a JSON object without the absent ones.
+fn object(args: &impl Serialize) -> Map<String, Value> {
+    let mut map = match serde_json::to_value(args) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    map.retain(|_, v| !v.is_null());
+    map
+}
+
+/// Drops every extension argument (one beyond [`ARGUMENTS`]) the server's schema for `verb`
+/// does not declare.
+fn keep_declared(
+    verb: &str,
+    mut args: Map<String, Value>,
+    caps: &Capabilities,
+) -> Map<String, Value> {
+    let contract = contract_arguments(verb);
+    args.retain(|name, _| contract.contains(&name.as_str()) || caps.declares(verb, name));
+    args
+}
+
+#[cfg(test)]
+mod tests;

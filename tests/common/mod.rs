@@ -1,0 +1,204 @@
+//! What the end-to-end tests share: the real `relay` binary, bounded waits, child processes
+//! that die with the test, a daemon with its state dir and CLI, and the tools outside Cargo
+//! some tests need. Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn relay_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_relay")
+}
+
+/// Polls `f` until it returns `Some`, at most `bound`.
+pub fn wait_for<T>(what: &str, bound: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < bound, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The content of a one-line file an agent writes with `echo … > file`, once the line is whole
+/// (the shell creates the file before the line is in it).
+pub fn line_in(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .filter(|t| t.ends_with('\n'))
+}
+
+/// A child process killed when the test ends, whatever happens.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub struct Daemon {
+    pub proc: Option<Proc>,
+    pub config: PathBuf,
+    pub state: PathBuf,
+    pub log: PathBuf,
+    pub extra: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Daemon {
+    pub fn start(dir: &Path, config: &Path) -> Daemon {
+        Daemon::start_with(dir, config, &[])
+    }
+
+    pub fn start_with(dir: &Path, config: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_env(dir, config, extra, &[])
+    }
+
+    /// A daemon with `env` set in its environment.
+    pub fn start_env(dir: &Path, config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let state = dir.join("state");
+        let log = dir.join("daemon.log");
+        let mut d = Daemon {
+            proc: None,
+            config: config.to_path_buf(),
+            state,
+            log,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("daemon log");
+        let child = Command::new(relay_bin())
+            .arg("daemon")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("RELAY_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start relay daemon");
+        self.proc = Some(Proc(child));
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            let _ = p.0.kill();
+            let _ = p.0.wait();
+        }
+    }
+
+    pub fn cli(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(relay_bin())
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()
+            .expect("run relay");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// The harness's newest closed run of a todo, once its record is written.
+    pub fn closed_run(&self, harness: &str, todo: &str) -> Value {
+        wait_for("the closed run", Duration::from_secs(30), || {
+            self.runs(harness)
+                .into_iter()
+                .find(|r| r["todo_id"] == todo && r["outcome"] != "running")
+        })
+    }
+
+    /// The lease deadline `relay describe` shows for the harness's attempt in flight, in ms.
+    pub fn lease_deadline(&self, harness: &str) -> u64 {
+        let (ok, out) = self.cli(&["describe", harness, "--json"]);
+        assert!(ok, "{out}");
+        let described: Value = serde_json::from_str(&out).expect("json");
+        described[0]["relay"]["attempt"]["lease_deadline"]
+            .as_str()
+            .and_then(relay_core::time::parse_rfc3339)
+            .unwrap_or_else(|| panic!("no lease deadline in {described}"))
+    }
+
+    /// The harness's run records, newest first.
+    pub fn runs(&self, harness: &str) -> Vec<Value> {
+        let (ok, out) = self.cli(&["runs", harness, "--json", "--limit", "1000"]);
+        assert!(ok, "{out}");
+        serde_json::from_str::<Value>(&out)
+            .expect("json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            let pid = p.0.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let mut p = p;
+            let _ = p.0.wait();
+        }
+    }
+}
+
+/// Every file under `dir`, recursively.
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Whether a tool from outside Cargo is there; a missing one fails the test only when CI
+/// requires it (`RELAY_REQUIRE_MCP_CLIENTS=1`), else the test says so and passes.
+pub fn available(what: &str, present: bool, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    assert!(
+        std::env::var("RELAY_REQUIRE_MCP_CLIENTS").as_deref() != Ok("1"),
+        "{what} is not installed and RELAY_REQUIRE_MCP_CLIENTS=1: run {install}"
+    );
+    eprintln!("SKIPPED: {what} is not installed; run {install} to include this test");
+    false
+}
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
