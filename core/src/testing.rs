@@ -1705,7 +1705,8 @@ pub mod relay {
 
     /// A stepped wall clock changes nothing but text: the same program with its wall-clock
     /// steps left out sends the same commands at the same monotonic instants, run records
-    /// differing only in their `started_at` / `ended_at` stamps. (Deadlines on wall time would
+    /// differing only in their `started_at` / `ended_at` stamps and context files in their
+    /// `attempt.claimed_at`. (Deadlines on wall time would
     /// move every timer a step crosses.)
     pub fn relay_wall_clock_moves_no_deadline(bytes: &[u8]) -> Result<(), String> {
         let program = decode_relay_program(bytes);
@@ -1719,6 +1720,19 @@ pub mod relay {
                     ..record.clone()
                 },
             },
+            Command::WriteContextFile {
+                run_id,
+                path,
+                bytes,
+            } => {
+                let mut file: Value = serde_json::from_slice(bytes).unwrap_or_default();
+                file["attempt"]["claimed_at"] = Value::Null;
+                Command::WriteContextFile {
+                    run_id: *run_id,
+                    path: path.clone(),
+                    bytes: serde_json::to_vec(&file).unwrap_or_default(),
+                }
+            }
             other => other.clone(),
         };
         if stepped.steps.len() != steady.steps.len() {

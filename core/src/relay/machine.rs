@@ -562,7 +562,7 @@ impl Relay {
             disputed: false,
             token,
             claim,
-            claimed_at: rfc3339(now),
+            claimed_at: rfc3339(self.wall),
         });
         let event = Event::RelayClaimed {
             harness: s.harness.clone(),

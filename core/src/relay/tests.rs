@@ -371,6 +371,8 @@ fn second_attempt_sees_the_first() {
         artifact: None,
     }];
     let mut d = Driver::new(settings());
+    // The wall clock runs an hour behind the monotonic one: the file's times are wall times.
+    d.wall_offset = -(HOUR as i64);
     let cmds = d.claim(claim);
     let Some(Command::WriteContextFile { bytes, .. }) = cmds
         .iter()
@@ -387,7 +389,7 @@ fn second_attempt_sees_the_first() {
     assert_eq!(file["version"], 1);
     assert_eq!(
         file["attempt"],
-        json!({"seq": 2, "number": 2, "max": 5, "claimed_at": "2026-09-22T12:00:00Z",
+        json!({"seq": 2, "number": 2, "max": 5, "claimed_at": "2026-09-22T11:00:00Z",
                "lease_ttl_seconds": 300})
     );
     assert_eq!(file["summary_file"], "/state/jobs/fixer/1.summary");
