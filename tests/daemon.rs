@@ -311,6 +311,37 @@ kill_grace = "2s"
         self.out.join(format!("ran.{id}")).exists()
     }
 
+    /// A config whose one harness, `reader`, binds a read-only endpoint (`list_todos` only),
+    /// with that endpoint's bearer token.
+    fn read_only_config(&self) -> (PathBuf, String) {
+        let token = self
+            .server
+            .cli(&["endpoint", "create", "ro", "--verbs", "list_todos"]);
+        let token = token.trim().to_string();
+        std::fs::write(self.path().join("ro.env"), format!("TOKEN={token}\n")).expect("env");
+        let config = self.path().join("ro.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[queue.ro]
+url = "{}/mcp/ro"
+env_file = "ro.env"
+headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
+
+[harness.reader]
+command = ["sh", "agent.sh"]
+env_file = "agent.env"
+schedule = "@daily"
+lease = "queue.ro"
+"#,
+                self.server.url
+            ),
+        )
+        .expect("config");
+        (config, token)
+    }
+
     /// The 'hang' agent of todo `id` got its SIGTERM within a second of `deadline` (ms), by the
     /// time the agent itself read.
     fn stopped_within_a_second_of(&self, id: &str, deadline: u64) {
@@ -639,37 +670,11 @@ fn a_wall_clock_stepped_back_mid_attempt_stops_the_agent_at_the_true_deadline() 
 #[test]
 fn doctor_names_what_a_read_only_endpoint_lacks_and_describe_shows_no_secret() {
     let s = Setup::new();
-    let token = s
-        .server
-        .cli(&["endpoint", "create", "ro", "--verbs", "list_todos"]);
-    let token = token.trim();
-    std::fs::write(s.path().join("ro.env"), format!("TOKEN={token}\n")).expect("env");
-    let config = s.path().join("ro.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[queue.ro]
-url = "{}/mcp/ro"
-env_file = "ro.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-
-[harness.reader]
-command = ["sh", "agent.sh"]
-env_file = "agent.env"
-schedule = "@daily"
-lease = "queue.ro"
-"#,
-            s.server.url
-        ),
-    )
-    .expect("config");
+    let (config, token) = s.read_only_config();
+    let token = token.as_str();
     let mut d = Daemon::start(s.path(), &config);
     // The session is checked once the daemon is up; describe shows it unsupported.
-    let described = wait_for("the capability check", Duration::from_secs(30), || {
-        let (ok, out) = d.cli(&["describe", "reader", "--json"]);
-        (ok && out.contains("\"unsupported\"")).then_some(out)
-    });
+    let described = d.unsupported("reader");
     assert!(described.contains("Authorization"), "{described}");
     assert!(
         !described.contains(token),
@@ -857,6 +862,15 @@ fn a_restarted_server_forgets_the_session_and_the_daemon_initializes_again() {
 // ---- reload, stop, events, catch_up, doctor without a daemon ---------------------------------
 
 impl Daemon {
+    /// Waits for the harness's lease source to be checked and found unsupported; `describe`'s
+    /// answer then.
+    fn unsupported(&self, harness: &str) -> String {
+        wait_for("the capability check", Duration::from_secs(30), || {
+            let (ok, out) = self.cli(&["describe", harness, "--json"]);
+            (ok && out.contains("\"unsupported\"")).then_some(out)
+        })
+    }
+
     fn pid(&self) -> String {
         self.proc
             .as_ref()
@@ -868,13 +882,7 @@ impl Daemon {
 
     /// `relay describe --json`, once the daemon answers.
     fn described(&self) -> Vec<Value> {
-        let (ok, out) = self.cli(&["describe", "--json"]);
-        assert!(ok, "{out}");
-        serde_json::from_str::<Value>(&out)
-            .expect("json")
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        self.cli_array(&["describe", "--json"])
     }
 
     fn harness_names(&self) -> Vec<String> {
@@ -1330,30 +1338,8 @@ fn catch_up_fires_once_for_a_slot_missed_while_the_daemon_was_down() {
 #[test]
 fn doctor_without_a_daemon_initializes_each_source_itself_and_prints_the_same_rows() {
     let s = Setup::new();
-    let token = s
-        .server
-        .cli(&["endpoint", "create", "ro", "--verbs", "list_todos"]);
-    let token = token.trim();
-    std::fs::write(s.path().join("ro.env"), format!("TOKEN={token}\n")).expect("env");
-    let ro = s.path().join("ro.toml");
-    std::fs::write(
-        &ro,
-        format!(
-            r#"
-[queue.ro]
-url = "{}/mcp/ro"
-env_file = "ro.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-
-[harness.reader]
-command = ["sh", "agent.sh"]
-schedule = "@daily"
-lease = "queue.ro"
-"#,
-            s.server.url
-        ),
-    )
-    .expect("config");
+    let (ro, token) = s.read_only_config();
+    let token = token.as_str();
     let doctor = |config: &Path, state: &Path| {
         let out = Command::new(relay_bin())
             .args(["doctor", "--config"])
@@ -1380,10 +1366,7 @@ lease = "queue.ro"
     assert!(!alone.contains(token) && !note.contains(token));
     // The daemon's doctor prints the same rows.
     let mut d = Daemon::start(s.path(), &ro);
-    wait_for("the capability check", Duration::from_secs(30), || {
-        let (ok, out) = d.cli(&["describe", "reader", "--json"]);
-        (ok && out.contains("\"unsupported\"")).then_some(())
-    });
+    d.unsupported("reader");
     let (code, with_daemon, _) = doctor(&ro, &state);
     assert_eq!(code, Some(1));
     assert_eq!(with_daemon, alone);

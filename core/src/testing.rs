@@ -745,23 +745,9 @@ pub mod relay {
 
     /// The drain verbs with every argument SPEC-0034 adds, release included.
     pub fn spec_0034_tools() -> Value {
-        tools_list(&[
-            (
-                "claim_next",
-                &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
-            ),
-            ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
-            (
-                "complete",
-                &["id", "result", "summary", "artifact", "lease_token"],
-            ),
-            (
-                "fail",
-                &["id", "result", "summary", "artifact", "lease_token"],
-            ),
-            ("release", &["id", "summary", "lease_token"]),
-            ("list_todos", &["queue", "state", "limit"]),
-        ])
+        let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
+        verbs.push(("list_todos", &["queue", "state", "limit"]));
+        tools_list(&verbs)
     }
 
     /// The request id of the last command in `cmds` that `pick` selects.

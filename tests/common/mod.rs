@@ -148,7 +148,12 @@ impl Daemon {
 
     /// The harness's run records, newest first.
     pub fn runs(&self, harness: &str) -> Vec<Value> {
-        let (ok, out) = self.cli(&["runs", harness, "--json", "--limit", "1000"]);
+        self.cli_array(&["runs", harness, "--json", "--limit", "1000"])
+    }
+
+    /// A `--json` command's answer, a JSON array; the command must succeed.
+    pub fn cli_array(&self, args: &[&str]) -> Vec<Value> {
+        let (ok, out) = self.cli(args);
         assert!(ok, "{out}");
         serde_json::from_str::<Value>(&out)
             .expect("json")
