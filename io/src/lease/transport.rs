@@ -179,6 +179,9 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 // reqwest
 // ---------------------------------------------------------------------------------------------
 
+/// How long an idle pooled connection to a lease source is kept.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The production transport: reqwest with rustls on the ring provider. Redirects are not
 /// followed (a redirect would carry the credential headers somewhere the config never named);
 /// a 3xx is an answer like any other.
@@ -195,6 +198,9 @@ impl ReqwestTransport {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // Below `relay serve`'s 5 s idle timeout (and most proxies'), so that a heartbeat is
+            // never written to a pooled connection the server is closing at that moment.
+            .pool_idle_timeout(POOL_IDLE)
             .build()
             .map_err(|e| TransportError::Request(chain(&e.without_url())))?;
         Ok(ReqwestTransport { client })
