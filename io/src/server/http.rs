@@ -319,7 +319,21 @@ async fn mcp_post(
     if declared.is_some_and(|n| n > limit as u64) {
         return too_big();
     }
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let read = tokio::time::timeout(
+        server.inner.config.body_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await;
+    let Ok(read) = read else {
+        tracing::info!(endpoint = %name, "refused: request body not in within the body timeout");
+        return rpc_error(
+            StatusCode::REQUEST_TIMEOUT,
+            Value::Null,
+            -32600,
+            "the request body did not arrive in time; nothing was changed. Send it again, whole",
+        );
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(e) => {
             let over = std::error::Error::source(&e)
@@ -383,7 +397,15 @@ async fn mcp_get(
     };
     let rx = match server.open_stream(&session) {
         Ok(rx) => rx,
-        Err(true) => {
+        Err(super::StreamRefused::Full(message)) => {
+            return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32000,
+                &message,
+            );
+        }
+        Err(super::StreamRefused::AlreadyOpen) => {
             return rpc_error(
                 StatusCode::CONFLICT,
                 Value::Null,
@@ -391,7 +413,7 @@ async fn mcp_get(
                 "this session already has an open stream; use that one (one stream per session)",
             );
         }
-        Err(false) => {
+        Err(super::StreamRefused::NoSession) => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
                 Value::Null,
