@@ -10,8 +10,8 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -130,10 +130,22 @@ mod tests {
     fn sessions_are_capped_per_endpoint_and_in_total() {
         assert!(admit_session(&CAPS, 0, 0).is_ok());
         assert!(admit_session(&CAPS, 2, 1).is_ok());
-        assert!(admit_session(&CAPS, 2, 2).unwrap_err().contains("this endpoint"));
-        assert!(admit_session(&CAPS, 3, 0).unwrap_err().contains("maximum of 3"));
+        assert!(
+            admit_session(&CAPS, 2, 2)
+                .unwrap_err()
+                .contains("this endpoint")
+        );
+        assert!(
+            admit_session(&CAPS, 3, 0)
+                .unwrap_err()
+                .contains("maximum of 3")
+        );
         assert!(admit_stream(&CAPS, 0).is_ok());
-        assert!(admit_stream(&CAPS, 1).unwrap_err().contains("doorbell streams"));
+        assert!(
+            admit_stream(&CAPS, 1)
+                .unwrap_err()
+                .contains("doorbell streams")
+        );
     }
 
     #[test]

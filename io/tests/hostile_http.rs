@@ -42,7 +42,12 @@ async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Running {
     config.body_timeout = LONG;
     config.shutdown_grace = LONG;
     tweak(&mut config);
-    let server = Server::new(store.clone(), Arc::new(ManualClock::new(T0)), config, Some(3));
+    let server = Server::new(
+        store.clone(),
+        Arc::new(ManualClock::new(T0)),
+        config,
+        Some(3),
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {
         server
@@ -270,7 +275,10 @@ async fn sessions_are_capped_per_endpoint_and_in_total() {
     }
     let over = r.initialize("a", &a).await;
     assert!(over.starts_with("HTTP/1.1 503"), "{over}");
-    assert!(over.contains("too many sessions for this endpoint"), "{over}");
+    assert!(
+        over.contains("too many sessions for this endpoint"),
+        "{over}"
+    );
     assert!(r.initialize("b", &b).await.starts_with("HTTP/1.1 200"));
     let full = r.initialize("b", &b).await;
     assert!(full.starts_with("HTTP/1.1 503"), "{full}");
@@ -297,4 +305,72 @@ async fn doorbell_streams_are_capped() {
     s2.write_all(open(second).as_bytes()).await.unwrap();
     let head = read_head(&mut s2).await;
     assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+}
+
+/// A log sink for one test: the subscriber is the thread's default, and `#[tokio::test]` runs
+/// the server's tasks on that one thread.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn path_text_never_reaches_the_log_raw_and_401s_are_throttled() {
+    let sink = Captured::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let r = start(|_| {}).await;
+    let forged = "x%0A2026-01-01T00:00:00Z%20INFO%20forged%1B[2J%E2%80%AE";
+    for _ in 0..20 {
+        let seen = r
+            .send(&format!(
+                "POST /mcp/{forged} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer nope\r\n\
+                 Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            ))
+            .await;
+        assert!(seen.starts_with("HTTP/1.1 401"), "{seen}");
+    }
+    // A foreign Host is logged too: the same escaping.
+    let seen = r
+        .send(&format!(
+            "GET /mcp/{forged} HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+        ))
+        .await;
+    assert!(seen.starts_with("HTTP/1.1 403"), "{seen}");
+    let log = sink.text();
+    assert!(!log.contains('\u{1b}'), "raw ESC in the log: {log:?}");
+    assert!(
+        !log.contains('\u{202e}'),
+        "raw bidi override in the log: {log:?}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("forged") && !l.contains("refused")),
+        "a forged line: {log:?}"
+    );
+    let refusals = log
+        .lines()
+        .filter(|l| l.contains("unknown endpoint, revoked, or wrong token"))
+        .count();
+    assert_eq!(refusals, 1, "20 refusals in one window log one line: {log}");
+    assert!(log.contains("Host header not allowed"), "{log}");
 }

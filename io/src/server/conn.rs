@@ -51,7 +51,8 @@ impl Activity {
             let deadline =
                 self.start + Duration::from_millis(self.last.load(Ordering::Relaxed)) + idle;
             tokio::time::sleep_until(deadline).await;
-            let still = self.start + Duration::from_millis(self.last.load(Ordering::Relaxed)) + idle;
+            let still =
+                self.start + Duration::from_millis(self.last.load(Ordering::Relaxed)) + idle;
             if self.in_flight.load(Ordering::Relaxed) == 0 && still <= Instant::now() {
                 return;
             }

@@ -16,6 +16,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use relay_core::ledger::TokenHash;
+use relay_core::limits::escape_text;
 use serde_json::{Value, json};
 
 use super::Server;
@@ -199,7 +200,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
         allowed_origins: server.inner.config.allowed_origins.clone(),
     };
     if !host_allowed(&policy, header_str(headers, header::HOST)) {
-        tracing::warn!(endpoint = %name, "refused: Host header not allowed");
+        tracing::warn!(endpoint = %escape_text(name), "refused: Host header not allowed");
         return Err(rpc_error(
             StatusCode::FORBIDDEN,
             Value::Null,
@@ -209,7 +210,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
         ));
     }
     if !origin_allowed(&policy, header_str(headers, header::ORIGIN)) {
-        tracing::warn!(endpoint = %name, "refused: Origin header not allowed");
+        tracing::warn!(endpoint = %escape_text(name), "refused: Origin header not allowed");
         return Err(rpc_error(
             StatusCode::FORBIDDEN,
             Value::Null,
@@ -231,7 +232,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
     let endpoint = match server.inner.store.endpoint_get(name).await {
         Ok(e) => e,
         Err(e) => {
-            tracing::error!(endpoint = %name, error = %e, "store error while authenticating");
+            tracing::error!(endpoint = %escape_text(name), error = %e, "store error while authenticating");
             return Err(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 Value::Null,
@@ -243,8 +244,16 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
     match endpoint {
         Some(e) if e.revoked_at.is_none() && e.token_matches(&hash) => Ok(e),
         _ => {
-            // One answer for an unknown endpoint, a revoked one and a wrong token.
-            tracing::info!(endpoint = %name, "refused: unknown endpoint, revoked, or wrong token");
+            // One answer for an unknown endpoint, a revoked one and a wrong token; one log line
+            // per window however many arrive (a flood of 401s must not flood the log).
+            let allowed = super::lock(&server.inner.unauthorized_log).allow(server.now());
+            if let Some(suppressed) = allowed {
+                tracing::info!(
+                    endpoint = %escape_text(name),
+                    suppressed,
+                    "refused: unknown endpoint, revoked, or wrong token"
+                );
+            }
             Err(unauthorized(
                 "the endpoint is unknown or revoked, or the token is wrong",
             ))
@@ -304,7 +313,7 @@ async fn mcp_post(
     };
     let limit = server.inner.config.body_limit;
     let too_big = || {
-        tracing::info!(endpoint = %name, limit, "refused: request body over the limit");
+        tracing::info!(endpoint = %escape_text(&name), limit, "refused: request body over the limit");
         rpc_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             Value::Null,
@@ -325,7 +334,7 @@ async fn mcp_post(
     )
     .await;
     let Ok(read) = read else {
-        tracing::info!(endpoint = %name, "refused: request body not in within the body timeout");
+        tracing::info!(endpoint = %escape_text(&name), "refused: request body not in within the body timeout");
         return rpc_error(
             StatusCode::REQUEST_TIMEOUT,
             Value::Null,
@@ -422,7 +431,7 @@ async fn mcp_get(
             );
         }
     };
-    tracing::info!(endpoint = %name, "doorbell stream opened");
+    tracing::info!(endpoint = %escape_text(&name), "doorbell stream opened");
     let shutdown = server.inner.shutdown.subscribe();
     let stream =
         futures_util::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
@@ -459,7 +468,7 @@ async fn mcp_delete(
         );
     };
     if server.end_session(session, &name) {
-        tracing::info!(endpoint = %name, "session ended by the client");
+        tracing::info!(endpoint = %escape_text(&name), "session ended by the client");
         StatusCode::NO_CONTENT.into_response()
     } else {
         rpc_error(

@@ -49,8 +49,8 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::SharedClock;
 use crate::store::Store;
 
-pub use doorbell::{Gate, Offer};
 pub use conn::tls_acceptor;
+pub use doorbell::{Gate, Offer};
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 
 /// The MCP protocol revisions this server speaks, newest first. `initialize` echoes a requested
@@ -203,6 +203,8 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     /// Requests being handled right now (observable by tests and the graceful-shutdown path).
     in_flight: watch::Sender<usize>,
+    /// One "refused: 401" log line per window (10 s), however many arrive.
+    unauthorized_log: Mutex<relay_core::limits::LogThrottle>,
 }
 
 /// Why a doorbell stream did not open.
@@ -263,6 +265,7 @@ impl Server {
                 metrics: metrics::Metrics::new(),
                 shutdown: watch::channel(false).0,
                 in_flight: watch::channel(0).0,
+                unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
             }),
         }
     }
