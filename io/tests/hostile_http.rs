@@ -374,3 +374,80 @@ async fn path_text_never_reaches_the_log_raw_and_401s_are_throttled() {
     assert_eq!(refusals, 1, "20 refusals in one window log one line: {log}");
     assert!(log.contains("Host header not allowed"), "{log}");
 }
+
+#[tokio::test]
+async fn metrics_and_healthz_refuse_a_foreign_host() {
+    let r = start(|_| {}).await;
+    for path in ["/metrics", "/healthz"] {
+        let seen = r
+            .send(&format!(
+                "GET {path} HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+            ))
+            .await;
+        assert!(seen.starts_with("HTTP/1.1 403"), "{path}: {seen}");
+        let seen = r
+            .send(&format!(
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            ))
+            .await;
+        assert!(seen.starts_with("HTTP/1.1 200"), "{path}: {seen}");
+    }
+}
+
+/// The full `serve` on a SQLite file in `dir`.
+async fn start_on_file(dir: &std::path::Path) -> Running {
+    let url = format!("sqlite:{}", dir.join("relay.db").display());
+    let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Server::new(
+        store.clone(),
+        Arc::new(ManualClock::new(T0)),
+        ServerConfig::for_listen(addr),
+        Some(3),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        server
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Running {
+        addr,
+        store,
+        stop: Some(stop),
+        served,
+    }
+}
+
+#[tokio::test]
+async fn healthz_is_503_while_the_sqlite_file_is_write_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_on_file(dir.path()).await;
+    let get = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    assert!(r.send(get).await.starts_with("HTTP/1.1 200"));
+    // Another process's writer, as far as SQLite can tell.
+    let locker = rusqlite::Connection::open(dir.path().join("relay.db")).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let seen = r.send(get).await;
+    assert!(seen.starts_with("HTTP/1.1 503"), "{seen}");
+    locker.execute_batch("ROLLBACK").unwrap();
+    assert!(r.send(get).await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn the_sqlite_file_and_its_wal_and_shm_are_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_on_file(dir.path()).await;
+    r.endpoint("ep").await;
+    for name in ["relay.db", "relay.db-wal", "relay.db-shm"] {
+        let mode = std::fs::metadata(dir.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name} is {:o}", mode & 0o777);
+    }
+}

@@ -109,23 +109,33 @@ async fn count_in_flight(State(server): State<Server>, req: Request, next: Next)
     response
 }
 
-async fn healthz(State(server): State<Server>) -> Response {
-    // Healthy means the store answers.
-    match server.inner.store.endpoint_get("").await {
-        Ok(_) => (StatusCode::OK, "ok\n").into_response(),
+/// How long `/healthz` waits for a write transaction to start.
+const HEALTHZ_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn healthz(State(server): State<Server>, headers: HeaderMap) -> Response {
+    if let Err(r) = host_check(&server, "/healthz", &headers) {
+        return r;
+    }
+    // Healthy means a write could happen now: a store that answers reads while write-locked
+    // would take every claim into the busy timeout.
+    match server.inner.store.probe_write(HEALTHZ_WRITE_TIMEOUT).await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(e) => {
-            tracing::warn!(error = %e, "healthz: the store does not answer");
+            tracing::warn!(error = %e, "healthz: no write transaction could start");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {}\n", e.message),
+                "store unavailable: no write transaction could start; see the server log\n",
             )
                 .into_response()
         }
     }
 }
 
-async fn metrics(State(server): State<Server>) -> Response {
+async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
     use relay_core::ledger::TodoState;
+    if let Err(r) = host_check(&server, "/metrics", &headers) {
+        return r;
+    }
     match server.inner.store.count_by_state().await {
         Ok(counts) => {
             for state in TodoState::ALL {
@@ -193,8 +203,8 @@ fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&s
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
-async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+/// The Host/Origin checks (DNS-rebinding protection) of every route. `name` is for the log.
+fn host_check(server: &Server, name: &str, headers: &HeaderMap) -> Result<(), Response> {
     let policy = HostPolicy {
         allowed_hosts: server.inner.config.allowed_hosts.clone(),
         allowed_origins: server.inner.config.allowed_origins.clone(),
@@ -219,6 +229,12 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
              from an allowed origin",
         ));
     }
+    Ok(())
+}
+
+/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
+async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+    host_check(server, name, headers)?;
     let presented = header_str(headers, header::AUTHORIZATION).and_then(|v| {
         let (scheme, token) = v.split_once(' ')?;
         scheme
