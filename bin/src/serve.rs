@@ -1,9 +1,11 @@
 //! `relay serve [--listen ADDR]`: the queue server on the store named by `--db`.
 //!
-//! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT` (so a
-//! script can start it with port 0 and read the port). Logs go to stderr (`RELAY_LOG` sets the
+//! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT`
+//! (`https://` with `--tls-cert`/`--tls-key`), so a script can start it with port 0 and read
+//! the port. Timeouts and caps are flags (README, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
 //! filter, default `info`; `--log-json` for JSON lines). Ctrl-C or SIGTERM stop it gracefully:
-//! no new connections, in-flight requests finish, background sweeps stop.
+//! no new connections, in-flight requests finish within `--shutdown-grace`, background sweeps
+//! stop, exit 0.
 
 // The ready line is the command's contract.
 #![allow(clippy::print_stdout)]

@@ -446,7 +446,7 @@ impl Store {
                         Write,
                         "healthz",
                         String::from("(write probe)"),
-                        |tx| { ops::endpoint_get(tx, "") }
+                        |tx| ops::endpoint_get(tx, "")
                     )
                 };
                 match tokio::time::timeout(timeout, probe).await {
