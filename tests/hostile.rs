@@ -195,3 +195,32 @@ fn serve_speaks_tls_from_pem_files() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn serve_refuses_bad_limits_and_tls_files_in_one_line_naming_the_flag() {
+    let dir = temp_dir("hostile-flags");
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+    let missing = dir.join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--idle-timeout", "0s"], "--idle-timeout"),
+        (vec!["--max-connections", "0"], "--max-connections"),
+        (vec!["--body-timeout", "soon"], "--body-timeout"),
+        (vec!["--tls-cert", missing], "required arguments"),
+        (
+            vec!["--tls-cert", missing, "--tls-key", missing],
+            "--tls-cert",
+        ),
+    ] {
+        let out = relay()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .env("RELAY_DB", &db)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} never listened");
+    }
+}

@@ -104,6 +104,11 @@ pub fn run(db: &DbOpt, args: Args) -> ExitCode {
 }
 
 async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
+    // Bad TLS files are refused before anything is opened or bound.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(relay_io::server::tls_acceptor(cert, key)?),
+        _ => None,
+    };
     let store = Store::open(&db.db, LedgerConfig::default())
         .await
         .map_err(|e| {
@@ -139,10 +144,6 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.max_sessions_per_endpoint = args.max_sessions_per_endpoint as usize;
     config.max_streams = args.max_streams as usize;
     config.shutdown_grace = args.shutdown_grace;
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(relay_io::server::tls_acceptor(cert, key)?),
-        _ => None,
-    };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let server = Server::new(store, Arc::new(SystemClock), config, None);
     println!("listening on {scheme}://{bound}");
