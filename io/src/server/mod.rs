@@ -7,7 +7,9 @@
 //! `relay_core::ledger::transition`); every tool's arguments, schemas, answers and error codes
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
 //! authentication, sessions, the doorbell, background sweeps, metrics and the HTTP hygiene
-//! (body limit, Host/Origin checks).
+//! (body limit, Host/Origin checks; and in `conn`, the accept loop's timeouts, connection cap,
+//! TLS and bounded shutdown). The caps and the log throttle are decided by
+//! `relay_core::limits`; this shell only counts and reads the clock.
 //!
 //! # Time and randomness
 //!
@@ -26,6 +28,7 @@
 //!
 //! Bearer tokens, lease tokens and the `Authorization` header never reach a log line, an error
 //! message or a metric label; only endpoint names, tool names, todo ids and error codes do.
+//! A name taken from the URL path is logged through `relay_core::limits::escape_text`.
 
 mod conn;
 mod doorbell;
