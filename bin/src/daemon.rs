@@ -228,10 +228,14 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     for h in harnesses.as_array().into_iter().flatten() {
-        let s = |v: &Value| match v {
-            Value::String(s) => s.clone(),
-            Value::Null => "-".into(),
-            other => other.to_string(),
+        // Ids and names may come from a queue server: escaped for the terminal.
+        let s = |v: &Value| {
+            let text = match v {
+                Value::String(s) => s.clone(),
+                Value::Null => "-".into(),
+                other => other.to_string(),
+            };
+            relay_core::limits::escape_text(&text).into_owned()
         };
         let relay = &h["relay"];
         let source = &h["source"];
@@ -303,8 +307,8 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
             println!(
                 "{:<6} {:<24} {}",
                 r["level"].as_str().unwrap_or("?"),
-                r["subject"].as_str().unwrap_or("?"),
-                r["message"].as_str().unwrap_or("")
+                relay_core::limits::escape_text(r["subject"].as_str().unwrap_or("?")),
+                relay_core::limits::escape_text(r["message"].as_str().unwrap_or(""))
             );
         }
     }
@@ -348,7 +352,7 @@ pub fn runs(args: RunsArgs) -> ExitCode {
             outcome.as_str().unwrap_or("?"),
             r.started_at,
             relay_col,
-            r.todo_id.as_deref().unwrap_or("-"),
+            relay_core::limits::escape_text(r.todo_id.as_deref().unwrap_or("-")),
             r.attempt
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),

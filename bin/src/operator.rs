@@ -265,10 +265,10 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
                 let queues = e.queues.as_ref().map_or("*".to_string(), |q| q.join(","));
                 println!(
                     "{:<20} {:<8} {:<24} {}",
-                    e.name,
+                    esc(&e.name),
                     state,
-                    queues,
-                    e.verbs.join(",")
+                    esc(&queues),
+                    esc(&e.verbs.join(","))
                 );
             }
             Ok(())
@@ -296,6 +296,12 @@ fn parse_json(flag: &str, text: Option<String>) -> Result<Option<Value>, Error> 
     .transpose()
 }
 
+/// Worker- and client-written text for a terminal: controls and bidi overrides made visible
+/// (`--json` output stays exact).
+fn esc(s: &str) -> std::borrow::Cow<'_, str> {
+    relay_core::limits::escape_text(s)
+}
+
 fn todo_line(t: &Todo) -> String {
     let retry = match (t.state, t.next_retry_at) {
         (TodoState::Failed, Some(at)) => format!(" (retry at {})", rfc3339(at)),
@@ -304,13 +310,13 @@ fn todo_line(t: &Todo) -> String {
     };
     format!(
         "{:<26} {:<9} {:<14} {:<16} {}/{}  {}{retry}",
-        t.id,
+        esc(&t.id),
         t.state.as_str(),
-        t.endpoint,
-        t.queue,
+        esc(&t.endpoint),
+        esc(&t.queue),
         t.attempt,
         t.max_attempts,
-        t.title
+        esc(&t.title)
     )
 }
 
@@ -437,7 +443,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 return Ok(());
             }
             let t = &view.todo;
-            println!("{}  {}", t.id, t.title);
+            println!("{}  {}", esc(&t.id), esc(&t.title));
             println!(
                 "  state {}{}  endpoint {}  queue {}  attempt {}/{}  attempts ever {}",
                 t.state,
@@ -446,8 +452,8 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 } else {
                     ""
                 },
-                t.endpoint,
-                t.queue,
+                esc(&t.endpoint),
+                esc(&t.queue),
                 t.attempt,
                 t.max_attempts,
                 t.attempts_total
@@ -456,10 +462,10 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 println!("  next retry at {}", rfc3339(at));
             }
             if let Some(p) = &t.payload {
-                println!("  payload {p}");
+                println!("  payload {}", esc(&p.to_string()));
             }
             if let Some(r) = &t.result {
-                println!("  result {r}");
+                println!("  result {}", esc(&r.to_string()));
             }
             println!("  attempts (newest first):");
             if view.attempts.is_empty() {
@@ -480,17 +486,17 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     "    #{} (try {}) by {}{} claimed {}: {end}",
                     a.seq,
                     a.attempt,
-                    a.owner,
+                    esc(&a.owner),
                     a.claimant
                         .as_ref()
-                        .map_or(String::new(), |c| format!(" [{c}]")),
+                        .map_or(String::new(), |c| format!(" [{}]", esc(c))),
                     rfc3339(a.claimed_at)
                 );
                 if let Some(s) = &a.summary {
-                    println!("      summary: {s}");
+                    println!("      summary: {}", esc(s));
                 }
                 if let Some(art) = &a.artifact {
-                    println!("      artifact: {art}");
+                    println!("      artifact: {}", esc(art));
                 }
             }
             if view.attempts_pruned > 0 {
@@ -501,13 +507,13 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         TodoCmd::Retry { id } => {
             let store = open(db).await?;
             let t = store.retry(now(), &Actor::Operator, &id).await?;
-            println!("{}: {}", t.id, t.state);
+            println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
         TodoCmd::Cancel { id } => {
             let store = open(db).await?;
             let t = store.cancel(now(), &Actor::Operator, &id).await?;
-            println!("{}: {}", t.id, t.state);
+            println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
     }

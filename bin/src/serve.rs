@@ -1,17 +1,21 @@
 //! `relay serve [--listen ADDR]`: the queue server on the store named by `--db`.
 //!
-//! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT` (so a
-//! script can start it with port 0 and read the port). Logs go to stderr (`RELAY_LOG` sets the
+//! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT`
+//! (`https://` with `--tls-cert`/`--tls-key`), so a script can start it with port 0 and read
+//! the port. Timeouts and caps are flags (README, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
 //! filter, default `info`; `--log-json` for JSON lines). Ctrl-C or SIGTERM stop it gracefully:
-//! no new connections, in-flight requests finish, background sweeps stop.
+//! no new connections, in-flight requests finish within `--shutdown-grace`, background sweeps
+//! stop, exit 0.
 
 // The ready line is the command's contract.
 #![allow(clippy::print_stdout)]
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use relay_core::Error;
 use relay_core::ledger::LedgerConfig;
@@ -40,6 +44,51 @@ pub struct Args {
     /// Log JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    /// A request's line and headers must arrive within this long (slow-loris bound).
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    header_read_timeout: Duration,
+    /// Close a connection with no request in flight that sends nothing for this long.
+    #[arg(long, default_value = "5s", value_parser = positive_duration)]
+    idle_timeout: Duration,
+    /// A request body must arrive whole within this long, else 408.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    body_timeout: Duration,
+    /// Open connections at most; more are answered 503 at once.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Live MCP sessions at most, across all endpoints.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: u32,
+    /// Live MCP sessions at most per endpoint.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions_per_endpoint: u32,
+    /// Open doorbell streams at most.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_streams: u32,
+    /// After SIGTERM/Ctrl-C, in-flight requests get this long; then connections are dropped.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    shutdown_grace: Duration,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// A duration as the config writes them ("10s", "500ms").
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    relay_core::config::parse_duration(s)
+        .map(Duration::from_millis)
+        .map_err(|e| e.to_string())
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d.is_zero() {
+        return Err("must be more than 0 (e.g. \"10s\")".into());
+    }
+    Ok(d)
 }
 
 pub fn run(db: &DbOpt, args: Args) -> ExitCode {
@@ -55,6 +104,11 @@ pub fn run(db: &DbOpt, args: Args) -> ExitCode {
 }
 
 async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
+    // Bad TLS files are refused before anything is opened or bound.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(relay_io::server::tls_acceptor(cert, key)?),
+        _ => None,
+    };
     let store = Store::open(&db.db, LedgerConfig::default())
         .await
         .map_err(|e| {
@@ -82,12 +136,21 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.allowed_hosts.extend(args.allow_hosts);
     config.allowed_origins = args.allow_origins;
     config.body_limit = args.body_limit;
+    config.header_read_timeout = args.header_read_timeout;
+    config.idle_timeout = args.idle_timeout;
+    config.body_timeout = args.body_timeout;
+    config.max_connections = args.max_connections as usize;
+    config.max_sessions = args.max_sessions as usize;
+    config.max_sessions_per_endpoint = args.max_sessions_per_endpoint as usize;
+    config.max_streams = args.max_streams as usize;
+    config.shutdown_grace = args.shutdown_grace;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let server = Server::new(store, Arc::new(SystemClock), config, None);
-    println!("listening on http://{bound}");
+    println!("listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
     server
-        .serve(listener, relay_io::shutdown_signal())
+        .serve_with_tls(listener, tls, relay_io::shutdown_signal())
         .await
         .map_err(|e| Error::internal(format!("the server stopped on an I/O error: {e}")))
 }

@@ -14,6 +14,7 @@ pub mod bounds;
 pub mod config;
 pub mod error;
 pub mod ledger;
+pub mod limits;
 pub mod relay;
 pub mod time;
 pub mod wire;

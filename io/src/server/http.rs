@@ -16,6 +16,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use relay_core::ledger::TokenHash;
+use relay_core::limits::escape_text;
 use serde_json::{Value, json};
 
 use super::Server;
@@ -108,23 +109,33 @@ async fn count_in_flight(State(server): State<Server>, req: Request, next: Next)
     response
 }
 
-async fn healthz(State(server): State<Server>) -> Response {
-    // Healthy means the store answers.
-    match server.inner.store.endpoint_get("").await {
-        Ok(_) => (StatusCode::OK, "ok\n").into_response(),
+/// How long `/healthz` waits for a write transaction to start.
+const HEALTHZ_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn healthz(State(server): State<Server>, headers: HeaderMap) -> Response {
+    if let Err(r) = host_check(&server, "/healthz", &headers) {
+        return r;
+    }
+    // Healthy means a write could happen now: a store that answers reads while write-locked
+    // would take every claim into the busy timeout.
+    match server.inner.store.probe_write(HEALTHZ_WRITE_TIMEOUT).await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(e) => {
-            tracing::warn!(error = %e, "healthz: the store does not answer");
+            tracing::warn!(error = %e, "healthz: no write transaction could start");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {}\n", e.message),
+                "store unavailable: no write transaction could start; see the server log\n",
             )
                 .into_response()
         }
     }
 }
 
-async fn metrics(State(server): State<Server>) -> Response {
+async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
     use relay_core::ledger::TodoState;
+    if let Err(r) = host_check(&server, "/metrics", &headers) {
+        return r;
+    }
     match server.inner.store.count_by_state().await {
         Ok(counts) => {
             for state in TodoState::ALL {
@@ -192,14 +203,14 @@ fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&s
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
-async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+/// The Host/Origin checks (DNS-rebinding protection) of every route. `name` is for the log.
+fn host_check(server: &Server, name: &str, headers: &HeaderMap) -> Result<(), Response> {
     let policy = HostPolicy {
         allowed_hosts: server.inner.config.allowed_hosts.clone(),
         allowed_origins: server.inner.config.allowed_origins.clone(),
     };
     if !host_allowed(&policy, header_str(headers, header::HOST)) {
-        tracing::warn!(endpoint = %name, "refused: Host header not allowed");
+        tracing::warn!(endpoint = %escape_text(name), "refused: Host header not allowed");
         return Err(rpc_error(
             StatusCode::FORBIDDEN,
             Value::Null,
@@ -209,7 +220,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
         ));
     }
     if !origin_allowed(&policy, header_str(headers, header::ORIGIN)) {
-        tracing::warn!(endpoint = %name, "refused: Origin header not allowed");
+        tracing::warn!(endpoint = %escape_text(name), "refused: Origin header not allowed");
         return Err(rpc_error(
             StatusCode::FORBIDDEN,
             Value::Null,
@@ -218,6 +229,12 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
              from an allowed origin",
         ));
     }
+    Ok(())
+}
+
+/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
+async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+    host_check(server, name, headers)?;
     let presented = header_str(headers, header::AUTHORIZATION).and_then(|v| {
         let (scheme, token) = v.split_once(' ')?;
         scheme
@@ -231,7 +248,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
     let endpoint = match server.inner.store.endpoint_get(name).await {
         Ok(e) => e,
         Err(e) => {
-            tracing::error!(endpoint = %name, error = %e, "store error while authenticating");
+            tracing::error!(endpoint = %escape_text(name), error = %e, "store error while authenticating");
             return Err(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 Value::Null,
@@ -243,8 +260,16 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
     match endpoint {
         Some(e) if e.revoked_at.is_none() && e.token_matches(&hash) => Ok(e),
         _ => {
-            // One answer for an unknown endpoint, a revoked one and a wrong token.
-            tracing::info!(endpoint = %name, "refused: unknown endpoint, revoked, or wrong token");
+            // One answer for an unknown endpoint, a revoked one and a wrong token; one log line
+            // per window however many arrive (a flood of 401s must not flood the log).
+            let allowed = super::lock(&server.inner.unauthorized_log).allow(server.now());
+            if let Some(suppressed) = allowed {
+                tracing::info!(
+                    endpoint = %escape_text(name),
+                    suppressed,
+                    "refused: unknown endpoint, revoked, or wrong token"
+                );
+            }
             Err(unauthorized(
                 "the endpoint is unknown or revoked, or the token is wrong",
             ))
@@ -304,7 +329,7 @@ async fn mcp_post(
     };
     let limit = server.inner.config.body_limit;
     let too_big = || {
-        tracing::info!(endpoint = %name, limit, "refused: request body over the limit");
+        tracing::info!(endpoint = %escape_text(&name), limit, "refused: request body over the limit");
         rpc_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             Value::Null,
@@ -319,7 +344,21 @@ async fn mcp_post(
     if declared.is_some_and(|n| n > limit as u64) {
         return too_big();
     }
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let read = tokio::time::timeout(
+        server.inner.config.body_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await;
+    let Ok(read) = read else {
+        tracing::info!(endpoint = %escape_text(&name), "refused: request body not in within the body timeout");
+        return rpc_error(
+            StatusCode::REQUEST_TIMEOUT,
+            Value::Null,
+            -32600,
+            "the request body did not arrive in time; nothing was changed. Send it again, whole",
+        );
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(e) => {
             let over = std::error::Error::source(&e)
@@ -383,7 +422,15 @@ async fn mcp_get(
     };
     let rx = match server.open_stream(&session) {
         Ok(rx) => rx,
-        Err(true) => {
+        Err(super::StreamRefused::Full(message)) => {
+            return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32000,
+                &message,
+            );
+        }
+        Err(super::StreamRefused::AlreadyOpen) => {
             return rpc_error(
                 StatusCode::CONFLICT,
                 Value::Null,
@@ -391,7 +438,7 @@ async fn mcp_get(
                 "this session already has an open stream; use that one (one stream per session)",
             );
         }
-        Err(false) => {
+        Err(super::StreamRefused::NoSession) => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
                 Value::Null,
@@ -400,7 +447,7 @@ async fn mcp_get(
             );
         }
     };
-    tracing::info!(endpoint = %name, "doorbell stream opened");
+    tracing::info!(endpoint = %escape_text(&name), "doorbell stream opened");
     let shutdown = server.inner.shutdown.subscribe();
     let stream =
         futures_util::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
@@ -437,7 +484,7 @@ async fn mcp_delete(
         );
     };
     if server.end_session(session, &name) {
-        tracing::info!(endpoint = %name, "session ended by the client");
+        tracing::info!(endpoint = %escape_text(&name), "session ended by the client");
         StatusCode::NO_CONTENT.into_response()
     } else {
         rpc_error(

@@ -19,6 +19,7 @@ pub(crate) struct Metrics {
     pub(crate) tool_calls: Family<Labels, Counter>,
     pub(crate) doorbell_rings: Counter,
     pub(crate) sessions: Gauge,
+    pub(crate) connections_refused: Counter,
 }
 
 impl Metrics {
@@ -60,6 +61,12 @@ impl Metrics {
         );
         let sessions = Gauge::default();
         registry.register("sessions", "Live MCP sessions", sessions.clone());
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections refused at the maximum of open connections",
+            connections_refused.clone(),
+        );
         Metrics {
             registry,
             todos,
@@ -69,6 +76,7 @@ impl Metrics {
             tool_calls,
             doorbell_rings,
             sessions,
+            connections_refused,
         }
     }
 

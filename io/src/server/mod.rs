@@ -7,7 +7,9 @@
 //! `relay_core::ledger::transition`); every tool's arguments, schemas, answers and error codes
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
 //! authentication, sessions, the doorbell, background sweeps, metrics and the HTTP hygiene
-//! (body limit, Host/Origin checks).
+//! (body limit, Host/Origin checks; and in `conn`, the accept loop's timeouts, connection cap,
+//! TLS and bounded shutdown). The caps and the log throttle are decided by
+//! `relay_core::limits`; this shell only counts and reads the clock.
 //!
 //! # Time and randomness
 //!
@@ -26,7 +28,9 @@
 //!
 //! Bearer tokens, lease tokens and the `Authorization` header never reach a log line, an error
 //! message or a metric label; only endpoint names, tool names, todo ids and error codes do.
+//! A name taken from the URL path is logged through `relay_core::limits::escape_text`.
 
+mod conn;
 mod doorbell;
 mod http;
 mod metrics;
@@ -48,6 +52,7 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::SharedClock;
 use crate::store::Store;
 
+pub use conn::tls_acceptor;
 pub use doorbell::{Gate, Offer};
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 
@@ -91,6 +96,30 @@ pub struct ServerConfig {
     pub session_idle_timeout: Duration,
     /// The doorbell gate's window: at most one ring per session per window. Default 1 min.
     pub doorbell_window: Duration,
+    /// A request's line and headers must be in within this long of the server starting to wait
+    /// for them (the connection opening, or the previous response). Default 10 s: a slow-loris
+    /// header holds a connection no longer than this.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight that sends nothing for this long is closed (a
+    /// silent connection, an idle keep-alive). Default 5 s, the common keep-alive default; an
+    /// open doorbell stream is a request in flight and is never idle.
+    pub idle_timeout: Duration,
+    /// A request body must be in whole within this long of its handler starting to read it;
+    /// otherwise 408 and nothing changes. Default 30 s: a 1 MiB body at a slow 64 KiB/s.
+    pub body_timeout: Duration,
+    /// Open connections at most; one more is answered 503 at once and closed (logged at most
+    /// once per 10 s). Default 512: half the common fd limit of 1 024, leaving room for the
+    /// store and the logs.
+    pub max_connections: usize,
+    /// Live sessions at most, in total and per endpoint; `initialize` beyond is answered 503.
+    /// Defaults 1 024 and 64: a daemon holds one session, a session costs a few hundred bytes.
+    pub max_sessions: usize,
+    pub max_sessions_per_endpoint: usize,
+    /// Open doorbell streams at most (each is an open connection). Default 256.
+    pub max_streams: usize,
+    /// After a shutdown signal, in-flight requests have this long to finish; then their
+    /// connections are dropped and `serve` returns. Default 10 s.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -110,6 +139,14 @@ impl ServerConfig {
             requeue_interval: Duration::from_secs(5),
             session_idle_timeout: Duration::from_secs(30 * 60),
             doorbell_window: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_sessions: 1024,
+            max_sessions_per_endpoint: 64,
+            max_streams: 256,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -169,6 +206,15 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     /// Requests being handled right now (observable by tests and the graceful-shutdown path).
     in_flight: watch::Sender<usize>,
+    /// One "refused: 401" log line per window (10 s), however many arrive.
+    unauthorized_log: Mutex<relay_core::limits::LogThrottle>,
+}
+
+/// Why a doorbell stream did not open.
+enum StreamRefused {
+    NoSession,
+    AlreadyOpen,
+    Full(String),
 }
 
 /// The queue server. Cheap to clone; clones share everything.
@@ -222,6 +268,7 @@ impl Server {
                 metrics: metrics::Metrics::new(),
                 shutdown: watch::channel(false).0,
                 in_flight: watch::channel(0).0,
+                unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
             }),
         }
     }
@@ -292,6 +339,30 @@ impl Server {
             .any(|v| v == "claim_next" || v == "claim");
         let now = self.now();
         let mut st = lock(&self.inner.state);
+        let full = |st: &State| {
+            let mine = st
+                .sessions
+                .values()
+                .filter(|s| s.endpoint == endpoint.name)
+                .count();
+            relay_core::limits::admit_session(&self.caps(), st.sessions.len(), mine)
+        };
+        if full(&st).is_err() {
+            // Expired sessions count for nothing: forget them before refusing.
+            let expired: Vec<String> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.session_expired(s, now))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in expired {
+                Self::drop_session(&mut st, &id);
+            }
+            self.inner.metrics.sessions.set(st.sessions.len() as i64);
+            if let Err(message) = full(&st) {
+                return Err(Error::conflict(message));
+            }
+        }
         st.sessions.insert(
             id.clone(),
             Session {
@@ -350,15 +421,26 @@ impl Server {
         true
     }
 
-    /// Opens the session's doorbell stream. `Err(true)`: one is already open (409).
-    fn open_stream(&self, id: &str) -> Result<mpsc::Receiver<String>, bool> {
+    fn caps(&self) -> relay_core::limits::Caps {
+        let c = &self.inner.config;
+        relay_core::limits::Caps {
+            sessions_total: c.max_sessions,
+            sessions_per_endpoint: c.max_sessions_per_endpoint,
+            streams: c.max_streams,
+        }
+    }
+
+    /// Opens the session's doorbell stream.
+    fn open_stream(&self, id: &str) -> Result<mpsc::Receiver<String>, StreamRefused> {
         let mut st = lock(&self.inner.state);
+        let open = st.sessions.values().filter(|s| s.stream_open()).count();
         let Some(s) = st.sessions.get_mut(id) else {
-            return Err(false);
+            return Err(StreamRefused::NoSession);
         };
         if s.stream_open() {
-            return Err(true);
+            return Err(StreamRefused::AlreadyOpen);
         }
+        relay_core::limits::admit_stream(&self.caps(), open).map_err(StreamRefused::Full)?;
         // A ring is a nudge: if a client is this far behind, dropping one loses nothing.
         let (tx, rx) = mpsc::channel(16);
         s.stream = Some(tx);
@@ -553,10 +635,21 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` resolves, with the background loops. On shutdown it
     /// stops accepting, ends the doorbell streams, lets in-flight requests finish (each one's
-    /// store transaction commits or rolls back whole), then stops the background loops.
+    /// store transaction commits or rolls back whole) for at most the shutdown grace, drops
+    /// what is left, then stops the background loops.
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        self.serve_with_tls(listener, None, shutdown).await
+    }
+
+    /// [`Server::serve`], speaking TLS on every connection when `tls` is given.
+    pub async fn serve_with_tls(
+        &self,
+        listener: tokio::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stop_bg, mut bg_rx) = watch::channel(false);
@@ -568,14 +661,7 @@ impl Server {
                 })
                 .await;
         });
-        let me = self.clone();
-        let result = axum::serve(listener, self.router())
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: no new connections; finishing in-flight requests");
-                me.begin_shutdown();
-            })
-            .await;
+        let result = conn::accept_loop(self.clone(), listener, tls, shutdown).await;
         stop_bg.send_replace(true);
         let _ = background.await;
         tracing::info!("stopped");

@@ -257,6 +257,14 @@ fn initialize(server: &Server, endpoint: &Endpoint, id: Value, params: Option<&V
         .unwrap_or(PROTOCOL_VERSIONS[0]);
     let session = match server.open_session(endpoint) {
         Ok(s) => s,
+        Err(e) if e.code == relay_core::ErrorCode::Conflict => {
+            tracing::warn!(endpoint = %endpoint.name, "refused a session: at the session cap");
+            return Reply::Json {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                body: json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": e.message}}),
+                session: None,
+            };
+        }
         Err(e) => return err(id, INTERNAL_ERROR, &e.message),
     };
     tracing::info!(endpoint = %endpoint.name, protocol = version, "session initialized");

@@ -434,6 +434,32 @@ impl Store {
         })
     }
 
+    /// Whether a write transaction can start within `timeout` (for `/healthz`): `Err` when the
+    /// store is down, or write-locked past `timeout`. Changes nothing.
+    pub async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
+        match self {
+            Store::Sqlite(s) => s.probe_write(timeout).await,
+            Store::Postgres(_) => {
+                let probe = async {
+                    run!(
+                        self,
+                        Write,
+                        "healthz",
+                        String::from("(write probe)"),
+                        |tx| ops::endpoint_get(tx, "")
+                    )
+                };
+                match tokio::time::timeout(timeout, probe).await {
+                    Ok(r) => r.map(drop),
+                    Err(_) => Err(Error::internal(format!(
+                        "healthz: no write transaction within {} ms",
+                        timeout.as_millis()
+                    ))),
+                }
+            }
+        }
+    }
+
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
     pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
         let name = name.to_string();

@@ -191,14 +191,36 @@ fn open_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::internal(format!("opening the SQLite store {what}: {e}"))
 }
 
+/// How long a statement waits on another writer's lock before answering busy.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Creates a missing database file readable by its owner only: it holds endpoint token hashes
+/// and every payload. SQLite gives its -wal and -shm files the database file's mode.
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn connect(path: Option<&Path>) -> Result<Connection, Error> {
     let what = path.map_or_else(|| ":memory:".to_string(), |p| p.display().to_string());
+    if let Some(p) = path {
+        create_private(p).map_err(|e| open_err(&what, e))?;
+    }
     let conn = match path {
         Some(p) => Connection::open(p),
         None => Connection::open_in_memory(),
     }
     .map_err(|e| open_err(&what, e))?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))
+    conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| open_err(&what, e))?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;
@@ -355,6 +377,22 @@ impl SqliteStore {
             let out = f(&mut tx)?;
             t.commit().map_err(|e| sql_err(op, &subject, e))?;
             Ok(out)
+        })
+        .await
+    }
+
+    /// Whether a write transaction can start within `timeout` (`BEGIN IMMEDIATE`, rolled back):
+    /// a database write-locked by another process answers `Err` after `timeout`, not after the
+    /// usual busy timeout, so a health probe never holds a pooled connection for long.
+    pub(crate) async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
+        self.with_conn(move |conn| {
+            let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
+            conn.busy_timeout(timeout).map_err(err)?;
+            let began = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map(drop);
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+            began.map_err(err)
         })
         .await
     }

@@ -1,0 +1,175 @@
+//! The server's hygiene rules against hostile clients: caps on sessions and doorbell streams, a
+//! log throttle, and the escaping of untrusted text for logs and terminals.
+//!
+//! The shell counts and reads the clock; these functions decide. Nothing here reads time: every
+//! `now` is a [`Millis`] passed in.
+
+use std::borrow::Cow;
+
+use crate::time::Millis;
+
+/// The caps on what clients may hold open at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Live MCP sessions across all endpoints.
+    pub sessions_total: usize,
+    /// Live MCP sessions of one endpoint.
+    pub sessions_per_endpoint: usize,
+    /// Open doorbell (GET) streams across all sessions.
+    pub streams: usize,
+}
+
+/// Whether one more session may open, given the live ones; `Err` is the message for the client.
+pub fn admit_session(caps: &Caps, total: usize, for_endpoint: usize) -> Result<(), String> {
+    if for_endpoint >= caps.sessions_per_endpoint {
+        return Err(format!(
+            "too many sessions for this endpoint ({for_endpoint} open, at most {}); end unused \
+             sessions with DELETE, or wait for idle ones to expire, then initialize again",
+            caps.sessions_per_endpoint
+        ));
+    }
+    if total >= caps.sessions_total {
+        return Err(format!(
+            "the server holds its maximum of {} sessions; try again once idle sessions expire",
+            caps.sessions_total
+        ));
+    }
+    Ok(())
+}
+
+/// Whether one more doorbell stream may open, given the open ones; `Err` is the message.
+pub fn admit_stream(caps: &Caps, open: usize) -> Result<(), String> {
+    if open >= caps.streams {
+        return Err(format!(
+            "the server holds its maximum of {} open doorbell streams; poll claim_next instead, \
+             or try again later",
+            caps.streams
+        ));
+    }
+    Ok(())
+}
+
+/// At most one log line per window for one kind of event; the rest are counted and reported
+/// with the next line that is let through, so a flood costs one line per window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogThrottle {
+    window: Millis,
+    last: Option<Millis>,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    pub fn new(window: Millis) -> LogThrottle {
+        LogThrottle {
+            window,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(n)`: log now, mentioning the `n` events suppressed since the last line. `None`:
+    /// stay silent (the event is counted).
+    pub fn allow(&mut self, now: Millis) -> Option<u64> {
+        let due = self
+            .last
+            .is_none_or(|last| now >= last.saturating_add(self.window) || now < last);
+        if due {
+            self.last = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed = self.suppressed.saturating_add(1);
+            None
+        }
+    }
+}
+
+/// Whether a character must not reach a log line or a terminal raw: C0/C1 controls (newline and
+/// ESC included), DEL, the line and paragraph separators, and the bidirectional formatting
+/// characters (which reorder what the operator sees).
+pub fn is_unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{061C}' | '\u{200E}' | '\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// Untrusted text made safe for a log line or a terminal: every [`is_unsafe_char`] becomes a
+/// visible `\u{…}` escape (a backslash becomes `\\`, so the escaping is unambiguous). Text
+/// without either comes back borrowed and unchanged.
+pub fn escape_text(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(|c| c == '\\' || is_unsafe_char(c)) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if is_unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: Caps = Caps {
+        sessions_total: 3,
+        sessions_per_endpoint: 2,
+        streams: 1,
+    };
+
+    #[test]
+    fn sessions_are_capped_per_endpoint_and_in_total() {
+        assert!(admit_session(&CAPS, 0, 0).is_ok());
+        assert!(admit_session(&CAPS, 2, 1).is_ok());
+        assert!(
+            admit_session(&CAPS, 2, 2)
+                .unwrap_err()
+                .contains("this endpoint")
+        );
+        assert!(
+            admit_session(&CAPS, 3, 0)
+                .unwrap_err()
+                .contains("maximum of 3")
+        );
+        assert!(admit_stream(&CAPS, 0).is_ok());
+        assert!(
+            admit_stream(&CAPS, 1)
+                .unwrap_err()
+                .contains("doorbell streams")
+        );
+    }
+
+    #[test]
+    fn the_throttle_lets_one_line_through_per_window_and_counts_the_rest() {
+        let mut t = LogThrottle::new(1000);
+        assert_eq!(t.allow(0), Some(0));
+        assert_eq!(t.allow(1), None);
+        assert_eq!(t.allow(999), None);
+        assert_eq!(t.allow(1000), Some(2));
+        assert_eq!(t.allow(1500), None);
+        // A clock that went backwards does not silence the log for good.
+        assert_eq!(t.allow(10), Some(1));
+    }
+
+    #[test]
+    fn escaping_makes_controls_and_bidi_visible_and_keeps_the_rest() {
+        assert!(matches!(escape_text("plain ünïcode 🚀"), Cow::Borrowed(_)));
+        assert_eq!(escape_text("a\nb"), "a\\u{a}b");
+        assert_eq!(escape_text("\u{1b}[2J"), "\\u{1b}[2J");
+        assert_eq!(escape_text("x\u{202E}y\u{2028}z"), "x\\u{202e}y\\u{2028}z");
+        assert_eq!(escape_text("back\\slash"), "back\\\\slash");
+        assert_eq!(escape_text("\u{0}\u{7f}\u{85}"), "\\u{0}\\u{7f}\\u{85}");
+        for s in ["\u{2066}", "\u{200f}", "\t", "\r"] {
+            assert!(!escape_text(s).chars().any(is_unsafe_char), "{s:?}");
+        }
+    }
+}
