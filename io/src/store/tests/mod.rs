@@ -8,6 +8,7 @@
 mod concurrency;
 mod misc;
 mod model;
+mod scan;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
