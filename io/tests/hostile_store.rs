@@ -327,3 +327,159 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
         );
     }
 }
+
+impl Harness {
+    /// A JSON-RPC `tools/call` on a fresh session of `name`: the whole answer.
+    async fn call(&self, name: &str, token: &str, tool: &str, args: Value) -> Value {
+        let url = format!("{}/mcp/{name}", self.base);
+        let post = |body: Value, session: Option<String>| {
+            let mut r = self
+                .http
+                .post(&url)
+                .bearer_auth(token)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .body(body.to_string());
+            if let Some(s) = session {
+                r = r.header("mcp-session-id", s);
+            }
+            r.send()
+        };
+        let init = post(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"}}}),
+            None,
+        )
+        .await
+        .unwrap();
+        let session = init.headers()["mcp-session-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        post(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            Some(session.clone()),
+        )
+        .await
+        .unwrap();
+        let r = post(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": tool, "arguments": args}}),
+            Some(session),
+        )
+        .await
+        .unwrap();
+        r.json().await.unwrap()
+    }
+}
+
+/// Issue 13, why 8: `result` was unbounded (a 1 MB result made `get_todo` answer 2 MB). It is
+/// bounded like `payload`: above 64 KiB the report is `invalid`, naming `result`, and changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_above_64_kib_is_invalid_naming_it() {
+    for backend in Backend::all() {
+        let h = Harness::start(backend.open().await).await;
+        let token = h
+            .endpoint(
+                "w",
+                &["add_todo", "claim_next", "complete", "fail", "list_todos"],
+            )
+            .await;
+        let added = h
+            .call("w", &token, "add_todo", json!({"queue": "q", "title": "t"}))
+            .await;
+        let id = added["result"]["structuredContent"]["id"].clone();
+        h.call("w", &token, "claim_next", json!({})).await;
+        let big = json!({"blob": "x".repeat(65 * 1024)});
+        for verb in ["complete", "fail"] {
+            let r = h
+                .call("w", &token, verb, json!({"id": id, "result": big}))
+                .await;
+            let out = &r["result"];
+            assert_eq!(out["isError"], true, "{}: {verb}: {r}", backend.name());
+            assert_eq!(out["structuredContent"]["error"]["code"], "invalid");
+            let msg = out["structuredContent"]["error"]["message"]
+                .as_str()
+                .unwrap();
+            assert!(msg.contains("result"), "{msg}");
+        }
+        let view = h.call("w", &token, "get_todo", json!({"id": id})).await;
+        assert_eq!(
+            view["result"]["structuredContent"]["todo"]["state"],
+            "claimed",
+            "{}: nothing changed",
+            backend.name()
+        );
+        // Exactly at the bound it is accepted.
+        let at_bound = json!({"b": "x".repeat(64 * 1024 - 8)});
+        assert_eq!(at_bound.to_string().len(), 64 * 1024);
+        let r = h
+            .call(
+                "w",
+                &token,
+                "complete",
+                json!({"id": id, "result": at_bound}),
+            )
+            .await;
+        assert_eq!(r["result"]["isError"], false, "{r}");
+    }
+}
+
+/// Issue 13, why 8: store failures reached clients with the store's own text (SQLSTATE,
+/// table names). They answer one generic sentence with an error id now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_internal_error_shows_an_error_id_and_no_store_text() {
+    for backend in Backend::all() {
+        let h = Harness::start(backend.open().await).await;
+        let token = h.endpoint("w", &["add_todo", "list_todos"]).await;
+        let added = h
+            .call("w", &token, "add_todo", json!({"queue": "q", "title": "t"}))
+            .await;
+        let id = added["result"]["structuredContent"]["id"].clone();
+        // Break the store under the server: the attempts table is gone.
+        backend.raw("DROP TABLE todo_attempts").await;
+        let r = h.call("w", &token, "get_todo", json!({"id": id})).await;
+        assert_eq!(r["error"]["code"], -32603, "{}: {r}", backend.name());
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("error id err_"), "{msg}");
+        for leak in [
+            "todo_attempts",
+            "SQLite",
+            "sqlite",
+            "Postgres",
+            "42P01",
+            "relation",
+            "table",
+        ] {
+            assert!(
+                !msg.contains(leak),
+                "{}: the answer leaks {leak:?}: {msg}",
+                backend.name()
+            );
+        }
+    }
+}
+
+impl Backend {
+    /// Runs one constant statement on the store's database.
+    async fn raw(&self, sql: &str) {
+        match self {
+            Backend::Sqlite { path, .. } => {
+                let c = rusqlite::Connection::open(path).unwrap();
+                c.busy_timeout(BOUND).unwrap();
+                c.execute_batch(sql).unwrap();
+            }
+            Backend::Postgres { url, schema } => {
+                let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                c.batch_execute(&format!("SET search_path = \"{schema}\"; {sql}"))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}

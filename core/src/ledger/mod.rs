@@ -124,13 +124,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
     }
     for (name, v) in [("payload", &new.payload), ("work_order", &new.work_order)] {
         if let Some(v) = v {
-            let len = v.to_string().len();
-            if len > JSON_MAX_BYTES {
-                return Err(bad(format!(
-                    "{name} is {len} bytes of JSON; at most {JSON_MAX_BYTES} bytes are accepted \
-                     (store large inputs elsewhere and pass a reference)"
-                )));
-            }
+            check_json_size(name, v).map_err(bad)?;
         }
     }
     let max_attempts = new.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT);
@@ -162,6 +156,19 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         created_at: now,
         updated_at: now,
     })
+}
+
+/// Why a JSON argument (payload, work order, result) is too large to store, naming it: its
+/// compact text may be at most [`JSON_MAX_BYTES`].
+pub fn check_json_size(name: &str, v: &serde_json::Value) -> Result<(), String> {
+    let len = v.to_string().len();
+    if len > JSON_MAX_BYTES {
+        return Err(format!(
+            "{name} is {len} bytes of JSON; at most {JSON_MAX_BYTES} bytes are accepted \
+             (store large data elsewhere and pass a reference)"
+        ));
+    }
+    Ok(())
 }
 
 /// Todo ids: 1 to 64 ASCII letters, digits, `_` or `-`. Every stored id is one, so a string

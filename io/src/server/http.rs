@@ -113,10 +113,10 @@ async fn healthz(State(server): State<Server>) -> Response {
     match server.inner.store.endpoint_get("").await {
         Ok(_) => (StatusCode::OK, "ok\n").into_response(),
         Err(e) => {
-            tracing::warn!(error = %e, "healthz: the store does not answer");
+            let msg = server.internal_message("healthz: the store does not answer", &e);
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {}\n", e.message),
+                format!("store unavailable: {msg}\n"),
             )
                 .into_response()
         }
@@ -136,10 +136,10 @@ async fn metrics(State(server): State<Server>) -> Response {
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "metrics: counting todos failed");
+            let msg = server.internal_message("metrics: counting todos failed", &e);
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {}\n", e.message),
+                format!("store unavailable: {msg}\n"),
             )
                 .into_response();
         }

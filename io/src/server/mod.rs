@@ -270,6 +270,22 @@ impl Server {
         }
     }
 
+    /// An internal error as a client may see it: one generic sentence and an error id. The
+    /// details (which can quote store text, a SQLSTATE or row values) go only to the log, under
+    /// that id, so an operator can find them from what the client reports.
+    pub(crate) fn internal_message(&self, context: &str, e: &Error) -> String {
+        let error_id = format!(
+            "err_{}",
+            self.random_hex::<6>()
+                .unwrap_or_else(|_| "000000000000".into())
+        );
+        tracing::error!(error_id = %error_id, context, error = %e, "internal error");
+        format!(
+            "internal error (error id {error_id}); nothing was changed; try again, and if it \
+             persists give the operator this error id (the server log has the details)"
+        )
+    }
+
     fn random_hex<const N: usize>(&self) -> Result<String, Error> {
         let mut b = [0u8; N];
         self.fill_random(&mut b)?;
