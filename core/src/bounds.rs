@@ -24,10 +24,27 @@ pub fn cut_at_char_boundary(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// A summary cut to [`SUMMARY_MAX_BYTES`] at the last whole character, and whether it was cut.
-/// Never an error: a long summary is just long.
+/// Whether prose (a summary) may keep `c`: every character but the control characters
+/// (Unicode `Cc`: NUL and the other C0 controls, DEL, the C1 controls), of which tab and newline
+/// are kept. Non-BMP characters are ordinary characters. NUL is the one Postgres `text` cannot
+/// hold; the other controls are refused alike so that both stores keep the same text.
+pub fn prose_char(c: char) -> bool {
+    !c.is_control() || c == '\n' || c == '\t'
+}
+
+/// A summary made storable (truncate, never reject): characters [`prose_char`] refuses are
+/// removed, then the text is cut to [`SUMMARY_MAX_BYTES`] at the last whole character. The flag
+/// is `true` when the stored text differs from what was sent (cut, cleaned, or both).
 pub fn bound_summary(s: &str) -> (String, bool) {
-    let cut = cut_at_char_boundary(s, SUMMARY_MAX_BYTES);
+    let clean: std::borrow::Cow<'_, str> = if s.chars().all(prose_char) {
+        s.into()
+    } else {
+        s.chars()
+            .filter(|c| prose_char(*c))
+            .collect::<String>()
+            .into()
+    };
+    let cut = cut_at_char_boundary(&clean, SUMMARY_MAX_BYTES);
     (cut.to_string(), cut.len() < s.len())
 }
 

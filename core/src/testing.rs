@@ -324,8 +324,16 @@ fn token_hash(t: Option<u8>) -> Option<TokenHash> {
     t.map(|n| TokenHash::of(&format!("tok-{n}")))
 }
 
+/// A summary of about `len` bytes; by `len`, plain, or with NUL and other controls, escape
+/// sequences and non-BMP characters, so that every store is held to the ledger's text rule.
 fn summary(len: u16) -> Option<String> {
-    (len > 0).then(|| "ab€".repeat(usize::from(len) / 3 + 1))
+    const UNITS: [&str; 4] = [
+        "ab€",
+        "a\u{0}b\u{1b}[2J",
+        "🦀x\u{10FFFF}",
+        "\t\n\u{7f}\u{85}é",
+    ];
+    (len > 0).then(|| UNITS[usize::from(len / 12) % UNITS.len()].repeat(usize::from(len) / 3 + 1))
 }
 
 /// What one operation answered, in a form two implementations can be compared on.
@@ -344,7 +352,7 @@ fn attempt_obs(a: &Attempt) -> Value {
     json!({
         "seq": a.seq, "attempt": a.attempt, "outcome": a.outcome.map(|o| o.as_str()),
         "disposition": a.disposition.map(|d| d.as_str()), "ended_at": a.ended_at,
-        "died": a.died(), "summary_len": a.summary.as_ref().map(String::len),
+        "died": a.died(), "summary": a.summary, "claimant": a.claimant,
         "summary_truncated": a.summary_truncated, "last_heartbeat_at": a.last_heartbeat_at,
     })
 }
@@ -384,7 +392,7 @@ pub fn apply_op<Q: Queue>(l: &mut Q, now: Millis, op: &Op) -> Observation {
             let queues = queue.map(|q| vec![QUEUES[usize::from(q)].to_string()]);
             let opts = ClaimOpts {
                 ttl: *ttl,
-                claimant: Some(format!("claimer-{actor}")),
+                claimant: Some(format!("claimer-{actor}\u{0}\u{1b}[0m🦀")),
                 token_hash: token_hash(*token),
             };
             l.claim_next(now, &actor_of(*actor), queues.as_deref(), &opts)

@@ -88,13 +88,7 @@ pub struct TodoFilter {
 /// Validates a new todo and builds its row. One rule for every path that adds todos.
 pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
     let bad = |what: String| Error::invalid(format!("add_todo: {what}"));
-    if new.id.is_empty()
-        || new.id.len() > 64
-        || !new
-            .id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if !valid_todo_id(&new.id) {
         return Err(bad("id must be 1 to 64 letters, digits, '_' or '-'".into()));
     }
     if !valid_queue_name(&new.queue) {
@@ -130,13 +124,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
     }
     for (name, v) in [("payload", &new.payload), ("work_order", &new.work_order)] {
         if let Some(v) = v {
-            let len = v.to_string().len();
-            if len > JSON_MAX_BYTES {
-                return Err(bad(format!(
-                    "{name} is {len} bytes of JSON; at most {JSON_MAX_BYTES} bytes are accepted \
-                     (store large inputs elsewhere and pass a reference)"
-                )));
-            }
+            check_json_size(name, v).map_err(bad)?;
         }
     }
     let max_attempts = new.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT);
@@ -168,6 +156,41 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         created_at: now,
         updated_at: now,
     })
+}
+
+/// Why a JSON argument (payload, work order, result) is too large to store, naming it: its
+/// compact text may be at most [`JSON_MAX_BYTES`].
+pub fn check_json_size(name: &str, v: &serde_json::Value) -> Result<(), String> {
+    let len = v.to_string().len();
+    if len > JSON_MAX_BYTES {
+        return Err(format!(
+            "{name} is {len} bytes of JSON; at most {JSON_MAX_BYTES} bytes are accepted \
+             (store large data elsewhere and pass a reference)"
+        ));
+    }
+    Ok(())
+}
+
+/// Todo ids: 1 to 64 ASCII letters, digits, `_` or `-`. Every stored id is one, so a string
+/// that is not (a NUL, a control, any non-ASCII character) names no todo: an operation given one
+/// answers `not_found` without asking a store, on every store alike.
+pub fn valid_todo_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A queue filter as a store may see it: entries that are not queue names (a NUL, a control,
+/// anything [`valid_queue_name`] refuses) match no stored todo and are dropped, so such a
+/// filter answers empty on every store alike instead of reaching SQL.
+pub fn storable_queue_filter(queues: &[String]) -> Vec<String> {
+    queues
+        .iter()
+        .filter(|q| valid_queue_name(q))
+        .cloned()
+        .collect()
 }
 
 /// Queue names: a letter or digit, then up to 63 letters, digits, `_`, `-` or `.`.

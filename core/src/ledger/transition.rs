@@ -391,6 +391,10 @@ fn report_text(
         report.result.as_ref(),
         report.artifact.as_deref(),
     );
+    if let Some(r) = result {
+        super::check_json_size("result", r)
+            .map_err(|why| Error::invalid(format!("{op} {todo_id}: {why}")))?;
+    }
     if let Some(a) = artifact {
         bounds::validate_artifact(op, todo_id, a)?;
     }

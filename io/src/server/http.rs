@@ -121,10 +121,10 @@ async fn healthz(State(server): State<Server>, headers: HeaderMap) -> Response {
     match server.inner.store.probe_write(HEALTHZ_WRITE_TIMEOUT).await {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(e) => {
-            tracing::warn!(error = %e, "healthz: no write transaction could start");
+            let msg = server.internal_message("healthz: no write transaction could start", &e);
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "store unavailable: no write transaction could start; see the server log\n",
+                format!("store unavailable: no write transaction could start: {msg}\n"),
             )
                 .into_response()
         }
@@ -147,10 +147,10 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "metrics: counting todos failed");
+            let msg = server.internal_message("metrics: counting todos failed", &e);
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {}\n", e.message),
+                format!("store unavailable: {msg}\n"),
             )
                 .into_response();
         }

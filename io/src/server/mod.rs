@@ -45,7 +45,7 @@ use base64::Engine as _;
 use rand::SeedableRng as _;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, TodoFilter, TodoState};
+use relay_core::ledger::TodoState;
 use relay_core::wire::LeaseToken;
 use tokio::sync::{mpsc, watch};
 
@@ -186,8 +186,12 @@ impl Session {
 struct State {
     sessions: BTreeMap<String, Session>,
     gate: Gate,
-    /// Pending ids seen by the last out-of-process scan (`None` before the first scan).
-    known_pending: Option<BTreeSet<String>>,
+    /// Where the out-of-process scan resumes in the store's change sequence (`None` before the
+    /// first scan).
+    scan_watermark: Option<u64>,
+    /// Todos this server rang itself since the last scan began, which that scan need not ring
+    /// again (bounded: past [`RUNG_SINCE_SCAN_MAX`] it is cleared, costing at most extra rings).
+    rung_since_scan: BTreeSet<String>,
 }
 
 enum Random {
@@ -263,7 +267,8 @@ impl Server {
                 state: Mutex::new(State {
                     sessions: BTreeMap::new(),
                     gate: Gate::new(window),
-                    known_pending: None,
+                    scan_watermark: None,
+                    rung_since_scan: BTreeSet::new(),
                 }),
                 metrics: metrics::Metrics::new(),
                 shutdown: watch::channel(false).0,
@@ -310,6 +315,22 @@ impl Server {
                 Ok(())
             }
         }
+    }
+
+    /// An internal error as a client may see it: one generic sentence and an error id. The
+    /// details (which can quote store text, a SQLSTATE or row values) go only to the log, under
+    /// that id, so an operator can find them from what the client reports.
+    pub(crate) fn internal_message(&self, context: &str, e: &Error) -> String {
+        let error_id = format!(
+            "err_{}",
+            self.random_hex::<6>()
+                .unwrap_or_else(|_| "000000000000".into())
+        );
+        tracing::error!(error_id = %error_id, context, error = %e, "internal error");
+        format!(
+            "internal error (error id {error_id}); nothing was changed; try again, and if it \
+             persists give the operator this error id (the server log has the details)"
+        )
     }
 
     fn random_hex<const N: usize>(&self) -> Result<String, Error> {
@@ -468,10 +489,14 @@ impl Server {
         let State {
             sessions,
             gate,
-            known_pending,
+            scan_watermark,
+            rung_since_scan,
         } = &mut *st;
-        if let Some(k) = known_pending {
-            k.insert(todo.to_string());
+        if scan_watermark.is_some() {
+            if rung_since_scan.len() >= RUNG_SINCE_SCAN_MAX {
+                rung_since_scan.clear();
+            }
+            rung_since_scan.insert(todo.to_string());
         }
         for (id, s) in sessions.iter() {
             if !s.wants(endpoint, queue) {
@@ -536,8 +561,10 @@ impl Server {
     /// The doorbell's own sweep at `now`: forgets idle sessions and those of revoked endpoints
     /// (ending their streams), rings owed rings whose window
     /// has passed, and rings for todos that became pending outside this server (`relay todo add`
-    /// and `relay todo retry` write the store directly). The scan reads the oldest
-    /// [`PENDING_SCAN_LIMIT`] pending todos; newer ones ring when they reach that window.
+    /// and `relay todo retry` write the store directly, as does another server on the same
+    /// database). The scan follows the store's change sequence ([`Store::pending_since`]): it
+    /// reads only todos changed since the last scan, never a payload, and misses none whatever
+    /// the backlog.
     pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
         // Sessions of revoked endpoints end here (their requests are refused 401 already, but
         // an open doorbell stream would otherwise keep the session alive).
@@ -568,31 +595,32 @@ impl Server {
                 }
             }
         }
-        let pending = self
-            .inner
-            .store
-            .list_todos(
-                &Actor::Operator,
-                &TodoFilter {
-                    queues: None,
-                    state: Some(TodoState::Pending),
-                    limit: PENDING_SCAN_LIMIT,
-                },
-            )
-            .await?;
-        let first = {
+        // Todos that became pending since the last scan, by the store's change sequence: only
+        // their ids, queues and endpoints, a page at a time, whatever else is pending.
+        let (mut after, skip) = {
             let mut st = lock(&self.inner.state);
-            let ids: BTreeSet<String> = pending.iter().map(|t| t.id.clone()).collect();
-            st.known_pending.replace(ids)
+            (st.scan_watermark, std::mem::take(&mut st.rung_since_scan))
         };
-        if let Some(known) = first {
-            for t in pending.iter().filter(|t| !known.contains(&t.id)) {
-                let offer = if t.attempts_total > 0 {
+        for _ in 0..PENDING_SCAN_PAGES {
+            let page = self
+                .inner
+                .store
+                .pending_since(after, PENDING_SCAN_PAGE)
+                .await?;
+            let first = after.is_none();
+            let full = page.changes.len() >= PENDING_SCAN_PAGE;
+            lock(&self.inner.state).scan_watermark = Some(page.watermark);
+            after = Some(page.watermark);
+            for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
+                let offer = if c.attempts_total > 0 {
                     Offer::Requeued
                 } else {
                     Offer::Fresh
                 };
-                self.ring(&t.endpoint, &t.queue, &t.id, offer);
+                self.ring(&c.endpoint, &c.queue, &c.id, offer);
+            }
+            if first || !full {
+                break;
             }
         }
         Ok(())
@@ -674,8 +702,12 @@ impl Server {
     }
 }
 
-/// How many pending todos [`Server::doorbell_once`] looks at per sweep.
-pub const PENDING_SCAN_LIMIT: usize = 10_000;
+/// How many changed pending todos one page of [`Server::doorbell_once`]'s scan reads.
+pub const PENDING_SCAN_PAGE: usize = 1_000;
+/// Pages per sweep at most; a longer run of new todos continues on the next tick.
+pub const PENDING_SCAN_PAGES: usize = 50;
+/// See `State::rung_since_scan`.
+const RUNG_SINCE_SCAN_MAX: usize = 100_000;
 
 /// A new todo id: `td_` and 10 random bytes from the OS RNG in hex (for `relay todo add`; the
 /// server draws its own from its possibly seeded source).

@@ -215,12 +215,8 @@ pub(crate) async fn handle(
             match answer {
                 Ok(v) => ok(id, wire::call_result(&v, false)),
                 Err(e) if e.code == ErrorCode::Internal => {
-                    tracing::error!(endpoint = %endpoint.name, tool = tool.name(), error = %e, "internal error");
-                    err(
-                        id,
-                        INTERNAL_ERROR,
-                        &format!("internal error: {}; nothing was changed", e.message),
-                    )
+                    let context = format!("endpoint {} tools/call {}", endpoint.name, tool.name());
+                    err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
                 }
                 Err(e) => {
                     let out = serde_json::to_value(wire::ErrorOut::from(&e)).unwrap_or_default();
@@ -265,7 +261,10 @@ fn initialize(server: &Server, endpoint: &Endpoint, id: Value, params: Option<&V
                 session: None,
             };
         }
-        Err(e) => return err(id, INTERNAL_ERROR, &e.message),
+        Err(e) => {
+            let context = format!("endpoint {} initialize", endpoint.name);
+            return err(id, INTERNAL_ERROR, &server.internal_message(&context, &e));
+        }
     };
     tracing::info!(endpoint = %endpoint.name, protocol = version, "session initialized");
     let result = json!({

@@ -119,6 +119,29 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// What the out-of-process doorbell scan reads of a todo that is pending: what a ring needs
+/// (no title, payload or work order), and the change number it was read at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingChange {
+    pub id: String,
+    pub endpoint: String,
+    pub queue: String,
+    /// 0 for a fresh todo; more for one that was tried before (a retry).
+    pub attempts_total: u32,
+    pub change_seq: u64,
+}
+
+/// One page of [`Store::pending_since`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingPage {
+    /// Todos pending now whose last change is numbered above the watermark given, oldest
+    /// change first.
+    pub changes: Vec<PendingChange>,
+    /// Where the next call starts: every change at or below it has been seen (committed
+    /// changes only; a change still in flight is numbered above it).
+    pub watermark: u64,
+}
+
 /// What a parsed `--db` URL names.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DbUrl {
@@ -417,6 +440,23 @@ impl Store {
             String::from("(sweep)"),
             |tx| ops::purge_finished(tx, now, retention)
         )
+    }
+
+    /// The doorbell's out-of-process scan: todos pending now whose last change is numbered
+    /// above `after`, at most `limit`, oldest change first, and the next watermark. `None`
+    /// (the first scan) answers only the current watermark. Reads an index range of new changes
+    /// and a few short columns, never a payload: the cost is O(new rows), whatever the backlog.
+    pub async fn pending_since(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<PendingPage, Error> {
+        // A page must hold a row, or a full page could not move the watermark.
+        let limit = limit.max(1);
+        match self {
+            Store::Sqlite(s) => s.pending_since(after, limit).await,
+            Store::Postgres(p) => p.pending_since(after, limit).await,
+        }
     }
 
     /// Vends an endpoint. `conflict` when the name is taken.

@@ -120,6 +120,10 @@ async fn apply<T: Tx>(tx: &mut T, op: &str, before: &Todo, change: Change) -> Re
 }
 
 async fn load<T: Tx>(tx: &mut T, op: &str, id: &str) -> Result<(Todo, Option<Attempt>), Error> {
+    // core's rule: a string that is no todo id names no todo, whatever a store would make of it.
+    if !ledger::valid_todo_id(id) {
+        return Err(transition::not_found(op, id));
+    }
     tx.load(op, id)
         .await?
         .ok_or_else(|| transition::not_found(op, id))
@@ -225,7 +229,8 @@ pub(crate) async fn claim_next<T: Tx>(
     opts: &ClaimOpts,
 ) -> Result<Option<Claimed>, Error> {
     transition::check_ttl("claim_next", opts.ttl)?;
-    match tx.next_claimable(now, actor, queues).await? {
+    let queues = queues.map(ledger::storable_queue_filter);
+    match tx.next_claimable(now, actor, queues.as_deref()).await? {
         Some((todo, open)) => claim_loaded(tx, cfg, now, actor, todo, open, opts)
             .await
             .map(Some),
@@ -389,7 +394,11 @@ pub(crate) async fn list_todos<T: Tx>(
     actor: &Actor,
     filter: &TodoFilter,
 ) -> Result<Vec<Todo>, Error> {
-    tx.list(actor, filter).await
+    let filter = TodoFilter {
+        queues: filter.queues.as_deref().map(ledger::storable_queue_filter),
+        ..filter.clone()
+    };
+    tx.list(actor, &filter).await
 }
 
 pub(crate) async fn count_by_state<T: Tx>(tx: &mut T) -> Result<Vec<(String, u64)>, Error> {

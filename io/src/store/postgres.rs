@@ -25,12 +25,14 @@ use super::Endpoint;
 use super::ops;
 use super::ops::{Sweep, Tx, TxKind};
 use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::{PendingChange, PendingPage};
 
 /// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "todos", MIGRATION_0001),
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
+    (4, "todo_change_seq", MIGRATION_0004),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -127,6 +129,24 @@ CREATE TABLE endpoints (
     created_at bigint NOT NULL,
     revoked_at bigint
 );
+"#;
+
+/// The change sequence the out-of-process doorbell scan follows (as SQLite's 0004): a trigger
+/// numbers every insert and update of a todo row from a sequence, and a partial index serves
+/// the scan. Sequence numbers are taken before commit, so numbers may commit out of order; see
+/// [`PgStore::pending_since`] for how the scan never steps over one still in flight.
+const MIGRATION_0004: &str = r#"
+ALTER TABLE todos ADD COLUMN change_seq bigint NOT NULL DEFAULT 0;
+CREATE SEQUENCE todo_change_seq;
+CREATE INDEX todos_change ON todos (change_seq) WHERE state = 'pending';
+CREATE FUNCTION todos_change_seq() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.change_seq := nextval('todo_change_seq');
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
+    FOR EACH ROW EXECUTE FUNCTION todos_change_seq();
 "#;
 
 /// The newest migration's number.
@@ -270,6 +290,13 @@ impl PgStore {
                 .read_only(true),
         };
         let t = b.start().await.map_err(|e| pg_err(op, "", &e))?;
+        if kind == TxKind::Write {
+            // Before any row lock: the doorbell scan waits for every writer holding this to end
+            // (see `pending_since`), and a writer that took it first can never wait on the scan.
+            t.execute(CHANGE_LOCK_SHARED, &[])
+                .await
+                .map_err(|e| pg_err(op, "", &e))?;
+        }
         Ok(PgTx { t, kind })
     }
 
@@ -293,6 +320,71 @@ impl PgStore {
                 Err(e)
             }
         }
+    }
+
+    /// See [`Store::pending_since`](super::Store::pending_since). Sequence numbers are taken
+    /// inside a transaction and commit in any order, so a plain "above the last number seen"
+    /// would step over a number still in flight and never ring for it. Every write transaction
+    /// holds this store's change lock shared from its start; the scan takes it exclusive for
+    /// an instant, which waits out every writer already running, and reads the sequence there:
+    /// every number at or below it is committed or rolled back. (New writers wait behind the
+    /// scan for that instant: the length of the longest write transaction then running, and
+    /// `lock_timeout` bounds it; a scan that times out is retried on the next tick.)
+    pub(crate) async fn pending_since(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<PendingPage, Error> {
+        let op = "pending scan";
+        let mut client = self.client(op).await?;
+        let tx = client.transaction().await.map_err(|e| pg_err(op, "", &e))?;
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '2s'; SELECT pg_advisory_xact_lock({CHANGE_LOCK_KEY})"
+        ))
+        .await
+        .map_err(|e| pg_err(op, "", &e))?;
+        let horizon: i64 = tx
+            .query_one(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM todo_change_seq",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err(op, "", &e))?
+            .get(0);
+        tx.commit().await.map_err(|e| pg_err(op, "", &e))?;
+        let horizon = u64::try_from(horizon).unwrap_or(0);
+        let Some(after) = after else {
+            return Ok(PendingPage {
+                changes: Vec::new(),
+                watermark: horizon,
+            });
+        };
+        let args = [
+            i64::try_from(after).unwrap_or(i64::MAX),
+            i64::try_from(horizon).unwrap_or(i64::MAX),
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        ];
+        let st = client
+            .prepare_cached(&PENDING_SINCE)
+            .await
+            .map_err(|e| pg_err(op, "", &e))?;
+        let rs = client
+            .query(&st, &[&args[0], &args[1], &args[2]])
+            .await
+            .map_err(|e| pg_err(op, "", &e))?;
+        let mut changes = Vec::with_capacity(rs.len());
+        for r in &rs {
+            let total: i32 = r.try_get(3).map_err(|e| pg_err(op, "", &e))?;
+            let seq: i64 = r.try_get(4).map_err(|e| pg_err(op, "", &e))?;
+            changes.push(PendingChange {
+                id: r.try_get(0).map_err(|e| pg_err(op, "", &e))?,
+                endpoint: r.try_get(1).map_err(|e| pg_err(op, "", &e))?,
+                queue: r.try_get(2).map_err(|e| pg_err(op, "", &e))?,
+                attempts_total: u32::try_from(total).unwrap_or(0),
+                change_seq: u64::try_from(seq).unwrap_or(0),
+            });
+        }
+        Ok(rows::pending_page(changes, limit, horizon))
     }
 
     #[cfg(test)]
@@ -415,6 +507,13 @@ fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
 }
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
+static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('$'));
+
+/// The advisory lock key of this store's change sequence: its object id, so that stores in
+/// different schemas of one database (tests, tenants) do not wait on each other.
+const CHANGE_LOCK_KEY: &str = "'todo_change_seq'::regclass::oid::bigint";
+const CHANGE_LOCK_SHARED: &str =
+    "SELECT pg_advisory_xact_lock_shared('todo_change_seq'::regclass::oid::bigint)";
 static LOAD_FOR_UPDATE: LazyLock<String> =
     LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", SQL.todo_select));
 static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", SQL.todo_select));

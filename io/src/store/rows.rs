@@ -80,6 +80,30 @@ pub(crate) struct Shared {
     pub closed_attempts: String,
 }
 
+/// The doorbell scan's query: pending rows numbered in (`after`, `horizon`], only the columns a
+/// ring needs, through the partial index `todos_change`.
+pub(crate) fn pending_since(mark: char) -> String {
+    format!(
+        "SELECT id, endpoint, queue, attempts_total, change_seq FROM todos \
+         WHERE state = 'pending' AND change_seq > {mark}1 AND change_seq <= {mark}2 \
+         ORDER BY change_seq LIMIT {mark}3"
+    )
+}
+
+/// The page of a scan that read `changes` (at most `limit`) below `horizon`: a full page resumes
+/// after its last row, a short one has seen everything up to the horizon.
+pub(crate) fn pending_page(
+    changes: Vec<super::PendingChange>,
+    limit: usize,
+    horizon: u64,
+) -> super::PendingPage {
+    let watermark = match changes.last() {
+        Some(last) if changes.len() >= limit => last.change_seq,
+        _ => horizon,
+    };
+    super::PendingPage { changes, watermark }
+}
+
 /// `?1, ?2, …` or `$1, $2, …`.
 pub(crate) fn placeholders(mark: char, n: usize) -> String {
     (1..=n)

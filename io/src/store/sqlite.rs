@@ -26,12 +26,14 @@ use super::Endpoint;
 use super::ops;
 use super::ops::{Sweep, Tx, TxKind};
 use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::{PendingChange, PendingPage};
 
 /// The numbered migrations, applied in order, each recorded in `schema_migrations`.
 pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (1, "todos", MIGRATION_0001),
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
+    (4, "todo_change_seq", MIGRATION_0004),
 ];
 
 /// The todos table as it was before attempt history (the design's "before").
@@ -126,6 +128,36 @@ CREATE TABLE endpoints (
     created_at INTEGER NOT NULL,
     revoked_at INTEGER
 ) STRICT;
+";
+
+/// The change sequence the out-of-process doorbell scan follows: every insert or update of a
+/// todo row takes the next number of a per-store counter (triggers, so that no write path can
+/// forget it), and the scan reads only pending rows numbered above its watermark, through a
+/// partial index: O(new rows) per tick whatever the backlog. SQLite has one writer at a time, so
+/// numbers commit in order and a reader's snapshot holds every row up to the counter it reads.
+/// Rows from before this migration keep 0 (the first scan starts at the counter anyway).
+const MIGRATION_0004: &str = "
+ALTER TABLE todos ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE todo_change_counter (
+    id INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+    n  INTEGER NOT NULL CHECK (n >= 0)
+) STRICT;
+INSERT INTO todo_change_counter (id, n) VALUES (1, 0);
+CREATE INDEX todos_change ON todos (change_seq) WHERE state = 'pending';
+CREATE TRIGGER todos_change_insert AFTER INSERT ON todos BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
+-- Every column but change_seq itself, so the trigger's own update does not fire it again.
+CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, kind, source,
+    payload, work_order, assignee, state, owner, attempt, max_attempts, lease_expires_at,
+    claimed_at, next_retry_at, result, created_at, updated_at, attempts_total, attempts_pruned
+    ON todos BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
 ";
 
 /// Connections for one database file (or the one connection of an in-memory database).
@@ -397,6 +429,54 @@ impl SqliteStore {
         .await
     }
 
+    /// See [`Store::pending_since`](super::Store::pending_since). One read snapshot: with a
+    /// single writer, every change up to the counter it reads is in it.
+    pub(crate) async fn pending_since(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<PendingPage, Error> {
+        let op = "pending scan";
+        self.run(TxKind::Read, op, String::new(), move |tx| {
+            let horizon: i64 =
+                tx.c.query_row("SELECT n FROM todo_change_counter WHERE id = 1", [], |r| {
+                    r.get(0)
+                })
+                .map_err(|e| sql_err(op, "", e))?;
+            let horizon = u64::try_from(horizon).unwrap_or(0);
+            let Some(after) = after else {
+                return Ok(PendingPage {
+                    changes: Vec::new(),
+                    watermark: horizon,
+                });
+            };
+            let mut st =
+                tx.c.prepare_cached(&PENDING_SINCE)
+                    .map_err(|e| sql_err(op, "", e))?;
+            let changes = st
+                .query_map(
+                    params![
+                        i64::try_from(after).unwrap_or(i64::MAX),
+                        i64::try_from(horizon).unwrap_or(i64::MAX),
+                        i64::try_from(limit).unwrap_or(i64::MAX)
+                    ],
+                    |r| {
+                        Ok(PendingChange {
+                            id: r.get(0)?,
+                            endpoint: r.get(1)?,
+                            queue: r.get(2)?,
+                            attempts_total: r.get(3)?,
+                            change_seq: r.get::<_, i64>(4)?.try_into().unwrap_or(0),
+                        })
+                    },
+                )
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| sql_err(op, "", e))?;
+            Ok(rows::pending_page(changes, limit, horizon))
+        })
+        .await
+    }
+
     #[cfg(test)]
     pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
         let subject = a.todo_id.clone();
@@ -454,6 +534,7 @@ impl rows::Row for rusqlite::Row<'_> {
 }
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
+static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
 // The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
 // join of these two tables on every new id (its statement status counts a re-prepare per call),
 // which cost more than the second statement.

@@ -361,7 +361,7 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
     let applied = migrations_of(&path);
     assert_eq!(
         applied.iter().map(|m| m.0).collect::<Vec<_>>(),
-        vec![1, 2, 3]
+        vec![1, 2, 3, 4]
     );
     rt.block_on(async {
         let store = Store::open(&url, LedgerConfig::default()).await.unwrap();

@@ -8,6 +8,8 @@
 mod concurrency;
 mod misc;
 mod model;
+mod scan;
+mod text;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
