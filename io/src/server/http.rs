@@ -323,11 +323,21 @@ async fn mcp_post(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let limit = server.inner.config.body_limit;
     let endpoint = match admit(&server, &name, &headers).await {
         Ok(e) => e,
-        Err(r) => return r,
+        Err(r) => {
+            // Read the body (within its limit and timeout) before refusing: a connection closed
+            // with request bytes still unread is reset, and the reset can destroy the refusal
+            // on its way to the client.
+            let _ = tokio::time::timeout(
+                server.inner.config.body_timeout,
+                axum::body::to_bytes(body, limit),
+            )
+            .await;
+            return r;
+        }
     };
-    let limit = server.inner.config.body_limit;
     let too_big = || {
         tracing::info!(endpoint = %escape_text(&name), limit, "refused: request body over the limit");
         rpc_error(
