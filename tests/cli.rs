@@ -2,9 +2,8 @@
 
 use std::process::Command;
 
-fn relay() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_relay"))
-}
+mod common;
+use common::{relay, run_db, temp_dir};
 
 #[test]
 fn unknown_command_is_one_clear_line_on_stderr_and_nonzero() {
@@ -165,26 +164,6 @@ fn a_saved_plan_replays_the_same_violation_and_a_shrunk_one_the_same_invariant()
 // ---------------------------------------------------------------------------------------------
 // The queue server and the operator commands.
 // ---------------------------------------------------------------------------------------------
-
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("relay-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run_db(db: &str, args: &[&str]) -> (i32, String, String) {
-    let out = relay()
-        .args(args)
-        .env("RELAY_DB", db)
-        .output()
-        .expect("run relay");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    )
-}
 
 fn one_line_error(code: i32, err: &str, needle: &str) {
     assert_ne!(code, 0);

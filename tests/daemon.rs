@@ -307,6 +307,13 @@ kill_grace = "2s"
         path
     }
 
+    /// Waits for the 'hang' agent of todo `id` to have started.
+    fn wait_started(&self, id: &str) {
+        wait_for("the agent to start", Duration::from_secs(60), || {
+            line_in(&self.out.join(format!("started.{id}")))
+        });
+    }
+
     fn ran(&self, id: &str) -> bool {
         self.out.join(format!("ran.{id}")).exists()
     }
@@ -488,9 +495,7 @@ fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     std::fs::write(&config, text).expect("config");
     let id = s.server.add(&s.endpoint, "hang forever", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     s.server.cli(&["todo", "cancel", &id]);
     wait_for("the agent to be stopped", Duration::from_secs(30), || {
         line_in(&s.out.join(format!("term.{id}")))
@@ -545,9 +550,7 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
     let id = s.server.add(&s.endpoint, "hang then fine", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     d.kill9();
     // The orphaned agent is nobody's now; end it so that only the lease decides what happens.
     let pid = line_in(&s.out.join(format!("started.{id}"))).expect("pid");
@@ -590,9 +593,7 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
     let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
     let id = s.server.add(&s.endpoint, "hang on", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
     // shows now is the one it acts on.
     s.server.stop();
@@ -649,9 +650,7 @@ fn a_wall_clock_stepped_back_mid_attempt_stops_the_agent_at_the_true_deadline() 
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ],
     );
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     s.server.stop();
     let deadline = d.lease_deadline("w1");
     std::fs::write(&offset, "-3600\n").expect("step the wall clock");
@@ -982,9 +981,7 @@ fn reload_removing_a_harness_releases_its_attempt_naming_the_reason() {
     let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
     let id = s.server.add(&s.endpoint, "hang around", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     // The same sources, no harness.
     s.config(None, 0, "", "");
     let (ok, out) = d.cli(&["reload"]);
@@ -1067,9 +1064,7 @@ fn stop_ends_the_attempt_as_an_operator_stop_and_the_schedule_claims_again() {
     let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
     let id = s.server.add(&s.endpoint, "hang in there", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the agent to start", Duration::from_secs(60), || {
-        line_in(&s.out.join(format!("started.{id}")))
-    });
+    s.wait_started(&id);
     std::fs::remove_file(s.out.join(format!("started.{id}"))).expect("reset");
     let (ok, out) = d.cli(&["stop", "w1"]);
     assert!(ok, "{out}");

@@ -4,29 +4,8 @@
 
 use std::process::Command;
 
-fn relay() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_relay"))
-}
-
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("relay-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run_db(db: &str, args: &[&str]) -> (i32, String, String) {
-    let out = relay()
-        .args(args)
-        .env("RELAY_DB", db)
-        .output()
-        .expect("run relay");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    )
-}
+mod common;
+use common::{relay, run_db, temp_dir};
 
 /// No raw terminal control or bidi override in text meant for a terminal.
 fn assert_inert(what: &str, text: &str) {

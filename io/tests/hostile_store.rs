@@ -4,6 +4,9 @@
 //! Time is a `ManualClock`; the sweeps are driven by hand; waits carry a timeout only as a
 //! failure bound.
 
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,23 +138,7 @@ impl Drop for Backend {
             return;
         };
         let (url, name) = (url.clone(), schema.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok((client, conn)) =
-                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(conn);
-                    let _ = client
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        pg_schema::drop_schema(url, name);
     }
 }
 

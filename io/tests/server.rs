@@ -6,6 +6,9 @@
 //! `open_store`). Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
 //! timeout only as a failure bound.
 
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,24 +70,7 @@ impl Drop for Harness {
         let Some((url, name)) = self.pg_schema.take() else {
             return;
         };
-        // A runtime of its own on a thread of its own: this runs inside the test's runtime.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok((client, conn)) =
-                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(conn);
-                    let _ = client
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        pg_schema::drop_schema(url, name);
     }
 }
 

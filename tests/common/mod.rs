@@ -9,6 +9,33 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The real `relay` binary, as a command to add arguments to.
+pub fn relay() -> Command {
+    Command::new(relay_bin())
+}
+
+/// A fresh, empty temp dir for this test binary and `tag`.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("relay-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `relay ARGS` with `RELAY_DB=db`: exit code, stdout, stderr (both must be UTF-8).
+pub fn run_db(db: &str, args: &[&str]) -> (i32, String, String) {
+    let out = relay()
+        .args(args)
+        .env("RELAY_DB", db)
+        .output()
+        .expect("run relay");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
 pub fn relay_bin() -> &'static str {
     env!("CARGO_BIN_EXE_relay")
 }
