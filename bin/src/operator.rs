@@ -6,16 +6,13 @@
 // These commands exist to print.
 #![allow(clippy::print_stdout)]
 
-use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use relay_core::Error;
-use relay_core::ledger::{
-    Actor, LedgerConfig, NewTodo, Todo, TodoFilter, TodoState, TokenHash, valid_queue_name,
-};
+use relay_core::ledger::{Actor, LedgerConfig, NewTodo, Todo, TodoFilter, TodoState, TokenHash};
 use relay_core::time::rfc3339;
-use relay_core::wire::{GetTodoOut, TodoOut, Tool};
+use relay_core::wire::{GetTodoOut, TodoOut};
 use relay_io::clock::{Clock, SystemClock};
 use relay_io::store::{Endpoint, NewEndpoint, Store};
 use serde_json::{Value, json};
@@ -176,10 +173,6 @@ pub fn todo(db: &DbOpt, cmd: TodoCmd) -> ExitCode {
     }
 }
 
-fn valid_endpoint_name(name: &str) -> bool {
-    valid_queue_name(name)
-}
-
 fn endpoint_json(e: &Endpoint) -> Value {
     json!({
         "name": e.name,
@@ -197,36 +190,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             verbs,
             queues,
         } => {
-            if !valid_endpoint_name(&name) {
-                return Err(Error::invalid(format!(
-                    "endpoint name {name:?} must start with a letter or digit and hold at most 64 \
-                     letters, digits, '_', '-' or '.'"
-                )));
-            }
-            let mut seen = BTreeSet::new();
-            for v in verbs.iter().map(|v| v.trim()) {
-                if Tool::parse(v).is_none() {
-                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
-                    return Err(Error::invalid(format!(
-                        "--verbs: unknown verb {v:?}; choose from {}",
-                        all.join(", ")
-                    )));
-                }
-                seen.insert(v.to_string());
-            }
-            if let Some(qs) = &queues
-                && let Some(bad) = qs.iter().find(|q| !valid_queue_name(q))
-            {
-                return Err(Error::invalid(format!(
-                    "--queues: {bad:?} is not a queue name (a letter or digit, then up to 63 \
-                     letters, digits, '_', '-' or '.')"
-                )));
-            }
-            let verbs: Vec<String> = Tool::ALL
-                .iter()
-                .map(|t| t.name().to_string())
-                .filter(|t| seen.contains(t))
-                .collect();
+            let verbs = relay_core::grant::vend(&name, &verbs, queues.as_deref())?;
             let token = relay_io::server::new_bearer_token()?;
             let store = open(db).await?;
             store

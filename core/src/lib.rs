@@ -12,7 +12,9 @@
 
 pub mod bounds;
 pub mod config;
+pub mod doorbell;
 pub mod error;
+pub mod grant;
 pub mod ledger;
 pub mod limits;
 pub mod relay;

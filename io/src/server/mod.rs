@@ -31,7 +31,6 @@
 //! A name taken from the URL path is logged through `relay_core::limits::escape_text`.
 
 mod conn;
-mod doorbell;
 mod http;
 mod metrics;
 mod rpc;
@@ -53,8 +52,8 @@ use crate::clock::SharedClock;
 use crate::store::Store;
 
 pub use conn::tls_acceptor;
-pub use doorbell::{Gate, Offer};
 pub use http::{HostPolicy, host_allowed, origin_allowed};
+pub use relay_core::doorbell::{Gate, Offer};
 
 /// The MCP protocol revisions this server speaks, newest first. `initialize` echoes a requested
 /// one it supports and otherwise answers the newest.
@@ -160,10 +159,8 @@ impl Default for ServerConfig {
 /// One MCP session: bound to the endpoint that initialized it.
 struct Session {
     endpoint: String,
-    /// The endpoint's granted queues (`None`: all), for the doorbell.
-    queues: Option<Vec<String>>,
-    /// Whether the endpoint may claim at all (no claim verb: no doorbell).
-    may_claim: bool,
+    /// What the endpoint may claim, for the doorbell.
+    grant: relay_core::grant::Grant,
     last_seen: Millis,
     stream: Option<mpsc::Sender<String>>,
 }
@@ -174,12 +171,9 @@ impl Session {
     }
     fn wants(&self, endpoint: &str, queue: &str) -> bool {
         self.endpoint == endpoint
-            && self.may_claim
+            && self.grant.may_claim()
             && self.stream_open()
-            && self
-                .queues
-                .as_ref()
-                .is_none_or(|qs| qs.iter().any(|q| q == queue))
+            && self.grant.covers(queue)
     }
 }
 
@@ -354,10 +348,6 @@ impl Server {
 
     fn open_session(&self, endpoint: &crate::store::Endpoint) -> Result<String, Error> {
         let id = self.random_hex::<16>()?;
-        let may_claim = endpoint
-            .verbs
-            .iter()
-            .any(|v| v == "claim_next" || v == "claim");
         let now = self.now();
         let mut st = lock(&self.inner.state);
         let full = |st: &State| {
@@ -388,8 +378,7 @@ impl Server {
             id.clone(),
             Session {
                 endpoint: endpoint.name.clone(),
-                queues: endpoint.queues.clone(),
-                may_claim,
+                grant: endpoint.grant(),
                 last_seen: now,
                 stream: None,
             },
@@ -517,9 +506,7 @@ impl Server {
     }
 
     fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
-        let claimable = matches!(t.state, TodoState::Pending)
-            || (t.state == TodoState::Failed && t.next_retry_at.is_some());
-        if claimable {
+        if relay_core::doorbell::worth_a_ring(t) {
             self.ring(&t.endpoint, &t.queue, &t.id, offer);
         }
     }
@@ -612,12 +599,12 @@ impl Server {
             lock(&self.inner.state).scan_watermark = Some(page.watermark);
             after = Some(page.watermark);
             for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
-                let offer = if c.attempts_total > 0 {
-                    Offer::Requeued
-                } else {
-                    Offer::Fresh
-                };
-                self.ring(&c.endpoint, &c.queue, &c.id, offer);
+                self.ring(
+                    &c.endpoint,
+                    &c.queue,
+                    &c.id,
+                    Offer::of_pending(c.attempts_total),
+                );
             }
             if first || !full {
                 break;

@@ -4,11 +4,11 @@
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use relay_core::grant::Grant;
 use relay_core::ledger::{
     Actor, ClaimOpts, Claimed, Disposition, NewTodo, Outcome, Report, TodoFilter,
 };
@@ -18,10 +18,10 @@ use relay_core::wire::{
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
 
-use super::doorbell::Offer;
 use super::http::{check_session, rpc_error};
 use super::{PROTOCOL_VERSIONS, Server};
 use crate::store::Endpoint;
+use relay_core::doorbell::Offer;
 
 pub(crate) const PARSE_ERROR: i64 = -32700;
 pub(crate) const INVALID_REQUEST: i64 = -32600;
@@ -165,12 +165,8 @@ pub(crate) async fn handle(
         Ok(s) => s,
         Err(r) => return Reply::Raw(r),
     };
-    let granted: BTreeSet<Tool> = endpoint
-        .verbs
-        .iter()
-        .filter_map(|v| Tool::parse(v))
-        .collect();
-    let tools = wire::tools_for(&granted);
+    let grant = endpoint.grant();
+    let tools = grant.tools();
     match method.as_str() {
         "ping" => ok(id, json!({})),
         "tools/list" => ok(id, wire::tools_list(&tools)),
@@ -190,16 +186,12 @@ pub(crate) async fn handle(
                     &format!("unknown tool {name:?}; tools/list names the tools of this endpoint"),
                 );
             };
-            let answer = if tools.contains(&tool) {
-                match tool.decode(params.get("arguments")) {
-                    Ok(call) => server.call(endpoint, &session, call).await,
-                    Err(e) => Err(e),
-                }
-            } else {
-                Err(Error::forbidden(format!(
-                    "{name}: this endpoint is not granted this verb; vend an endpoint with it \
-                     (`relay endpoint create NAME --verbs {name},…`)"
-                )))
+            let answer = match grant
+                .check_tool(tool)
+                .and_then(|()| tool.decode(params.get("arguments")))
+            {
+                Ok(call) => server.call(endpoint, &grant, &session, call).await,
+                Err(e) => Err(e),
             };
             let code = match &answer {
                 Ok(_) => "ok",
@@ -289,20 +281,6 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, Error> {
     serde_json::to_value(v).map_err(|e| Error::internal(format!("encoding the answer: {e}")))
 }
 
-fn queue_granted(endpoint: &Endpoint, queue: &str) -> bool {
-    endpoint
-        .queues
-        .as_ref()
-        .is_none_or(|qs| qs.iter().any(|q| q == queue))
-}
-
-fn queue_forbidden(tool: &str, queue: &str) -> Error {
-    Error::forbidden(format!(
-        "{tool}: queue {queue:?} is not granted to this endpoint; use a granted queue or vend an \
-         endpoint with it (`--queues`)"
-    ))
-}
-
 fn report_of(
     result: Option<serde_json::Map<String, Value>>,
     summary: Option<String>,
@@ -351,6 +329,7 @@ impl Server {
     async fn call(
         &self,
         endpoint: &Endpoint,
+        grant: &Grant,
         session: &str,
         call: ToolCall,
     ) -> Result<Value, Error> {
@@ -362,13 +341,7 @@ impl Server {
         let m = &self.inner.metrics;
         match call {
             ToolCall::ClaimNext(a) => {
-                let queues = match &a.queue {
-                    Some(q) if !queue_granted(endpoint, q) => {
-                        return Err(queue_forbidden("claim_next", q));
-                    }
-                    Some(q) => Some(vec![q.clone()]),
-                    None => endpoint.queues.clone(),
-                };
+                let queues = grant.scope(Tool::ClaimNext, a.queue.as_deref())?;
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
@@ -382,7 +355,7 @@ impl Server {
                 }
             }
             ToolCall::Claim(a) => {
-                if endpoint.queues.is_some() {
+                if grant.queues().is_some() {
                     let view = store.get_todo(&actor, &a.id, 1).await.map_err(|e| {
                         if e.code == ErrorCode::NotFound {
                             relay_core::ledger::transition::not_found("claim", &a.id)
@@ -390,9 +363,7 @@ impl Server {
                             e
                         }
                     })?;
-                    if !queue_granted(endpoint, &view.todo.queue) {
-                        return Err(queue_forbidden("claim", &view.todo.queue));
-                    }
+                    grant.check_queue(Tool::Claim, &view.todo.queue)?;
                 }
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
@@ -448,20 +419,14 @@ impl Server {
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
                 let view = store.get_todo(&actor, &a.id, limit).await?;
-                if !queue_granted(endpoint, &view.todo.queue) {
+                if !grant.covers(&view.todo.queue) {
                     // What the endpoint cannot enumerate does not exist for it.
                     return Err(relay_core::ledger::transition::not_found("get_todo", &a.id));
                 }
                 to_value(&GetTodoOut::from(&view))
             }
             ToolCall::ListTodos(a) => {
-                let queues = match &a.queue {
-                    Some(q) if !queue_granted(endpoint, q) => {
-                        return Err(queue_forbidden("list_todos", q));
-                    }
-                    Some(q) => Some(vec![q.clone()]),
-                    None => endpoint.queues.clone(),
-                };
+                let queues = grant.scope(Tool::ListTodos, a.queue.as_deref())?;
                 let filter = TodoFilter {
                     queues,
                     state: a.state,
@@ -473,9 +438,7 @@ impl Server {
                 })
             }
             ToolCall::AddTodo(a) => {
-                if !queue_granted(endpoint, &a.queue) {
-                    return Err(queue_forbidden("add_todo", &a.queue));
-                }
+                grant.check_queue(Tool::AddTodo, &a.queue)?;
                 let id = format!("td_{}", self.random_hex::<10>()?);
                 let t = store
                     .add_todo(

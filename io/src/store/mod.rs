@@ -92,6 +92,11 @@ impl Endpoint {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
     }
+
+    /// What the endpoint may call, and on which queues.
+    pub fn grant(&self) -> relay_core::grant::Grant {
+        relay_core::grant::Grant::new(&self.verbs, self.queues.clone())
+    }
 }
 
 // Hand-written so that no hash of a credential reaches a log.

@@ -17,7 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use relay_core::Millis;
+use crate::Millis;
+use crate::ledger::{Todo, TodoState};
 
 /// Why a todo is offered to the gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,25 @@ pub enum Offer {
     Fresh,
     /// Claimable again (re-queued, released, reaped, retried): cleared from the gate first.
     Requeued,
+}
+
+impl Offer {
+    /// The offer for a todo the store's change sequence shows pending: one that has run before
+    /// is claimable again, not new.
+    pub fn of_pending(attempts_total: u32) -> Offer {
+        if attempts_total > 0 {
+            Offer::Requeued
+        } else {
+            Offer::Fresh
+        }
+    }
+}
+
+/// Whether a todo, as a change left it, is worth a ring: a claim could take it now or once its
+/// retry is due. Done, canceled, claimed and dead-lettered todos ring nobody.
+pub fn worth_a_ring(todo: &Todo) -> bool {
+    todo.state == TodoState::Pending
+        || (todo.state == TodoState::Failed && todo.next_retry_at.is_some())
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
