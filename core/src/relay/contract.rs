@@ -37,7 +37,7 @@
 //! undeclared argument fails the whole call.
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::capabilities::Capabilities;
 use super::context::TODO_FIELDS;
@@ -365,6 +365,109 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
         tool,
         arguments: Value::Object(keep_declared(tool, args, caps)),
     })
+}
+
+/// The `tools/call` params (`{"name", "arguments"}`) for a `SendClaimNext`, `SendHeartbeat` or
+/// `SendReport` under what the source's schemas declare ([`lease_call`]); `None` for any other
+/// command. What the lease client and the simulator put on the wire.
+pub fn call_params(command: &Command, caps: &Capabilities) -> Option<Value> {
+    let call = lease_call(command, caps)?;
+    Some(json!({"name": call.tool, "arguments": call.arguments}))
+}
+
+/// The [`LeaseError::Other`] code of a tool error without a readable code.
+pub const TOOL_ERROR: &str = "tool_error";
+
+/// Why a `tools/call` result is not a successful lease answer. Server text it holds (an unknown
+/// code, a message) may echo anything, a token included: a caller redacts it before quoting it.
+#[derive(Clone, PartialEq)]
+pub enum ResultError {
+    /// The result is not a JSON object: not an MCP server's answer.
+    NotAnObject,
+    /// The tool answered `isError`, with the error's code and message when readable.
+    Tool {
+        code: Option<String>,
+        message: Option<String>,
+    },
+    /// An accepted call whose answer lacks a field the daemon needs.
+    Malformed(AnswerError),
+}
+
+// Hand-written: the server's text stays out of `Debug`.
+impl std::fmt::Debug for ResultError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResultError::NotAnObject => f.write_str("NotAnObject"),
+            ResultError::Tool { code, .. } => f
+                .debug_struct("Tool")
+                .field(
+                    "known_code",
+                    &code.as_deref().and_then(crate::ErrorCode::parse),
+                )
+                .finish_non_exhaustive(),
+            ResultError::Malformed(e) => f.debug_tuple("Malformed").field(e).finish(),
+        }
+    }
+}
+
+impl ResultError {
+    /// The error the machine branches on: a tool error's contract code, an unknown code as
+    /// `Other` (through `quote`, which redacts it), none as `Other("tool_error")`; a result
+    /// that is not an object is a transport failure.
+    pub fn kind(&self, quote: impl Fn(&str) -> String) -> LeaseError {
+        match self {
+            ResultError::NotAnObject => LeaseError::Transport,
+            ResultError::Tool { code: Some(c), .. } => crate::ErrorCode::parse(c)
+                .map(LeaseError::Code)
+                .unwrap_or_else(|| LeaseError::Other(quote(c))),
+            ResultError::Tool { code: None, .. } => LeaseError::Other(TOOL_ERROR.into()),
+            ResultError::Malformed(e) => LeaseError::Malformed(Box::new(*e)),
+        }
+    }
+}
+
+/// A `tools/call` result's answer: its `structuredContent` object, or else the JSON of its
+/// first text block (servers without structured output put the same JSON there).
+fn result_answer(result: &Value) -> Option<Value> {
+    result
+        .get("structuredContent")
+        .filter(|v| v.is_object())
+        .cloned()
+        .or_else(|| {
+            let text = result
+                .get("content")?
+                .as_array()?
+                .iter()
+                .find_map(|c| (c.get("type")? == "text").then(|| c.get("text")?.as_str())?)?;
+            serde_json::from_str::<Value>(text).ok()
+        })
+}
+
+/// The machine's input for a lease command's `tools/call` result, read as the contract says
+/// (see the module doc), or why it is not a success (the caller hands the machine
+/// [`failed_input`] with [`ResultError::kind`]). `None` for a command that is not a lease call.
+pub fn result_input(command: &Command, result: &Value) -> Option<Result<Input, ResultError>> {
+    if !command.is_lease_call() {
+        return None;
+    }
+    if !result.is_object() {
+        return Some(Err(ResultError::NotAnObject));
+    }
+    let answer = result_answer(result);
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        let error = answer.as_ref().and_then(|a| a.get("error"));
+        let text = |k: &str| {
+            error
+                .and_then(|e| e.get(k))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        return Some(Err(ResultError::Tool {
+            code: text("code"),
+            message: text("message"),
+        }));
+    }
+    answer_input(command, &answer.unwrap_or(Value::Null)).map(|r| r.map_err(ResultError::Malformed))
 }
 
 /// The arguments as a JSON object without the absent ones.

@@ -89,8 +89,8 @@ pub use context::{
     RunFiles, UNTRUSTED, claimant, context_file, context_file_bytes, relay_env, run_files,
 };
 pub use contract::{
-    AnswerError, ClaimAnswer, LeaseCall, answer_input, decode_claim, decode_report, failed_input,
-    lease_call,
+    AnswerError, ClaimAnswer, LeaseCall, ResultError, TOOL_ERROR, answer_input, call_params,
+    decode_claim, decode_report, failed_input, lease_call, result_input,
 };
 pub use machine::{
     AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Reconfigured, Relay,

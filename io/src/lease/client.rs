@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
 use relay_core::error::ErrorCode;
+pub use relay_core::relay::TOOL_ERROR;
 use relay_core::relay::{
-    AnswerError, Capabilities, Command, Input, LeaseError, answer_input, check_capabilities,
-    failed_input, lease_call,
+    AnswerError, Capabilities, Command, Input, LeaseError, ResultError, call_params,
+    check_capabilities, failed_input, result_input,
 };
 use serde_json::{Value, json};
 
@@ -25,8 +26,6 @@ pub const UNSUPPORTED: &str = "lease_source_unsupported";
 pub const UNAUTHORIZED: &str = "unauthorized";
 /// The [`LeaseError::Other`] code of a JSON-RPC error object (an unknown method, bad params).
 pub const RPC_ERROR: &str = "rpc_error";
-/// The [`LeaseError::Other`] code of a tool error without a readable code.
-pub const TOOL_ERROR: &str = "tool_error";
 
 /// What happened to the source's session while a call ran. The daemon hands each one, as
 /// [`SessionNews::input`], to every harness bound to the source, before the call's own answer.
@@ -222,7 +221,7 @@ fn code_hint(kind: &LeaseError) -> &'static str {
     }
 }
 
-/// What `tools/call` answered, before it is shaped into an input.
+/// What `tools/call` answered (its result object, unread), or why the call got none.
 type CallResult = Result<Value, LeaseCallError>;
 
 impl LeaseClient {
@@ -418,13 +417,12 @@ impl LeaseClient {
     /// One `tools/call` for a lease command, with the session handling: a session is opened
     /// first when there is none; an HTTP 404 on the session (the server forgot it and did not
     /// run the call) re-initializes and retries the call once, unless the re-check finds the
-    /// source unsupported. The arguments are built (core's [`lease_call`]) against the
+    /// source unsupported. The params are built (core's [`call_params`]) against the
     /// capabilities of the session that carries the call.
     async fn call(
         &self,
         operation: &str,
         command: &Command,
-        token: Option<&str>,
         news: &mut Vec<SessionNews>,
     ) -> CallResult {
         let (session, generation) = match self.current() {
@@ -444,7 +442,7 @@ impl LeaseClient {
             .await
         {
             Err(RpcError::SessionGone) => {}
-            r => return self.tool_result(operation, r, token),
+            r => return self.tool_result(operation, r),
         }
         let (session, _, _) = self
             .renew(Some(generation), news)
@@ -466,77 +464,63 @@ impl LeaseClient {
                 drop(state);
                 Err(rpc_failure(&self.ep, operation, &RpcError::SessionGone))
             }
-            r => self.tool_result(operation, r, token),
+            r => self.tool_result(operation, r),
         }
     }
 
     /// `tools/call`'s params for a lease command under the current capabilities.
     fn call_params(&self, command: &Command) -> Value {
         let caps = self.capabilities().unwrap_or_default();
-        match lease_call(command, &caps) {
-            Some(call) => json!({"name": call.tool, "arguments": call.arguments}),
-            None => Value::Null,
-        }
+        call_params(command, &caps).unwrap_or(Value::Null)
     }
 
-    /// A tool result's answer object (`Value::Null` when a successful result carries no JSON:
-    /// for most verbs the contract reads only success), or its `isError` code as the error.
+    /// The `tools/call` result, or the call's transport or JSON-RPC failure.
     fn tool_result(
         &self,
         operation: &str,
         r: Result<(Value, Vec<(String, String)>), RpcError>,
-        token: Option<&str>,
     ) -> CallResult {
-        let (result, _) = r.map_err(|e| rpc_failure(&self.ep, operation, &e))?;
-        let answer = result
-            .get("structuredContent")
-            .filter(|v| v.is_object())
-            .cloned()
-            .or_else(|| {
-                // Servers without structured output put the same JSON in the first text block.
-                let text =
-                    result.get("content")?.as_array()?.iter().find_map(|c| {
-                        (c.get("type")? == "text").then(|| c.get("text")?.as_str())?
-                    })?;
-                serde_json::from_str::<Value>(text).ok()
-            });
-        if !result.is_object() {
-            return Err(LeaseCallError {
-                source_name: self.ep.source.clone(),
-                operation: operation.to_string(),
-                kind: LeaseError::Transport,
-                detail: "the tools/call result is not a JSON object".into(),
-                hint: "check that the source's url points at an MCP queue server".into(),
-            });
-        }
-        let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
-        if !is_error {
-            return Ok(answer.unwrap_or(Value::Null));
-        }
-        let error = answer.as_ref().and_then(|a| a.get("error"));
-        let code = error.and_then(|e| e.get("code")).and_then(Value::as_str);
-        let message = error
-            .and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .unwrap_or("no message");
-        let kind = match code {
-            Some(c) => ErrorCode::parse(c)
-                .map(LeaseError::Code)
-                .unwrap_or_else(|| LeaseError::Other(self.ep.quote(c, token))),
-            None => LeaseError::Other(TOOL_ERROR.into()),
+        r.map(|(result, _)| result)
+            .map_err(|e| rpc_failure(&self.ep, operation, &e))
+    }
+
+    /// The wrapped error for a `tools/call` result that is not a successful answer; the
+    /// server's text is quoted redacted (`token` among what it hides).
+    fn result_failure(
+        &self,
+        operation: &str,
+        e: &ResultError,
+        token: Option<&str>,
+    ) -> LeaseCallError {
+        let quote = |text: &str| self.ep.quote(text, token);
+        let kind = e.kind(quote);
+        let (detail, hint) = match e {
+            ResultError::Malformed(a) => return self.malformed(operation, *a),
+            ResultError::NotAnObject => (
+                "the tools/call result is not a JSON object".to_string(),
+                "check that the source's url points at an MCP queue server",
+            ),
+            ResultError::Tool { message, .. } => (
+                format!(
+                    "{}: {}",
+                    kind.code(),
+                    quote(message.as_deref().unwrap_or("no message"))
+                ),
+                code_hint(&kind),
+            ),
         };
-        Err(LeaseCallError {
+        LeaseCallError {
             source_name: self.ep.source.clone(),
             operation: operation.to_string(),
-            detail: format!("{}: {}", kind.code(), self.ep.quote(message, token)),
-            hint: code_hint(&kind).to_string(),
             kind,
-        })
+            detail,
+            hint: hint.to_string(),
+        }
     }
 
     /// Carries out a `SendClaimNext`, `SendHeartbeat` or `SendReport` and answers the input the
-    /// machine expects for it, with the session news to hand out first. The answer is read by
-    /// core's contract decoder ([`answer_input`]): only the contract's fields, and an answer
+    /// machine expects for it, with the session news to hand out first. The result is read by
+    /// core's contract decoder ([`result_input`]): only the contract's fields, and an answer
     /// without one the daemon needs is a failure naming it (`malformed_answer`).
     pub async fn execute(&self, command: &Command) -> Result<LeaseOutcome, NotALeaseCall> {
         let (operation, token) = match command {
@@ -566,11 +550,11 @@ impl LeaseClient {
             }
         };
         let mut news = Vec::new();
-        let answered = self.call(&operation, command, token, &mut news).await;
-        let (input, error) = match answered.map(|answer| answer_input(command, &answer)) {
+        let answered = self.call(&operation, command, &mut news).await;
+        let (input, error) = match answered.map(|result| result_input(command, &result)) {
             Ok(Some(Ok(input))) => (Some(input), None),
             Ok(Some(Err(e))) => {
-                let e = self.malformed(&operation, e);
+                let e = self.result_failure(&operation, &e, token);
                 (failed_input(command, e.kind.clone()), Some(e))
             }
             Err(e) => (failed_input(command, e.kind.clone()), Some(e)),

@@ -436,3 +436,69 @@ fn an_extension_argument_is_sent_only_where_the_schema_declares_it() {
 fn check_caps(list: Value) -> Capabilities {
     super::super::check_capabilities(&list)
 }
+
+#[test]
+fn call_params_name_the_tool_beside_its_arguments() {
+    let caps = check_caps(spec_0034_tools());
+    let params = call_params(&heartbeat(), &caps).expect("a lease call");
+    let call = lease_call(&heartbeat(), &caps).expect("a lease call");
+    assert_eq!(
+        params,
+        json!({"name": "heartbeat", "arguments": call.arguments})
+    );
+    assert_eq!(call_params(&Command::KillCheck { run_id: 1 }, &caps), None);
+    assert_eq!(
+        result_input(&Command::KillCheck { run_id: 1 }, &params),
+        None
+    );
+}
+
+#[test]
+fn tool_results_are_read_structured_or_from_their_text() {
+    let structured = crate::wire::call_result(&contract_only(), false);
+    let text_only = json!({"content": [{"type": "text", "text": contract_only().to_string()}]});
+    for result in [structured, text_only] {
+        match result_input(&claim(None), &result) {
+            Some(Ok(Input::ClaimAnswered { claim, .. })) => assert_eq!(claim.todo_id, "td_1"),
+            other => panic!("not a claim: {other:?}"),
+        }
+    }
+    // A heartbeat's success needs no JSON at all.
+    let bare = json!({"content": [{"type": "text", "text": "ok"}]});
+    assert!(matches!(
+        result_input(&heartbeat(), &bare),
+        Some(Ok(Input::HeartbeatOk { .. }))
+    ));
+    assert_eq!(
+        result_input(&heartbeat(), &json!("nope")),
+        Some(Err(ResultError::NotAnObject))
+    );
+    let malformed = crate::wire::call_result(&json!({"todo": {}}), false);
+    assert!(matches!(
+        result_input(&claim(None), &malformed),
+        Some(Err(ResultError::Malformed(_)))
+    ));
+}
+
+#[test]
+fn tool_errors_carry_their_code_and_an_unknown_one_goes_through_quote() {
+    let err = |body: Value| crate::wire::call_result(&body, true);
+    let quote = |s: &str| format!("<{s}>");
+    let kind = |result: &Value| match result_input(&heartbeat(), result) {
+        Some(Err(e)) => e.kind(quote),
+        other => panic!("not an error: {other:?}"),
+    };
+    let conflict = err(json!({"error": {"code": "conflict", "message": "lease lost"}}));
+    assert_eq!(
+        kind(&conflict),
+        LeaseError::Code(crate::ErrorCode::Conflict)
+    );
+    let unknown = err(json!({"error": {"code": "weird", "message": "m"}}));
+    assert_eq!(kind(&unknown), LeaseError::Other("<weird>".into()));
+    assert_eq!(kind(&err(json!({}))), LeaseError::Other(TOOL_ERROR.into()));
+    let Some(Err(e)) = result_input(&heartbeat(), &unknown) else {
+        panic!("not an error");
+    };
+    // Server text may echo a token: `Debug` names only a known code.
+    assert!(!format!("{e:?}").contains("weird"), "{e:?}");
+}
