@@ -86,6 +86,12 @@ impl OperatingHours {
     }
 }
 
+/// Whether a firing at wall time `now` may start a run under `hours` (`None`: no restriction).
+/// The daemon and the simulator both ask this; the machine skips or holds a firing outside.
+pub fn within_hours(hours: Option<&OperatingHours>, now: Millis) -> bool {
+    hours.is_none_or(|h| h.contains(now))
+}
+
 impl fmt::Display for OperatingHours {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let texts: Vec<&str> = self.windows.iter().map(|w| w.text.as_str()).collect();

@@ -81,7 +81,7 @@ mod tests;
 
 pub use diff::{Changes, ConfigDiff, diff};
 pub use duration::{DurationError, format_duration, parse_duration};
-pub use hours::OperatingHours;
+pub use hours::{OperatingHours, within_hours};
 pub use schedule::{Cron, Schedule};
 pub use secrets::{EnvVars, HeaderTemplate, Secret, parse_env_file};
 pub use url::{Url, parse_url};
@@ -285,6 +285,16 @@ impl Harness {
             return None;
         }
         self.schedule.as_ref()?.missed_since(last_run_started?, now)
+    }
+
+    /// Whether a firing at wall time `now` falls within the operating hours (always, without).
+    pub fn within_hours(&self, now: Millis) -> bool {
+        within_hours(self.operating_hours.as_ref(), now)
+    }
+
+    /// The schedule's next firing strictly after wall time `now`; `None` without a schedule.
+    pub fn next_fire(&self, now: Millis) -> Option<Millis> {
+        self.schedule.as_ref().map(|s| s.next_after(now))
     }
 }
 

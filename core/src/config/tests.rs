@@ -852,3 +852,29 @@ fn a_removed_lease_source_aborts_the_attempts_on_it() {
     );
     assert!(!d.aborts("w1", "queue.q"));
 }
+
+#[test]
+fn a_harness_answers_its_next_firing_and_whether_a_firing_is_within_hours() {
+    use crate::time::parse_rfc3339;
+    let at = |s: &str| parse_rfc3339(s).unwrap();
+    let c = global(
+        "[harness.x]\ncommand = [\"agent\"]\nschedule = \"@every 30m\"\n\
+         operating_hours = \"mon-fri 09:00-18:00 +02:00\"\n\
+         [harness.y]\ncommand = [\"agent\"]\n",
+    )
+    .unwrap();
+    let (x, y) = (&c.harnesses["x"], &c.harnesses["y"]);
+    // 2026-09-22 is a Tuesday: 07:10Z is 09:10 at +02:00, 06:50Z is 08:50.
+    assert!(x.within_hours(at("2026-09-22T07:10:00Z")));
+    assert!(!x.within_hours(at("2026-09-22T06:50:00Z")));
+    assert!(!x.within_hours(at("2026-09-26T07:10:00Z")), "a Saturday");
+    assert!(
+        y.within_hours(at("2026-09-26T07:10:00Z")),
+        "no hours: always"
+    );
+    assert_eq!(
+        x.next_fire(at("2026-09-22T07:10:00Z")),
+        Some(at("2026-09-22T07:30:00Z"))
+    );
+    assert_eq!(y.next_fire(at("2026-09-22T07:10:00Z")), None);
+}

@@ -348,7 +348,7 @@ impl Daemon {
             name.to_string(),
             Slot {
                 relay: Relay::new(settings, self.seed ^ fnv(name), first),
-                next_fire: harness.schedule.as_ref().map(|s| s.next_after(now)),
+                next_fire: harness.next_fire(now),
                 harness,
                 source,
                 client,
@@ -588,12 +588,7 @@ impl Daemon {
                 && let Some(at) = slot.next_fire
                 && at <= now.wall
             {
-                let next = slot
-                    .harness
-                    .schedule
-                    .as_ref()
-                    .map(|s| s.next_after(now.wall));
-                slot.next_fire = next;
+                slot.next_fire = slot.harness.next_fire(now.wall);
                 self.fire(&name, "schedule");
             }
         }
@@ -805,7 +800,7 @@ impl Daemon {
                     if let Some(h) = self.resolved.config.harnesses.get(name) {
                         if h.schedule != slot.harness.schedule {
                             let now = self.clock.now();
-                            slot.next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
+                            slot.next_fire = h.next_fire(now);
                         }
                         slot.harness = h.clone();
                     }
@@ -857,11 +852,7 @@ impl Daemon {
             tracing::warn!(harness, "fired a harness that is not running; ignored");
             return;
         };
-        let within_hours = slot
-            .harness
-            .operating_hours
-            .as_ref()
-            .is_none_or(|h| h.contains(now));
+        let within_hours = slot.harness.within_hours(now);
         self.input(
             harness,
             Input::Firing {
