@@ -14,11 +14,17 @@
 //!   spent on the previous attempt. Without the clearing, that todo's new chance would wait on
 //!   a ring that already happened.
 //! - The same todo offered twice inside a window (e.g. two sweeps seeing it) rings once.
+//!
+//! The queue server holds one gate for its sessions (and the streams it rings on); the
+//! simulator holds one for its relay hosts, so simulated rings obey the same rules.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Millis;
 use crate::ledger::{Todo, TodoState};
+
+/// The window by default: one ring a minute per session at most.
+pub const WINDOW: Millis = 60_000;
 
 /// Why a todo is offered to the gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -101,6 +101,9 @@ pub struct Options {
     pub liveness_bound: Millis,
     pub faults: Faults,
     pub mutation: Option<Mutation>,
+    /// Each relay's operating hours, as config writes them (empty: none). Firings outside them
+    /// are skipped or held as the daemon's are.
+    pub hours: Vec<Vec<String>>,
 }
 
 /// Relay clocks drift at most this much (parts per million). The lease argument holds within
@@ -163,7 +166,31 @@ impl Options {
             liveness_bound: 24 * HOUR,
             faults,
             mutation,
+            hours: Vec::new(),
         }
+        .with_hours(seed)
+    }
+
+    /// Draws each relay's operating hours from their own stream (the other options stay as the
+    /// seed drew them before hours existed): for some relays, the first `on` minutes of every
+    /// hour at a drawn UTC offset, so that firings fall outside the hours often while no relay
+    /// waits long enough to starve the liveness phase.
+    fn with_hours(mut self, seed: u64) -> Options {
+        let mut r = Rng::stream(seed, "hours");
+        self.hours = (0..self.relays)
+            .map(|_| {
+                if !r.chance(400) {
+                    return Vec::new();
+                }
+                let on = r.range(10, 50);
+                let offset = r.range(0, 14 * 4) * 15;
+                let zone = format!("+{:02}:{:02}", offset / 60, offset % 60);
+                (0..24)
+                    .map(|h| format!("{h:02}:00-{h:02}:{on:02} {zone}"))
+                    .collect()
+            })
+            .collect();
+        self
     }
 }
 
@@ -206,6 +233,11 @@ impl fmt::Display for Options {
             fl.wall_steps,
             fl.operators
         )?;
+        for (r, hours) in self.hours.iter().enumerate() {
+            if let Some(first) = hours.first() {
+                write!(f, "\nhours of relay {r}: {first}, … (every hour)")?;
+            }
+        }
         if let Some(m) = self.mutation {
             write!(f, "\nmutation: {}", m.name())?;
         }

@@ -44,6 +44,10 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("check_exit_75", 50),
         ("restart", 20),
         ("reaped", 50),
+        // the doorbell gate and operating hours
+        ("ring", 1000),
+        ("owed_ring", 200),
+        ("outside_hours", 1000),
     ];
     for (k, min) in minimums {
         let got = totals.get(k).copied().unwrap_or(0);

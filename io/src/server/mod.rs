@@ -137,7 +137,7 @@ impl ServerConfig {
             reap_interval: Duration::from_secs(15),
             requeue_interval: Duration::from_secs(5),
             session_idle_timeout: Duration::from_secs(30 * 60),
-            doorbell_window: Duration::from_secs(60),
+            doorbell_window: Duration::from_millis(relay_core::doorbell::WINDOW),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(30),

@@ -62,8 +62,8 @@ pub(super) struct Host {
     pub(super) deferred: Vec<Ev>,
     /// The newest lease tokens this host held, to search its outputs for.
     pub(super) tokens: Vec<String>,
-    /// A doorbell firing is already on its way (rings within its delay coalesce).
-    pub(super) ring_at: Option<Millis>,
+    /// The harness's operating hours (`None`: always within).
+    pub(super) hours: Option<relay_core::config::OperatingHours>,
     /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
     pub(super) refused: BTreeSet<u64>,
     /// The machine held a live lease when it began handling the current input (a heartbeat

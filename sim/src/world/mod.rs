@@ -7,7 +7,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use relay_core::ErrorCode;
-use relay_core::ledger::{Actor, Attempt, Ledger, LedgerConfig, NewTodo};
+use relay_core::config::{OperatingHours, within_hours};
+use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
+use relay_core::ledger::{Actor, Attempt, Ledger, LedgerConfig, NewTodo, Todo};
 use relay_core::relay::{
     Capabilities, ClaimedTodo, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     ReportVerb, RequestId, SuccessCheck, reconcile_interrupted,
@@ -221,6 +223,8 @@ pub struct World {
     touched: BTreeSet<String>,
     /// Server events since the last full check of the ledger.
     since_full_check: u32,
+    /// The server's doorbell gate, one session per relay lifetime.
+    gate: Gate,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -267,7 +271,7 @@ impl World {
                 paused: false,
                 deferred: Vec::new(),
                 tokens: Vec::new(),
-                ring_at: None,
+                hours: None,
                 refused: BTreeSet::new(),
                 was_live: false,
                 ended_now: BTreeSet::new(),
@@ -300,8 +304,16 @@ impl World {
             trace: false,
             touched: BTreeSet::new(),
             since_full_check: 0,
+            gate: Gate::new(doorbell::WINDOW),
             o,
         };
+        for r in 0..w.hosts.len() {
+            let windows = w.o.hours.get(r).filter(|h| !h.is_empty());
+            match windows.map(|h| OperatingHours::parse(h)).transpose() {
+                Ok(hours) => w.hosts[r].hours = hours,
+                Err((i, e)) => w.violate(Kind::Correctness, "options", format!("hours[{i}] {e}")),
+            }
+        }
         for (at, work) in &plan.work {
             w.schedule(T0 + at, Ev::Work(work.clone()));
         }
@@ -483,12 +495,14 @@ impl World {
             Ev::Requeue => {
                 match self.ledger.requeue_due(self.now) {
                     Ok(moved) if !moved.is_empty() => {
-                        self.touched.extend(moved.into_iter().map(|t| t.id));
-                        self.ring();
+                        self.touched.extend(moved.iter().map(|t| t.id.clone()));
+                        self.ring(&moved, Offer::Requeued);
                     }
                     Ok(_) => {}
                     Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
                 }
+                // The server's doorbell sweep runs beside the requeue: owed rings go out.
+                self.flush_doorbell();
                 self.schedule(self.now + self.o.requeue_every, Ev::Requeue);
             }
             Ev::Tick(r) => {
@@ -496,14 +510,17 @@ impl World {
                 self.schedule(self.now + self.o.fire_every, Ev::Tick(r));
             }
             Ev::Fire(r) => {
-                if self.hosts[r].ring_at.is_some_and(|t| t <= self.now) {
-                    self.hosts[r].ring_at = None;
+                // Hours are read on the host's wall clock, as the daemon reads them.
+                let wall = self.hosts[r].wall.read(self.now);
+                let within_hours = within_hours(self.hosts[r].hours.as_ref(), wall);
+                if !within_hours {
+                    self.count("outside_hours");
                 }
                 self.feed(
                     r,
                     Input::Firing {
                         trigger: "schedule".into(),
-                        within_hours: true,
+                        within_hours,
                     },
                 );
             }
@@ -583,10 +600,10 @@ impl World {
                     ..NewTodo::default()
                 };
                 match self.ledger.add_todo(self.now, ENDPOINT, new) {
-                    Ok(_) => {
+                    Ok(t) => {
                         self.touched.insert(id.clone());
                         self.added.insert(id);
-                        self.ring();
+                        self.ring(&[t], Offer::Fresh);
                     }
                     Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
                 }
@@ -599,25 +616,51 @@ impl World {
             }
             Work::Retry(n) if !self.healed => {
                 self.touched.insert(todo_id(n));
-                if self.ledger.retry(self.now, &op, &todo_id(n)).is_ok() {
+                if let Ok(t) = self.ledger.retry(self.now, &op, &todo_id(n)) {
                     self.count("operator_retry");
-                    self.ring();
+                    self.ring(&[t], Offer::Requeued);
                 }
             }
             Work::Cancel(_) | Work::Retry(_) => {}
         }
     }
 
-    /// The doorbell: every relay is fired shortly after work becomes claimable.
-    fn ring(&mut self) {
-        for r in 0..self.hosts.len() {
-            if self.hosts[r].ring_at.is_some_and(|t| t >= self.now) {
-                continue;
+    /// The doorbell, as the server rings it: each todo a change made claimable is offered to
+    /// the gate for every running relay's session; a ring reaches its host shortly after, as a
+    /// firing.
+    fn ring(&mut self, todos: &[Todo], offer: Offer) {
+        for t in todos.iter().filter(|t| worth_a_ring(t)) {
+            for r in 0..self.hosts.len() {
+                if self.hosts[r].relay.is_none() {
+                    continue;
+                }
+                let session = self.session(r);
+                if self.gate.offer(&session, &t.id, &t.queue, offer, self.now) {
+                    self.deliver_ring(r);
+                }
             }
-            let at = self.now + self.net.range(1, 500);
-            self.hosts[r].ring_at = Some(at);
-            self.schedule(at, Ev::Fire(r));
         }
+    }
+
+    /// The owed rings whose window has passed.
+    fn flush_doorbell(&mut self) {
+        for (session, _) in self.gate.flush(self.now) {
+            if let Some(r) = (0..self.hosts.len()).find(|r| self.session(*r) == session) {
+                self.count("owed_ring");
+                self.deliver_ring(r);
+            }
+        }
+    }
+
+    fn deliver_ring(&mut self, r: usize) {
+        self.count("ring");
+        let at = self.now + self.net.range(1, 500);
+        self.schedule(at, Ev::Fire(r));
+    }
+
+    /// A relay's doorbell session: one per lifetime (a restarted daemon opens a new one).
+    fn session(&self, r: usize) -> String {
+        format!("relay-{r}.{}", self.hosts[r].life)
     }
 
     fn on_fault(&mut self, f: Fault) {
@@ -644,6 +687,8 @@ impl World {
                     .net
                     .chance(500)
                     .then(|| self.net.range(MINUTE, 10 * MINUTE));
+                let session = self.session(relay);
+                self.gate.forget(&session);
                 let h = &mut self.hosts[relay];
                 // The host dies with its processes; its volatile state is gone, the journal
                 // stays, and a run left `running` is reconciled as interrupted on restart.

@@ -35,9 +35,7 @@ impl World {
                         self.violate(Kind::Correctness, "closed_once", e.to_string());
                     }
                 }
-                if !reaped.is_empty() {
-                    self.ring();
-                }
+                self.ring(&reaped, relay_core::doorbell::Offer::Requeued);
             }
             Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
         }
