@@ -25,6 +25,8 @@ mod net;
 mod queue;
 mod relay;
 
+use relay_core::relay::invariants::Monitor;
+
 use host::{Host, HostClock};
 
 /// Where simulated time starts (an ordinary instant in 2026).
@@ -266,7 +268,7 @@ impl World {
                 partitioned: false,
                 paused: false,
                 deferred: Vec::new(),
-                tokens: Vec::new(),
+                monitor: Monitor::default(),
                 ring_at: None,
                 refused: BTreeSet::new(),
                 was_live: false,
