@@ -27,6 +27,8 @@ mod net;
 mod queue;
 mod relay;
 
+use relay_core::relay::invariants::Monitor;
+
 use host::{Host, HostClock};
 
 /// Where simulated time starts (an ordinary instant in 2026).
@@ -270,7 +272,7 @@ impl World {
                 partitioned: false,
                 paused: false,
                 deferred: Vec::new(),
-                tokens: Vec::new(),
+                monitor: Monitor::default(),
                 hours: None,
                 refused: BTreeSet::new(),
                 was_live: false,
