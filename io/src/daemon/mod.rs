@@ -577,8 +577,7 @@ impl Daemon {
                 .poll_timeout()
                 .is_some_and(|(at, _)| at <= now.mono)
             {
-                slot.relay.handle_timeout(now);
-                self.drain(&name);
+                self.input(&name, Input::TimerFired);
             }
             let Some(slot) = self.slots.get_mut(&name) else {
                 continue;
