@@ -17,26 +17,25 @@ pub struct SystemClock;
 
 impl WallClock for SystemClock {
     fn now(&self) -> Millis {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        millis(since.unwrap_or_default())
+        read(nix::time::ClockId::CLOCK_REALTIME).unwrap_or(0)
     }
 }
 
 impl Clock for SystemClock {
     fn mono(&self) -> Millis {
-        match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
-            Ok(t) => {
-                let ms = i128::from(t.tv_sec()) * 1_000 + i128::from(t.tv_nsec()) / 1_000_000;
-                u64::try_from(ms).unwrap_or(0)
-            }
+        read(nix::time::ClockId::CLOCK_BOOTTIME).unwrap_or_else(|| {
             // Not on this kernel: the process's own monotonic clock, which at least never steps.
-            Err(_) => {
-                static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-                let origin = ORIGIN.get_or_init(std::time::Instant::now);
-                millis(origin.elapsed())
-            }
-        }
+            static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            millis(ORIGIN.get_or_init(std::time::Instant::now).elapsed())
+        })
     }
+}
+
+/// One of the kernel's clocks in milliseconds (0 before its origin); `None` where it has none.
+fn read(id: nix::time::ClockId) -> Option<Millis> {
+    let t = nix::time::clock_gettime(id).ok()?;
+    let ms = i128::from(t.tv_sec()) * 1_000 + i128::from(t.tv_nsec()) / 1_000_000;
+    Some(u64::try_from(ms).unwrap_or(0))
 }
 
 /// Shared handle used by the daemon.
