@@ -74,6 +74,7 @@ mod capabilities;
 mod context;
 pub mod contract;
 pub mod doctor;
+pub mod invariants;
 mod machine;
 mod record;
 pub mod redact;
