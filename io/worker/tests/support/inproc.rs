@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use relay_core::ledger::{Actor, LedgerConfig, NewTodo, TodoFilter, TodoState, TokenHash};
-use relay_io::clock::{Clock, SystemClock};
-use relay_io::daemon::{Daemon, DaemonHandle, DaemonOptions};
-use relay_io::server::{Server, ServerConfig, new_bearer_token};
-use relay_io::store::{NewEndpoint, Store};
+use relay_core::time::WallClock;
+use relay_server::server::{Server, ServerConfig, new_bearer_token};
+use relay_server::store::{NewEndpoint, Store};
+use relay_worker::clock::SystemClock;
+use relay_worker::daemon::{Daemon, DaemonHandle, DaemonOptions};
 
 pub struct System {
     pub dir: tempfile::TempDir,
@@ -113,7 +114,7 @@ impl System {
     }
 
     pub async fn daemon(&self, config: &Path) -> (Daemon, DaemonHandle) {
-        let transport = relay_io::lease::ReqwestTransport::new().expect("http client");
+        let transport = relay_worker::lease::ReqwestTransport::new().expect("http client");
         Daemon::start(DaemonOptions {
             config: config.to_path_buf(),
             state_dir: self.path().join("state"),
@@ -136,7 +137,7 @@ impl System {
                     SystemClock.now(),
                     "work",
                     NewTodo {
-                        id: relay_io::server::new_todo_id().expect("id"),
+                        id: relay_server::server::new_todo_id().expect("id"),
                         queue: "work".into(),
                         title: "t".into(),
                         kind: None,

@@ -49,7 +49,8 @@ async fn after_100_attempts_the_task_count_returns_to_its_baseline() {
 
 /// No run record of the daemon is still `running`.
 async fn idle(system: &inproc::System) -> bool {
-    let journal = relay_io::journal::Journal::open(system.path().join("state")).expect("journal");
+    let journal =
+        relay_worker::journal::Journal::open(system.path().join("state")).expect("journal");
     (0..10).all(|n| {
         journal
             .records(&format!("w{n}"), 5)

@@ -1,12 +1,12 @@
 //! The queue server's HTTP benchmark: fenced claim_next → heartbeat → complete over real HTTP.
 //!
 //! ```sh
-//! cargo bench -p relay-io --bench http                        # SQLite, a temp file
-//! cargo bench -p relay-io --bench http -- --db postgres://…   # Postgres (a schema of its own)
-//! cargo bench -p relay-io --bench http -- --clients 16 --seconds 5 --todos 20000
+//! cargo bench -p relay-server --bench http                        # SQLite, a temp file
+//! cargo bench -p relay-server --bench http -- --db postgres://…   # Postgres (a schema of its own)
+//! cargo bench -p relay-server --bench http -- --clients 16 --seconds 5 --todos 20000
 //! ```
 //!
-//! In one process and one run: the real server ([`relay_io::server::Server::serve`], background
+//! In one process and one run: the real server ([`relay_server::server::Server::serve`], background
 //! loops included) on 127.0.0.1:0 over the chosen store, and `--clients` concurrent MCP clients
 //! (default 16), each with its own HTTP connection pool and session (`initialize`, then
 //! `notifications/initialized`), each looping `claim_next {require_fence: true}` → `heartbeat
@@ -31,9 +31,10 @@ use relay_core::ledger::{
     Actor, ClaimOpts, LedgerConfig, NewTodo, Report, TodoFilter, TodoState, TokenHash,
 };
 use relay_core::time::SECOND;
-use relay_io::clock::{Clock, SystemClock};
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::{NewEndpoint, PgStore, Store};
+use relay_core::time::WallClock;
+use relay_server::clock::SystemClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, PgStore, Store};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "q";
@@ -193,7 +194,7 @@ async fn run(db: &Db, args: &Args) {
     );
 
     let clock = SystemClock;
-    let token = relay_io::server::new_bearer_token().expect("a token");
+    let token = relay_server::server::new_bearer_token().expect("a token");
     for (endpoint, hash) in [
         (HTTP_ENDPOINT, TokenHash::of(&token)),
         (DIRECT_ENDPOINT, TokenHash::of("unused")),

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::ledger::{LedgerConfig, NewTodo, TokenHash};
-use relay_io::clock::ManualClock;
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::{NewEndpoint, Store};
+use relay_core::time::ManualClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
 use serde_json::{Value, json};
 
 const T0: Millis = 1_790_000_000_000;
@@ -83,7 +83,7 @@ impl Backend {
             .await
             .unwrap(),
             Backend::Postgres { url, schema } => Store::Postgres(
-                relay_io::store::PgStore::open_in_schema(url, schema, LedgerConfig::default())
+                relay_server::store::PgStore::open_in_schema(url, schema, LedgerConfig::default())
                     .await
                     .unwrap(),
             ),
@@ -172,12 +172,12 @@ impl Harness {
     }
 
     fn now(&self) -> Millis {
-        use relay_io::clock::Clock;
+        use relay_core::time::WallClock;
         self.clock.now()
     }
 
     async fn endpoint(&self, name: &str, verbs: &[&str]) -> String {
-        let token = relay_io::server::new_bearer_token().unwrap();
+        let token = relay_server::server::new_bearer_token().unwrap();
         self.store
             .endpoint_create(
                 T0,

@@ -13,7 +13,7 @@
 //!
 //! # Time and randomness
 //!
-//! Every `now` comes from the injected [`Clock`](crate::clock::Clock), so tests drive lease
+//! Every `now` comes from the injected [`WallClock`](relay_core::time::WallClock), so tests drive lease
 //! expiry, retries, session expiry and the doorbell window with a `ManualClock`. Session ids, todo
 //! ids and fence tokens come from the operating system's RNG, or, when `Server::new` is given a
 //! seed (tests, simulation), from a seeded `StdRng`, so a run can be replayed.
@@ -35,6 +35,7 @@ mod doorbell;
 mod http;
 mod metrics;
 mod rpc;
+mod session;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

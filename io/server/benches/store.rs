@@ -1,8 +1,8 @@
 //! The store benchmark: what attempt history costs on the hot path.
 //!
 //! ```sh
-//! cargo bench -p relay-io --bench store                       # SQLite, a temp file
-//! cargo bench -p relay-io --bench store -- --db postgres://…  # Postgres (a schema of its own)
+//! cargo bench -p relay-server --bench store                       # SQLite, a temp file
+//! cargo bench -p relay-server --bench store -- --db postgres://…  # Postgres (a schema of its own)
 //! ```
 //!
 //! On one database, in one run:
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use relay_core::ledger::{Actor, ClaimOpts, LedgerConfig, Report, TokenHash};
 use relay_core::time::SECOND;
-use relay_io::store::{PgStore, Store};
+use relay_server::store::{PgStore, Store};
 use serde_json::json;
 
 const T0: u64 = 1_790_000_000_000;

@@ -27,11 +27,11 @@ use relay_core::relay::{
     Signal,
 };
 use relay_core::testing::relay::{is_report, records, settings, t0};
+use relay_core::time::WallClock;
 use relay_core::time::{Now, SECOND};
-use relay_io::clock::Clock;
-use relay_io::lease::{HyperTransport, LeaseClient};
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::{NewEndpoint, Store};
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
+use relay_worker::lease::{HyperTransport, LeaseClient};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -49,14 +49,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Copy, Debug)]
 struct SimClock;
 
-impl Clock for SimClock {
+impl WallClock for SimClock {
     fn now(&self) -> Millis {
         let elapsed = turmoil::sim_elapsed().unwrap_or_default().as_millis();
         t0() + u64::try_from(elapsed).unwrap_or(u64::MAX)
-    }
-    /// Turmoil's clock never steps: both readings agree.
-    fn mono(&self) -> Millis {
-        self.now()
     }
 }
 

@@ -9,7 +9,7 @@
 //! 2. Memory: the process's resident set before and after a daemon with 100 leased harnesses
 //!    has started and verified its lease source, idle.
 //!
-//! `cargo bench -p relay-io --bench daemon`
+//! `cargo bench -p relay-worker --bench daemon`
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -181,9 +181,9 @@ async fn main() {
     let state = idle.path().join("state");
     let start = tokio::time::Instant::now();
     loop {
-        let answer = relay_io::daemon::control::request(
+        let answer = relay_worker::daemon::control::request(
             &state,
-            &relay_io::daemon::control::Request::Describe { harness: None },
+            &relay_worker::daemon::control::Request::Describe { harness: None },
             Duration::from_secs(10),
         )
         .await

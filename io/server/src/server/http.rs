@@ -17,15 +17,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use relay_core::ledger::TokenHash;
 use relay_core::limits::escape_text;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Server;
 use super::rpc::{self, Reply};
+use super::session::{SESSION_HEADER, check_session, header_str, json_response, rpc_error};
 use crate::store::Endpoint;
 
 pub(crate) const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
-pub(crate) const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// The Host/Origin policy as a value (the config's two lists).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,23 +164,6 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-/// A JSON-RPC error outside a tool result, with an HTTP status.
-pub(crate) fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Response {
-    json_response(
-        status,
-        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
-    )
-}
-
 fn unauthorized(what: &str) -> Response {
     let mut r = rpc_error(
         StatusCode::UNAUTHORIZED,
@@ -197,10 +179,6 @@ fn unauthorized(what: &str) -> Response {
         HeaderValue::from_static("Bearer realm=\"relay\""),
     );
     r
-}
-
-fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// The Host/Origin checks (DNS-rebinding protection) of every route. `name` is for the log.
@@ -275,46 +253,6 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
             ))
         }
     }
-}
-
-/// What a request's session headers say, checked. `Err` is the response to send.
-pub(crate) fn check_session(
-    server: &Server,
-    endpoint: &str,
-    headers: &HeaderMap,
-    id: &Value,
-) -> Result<String, Response> {
-    let Some(session) = header_str(headers, SESSION_HEADER) else {
-        return Err(rpc_error(
-            StatusCode::BAD_REQUEST,
-            id.clone(),
-            -32600,
-            "missing Mcp-Session-Id header; send `initialize` first and repeat the session id \
-             it answers on every later request",
-        ));
-    };
-    if let Some(v) = header_str(headers, VERSION_HEADER)
-        && !super::PROTOCOL_VERSIONS.contains(&v)
-    {
-        return Err(rpc_error(
-            StatusCode::BAD_REQUEST,
-            id.clone(),
-            -32600,
-            &format!(
-                "unsupported MCP-Protocol-Version {v:?}; this server speaks {}",
-                super::PROTOCOL_VERSIONS.join(", ")
-            ),
-        ));
-    }
-    if !server.touch_session(session, endpoint) {
-        return Err(rpc_error(
-            StatusCode::NOT_FOUND,
-            id.clone(),
-            -32001,
-            "session not found or expired; send `initialize` again for a new session",
-        ));
-    }
-    Ok(session.to_string())
 }
 
 async fn mcp_post(

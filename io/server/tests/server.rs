@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::ledger::{Actor, LedgerConfig, TodoFilter, TodoView, TokenHash};
-use relay_io::clock::ManualClock;
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::{NewEndpoint, Store};
+use relay_core::time::ManualClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
 use serde_json::{Value, json};
 
 const T0: Millis = 1_790_000_000_000;
@@ -54,9 +54,10 @@ async fn open_store() -> (Store, Option<(String, String)>) {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
-        let store = relay_io::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
-            .await
-            .unwrap();
+        let store =
+            relay_server::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
+                .await
+                .unwrap();
         return (Store::Postgres(store), Some((url, name)));
     }
     let store = Store::open("sqlite::memory:", LedgerConfig::default())
@@ -117,7 +118,7 @@ impl Harness {
 
     /// Vends an endpoint in the store; answers its bearer token.
     async fn endpoint(&self, name: &str, verbs: &[&str], queues: Option<&[&str]>) -> String {
-        let token = relay_io::server::new_bearer_token().unwrap();
+        let token = relay_server::server::new_bearer_token().unwrap();
         self.store
             .endpoint_create(
                 T0,
@@ -661,7 +662,7 @@ async fn sessions_are_required_bound_deletable_and_expire() {
         .await;
     assert_eq!(
         v["result"]["protocolVersion"],
-        relay_io::server::PROTOCOL_VERSIONS[0]
+        relay_server::server::PROTOCOL_VERSIONS[0]
     );
     c.init().await;
     let session = c.session.clone().unwrap();
@@ -707,7 +708,7 @@ async fn sessions_are_required_bound_deletable_and_expire() {
 
 impl Harness {
     fn clock_now(&self) -> Millis {
-        use relay_io::clock::Clock;
+        use relay_core::time::WallClock;
         self.clock.now()
     }
 }

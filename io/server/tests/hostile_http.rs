@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::ledger::{LedgerConfig, TokenHash};
-use relay_io::clock::ManualClock;
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::{NewEndpoint, Store};
+use relay_core::time::ManualClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -66,7 +66,7 @@ async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Running {
 
 impl Running {
     async fn endpoint(&self, name: &str) -> String {
-        let token = relay_io::server::new_bearer_token().unwrap();
+        let token = relay_server::server::new_bearer_token().unwrap();
         self.store
             .endpoint_create(
                 T0,

@@ -88,29 +88,62 @@ impl DaemonMetrics {
     }
 }
 
-/// Serves `GET /metrics` on `addr` in a background task; returns once bound.
+/// Serves `GET /metrics` on `addr` in a background task; returns once bound. Plain hyper, not
+/// a router: one route does not justify linking the server's web framework into the worker.
 pub async fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: std::sync::Arc<DaemonMetrics>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = metrics.clone();
-            async move {
-                (
-                    [(
-                        http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
-            }
-        }),
-    );
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                // Out of descriptors, say: wait for some to close instead of spinning.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let answer = metrics_answer(&metrics, &req);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
     });
     Ok(())
+}
+
+/// The answer to one request: the exposition at `/metrics` (GET, and HEAD, whose body hyper
+/// drops), 405 for another method there, 404 elsewhere.
+fn metrics_answer<B>(
+    metrics: &DaemonMetrics,
+    req: &http::Request<B>,
+) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    use http::{Method, StatusCode, header};
+    let mut answer = http::Response::new(http_body_util::Full::default());
+    if req.uri().path() != "/metrics" {
+        *answer.status_mut() = StatusCode::NOT_FOUND;
+    } else if req.method() != Method::GET && req.method() != Method::HEAD {
+        *answer.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        answer
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET,HEAD"));
+    } else {
+        answer.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+        );
+        *answer.body_mut() = metrics.encode().into();
+    }
+    answer
 }

@@ -19,7 +19,7 @@ use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
 
 use super::doorbell::Offer;
-use super::http::{check_session, rpc_error};
+use super::session::{check_session, rpc_error};
 use super::{PROTOCOL_VERSIONS, Server};
 use crate::store::Endpoint;
 

@@ -1,5 +1,5 @@
 //! turmoil's listener as axum's, for tests that serve a router inside the simulation (shared by
-//! `io/tests/turmoil.rs` and the lease client's unit tests).
+//! `io/worker/tests/turmoil.rs` and the lease client's unit tests).
 
 pub struct SimListener(pub turmoil::net::TcpListener);
 
