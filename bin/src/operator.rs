@@ -11,10 +11,11 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use relay_core::Error;
 use relay_core::ledger::{Actor, LedgerConfig, NewTodo, Todo, TodoFilter, TodoState, TokenHash};
+use relay_core::time::WallClock;
 use relay_core::time::rfc3339;
 use relay_core::wire::{GetTodoOut, TodoOut};
-use relay_io::clock::{Clock, SystemClock};
-use relay_io::store::{Endpoint, NewEndpoint, Store};
+use relay_server::clock::SystemClock;
+use relay_server::store::{Endpoint, NewEndpoint, Store};
 use serde_json::{Value, json};
 
 /// The store option every store-touching command shares.
@@ -191,7 +192,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             queues,
         } => {
             let verbs = relay_core::grant::vend(&name, &verbs, queues.as_deref())?;
-            let token = relay_io::server::new_bearer_token()?;
+            let token = relay_server::server::new_bearer_token()?;
             let store = open(db).await?;
             store
                 .endpoint_create(
@@ -321,7 +322,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     qs.join(", ")
                 )));
             }
-            let id = relay_io::server::new_todo_id()?;
+            let id = relay_server::server::new_todo_id()?;
             let t = store
                 .add_todo(
                     now(),

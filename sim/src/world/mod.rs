@@ -528,11 +528,7 @@ impl World {
             }
             Ev::Timer { relay, generation } => {
                 if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {
-                    let now = self.begin_step(relay);
-                    if let Some(m) = self.hosts[relay].relay.as_mut() {
-                        m.handle_timeout(now);
-                    }
-                    self.drain(relay);
+                    self.feed(relay, Input::TimerFired);
                 }
             }
             Ev::ServerRecv {
@@ -746,10 +742,6 @@ impl World {
     /// The host's clock moved past deadlines (it woke from a pause, or jumped): its overdue
     /// timers fire at once, as a real timer wheel fires them on its next turn.
     fn wake(&mut self, r: usize) {
-        let now = self.begin_step(r);
-        if let Some(m) = self.hosts[r].relay.as_mut() {
-            m.handle_timeout(now);
-        }
-        self.drain(r);
+        self.feed(r, Input::TimerFired);
     }
 }
