@@ -994,9 +994,9 @@ fn an_attempt_cannot_be_closed_twice() {
     let change = transition::reap(T0 + TTL, &entry.todo, entry.open())
         .unwrap()
         .unwrap();
-    l.apply(change.clone()).unwrap();
+    l.apply_change(change.clone()).unwrap();
     let before = l.clone();
-    let again = l.apply(change).unwrap_err();
+    let again = l.apply_change(change).unwrap_err();
     assert_eq!(again.code, ErrorCode::Internal);
     assert!(again.message.contains("exactly once"));
     assert_eq!(l, before, "nothing applied");
