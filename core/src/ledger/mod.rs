@@ -11,7 +11,7 @@
 
 mod backoff;
 mod op;
-pub mod run;
+pub mod rows;
 pub mod transition;
 mod types;
 
@@ -21,7 +21,7 @@ use serde_json::Value;
 
 pub use backoff::Backoff;
 pub use op::{Answer, Op};
-pub use run::{Rows, Sweep};
+pub use rows::{Rows, Sweep, run};
 pub use transition::{
     Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
 };
@@ -245,7 +245,7 @@ impl Ledger {
     /// the attempt rows is refused with nothing applied (see [`Ledger::apply_change`]).
     pub fn apply(&mut self, op: Op) -> Result<Answer, Error> {
         let cfg = self.cfg.clone();
-        run::ready(run::run(&mut Mem(self), &cfg, op))
+        rows::ready(run(&mut Mem(self), &cfg, op))
     }
 
     /// Applies a transition's change, as a store applies one inside its transaction.

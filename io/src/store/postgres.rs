@@ -16,14 +16,16 @@ use std::sync::LazyLock;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, LedgerConfig, Rows, Sweep, Todo, TodoFilter,
+};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Endpoint;
 #[cfg(test)]
 use super::ops;
-use super::ops::{Sweep, Tx, TxKind};
+use super::ops::{Tx, TxKind};
 use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
 use super::{PendingChange, PendingPage};
 
@@ -695,7 +697,7 @@ impl PgTx<'_> {
     }
 }
 
-impl Tx for PgTx<'_> {
+impl Rows for PgTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
         // `FOR UPDATE` that waited for another transaction returns the row's newest version but
@@ -830,11 +832,6 @@ impl Tx for PgTx<'_> {
         Ok(rows)
     }
 
-    #[cfg(test)]
-    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.insert_attempt_row(op, a).await
-    }
-
     async fn attempts(
         &mut self,
         op: &str,
@@ -952,6 +949,13 @@ impl Tx for PgTx<'_> {
         self.execute(op, id, "DELETE FROM todos WHERE id = $1", &[&id])
             .await?;
         Ok(())
+    }
+}
+
+impl Tx for PgTx<'_> {
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a).await
     }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {

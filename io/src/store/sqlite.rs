@@ -10,21 +10,20 @@
 //! Durability: `synchronous = NORMAL` in WAL mode. A committed operation survives a crash of the
 //! process; a power loss may lose the last transactions, never corrupt the file.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
-use std::task::{Context, Poll, Waker};
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, LedgerConfig, Rows, Sweep, Todo, TodoFilter,
+};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Endpoint;
 #[cfg(test)]
 use super::ops;
-use super::ops::{Sweep, Tx, TxKind};
+use super::ops::{Tx, TxKind};
 use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
 use super::{PendingChange, PendingPage};
 
@@ -481,19 +480,9 @@ impl SqliteStore {
     pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
         let subject = a.todo_id.clone();
         self.run(TxKind::Write, "plant", subject, move |tx| {
-            ready(ops::plant_attempt(tx, &a))
+            relay_core::ledger::rows::ready(ops::plant_attempt(tx, &a))
         })
         .await
-    }
-}
-
-/// Drives a future that never waits to its end. The SQLite transaction's methods are `async`
-/// only to share `ops` with Postgres; their bodies are synchronous, so one poll completes them.
-pub(crate) fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => unreachable!("a SQLite operation never waits"),
     }
 }
 
@@ -678,7 +667,7 @@ impl SqliteTx<'_> {
     }
 }
 
-impl Tx for SqliteTx<'_> {
+impl Rows for SqliteTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let mut st = self
             .c
@@ -807,11 +796,6 @@ impl Tx for SqliteTx<'_> {
         Ok(rows)
     }
 
-    #[cfg(test)]
-    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.insert_attempt_row(op, a)
-    }
-
     async fn attempts(
         &mut self,
         op: &str,
@@ -929,6 +913,13 @@ impl Tx for SqliteTx<'_> {
             .map_err(|e| sql_err(op, id, e))?;
         st.execute(params![id]).map_err(|e| sql_err(op, id, e))?;
         Ok(())
+    }
+}
+
+impl Tx for SqliteTx<'_> {
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a)
     }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
