@@ -253,9 +253,13 @@ fn connect(path: Option<&Path>) -> Result<Connection, Error> {
     .map_err(|e| open_err(&what, e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| open_err(&what, e))?;
+    // No memory-mapped I/O: pages of a mapped file count in the server's RSS, and SQLite's
+    // reads through the window (with the kernel's fault-around) mapped all 256 MiB of it for an
+    // idle server with 10 000 pending todos of 60 KiB (295 MB RSS; 35 MB without). Reads go
+    // through the page cache instead, bounded by `cache_size` (16 MiB per connection).
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;
-         PRAGMA cache_size = -16384; PRAGMA mmap_size = 268435456;",
+         PRAGMA cache_size = -16384; PRAGMA mmap_size = 0;",
     )
     .map_err(|e| open_err(&what, e))?;
     conn.set_prepared_statement_cache_capacity(64);

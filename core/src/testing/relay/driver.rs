@@ -1,0 +1,498 @@
+//! The scripted driver and the ledger-backed lease source: everything a relay test needs to
+//! drive [`crate::relay::Relay`] in a few lines.
+
+use serde_json::{Value, json};
+
+use crate::error::ErrorCode;
+use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
+use crate::relay::{
+    Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
+    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, ReportVerb, RequestId,
+    RunRecord, SuccessCheck, decode_claim,
+};
+use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
+use crate::wire::ClaimOut;
+
+/// 2026-09-22T12:00:00Z, where every scripted test starts.
+pub fn t0() -> Millis {
+    parse_rfc3339("2026-09-22T12:00:00Z").unwrap_or_default()
+}
+
+/// Header and env_file values the tests plant, to prove they never leak.
+pub const HEADER_SECRET: &str = "hdr-s3cr3t-value";
+pub const ENV_FILE_SECRET: &str = "envfile-s3cr3t-value";
+
+/// `fixer` on `buildbox`, bound to `queue.ci`: 5 m lease, 1 m heartbeats, no check.
+pub fn settings() -> HarnessSettings {
+    HarnessSettings {
+        harness: "fixer".into(),
+        host: "buildbox".into(),
+        lease: "queue.ci".into(),
+        queue: Some("ci-failures".into()),
+        lease_ttl: 5 * MINUTE,
+        heartbeat_interval: MINUTE,
+        argv: vec!["claude".into(), "-p".into()],
+        prompt: Some(b"Fix the CI failure described in $HARNESS_RELAY_FILE.".to_vec()),
+        workdir: "/src/app".into(),
+        timeout: None,
+        kill_grace: crate::relay::DEFAULT_KILL_GRACE,
+        on_overlap: OnOverlap::Skip,
+        enabled: true,
+        lease_enabled: true,
+        success_check: None,
+        attempt_receipt: None,
+        jobs_dir: "/state/jobs".into(),
+        secrets: vec![HEADER_SECRET.into()],
+        env_file: vec![("GH_TOKEN".into(), ENV_FILE_SECRET.into())],
+    }
+}
+
+/// The settings with a success check.
+pub fn with_check(mut s: HarnessSettings, timeout: Millis, interval: Millis) -> HarnessSettings {
+    s.success_check = Some(SuccessCheck {
+        argv: vec!["./scripts/required-checks-green.sh".into()],
+        timeout,
+        interval,
+        before: false,
+    });
+    s
+}
+
+/// A claim answer for `todo_id` at `attempt` of `max`, fenced with `token` when given.
+pub fn claimed(todo_id: &str, attempt: u32, max: u32, token: Option<&str>) -> ClaimedTodo {
+    ClaimedTodo {
+        todo_id: todo_id.into(),
+        attempt,
+        max_attempts: max,
+        attempt_seq: u64::from(attempt),
+        lease_token: token.map(LeaseToken::new),
+        todo: json!({
+            "id": todo_id, "queue": "ci-failures", "title": "CI red on main",
+            "kind": "check_suite", "source": "gitea", "payload": {"sha": "abc123"},
+            "work_order": null, "created_at": "2026-09-22T11:58:00Z",
+        }),
+        prior_attempts: Vec::new(),
+    }
+}
+
+/// A tools/list answer declaring `verbs`, each with its input properties (and
+/// `additionalProperties: false`, as the queue server's schemas have it).
+pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
+    let tools: Vec<Value> = verbs
+        .iter()
+        .map(|(name, props)| {
+            let props: serde_json::Map<String, Value> =
+                props.iter().map(|p| (p.to_string(), json!({}))).collect();
+            json!({"name": name, "inputSchema": {"type": "object", "properties": props,
+                "additionalProperties": false}})
+        })
+        .collect();
+    json!({ "tools": tools })
+}
+
+/// The drain verbs with every argument SPEC-0034 adds, release included.
+pub fn spec_0034_tools() -> Value {
+    let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
+    verbs.push(("list_todos", &["queue", "state", "limit"]));
+    tools_list(&verbs)
+}
+
+/// The request id of the last command in `cmds` that `pick` selects.
+pub fn request_in(cmds: &[Command], pick: fn(&Command) -> bool) -> Option<RequestId> {
+    cmds.iter().rev().filter(|c| pick(c)).find_map(request_of)
+}
+
+pub fn request_of(c: &Command) -> Option<RequestId> {
+    match c {
+        Command::SendClaimNext { request, .. }
+        | Command::SendHeartbeat { request, .. }
+        | Command::SendReport { request, .. }
+        | Command::UploadReceipt { request, .. } => Some(*request),
+        _ => None,
+    }
+}
+
+pub fn is_claim(c: &Command) -> bool {
+    matches!(c, Command::SendClaimNext { .. })
+}
+pub fn is_heartbeat(c: &Command) -> bool {
+    matches!(c, Command::SendHeartbeat { .. })
+}
+pub fn is_report(c: &Command) -> bool {
+    matches!(c, Command::SendReport { .. })
+}
+pub fn is_receipt(c: &Command) -> bool {
+    matches!(c, Command::UploadReceipt { .. })
+}
+
+/// The run records among `cmds`.
+pub fn records(cmds: &[Command]) -> Vec<&RunRecord> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::WriteRunRecord { record } => Some(record),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A Debug-and-JSON rendering of a command, for "does this byte string appear" checks.
+pub fn rendered(c: &Command) -> String {
+    let mut text = format!("{c:?}");
+    match c {
+        Command::WriteContextFile { bytes, .. } => {
+            text.push_str(&String::from_utf8_lossy(bytes));
+        }
+        Command::Spawn { env, .. } | Command::RunCheck { env, .. } => {
+            for (k, v) in env.merged([]) {
+                text.push_str(&format!(" {k}={v}"));
+            }
+        }
+        Command::WriteRunRecord { record } => {
+            text.push_str(&serde_json::to_string(record).unwrap_or_default());
+        }
+        Command::Emit { event } => {
+            text.push_str(&serde_json::to_string(event).unwrap_or_default());
+        }
+        Command::SendReport { result, .. } => text.push_str(&result.to_string()),
+        _ => {}
+    }
+    text
+}
+
+/// How the scripted driver answers heartbeats on its own.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutoHeartbeat {
+    /// Leave them unanswered; the test answers.
+    Off,
+    /// Answer each at once, with this result.
+    Reply(Result<(), LeaseError>),
+}
+
+/// A scripted driver: feeds inputs at explicit times, fires due timers at their own
+/// instants, and keeps every command it saw.
+pub struct Driver {
+    pub relay: Relay,
+    /// The monotonic clock; the wall clock reads `now + wall_offset`.
+    pub now: Millis,
+    /// How far the wall clock has been stepped from the monotonic one (0: they agree).
+    pub wall_offset: i64,
+    /// Every command with the time it was emitted.
+    pub log: Vec<(Millis, Command)>,
+    pub auto_heartbeat: AutoHeartbeat,
+}
+
+impl Driver {
+    /// A relay at [`t0`] whose lease source advertises SPEC-0034 with release.
+    pub fn new(settings: HarnessSettings) -> Driver {
+        Self::with_capabilities(settings, Capabilities::full(true))
+    }
+
+    pub fn with_capabilities(settings: HarnessSettings, caps: Capabilities) -> Driver {
+        Self::new_with(settings, caps, 1, t0())
+    }
+
+    /// A relay whose first run id is `first_run_id`, starting at `now`.
+    pub fn new_with(
+        settings: HarnessSettings,
+        caps: Capabilities,
+        first_run_id: u64,
+        now: Millis,
+    ) -> Driver {
+        let mut d = Driver {
+            relay: Relay::new(settings, 7, first_run_id),
+            now,
+            wall_offset: 0,
+            log: Vec::new(),
+            auto_heartbeat: AutoHeartbeat::Reply(Ok(())),
+        };
+        d.input(Input::CapabilitiesKnown(caps));
+        d
+    }
+
+    /// Feeds `input` at the current time; panics on a contract error.
+    pub fn input(&mut self, input: Input) -> Vec<Command> {
+        match self.try_input(input) {
+            Ok(cmds) => cmds,
+            Err(e) => panic!("contract error: {e}"),
+        }
+    }
+
+    pub fn try_input(&mut self, input: Input) -> Result<Vec<Command>, ContractError> {
+        self.relay.handle_input(self.clock(), input)?;
+        Ok(self.drain())
+    }
+
+    /// Both clocks as the machine reads them now.
+    pub fn clock(&self) -> Now {
+        Now {
+            mono: self.now,
+            wall: self.now.saturating_add_signed(self.wall_offset),
+        }
+    }
+
+    /// `harness describe` now.
+    pub fn describe(&self) -> Describe {
+        self.relay.describe(self.clock())
+    }
+
+    fn drain(&mut self) -> Vec<Command> {
+        let mut out = Vec::new();
+        while let Some(c) = self.relay.poll_command() {
+            self.log.push((self.now, c.clone()));
+            out.push(c);
+        }
+        if let AutoHeartbeat::Reply(reply) = self.auto_heartbeat.clone() {
+            let requests: Vec<RequestId> = out
+                .iter()
+                .filter(|c| is_heartbeat(c))
+                .filter_map(request_of)
+                .collect();
+            for request in requests {
+                let input = match reply.clone() {
+                    Ok(()) => Input::HeartbeatOk { request },
+                    Err(error) => Input::HeartbeatFailed { request, error },
+                };
+                out.extend(self.input(input));
+            }
+        }
+        out
+    }
+
+    /// Moves time to `t`, handling each timer at the instant it is due.
+    pub fn advance_to(&mut self, t: Millis) -> Vec<Command> {
+        let mut out = Vec::new();
+        // Bounded: a machine whose due timer does not move would otherwise spin forever.
+        for _ in 0..100_000 {
+            let Some((at, _)) = self.relay.poll_timeout().filter(|(at, _)| *at <= t) else {
+                self.now = self.now.max(t);
+                return out;
+            };
+            self.now = self.now.max(at);
+            out.extend(self.input(Input::TimerFired));
+        }
+        panic!("timers due by {t} did not settle: a handled timer must move or disarm");
+    }
+
+    pub fn advance(&mut self, by: Millis) -> Vec<Command> {
+        self.advance_to(self.now + by)
+    }
+
+    /// A doorbell firing within hours.
+    pub fn fire(&mut self) -> Vec<Command> {
+        self.input(Input::Firing {
+            trigger: "channel.sb".into(),
+            within_hours: true,
+        })
+    }
+
+    /// The last request of the kind `pick` selects, over the whole log.
+    pub fn last_request(&self, pick: fn(&Command) -> bool) -> RequestId {
+        let cmds: Vec<Command> = self.log.iter().map(|(_, c)| c.clone()).collect();
+        request_in(&cmds, pick).unwrap_or_else(|| panic!("no such request in the log"))
+    }
+
+    /// The run id of the attempt in flight.
+    pub fn run_id(&self) -> u64 {
+        self.describe()
+            .attempt
+            .map(|a| a.run_id)
+            .unwrap_or_else(|| panic!("no attempt in flight"))
+    }
+
+    /// Fires and answers the claim with `claim`.
+    pub fn claim(&mut self, claim: ClaimedTodo) -> Vec<Command> {
+        let mut out = self.fire();
+        let request = request_in(&out, is_claim).unwrap_or_else(|| panic!("no claim sent"));
+        out.extend(self.input(Input::ClaimAnswered { request, claim }));
+        out
+    }
+
+    /// Fires, claims `claim` and reports the process started.
+    pub fn start(&mut self, claim: ClaimedTodo) -> Vec<Command> {
+        let mut out = self.claim(claim);
+        let run_id = self.run_id();
+        out.extend(self.input(Input::ProcessSpawned { run_id }));
+        out
+    }
+
+    pub fn spawned(&mut self) -> Vec<Command> {
+        let run_id = self.run_id();
+        self.input(Input::ProcessSpawned { run_id })
+    }
+
+    pub fn exit(&mut self, code: i32, summary_file: Option<&[u8]>) -> Vec<Command> {
+        let run_id = self.run_id();
+        self.input(Input::ProcessExited {
+            run_id,
+            exit: if code < 0 {
+                ExitStatus::Signal(-code)
+            } else {
+                ExitStatus::Code(code)
+            },
+            summary_file: summary_file.map(<[u8]>::to_vec),
+        })
+    }
+
+    pub fn check_exit(&mut self, code: i32, output: &str) -> Vec<Command> {
+        let run_id = self.run_id();
+        self.input(Input::CheckExited {
+            run_id,
+            exit: ExitStatus::Code(code),
+            output_tail: output.as_bytes().to_vec(),
+        })
+    }
+
+    /// Accepts the last report.
+    pub fn report_ok(&mut self, dead_letter: bool) -> Vec<Command> {
+        let request = self.last_request(is_report);
+        self.input(Input::ReportAnswered {
+            request,
+            dead_letter,
+            next_retry_at: None,
+        })
+    }
+
+    pub fn report_failed(&mut self, error: LeaseError) -> Vec<Command> {
+        let request = self.last_request(is_report);
+        self.input(Input::ReportFailed { request, error })
+    }
+
+    /// Every command so far.
+    pub fn commands(&self) -> Vec<Command> {
+        self.log.iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    /// The last record written.
+    pub fn last_record(&self) -> RunRecord {
+        let cmds = self.commands();
+        records(&cmds)
+            .last()
+            .map(|r| (*r).clone())
+            .unwrap_or_else(|| panic!("no record written"))
+    }
+}
+
+/// A lease source backed by the real [`Ledger`], speaking the machine's commands. Tokens
+/// are `tok-<n>`; each relay is a different endpoint-session of one endpoint.
+pub struct LedgerSource {
+    pub ledger: Ledger,
+    pub endpoint: String,
+    next_token: u32,
+}
+
+impl LedgerSource {
+    pub fn new(ledger: Ledger, endpoint: &str) -> LedgerSource {
+        LedgerSource {
+            ledger,
+            endpoint: endpoint.into(),
+            next_token: 0,
+        }
+    }
+
+    fn error(e: crate::error::Error) -> LeaseError {
+        match e.code {
+            ErrorCode::Internal => LeaseError::Other("internal".into()),
+            code => LeaseError::Code(code),
+        }
+    }
+
+    /// Serves one lease-source command at `now`; `None` for any other command.
+    pub fn serve(&mut self, now: Millis, c: &Command) -> Option<Input> {
+        let actor = Actor::endpoint(self.endpoint.clone());
+        Some(match c {
+            Command::SendClaimNext {
+                request,
+                queue,
+                lease_ttl_seconds,
+                claimant,
+                ..
+            } => {
+                self.next_token += 1;
+                let token = format!("tok-{}-{}", self.endpoint, self.next_token);
+                let opts = ClaimOpts {
+                    ttl: lease_ttl_seconds * SECOND,
+                    claimant: Some(claimant.clone()),
+                    token_hash: Some(TokenHash::of(&token)),
+                };
+                let queues = queue.clone().map(|q| vec![q]);
+                match self
+                    .ledger
+                    .claim_next(now, &actor, queues.as_deref(), &opts)
+                {
+                    Ok(None) => Input::ClaimEmpty { request: *request },
+                    Err(e) => Input::ClaimFailed {
+                        request: *request,
+                        error: Self::error(e),
+                    },
+                    // Through the wire answer and the daemon's own decoder.
+                    Ok(Some(c)) => {
+                        let out = ClaimOut::claimed(&c, Some(LeaseToken::new(token)));
+                        let answer = serde_json::to_value(&out).unwrap_or_default();
+                        match decode_claim(&answer) {
+                            Ok(ClaimAnswer::Claimed(claim)) => Input::ClaimAnswered {
+                                request: *request,
+                                claim,
+                            },
+                            other => panic!("our own claim answer did not decode: {other:?}"),
+                        }
+                    }
+                }
+            }
+            Command::SendHeartbeat {
+                request,
+                todo_id,
+                lease_ttl_seconds,
+                lease_token,
+                ..
+            } => {
+                let hash = Some(TokenHash::of(lease_token.expose()));
+                let ttl = lease_ttl_seconds * SECOND;
+                match self.ledger.heartbeat(now, &actor, todo_id, ttl, hash) {
+                    Ok(_) => Input::HeartbeatOk { request: *request },
+                    Err(e) => Input::HeartbeatFailed {
+                        request: *request,
+                        error: Self::error(e),
+                    },
+                }
+            }
+            Command::SendReport {
+                request,
+                verb,
+                todo_id,
+                lease_token,
+                summary,
+                artifact,
+                result,
+                ..
+            } => {
+                let hash = Some(TokenHash::of(lease_token.expose()));
+                let report = Report {
+                    result: Some(result.clone()).filter(|r| !r.is_null()),
+                    summary: Some(summary.clone()),
+                    artifact: artifact.clone(),
+                    token_hash: hash,
+                };
+                let answer = match verb {
+                    ReportVerb::Complete => self.ledger.complete(now, &actor, todo_id, &report),
+                    ReportVerb::Fail => self.ledger.fail(now, &actor, todo_id, &report),
+                    ReportVerb::Release => {
+                        self.ledger
+                            .release(now, &actor, todo_id, Some(summary), hash)
+                    }
+                };
+                match answer {
+                    Ok(todo) => Input::ReportAnswered {
+                        request: *request,
+                        dead_letter: todo.dead_letter(),
+                        next_retry_at: todo.next_retry_at.map(rfc3339),
+                    },
+                    Err(e) => Input::ReportFailed {
+                        request: *request,
+                        error: Self::error(e),
+                    },
+                }
+            }
+            _ => return None,
+        })
+    }
+}

@@ -1,0 +1,322 @@
+//! The properties of the attempt machine, each a body that takes the bytes of a program (so a
+//! fuzz target can reuse it as it is).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::relay::{Command, Input, OnOverlap, Relay, RequestId, RunOutcome, RunRecord};
+use crate::time::{Millis, Now};
+
+use super::driver::*;
+use super::program::*;
+
+/// A stepped wall clock changes nothing but text: the same program with its wall-clock
+/// steps left out sends the same commands at the same monotonic instants, run records
+/// differing only in their `started_at` / `ended_at` stamps and context files in their
+/// `attempt.claimed_at`. (Deadlines on wall time would
+/// move every timer a step crosses.)
+pub fn relay_wall_clock_moves_no_deadline(bytes: &[u8]) -> Result<(), String> {
+    let program = decode_relay_program(bytes);
+    let stepped = run_relay_program_with(&program, true)?;
+    let steady = run_relay_program_with(&program, false)?;
+    let unstamped = |c: &Command| match c {
+        Command::WriteRunRecord { record } => Command::WriteRunRecord {
+            record: RunRecord {
+                started_at: String::new(),
+                ended_at: None,
+                ..record.clone()
+            },
+        },
+        Command::WriteContextFile {
+            run_id,
+            path,
+            bytes,
+        } => {
+            let mut file: Value = serde_json::from_slice(bytes).unwrap_or_default();
+            file["attempt"]["claimed_at"] = Value::Null;
+            Command::WriteContextFile {
+                run_id: *run_id,
+                path: path.clone(),
+                bytes: serde_json::to_vec(&file).unwrap_or_default(),
+            }
+        }
+        other => other.clone(),
+    };
+    if stepped.steps.len() != steady.steps.len() {
+        return Err(format!(
+            "wall-clock steps changed the number of steps: {} against {}",
+            stepped.steps.len(),
+            steady.steps.len()
+        ));
+    }
+    for (i, (a, b)) in stepped.steps.iter().zip(&steady.steps).enumerate() {
+        let (ca, cb): (Vec<Command>, Vec<Command>) = (
+            a.commands.iter().map(unstamped).collect(),
+            b.commands.iter().map(unstamped).collect(),
+        );
+        if a.now != b.now || a.input != b.input || ca != cb {
+            return Err(format!(
+                "step {i} differs once the wall clock steps:\n  stepped: at {} {:?} -> {ca:?}\n  steady:  at {} {:?} -> {cb:?}",
+                a.now, a.input, b.now, b.input
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Nothing reaches the lease source before admission: a claim only for a firing within its
+/// hours (or the held one, when the previous run closed), only on a verified source, only
+/// with no run in flight, always fenced; heartbeats and reports only for a fenced claim.
+pub fn relay_admission_before_lease_calls(bytes: &[u8]) -> Result<(), String> {
+    let trace = trace_of(bytes)?;
+    let s = &trace.settings;
+    let (mut verified, mut open, mut held) = (false, None::<u64>, false);
+    let mut fenced: BTreeSet<u64> = BTreeSet::new();
+    for (i, step) in trace.steps.iter().enumerate() {
+        let mut held_may_start = false;
+        match &step.input {
+            Input::CapabilitiesKnown(caps) => verified = caps.supported(),
+            Input::SessionExpired => verified = false,
+            Input::StopRequested { .. } => held = false,
+            Input::Firing { within_hours, .. } => {
+                let queue = s.on_overlap == OnOverlap::Queue;
+                if open.is_some() && queue && *within_hours && !held && s.enabled {
+                    held = true;
+                }
+            }
+            Input::ClaimAnswered { claim, .. } if claim.lease_token.is_some() => {
+                fenced.extend(open);
+            }
+            _ => {}
+        }
+        for c in &step.commands {
+            let err = |what: &str| Err(format!("step {i} ({:?}): {what}: {c:?}", step.input));
+            match c {
+                Command::WriteRunRecord { record }
+                    if record.outcome != RunOutcome::Running && open == Some(record.run_id) =>
+                {
+                    open = None;
+                    held_may_start = std::mem::take(&mut held);
+                }
+                Command::SendClaimNext {
+                    run_id,
+                    require_fence,
+                    ..
+                } => {
+                    if !(verified && s.enabled && s.lease_enabled && *require_fence) {
+                        return err("claim on an unverified, disabled or unfenced source");
+                    }
+                    if open.is_some() {
+                        return err("claim while a run is in flight");
+                    }
+                    match &step.input {
+                        Input::Firing { within_hours, .. } if !within_hours => {
+                            return err("claim for a firing outside its hours");
+                        }
+                        Input::Firing { .. } => {}
+                        _ if held_may_start => held_may_start = false,
+                        _ => return err("claim without a firing"),
+                    }
+                    open = Some(*run_id);
+                }
+                Command::SendHeartbeat { run_id, .. } | Command::SendReport { run_id, .. }
+                    if !fenced.contains(run_id) || open != Some(*run_id) =>
+                {
+                    return err("lease call without a fenced claim in flight");
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// After the lease is lost (a conflict or not_found, or the deadline measured from the
+/// send time of the last successful claim or heartbeat) no heartbeat and no report goes out.
+/// A heartbeat refused once the report is out is not a loss by itself (the report may have
+/// closed the attempt): the report's own answer decides, and no heartbeat follows it.
+pub fn relay_silent_after_lease_loss(bytes: &[u8]) -> Result<(), String> {
+    let trace = trace_of(bytes)?;
+    let ttl = trace.settings.lease_ttl;
+    // Per run: deadline, lost. Per request: its run and send time.
+    let mut lease: BTreeMap<u64, (Millis, bool)> = BTreeMap::new();
+    let mut reported: BTreeSet<u64> = BTreeSet::new();
+    let mut disputed: BTreeSet<u64> = BTreeSet::new();
+    let mut sent: BTreeMap<RequestId, (u64, Millis)> = BTreeMap::new();
+    let mut claim_of: BTreeMap<RequestId, u64> = BTreeMap::new();
+    let mut awaited: BTreeSet<RequestId> = BTreeSet::new();
+    for (i, step) in trace.steps.iter().enumerate() {
+        let now = step.now;
+        for (deadline, lost) in lease.values_mut() {
+            *lost |= now >= *deadline;
+        }
+        match &step.input {
+            Input::ClaimAnswered { request, claim } if claim.lease_token.is_some() => {
+                if let (Some(run), Some((_, at))) = (claim_of.get(request), sent.get(request))
+                    && awaited.remove(request)
+                {
+                    lease.insert(*run, (at + ttl, now >= at + ttl));
+                }
+            }
+            Input::HeartbeatOk { request } if awaited.remove(request) => {
+                if let Some((run, at)) = sent.get(request)
+                    && let Some((deadline, lost)) = lease.get_mut(run)
+                    && !*lost
+                {
+                    *deadline = (*deadline).max(at + ttl);
+                }
+            }
+            Input::HeartbeatFailed { request, error }
+                if error.is_lease_loss()
+                    && sent
+                        .get(request)
+                        .is_some_and(|(run, _)| reported.contains(run))
+                    && awaited.remove(request) =>
+            {
+                if let Some((run, _)) = sent.get(request) {
+                    disputed.insert(*run);
+                }
+            }
+            Input::HeartbeatFailed { request, error } | Input::ReportFailed { request, error }
+                if awaited.remove(request) && error.is_lease_loss() =>
+            {
+                if let Some((run, _)) = sent.get(request)
+                    && let Some((_, lost)) = lease.get_mut(run)
+                {
+                    *lost = true;
+                }
+            }
+            Input::HeartbeatFailed { request, .. }
+            | Input::ReportFailed { request, .. }
+            | Input::ReportAnswered { request, .. } => {
+                awaited.remove(request);
+            }
+            _ => {}
+        }
+        for c in &step.commands {
+            match c {
+                Command::SendClaimNext {
+                    request, run_id, ..
+                } => {
+                    claim_of.insert(*request, *run_id);
+                    sent.insert(*request, (*run_id, now));
+                    awaited.insert(*request);
+                }
+                Command::SendHeartbeat {
+                    request, run_id, ..
+                }
+                | Command::SendReport {
+                    request, run_id, ..
+                } => {
+                    match lease.get(run_id) {
+                        Some((_, false)) => {}
+                        _ => {
+                            return Err(format!(
+                                "step {i} at {now}: lease call after the lease was lost: {c:?}"
+                            ));
+                        }
+                    }
+                    if matches!(c, Command::SendReport { .. }) {
+                        reported.insert(*run_id);
+                    } else if disputed.contains(run_id) {
+                        return Err(format!(
+                            "step {i} at {now}: heartbeat after one was refused during the \
+                             report: {c:?}"
+                        ));
+                    }
+                    sent.insert(*request, (*run_id, now));
+                    awaited.insert(*request);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Once a run's final record is written, no command names that run again.
+pub fn relay_nothing_after_close(bytes: &[u8]) -> Result<(), String> {
+    let trace = trace_of(bytes)?;
+    let mut closed: BTreeSet<u64> = BTreeSet::new();
+    for (i, step) in trace.steps.iter().enumerate() {
+        for c in &step.commands {
+            if closed.contains(&c.run_id()) {
+                return Err(format!("step {i}: command after run closed: {c:?}"));
+            }
+            if let Command::WriteRunRecord { record } = c
+                && record.outcome != RunOutcome::Running
+            {
+                closed.insert(record.run_id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A lease token appears only as the `lease_token` of its own run's heartbeats and
+/// reports: never in any other command, any summary, result, record, event, context file,
+/// environment, warning or `describe` — even when the agent and the check print it.
+pub fn relay_token_stays_in_lease_calls(bytes: &[u8]) -> Result<(), String> {
+    let trace = trace_of(bytes)?;
+    let tokens: Vec<&String> = trace.tokens.values().collect();
+    for (i, step) in trace.steps.iter().enumerate() {
+        let leaked = |text: &str| tokens.iter().any(|t| text.contains(t.as_str()));
+        if leaked(&step.describe) || leaked(&step.debug) {
+            return Err(format!(
+                "step {i}: describe or the relay's Debug shows a token"
+            ));
+        }
+        if leaked(&format!("{:?}", step.input)) {
+            return Err(format!("step {i}: an input's Debug shows a token"));
+        }
+        for c in &step.commands {
+            if leaked(&rendered(c)) {
+                return Err(format!("step {i}: token in {}", rendered(c)));
+            }
+            if let Command::SendHeartbeat {
+                run_id,
+                lease_token,
+                ..
+            }
+            | Command::SendReport {
+                run_id,
+                lease_token,
+                ..
+            } = c
+                && trace.tokens.get(run_id).map(String::as_str) != Some(lease_token.expose())
+            {
+                return Err(format!("step {i}: run {run_id} presents another token"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every fenced claim ends in exactly one record with a relay outcome; nothing else gets
+/// more than one.
+pub fn relay_one_outcome_per_claim(bytes: &[u8]) -> Result<(), String> {
+    let trace = trace_of(bytes)?;
+    let mut outcomes: BTreeMap<u64, u32> = BTreeMap::new();
+    for step in &trace.steps {
+        for record in records(&step.commands) {
+            if record.relay_outcome.is_some() {
+                *outcomes.entry(record.run_id).or_default() += 1;
+            }
+        }
+    }
+    if let Some((run, n)) = outcomes.iter().find(|(_, n)| **n > 1) {
+        return Err(format!("run {run} recorded {n} relay outcomes"));
+    }
+    for run in trace.tokens.keys() {
+        if outcomes.get(run) != Some(&1) {
+            return Err(format!("fenced run {run} ended without a relay outcome"));
+        }
+    }
+    Ok(())
+}
+
+/// `harness describe` as JSON.
+pub fn describe_json(relay: &Relay, now: Now) -> Value {
+    serde_json::to_value(relay.describe(now)).unwrap_or_default()
+}

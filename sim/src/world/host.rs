@@ -1,0 +1,94 @@
+//! A host's clocks: wall and monotonic, each with its own offset and drift.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use relay_core::relay::{Relay, RequestId, RunRecord};
+use relay_core::time::{Millis, Now};
+
+use crate::options::Mutation;
+
+use super::*;
+
+/// One clock of a host: it reads `global + offset`, running fast or slow by `drift_ppm`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HostClock {
+    pub(super) offset: i64,
+    pub(super) drift_ppm: i64,
+}
+
+impl HostClock {
+    pub(super) fn read(&self, global: Millis) -> Millis {
+        let g = global as i128;
+        let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
+        (g + self.offset as i128 + drift).max(0) as Millis
+    }
+
+    /// Sets the clock so that it reads `local` at `global`.
+    pub(super) fn set(&mut self, global: Millis, local: Millis) {
+        let g = global as i128;
+        let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
+        self.offset = (local as i128 - g - drift) as i64;
+    }
+
+    /// The global instant at which this clock reads `local` (the inverse of `read`).
+    pub(super) fn when(&self, local: Millis) -> Millis {
+        let l = local as i128 - self.offset as i128;
+        let g = (l * 1_000_000 + T0 as i128 * self.drift_ppm as i128)
+            / (1_000_000 + self.drift_ppm as i128);
+        g.max(0) as Millis
+    }
+}
+
+pub(super) struct Host {
+    pub(super) relay: Option<Relay>,
+    /// Bumped at every restart; events of an old lifetime are dropped.
+    pub(super) life: u32,
+    /// The monotonic clock: it drifts, it runs on through a pause (it counts suspended time),
+    /// it never steps; a reboot starts it again from a small number.
+    pub(super) mono: HostClock,
+    /// The wall clock: it drifts on its own and steps either way ([`Fault::WallStep`]).
+    pub(super) wall: HostClock,
+    pub(super) timer_gen: u64,
+    pub(super) proc: Option<Proc>,
+    pub(super) check: Option<(u64, u64)>,
+    pub(super) proc_gen: u64,
+    /// Survives crashes: the run journal and the run-id counter.
+    pub(super) journal: BTreeMap<u64, RunRecord>,
+    pub(super) next_run_id: u64,
+    pub(super) runs: BTreeMap<u64, Run>,
+    pub(super) pending: BTreeMap<RequestId, Pending>,
+    pub(super) partitioned: bool,
+    pub(super) paused: bool,
+    pub(super) deferred: Vec<Ev>,
+    /// The newest lease tokens this host held, to search its outputs for.
+    pub(super) tokens: Vec<String>,
+    /// A doorbell firing is already on its way (rings within its delay coalesce).
+    pub(super) ring_at: Option<Millis>,
+    /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
+    pub(super) refused: BTreeSet<u64>,
+    /// The machine held a live lease when it began handling the current input (a heartbeat
+    /// due before an answer that ends the attempt may go out in the same step).
+    pub(super) was_live: bool,
+    /// Runs that ended (lease lost, or final record) in the commands drained so far this step.
+    pub(super) ended_now: BTreeSet<u64>,
+}
+
+impl Host {
+    /// The clock the driver hands the machine as monotonic: the wall clock under the canary
+    /// that puts deadlines on wall time.
+    pub(super) fn machine_clock(&self, mutation: Option<Mutation>) -> HostClock {
+        if mutation == Some(Mutation::DeadlinesOnWallClock) {
+            self.wall
+        } else {
+            self.mono
+        }
+    }
+
+    /// What the machine is told the time is, at `global`.
+    pub(super) fn now(&self, global: Millis, mutation: Option<Mutation>) -> Now {
+        Now {
+            mono: self.machine_clock(mutation).read(global),
+            wall: self.wall.read(global),
+        }
+    }
+}

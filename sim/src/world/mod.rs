@@ -1,0 +1,708 @@
+//! The simulated world: one queue server (the ledger, its reaper and retry requeue), N relay
+//! hosts (a relay machine each, with a modelled agent process and success check), a network
+//! between them, a clock per host, and the plan's faults. Events are ordered by (time, seq) and
+//! the clock jumps from one to the next; every invariant is checked after every event.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use relay_core::ErrorCode;
+use relay_core::ledger::{Actor, Attempt, Ledger, LedgerConfig, NewTodo};
+use relay_core::relay::{
+    Capabilities, ClaimedTodo, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
+    ReportVerb, RequestId, SuccessCheck, reconcile_interrupted,
+};
+use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
+use serde_json::{Value, json};
+
+use crate::options::{MAX_DRIFT_PPM, Options};
+use crate::plan::{Fault, Plan, Work};
+use crate::rng::Rng;
+
+mod checks;
+mod host;
+mod net;
+mod queue;
+mod relay;
+
+use host::{Host, HostClock};
+
+/// Where simulated time starts (an ordinary instant in 2026).
+pub const T0: Millis = 1_790_000_000_000;
+/// How long the lease client waits for an answer before it calls the request failed.
+pub const REQUEST_TIMEOUT: Millis = 10 * SECOND;
+const ENDPOINT: &str = "sim";
+const QUEUE: &str = "work";
+
+/// Correctness (a safety property broke) or liveness (work did not finish once healed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Correctness,
+    Liveness,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: Kind,
+    pub invariant: &'static str,
+    pub detail: String,
+    pub step: u64,
+    pub at: Millis,
+}
+
+/// What a finished run tells.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub violation: Option<Violation>,
+    pub events: u64,
+    pub sim_time: Millis,
+    pub trace_hash: u64,
+    /// Fault kinds injected and key transitions seen, by name.
+    pub counts: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Clone, Debug)]
+enum Call {
+    ClaimNext {
+        ttl: Millis,
+        fence: bool,
+        claimant: String,
+    },
+    Heartbeat {
+        todo: String,
+        ttl: Millis,
+        token: String,
+    },
+    Report {
+        verb: ReportVerb,
+        todo: String,
+        token: String,
+        summary: String,
+        artifact: Option<String>,
+        result: Value,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum Answer {
+    Claimed(Box<ClaimedTodo>),
+    Empty,
+    HeartbeatOk,
+    Reported { dead_letter: bool },
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Work(Work),
+    Fault(Fault),
+    PartitionEnd(usize),
+    OutageEnd,
+    Restart(usize),
+    Resume(usize),
+    Heal,
+    Reap,
+    Requeue,
+    /// The schedule's clock (not a host event: it keeps ticking while a host is down).
+    Tick(usize),
+    /// A firing on the host: the schedule's or the doorbell's.
+    Fire(usize),
+    Timer {
+        relay: usize,
+        generation: u64,
+    },
+    ServerRecv {
+        relay: usize,
+        life: u32,
+        req: RequestId,
+        call: Call,
+    },
+    ClientRecv {
+        relay: usize,
+        life: u32,
+        req: RequestId,
+        answer: Result<Answer, ErrorCode>,
+    },
+    ClientTimeout {
+        relay: usize,
+        life: u32,
+        req: RequestId,
+    },
+    /// A lease call the driver held back (the report-after-deadline canary).
+    LateSend {
+        relay: usize,
+        life: u32,
+        req: RequestId,
+        run_id: u64,
+        call: Call,
+    },
+    /// An input for the relay of this lifetime (process and check events, receipts).
+    Local {
+        relay: usize,
+        life: u32,
+        input: LocalInput,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum LocalInput {
+    Spawned(u64),
+    Exited {
+        run_id: u64,
+        proc_gen: u64,
+        exit: ExitStatus,
+        summary: Option<Vec<u8>>,
+    },
+    CheckExited {
+        run_id: u64,
+        check_gen: u64,
+        exit: ExitStatus,
+    },
+    Receipt {
+        req: RequestId,
+        ok: bool,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Proc {
+    run_id: u64,
+    todo: String,
+    signalled: bool,
+    /// Ignores SIGTERM until SIGKILL.
+    stubborn: bool,
+    generation: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Run {
+    todo: String,
+    seq: u32,
+    report_answered: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    run_id: u64,
+    is_report: bool,
+    is_heartbeat: bool,
+}
+
+/// The agent's world: has the todo's fix landed (the check's truth)?
+#[derive(Default)]
+struct Truth {
+    fixed: BTreeSet<String>,
+}
+
+pub struct World {
+    o: Options,
+    now: Millis,
+    seq: u64,
+    step: u64,
+    queue: BinaryHeap<Reverse<(Millis, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    free: Vec<usize>,
+    ledger: Ledger,
+    hosts: Vec<Host>,
+    outage: bool,
+    healed: bool,
+    net: Rng,
+    work: Rng,
+    tokens: Rng,
+    truth: Truth,
+    added: BTreeSet<String>,
+    closed: BTreeMap<(String, u32), Attempt>,
+    counts: BTreeMap<&'static str, u64>,
+    hash: u64,
+    violation: Option<Violation>,
+    heal_at: Millis,
+    /// Print every event and command to stderr (`relay sim --trace`).
+    pub trace: bool,
+    /// The todos the server changed since their invariants were last checked.
+    touched: BTreeSet<String>,
+    /// Server events since the last full check of the ledger.
+    since_full_check: u32,
+}
+
+fn mix(h: u64, v: u64) -> u64 {
+    (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(17) ^ (v >> 7)
+}
+
+fn todo_id(n: usize) -> String {
+    format!("td_{n}")
+}
+
+impl World {
+    pub fn new(o: Options, plan: &Plan) -> World {
+        let mut setup = Rng::stream(o.seed, "hosts");
+        let drift = |setup: &mut Rng| {
+            if o.faults.clock_drift {
+                setup.range(0, 2 * MAX_DRIFT_PPM as u64) as i64 - MAX_DRIFT_PPM
+            } else {
+                0
+            }
+        };
+        let hosts = (0..o.relays)
+            .map(|_| Host {
+                relay: None,
+                life: 0,
+                // Up for a while already: the monotonic clock reads an uptime, nothing like a
+                // wall time, so that a reading used as the other shows at once.
+                mono: HostClock {
+                    offset: setup.range(MINUTE, 30 * 24 * HOUR) as i64 - T0 as i64,
+                    drift_ppm: drift(&mut setup),
+                },
+                wall: HostClock {
+                    offset: 0,
+                    drift_ppm: drift(&mut setup),
+                },
+                timer_gen: 0,
+                proc: None,
+                check: None,
+                proc_gen: 0,
+                journal: BTreeMap::new(),
+                next_run_id: 1,
+                runs: BTreeMap::new(),
+                pending: BTreeMap::new(),
+                partitioned: false,
+                paused: false,
+                deferred: Vec::new(),
+                tokens: Vec::new(),
+                ring_at: None,
+                refused: BTreeSet::new(),
+                was_live: false,
+                ended_now: BTreeSet::new(),
+            })
+            .collect();
+        let mut w = World {
+            ledger: Ledger::new(LedgerConfig {
+                attempts_cap: 100,
+                ..LedgerConfig::default()
+            }),
+            now: T0,
+            seq: 0,
+            step: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            free: Vec::new(),
+            hosts,
+            outage: false,
+            healed: false,
+            net: Rng::stream(o.seed, "net"),
+            work: Rng::stream(o.seed, "agents"),
+            tokens: Rng::stream(o.seed, "tokens"),
+            truth: Truth::default(),
+            added: BTreeSet::new(),
+            closed: BTreeMap::new(),
+            counts: BTreeMap::new(),
+            hash: 0xcbf2_9ce4_8422_2325,
+            violation: None,
+            heal_at: T0 + o.safety,
+            trace: false,
+            touched: BTreeSet::new(),
+            since_full_check: 0,
+            o,
+        };
+        for (at, work) in &plan.work {
+            w.schedule(T0 + at, Ev::Work(work.clone()));
+        }
+        for (at, fault) in &plan.faults {
+            w.schedule(T0 + at, Ev::Fault(fault.clone()));
+        }
+        w.schedule(w.heal_at, Ev::Heal);
+        w.schedule(T0 + w.o.reaper_every, Ev::Reap);
+        w.schedule(T0 + w.o.requeue_every, Ev::Requeue);
+        for r in 0..w.o.relays {
+            w.start_relay(r);
+            let first = T0 + w.work.below(w.o.fire_every);
+            w.schedule(first, Ev::Tick(r));
+        }
+        w
+    }
+
+    fn schedule(&mut self, at: Millis, ev: Ev) {
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.events[i] = Some(ev);
+                i
+            }
+            None => {
+                self.events.push(Some(ev));
+                self.events.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.queue.push(Reverse((at.max(self.now), self.seq, slot)));
+    }
+
+    fn count(&mut self, what: &'static str) {
+        *self.counts.entry(what).or_default() += 1;
+    }
+
+    fn violate(&mut self, kind: Kind, invariant: &'static str, detail: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation {
+                kind,
+                invariant,
+                detail,
+                step: self.step,
+                at: self.now,
+            });
+        }
+    }
+
+    fn settings(&self, r: usize) -> HarnessSettings {
+        let o = &self.o;
+        HarnessSettings {
+            harness: format!("worker-{r}"),
+            host: format!("host-{r}"),
+            lease: "queue.sim".into(),
+            queue: Some(QUEUE.into()),
+            lease_ttl: o.lease_ttl,
+            heartbeat_interval: o.heartbeat_interval,
+            argv: vec!["agent".into(), "--fix".into()],
+            prompt: Some(b"fix the todo in HARNESS_RELAY_FILE".to_vec()),
+            workdir: "/work".into(),
+            timeout: o.agent_timeout,
+            kill_grace: 10 * SECOND,
+            on_overlap: OnOverlap::Skip,
+            enabled: true,
+            lease_enabled: true,
+            success_check: o.check.then(|| SuccessCheck {
+                argv: vec!["check".into()],
+                timeout: 5 * MINUTE,
+                interval: 30 * SECOND,
+                before: o.check_before,
+            }),
+            attempt_receipt: o.receipts.then(|| "cairn.sim".into()),
+            jobs_dir: "/state/jobs".into(),
+            secrets: vec!["sim-header-secret".into()],
+            env_file: vec![("API_KEY".into(), "sim-env-secret".into())],
+        }
+    }
+
+    fn start_relay(&mut self, r: usize) {
+        let settings = self.settings(r);
+        let seed = self.o.seed ^ (r as u64) << 32 ^ u64::from(self.hosts[r].life);
+        let first = self.hosts[r].next_run_id;
+        let mut relay = Relay::new(settings, seed, first);
+        let now = self.hosts[r].now(self.now, self.o.mutation);
+        let caps = Capabilities::full(self.o.release_granted);
+        if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
+            self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
+        }
+        self.hosts[r].relay = Some(relay);
+        self.drain(r);
+    }
+
+    /// Runs until the work is finished after healing, a violation, or the liveness bound.
+    pub fn run(mut self) -> RunResult {
+        let bound = self.heal_at + self.o.liveness_bound;
+        while let Some(Reverse((at, _, slot))) = self.queue.pop() {
+            let ev = self.events[slot].take().expect("scheduled event");
+            self.free.push(slot);
+            self.now = at;
+            self.step += 1;
+            self.hash = mix(mix(self.hash, at), self.step);
+            if self.trace {
+                eprintln!("{:>9} #{} {:?}", at - T0, self.step, ev);
+            }
+            self.handle(ev);
+            self.check_invariants();
+            if self.violation.is_some() {
+                break;
+            }
+            if self.healed && self.finished() {
+                break;
+            }
+            if self.now > bound {
+                let open: Vec<String> = self
+                    .ledger
+                    .todos()
+                    .filter(|t| !relay_core::ledger::finished(t))
+                    .map(|t| format!("{} {}", t.id, t.state))
+                    .collect();
+                self.violate(
+                    Kind::Liveness,
+                    "finishes",
+                    format!(
+                        "{} after healing, unfinished: {}",
+                        relay_core::config::format_duration(self.o.liveness_bound),
+                        open.join(", ")
+                    ),
+                );
+                break;
+            }
+        }
+        RunResult {
+            violation: self.violation,
+            events: self.step,
+            sim_time: self.now - T0,
+            trace_hash: self.hash,
+            counts: self.counts,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.added.len() == self.o.todos
+            && self.ledger.todos().all(relay_core::ledger::finished)
+            && self
+                .hosts
+                .iter()
+                .all(|h| h.relay.as_ref().is_none_or(|r| !r.in_flight()))
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        // A paused host runs nothing: its events wait for it to resume.
+        if let Some(r) = self.host_of(&ev)
+            && self.hosts[r].paused
+        {
+            self.hosts[r].deferred.push(ev);
+            return;
+        }
+        match ev {
+            Ev::Work(w) => self.on_work(w),
+            Ev::Fault(f) => self.on_fault(f),
+            Ev::PartitionEnd(r) => self.hosts[r].partitioned = false,
+            Ev::OutageEnd => self.outage = false,
+            Ev::Restart(r) => {
+                self.count("restart");
+                self.start_relay(r);
+            }
+            Ev::Resume(r) => self.on_resume(r),
+            Ev::Heal => {
+                self.healed = true;
+                self.outage = false;
+                for h in &mut self.hosts {
+                    h.partitioned = false;
+                }
+            }
+            Ev::Reap => {
+                self.reap();
+                self.schedule(self.now + self.o.reaper_every, Ev::Reap);
+            }
+            Ev::Requeue => {
+                match self.ledger.requeue_due(self.now) {
+                    Ok(moved) if !moved.is_empty() => {
+                        self.touched.extend(moved.into_iter().map(|t| t.id));
+                        self.ring();
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
+                }
+                self.schedule(self.now + self.o.requeue_every, Ev::Requeue);
+            }
+            Ev::Tick(r) => {
+                self.schedule(self.now, Ev::Fire(r));
+                self.schedule(self.now + self.o.fire_every, Ev::Tick(r));
+            }
+            Ev::Fire(r) => {
+                if self.hosts[r].ring_at.is_some_and(|t| t <= self.now) {
+                    self.hosts[r].ring_at = None;
+                }
+                self.feed(
+                    r,
+                    Input::Firing {
+                        trigger: "schedule".into(),
+                        within_hours: true,
+                    },
+                );
+            }
+            Ev::Timer { relay, generation } => {
+                if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {
+                    let now = self.begin_step(relay);
+                    if let Some(m) = self.hosts[relay].relay.as_mut() {
+                        m.handle_timeout(now);
+                    }
+                    self.drain(relay);
+                }
+            }
+            Ev::ServerRecv {
+                relay,
+                life,
+                req,
+                call,
+            } => self.on_server_recv(relay, life, req, call),
+            Ev::ClientRecv {
+                relay,
+                life,
+                req,
+                answer,
+            } => self.on_client_recv(relay, life, req, answer),
+            Ev::ClientTimeout { relay, life, req } => {
+                if self.hosts[relay].life == life
+                    && let Some(p) = self.hosts[relay].pending.remove(&req)
+                {
+                    self.answer(relay, req, &p, Err(LeaseError::Transport));
+                }
+            }
+            Ev::LateSend {
+                relay,
+                life,
+                req,
+                run_id,
+                call,
+            } => {
+                if self.hosts[relay].life == life {
+                    self.check_lease_live(relay, run_id, true, "report");
+                    self.send(relay, req, run_id, call);
+                }
+            }
+            Ev::Local { relay, life, input } => {
+                if self.hosts[relay].life == life && self.hosts[relay].relay.is_some() {
+                    self.on_local(relay, input);
+                }
+            }
+        }
+    }
+
+    /// The host an event happens on, if it happens on one (server events do not).
+    fn host_of(&self, ev: &Ev) -> Option<usize> {
+        match ev {
+            Ev::Fire(r)
+            | Ev::Timer { relay: r, .. }
+            | Ev::ClientRecv { relay: r, .. }
+            | Ev::ClientTimeout { relay: r, .. }
+            | Ev::LateSend { relay: r, .. }
+            | Ev::Local { relay: r, .. }
+            | Ev::Restart(r) => Some(*r),
+            _ => None,
+        }
+    }
+
+    fn on_work(&mut self, w: Work) {
+        let op = Actor::Operator;
+        match w {
+            Work::Add(n) => {
+                let id = todo_id(n);
+                let new = NewTodo {
+                    id: id.clone(),
+                    queue: QUEUE.into(),
+                    title: format!("fix thing {n}"),
+                    payload: Some(json!({"n": n})),
+                    max_attempts: Some(self.o.max_attempts),
+                    ..NewTodo::default()
+                };
+                match self.ledger.add_todo(self.now, ENDPOINT, new) {
+                    Ok(_) => {
+                        self.touched.insert(id.clone());
+                        self.added.insert(id);
+                        self.ring();
+                    }
+                    Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
+                }
+            }
+            Work::Cancel(n) if !self.healed => {
+                self.touched.insert(todo_id(n));
+                if self.ledger.cancel(self.now, &op, &todo_id(n)).is_ok() {
+                    self.count("operator_cancel");
+                }
+            }
+            Work::Retry(n) if !self.healed => {
+                self.touched.insert(todo_id(n));
+                if self.ledger.retry(self.now, &op, &todo_id(n)).is_ok() {
+                    self.count("operator_retry");
+                    self.ring();
+                }
+            }
+            Work::Cancel(_) | Work::Retry(_) => {}
+        }
+    }
+
+    /// The doorbell: every relay is fired shortly after work becomes claimable.
+    fn ring(&mut self) {
+        for r in 0..self.hosts.len() {
+            if self.hosts[r].ring_at.is_some_and(|t| t >= self.now) {
+                continue;
+            }
+            let at = self.now + self.net.range(1, 500);
+            self.hosts[r].ring_at = Some(at);
+            self.schedule(at, Ev::Fire(r));
+        }
+    }
+
+    fn on_fault(&mut self, f: Fault) {
+        if self.healed {
+            return;
+        }
+        self.count(f.kind());
+        match f {
+            Fault::Partition { relay, len } => {
+                self.hosts[relay].partitioned = true;
+                self.schedule(self.now + len, Ev::PartitionEnd(relay));
+            }
+            Fault::Outage { len } => {
+                self.outage = true;
+                self.schedule(self.now + len, Ev::OutageEnd);
+            }
+            Fault::Crash { relay, down } => {
+                if self.hosts[relay].relay.is_none() {
+                    return;
+                }
+                // Half the crashes take the host down with them: its monotonic clock starts
+                // again from a small uptime when it boots.
+                let reboot = self
+                    .net
+                    .chance(500)
+                    .then(|| self.net.range(MINUTE, 10 * MINUTE));
+                let h = &mut self.hosts[relay];
+                // The host dies with its processes; its volatile state is gone, the journal
+                // stays, and a run left `running` is reconciled as interrupted on restart.
+                h.relay = None;
+                h.proc = None;
+                h.check = None;
+                h.pending.clear();
+                h.refused.clear();
+                h.paused = false;
+                h.deferred.clear();
+                h.life += 1;
+                h.timer_gen += 1;
+                let wall = h.wall.read(self.now + down);
+                for rec in h.journal.values_mut() {
+                    *rec = reconcile_interrupted(rec.clone(), wall);
+                }
+                if let Some(uptime) = reboot {
+                    h.mono.set(self.now + down, uptime);
+                }
+                self.schedule(self.now + down, Ev::Restart(relay));
+            }
+            Fault::Pause { relay, len } => {
+                if self.hosts[relay].relay.is_some() && !self.hosts[relay].paused {
+                    self.hosts[relay].paused = true;
+                    self.schedule(self.now + len, Ev::Resume(relay));
+                }
+            }
+            Fault::WallStep { relay, by } => {
+                if by < 0 {
+                    self.count("wall_step_back");
+                }
+                self.hosts[relay].wall.offset += by;
+                self.wake(relay);
+            }
+        }
+    }
+
+    fn on_resume(&mut self, r: usize) {
+        self.hosts[r].paused = false;
+        // Whatever happened during the pause is delivered now, in an order of the seed's
+        // choosing; the machine must act on its overdue deadline before any of it.
+        let mut deferred = std::mem::take(&mut self.hosts[r].deferred);
+        for i in (1..deferred.len()).rev() {
+            let j = self.net.below(i as u64 + 1) as usize;
+            deferred.swap(i, j);
+        }
+        self.wake(r);
+        for ev in deferred {
+            self.schedule(self.now, ev);
+        }
+    }
+
+    /// The host's clock moved past deadlines (it woke from a pause, or jumped): its overdue
+    /// timers fire at once, as a real timer wheel fires them on its next turn.
+    fn wake(&mut self, r: usize) {
+        let now = self.begin_step(r);
+        if let Some(m) = self.hosts[r].relay.as_mut() {
+            m.handle_timeout(now);
+        }
+        self.drain(r);
+    }
+}
