@@ -4,6 +4,7 @@ use serde_json::json;
 
 use super::*;
 use crate::error::ErrorCode;
+use crate::testing::Queue;
 use crate::time::{MINUTE, SECOND};
 
 const T0: Millis = 1_790_000_000_000;
@@ -730,6 +731,7 @@ fn a_foreign_or_unknown_id_is_not_found() {
                 ..TodoFilter::default()
             }
         )
+        .unwrap()
         .is_empty()
     );
 }
@@ -866,8 +868,12 @@ fn retention_purges_finished_todos_only() {
     l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
     l.claim(T0, &ep("e"), "td_2", &opts()).unwrap();
     l.fail(T0 + 1, &ep("e"), "td_2", &report(None)).unwrap(); // a dead letter
-    assert!(l.purge_finished(T0 + 1 + MINUTE - 1, MINUTE).is_empty());
-    let gone = l.purge_finished(T0 + 1 + MINUTE, MINUTE);
+    assert!(
+        l.purge_finished(T0 + 1 + MINUTE - 1, MINUTE)
+            .unwrap()
+            .is_empty()
+    );
+    let gone = l.purge_finished(T0 + 1 + MINUTE, MINUTE).unwrap();
     assert_eq!(gone, vec!["td_1".to_string(), "td_2".to_string()]);
     assert_eq!(
         l.todos().map(|t| t.id.as_str()).collect::<Vec<_>>(),
@@ -1006,7 +1012,7 @@ mod properties {
     use proptest::collection::vec;
     use proptest::prelude::*;
 
-    use crate::testing::{Op, apply_op, decode_ops, ledger_ops};
+    use crate::testing::{decode_ops, ledger_ops, observe};
 
     use super::*;
 
@@ -1038,12 +1044,8 @@ mod properties {
                 attempts_cap: 4,
                 ..LedgerConfig::default()
             });
-            let mut now = T0;
             for op in decode_ops(&bytes) {
-                if let Op::Advance(d) = op {
-                    now += d;
-                }
-                let obs = apply_op(&mut l, now, &op);
+                let obs = observe(l.apply(op.clone()));
                 let mut count = |k| *seen.entry(k).or_default() += 1;
                 match (&op, &obs) {
                     (_, Err(ErrorCode::Conflict)) => count("conflict"),
@@ -1052,7 +1054,7 @@ mod properties {
                         count("takeover")
                     }
                     (Op::Fail { .. }, Ok(v)) if v["dead_letter"] == true => count("dead_letter"),
-                    (Op::Reap, Ok(v)) if v.as_array().is_some_and(|a| !a.is_empty()) => {
+                    (Op::Reap { .. }, Ok(v)) if v.as_array().is_some_and(|a| !a.is_empty()) => {
                         count("reaped")
                     }
                     (Op::Complete { .. }, Ok(_)) => count("completed"),

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::error::ErrorCode;
-use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
+use crate::ledger::{Actor, Answer, ClaimOpts, Ledger, Op, Report, TokenHash};
 use crate::relay::{
     Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
     HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, ReportVerb, RequestId,
@@ -415,10 +415,13 @@ impl LedgerSource {
                     token_hash: Some(TokenHash::of(&token)),
                 };
                 let queues = queue.clone().map(|q| vec![q]);
-                match self
-                    .ledger
-                    .claim_next(now, &actor, queues.as_deref(), &opts)
-                {
+                let op = Op::ClaimNext {
+                    now,
+                    actor,
+                    queues,
+                    opts,
+                };
+                match self.ledger.apply(op).and_then(Answer::next) {
                     Ok(None) => Input::ClaimEmpty { request: *request },
                     Err(e) => Input::ClaimFailed {
                         request: *request,
@@ -447,7 +450,15 @@ impl LedgerSource {
             } => {
                 let hash = Some(TokenHash::of(lease_token.expose()));
                 let ttl = lease_ttl_seconds * SECOND;
-                match self.ledger.heartbeat(now, &actor, todo_id, ttl, hash) {
+                let id = todo_id.clone();
+                let op = Op::Heartbeat {
+                    now,
+                    actor,
+                    id,
+                    ttl,
+                    token_hash: hash,
+                };
+                match self.ledger.apply(op) {
                     Ok(_) => Input::HeartbeatOk { request: *request },
                     Err(e) => Input::HeartbeatFailed {
                         request: *request,
@@ -472,15 +483,29 @@ impl LedgerSource {
                     artifact: artifact.clone(),
                     token_hash: hash,
                 };
-                let answer = match verb {
-                    ReportVerb::Complete => self.ledger.complete(now, &actor, todo_id, &report),
-                    ReportVerb::Fail => self.ledger.fail(now, &actor, todo_id, &report),
-                    ReportVerb::Release => {
-                        self.ledger
-                            .release(now, &actor, todo_id, Some(summary), hash)
-                    }
+                let id = todo_id.clone();
+                let op = match verb {
+                    ReportVerb::Complete => Op::Complete {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    },
+                    ReportVerb::Fail => Op::Fail {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    },
+                    ReportVerb::Release => Op::Release {
+                        now,
+                        actor,
+                        id,
+                        summary: Some(summary.clone()),
+                        token_hash: hash,
+                    },
                 };
-                match answer {
+                match self.ledger.apply(op).and_then(Answer::todo) {
                     Ok(todo) => Input::ReportAnswered {
                         request: *request,
                         dead_letter: todo.dead_letter(),
