@@ -26,7 +26,7 @@ use super::Endpoint;
 #[cfg(test)]
 use super::ops;
 use super::ops::{Tx, TxKind};
-use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::rows::{self, ENDPOINT_COLS, Val, ms};
 use super::{PendingChange, PendingPage};
 
 /// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
@@ -600,32 +600,32 @@ impl PgTx<'_> {
     }
 }
 
+/// Values as Postgres binds them: counts as the `integer` the tables store.
+fn pg_vals(op: &str, vals: Vec<Val>) -> Result<Vec<Box<dyn ToSql + Sync + Send>>, Error> {
+    vals.into_iter()
+        .map(|v| -> Result<Box<dyn ToSql + Sync + Send>, Error> {
+            Ok(match v {
+                Val::Text(t) => Box::new(t),
+                Val::Count(n) => Box::new(n32(op, n)?),
+                Val::Big(n) => Box::new(n),
+                Val::Bool(b) => Box::new(b),
+                Val::Bytes(b) => Box::new(b),
+            })
+        })
+        .collect()
+}
+
 impl PgTx<'_> {
+    /// Runs one statement with the values bound in order; the rows it changed.
+    async fn exec(&self, op: &str, subject: &str, sql: &str, vals: Vec<Val>) -> Result<u64, Error> {
+        let vals = pg_vals(op, vals)?;
+        let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
+        self.execute(op, subject, sql, &args).await
+    }
+
     async fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
-        let n = self
-            .execute(
-                op,
-                &t.id,
-                "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5,
-                     attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8,
-                     next_retry_at = $9, result = $10, updated_at = $11
-                 WHERE id = $1",
-                &[
-                    &t.id,
-                    &t.state.as_str(),
-                    &t.owner,
-                    &n32(op, t.attempt)?,
-                    &n32(op, t.attempts_total)?,
-                    &n32(op, t.attempts_pruned)?,
-                    &opt_ms(op, t.lease_expires_at)?,
-                    &opt_ms(op, t.claimed_at)?,
-                    &opt_ms(op, t.next_retry_at)?,
-                    &json_text(&t.result),
-                    &ms(op, t.updated_at)?,
-                ],
-            )
-            .await?;
-        if n != 1 {
+        let vals = rows::todo_update(op, t)?;
+        if self.exec(op, &t.id, &SQL.update_todo, vals).await? != 1 {
             return Err(Error::internal(format!(
                 "{op} {}: the todo row vanished inside its transaction",
                 t.id
@@ -633,67 +633,12 @@ impl PgTx<'_> {
         }
         Ok(())
     }
+
     async fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            &SQL.insert_attempt,
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &n32(op, a.attempt)?,
-                &a.claimer_kind.as_str(),
-                &a.claimer_endpoint,
-                &a.claimer_session,
-                &a.owner,
-                &a.claimant,
-                &ms(op, a.claimed_at)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-                &a.lease_token_hash.map(|h| h.0.to_vec()),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-    async fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4,
-                 ended_at = $5, outcome = $6, disposition = $7, summary = $8,
-                 summary_truncated = $9, artifact = $10
-             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL",
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-            ],
-        )
-        .await
-    }
-    async fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        self.execute(
-            op,
-            id,
-            "DELETE FROM todo_attempts WHERE todo_id = $1 AND seq <= $2 AND ended_at IS NOT NULL",
-            &[&id, &n32(op, through)?],
-        )
-        .await?;
-        Ok(())
+        let vals = rows::attempt_row(op, a)?;
+        self.exec(op, &a.todo_id, &SQL.insert_attempt, vals)
+            .await
+            .map(drop)
     }
 }
 
@@ -733,8 +678,7 @@ impl Rows for PgTx<'_> {
         let now = ms(op, now)?;
         let owner = actor.owner();
         let mut args: Vec<&(dyn ToSql + Sync)> = vec![&now, &owner];
-        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
-        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        // The clauses of transition::claimable that vary by dialect; the rest is shared.
         let scope = match actor {
             Actor::Endpoint { endpoint, .. } => {
                 args.push(endpoint);
@@ -751,16 +695,7 @@ impl Rows for PgTx<'_> {
                 format!("t.queue = ANY(${})", args.len())
             }
         };
-        let sql = format!(
-            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = $2)
-               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
-               AND (t.state = 'pending'
-                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1)
-                        AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= $1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED",
-            SQL.todo_select
-        );
+        let sql = SQL.next_claimable(&scope, &queue_filter, " FOR UPDATE SKIP LOCKED");
         let rs = self.query(op, &subject, &sql, &args).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
@@ -775,37 +710,8 @@ impl Rows for PgTx<'_> {
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
-        let n = self
-            .execute(
-                op,
-                &t.id,
-                &SQL.insert_todo,
-                &[
-                    &t.id,
-                    &t.endpoint,
-                    &t.queue,
-                    &t.title,
-                    &t.kind,
-                    &t.source,
-                    &json_text(&t.payload),
-                    &json_text(&t.work_order),
-                    &t.assignee,
-                    &t.state.as_str(),
-                    &t.owner,
-                    &n32(op, t.attempt)?,
-                    &n32(op, t.max_attempts)?,
-                    &n32(op, t.attempts_total)?,
-                    &n32(op, t.attempts_pruned)?,
-                    &opt_ms(op, t.lease_expires_at)?,
-                    &opt_ms(op, t.claimed_at)?,
-                    &opt_ms(op, t.next_retry_at)?,
-                    &json_text(&t.result),
-                    &ms(op, t.created_at)?,
-                    &ms(op, t.updated_at)?,
-                ],
-            )
-            .await?;
-        Ok(n == 1)
+        let vals = rows::todo_row(op, t)?;
+        Ok(self.exec(op, &t.id, &SQL.insert_todo, vals).await? == 1)
     }
 
     async fn write(
@@ -822,8 +728,15 @@ impl Rows for PgTx<'_> {
         let attempts = writes.iter().map(|w| async move {
             match w {
                 AttemptWrite::Open(a) => this.insert_attempt_row(op, a).await.map(|()| 1),
-                AttemptWrite::Update(a) => this.update_open_attempt(op, a).await,
-                AttemptWrite::PruneThrough(n) => this.prune(op, &todo.id, *n).await.map(|()| 0),
+                AttemptWrite::Update(a) => {
+                    let vals = rows::attempt_update(op, a)?;
+                    this.exec(op, &a.todo_id, &SQL.update_open_attempt, vals)
+                        .await
+                }
+                AttemptWrite::PruneThrough(n) => {
+                    let vals = vec![Val::Text(Some(todo.id.clone())), Val::Count(*n)];
+                    this.exec(op, &todo.id, &SQL.prune, vals).await.map(|_| 0)
+                }
             }
         });
         let (_, rows) =
@@ -861,54 +774,15 @@ impl Rows for PgTx<'_> {
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
-        let rs = match sweep {
-            // mirrors transition::reap; rows a claimer holds are skipped (it is closing them)
-            Sweep::Reap { now } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE state = 'claimed'
-                       AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
-                     ORDER BY id FOR UPDATE SKIP LOCKED",
-                    &[&ms(op, now)?],
-                )
-                .await?
-            }
-            // mirrors transition::requeue_due
-            Sweep::RequeueDue { now } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= $1
-                       AND attempt < max_attempts ORDER BY id FOR UPDATE SKIP LOCKED",
-                    &[&ms(op, now)?],
-                )
-                .await?
-            }
-            // mirrors transition::revoke; waits for held rows: a revocation misses none
-            Sweep::Revoke { endpoint } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE endpoint = $1 AND state = 'claimed'
-                     ORDER BY id FOR UPDATE",
-                    &[&endpoint],
-                )
-                .await?
-            }
-            // mirrors ledger::purgeable
-            Sweep::Purge { cutoff } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE updated_at <= $1 AND state IN ('done', 'canceled', 'failed')
-                   AND (state IN ('done', 'canceled')
-                       OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id FOR UPDATE",
-                    &[&ms(op, cutoff)?],
-                )
-                .await?
-            }
+        // Rows a claimer holds are skipped by the reaper and the requeue (it is closing them);
+        // a revocation and a purge wait for them, so that they miss none.
+        let lock = match sweep {
+            Sweep::Reap { .. } | Sweep::RequeueDue { .. } => " FOR UPDATE SKIP LOCKED",
+            Sweep::Revoke { .. } | Sweep::Purge { .. } => " FOR UPDATE",
         };
+        let (sql, arg) = SQL.sweep(op, sweep)?;
+        let rs = pg_vals(op, vec![arg])?;
+        let rs = self.query(op, "", &(sql + lock), &[&*rs[0]]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 
@@ -960,25 +834,8 @@ impl Tx for PgTx<'_> {
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
         let op = "endpoint create";
-        let n = self
-            .execute(
-                op,
-                &e.name,
-                &format!(
-                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ($1, $2, $3, $4, $5, $6)
-                     ON CONFLICT (name) DO NOTHING"
-                ),
-                &[
-                    &e.name,
-                    &e.token_hash.0.to_vec(),
-                    &list_text(&e.verbs),
-                    &e.queues.as_deref().map(list_text),
-                    &ms(op, e.created_at)?,
-                    &opt_ms(op, e.revoked_at)?,
-                ],
-            )
-            .await?;
-        Ok(n == 1)
+        let vals = rows::endpoint_row(op, e)?;
+        Ok(self.exec(op, &e.name, &SQL.insert_endpoint, vals).await? == 1)
     }
 
     async fn endpoint(&mut self, name: &str, lock: bool) -> Result<Option<Endpoint>, Error> {

@@ -2,7 +2,9 @@
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+use relay_core::ledger::{
+    Attempt, ClaimerKind, Disposition, Outcome, Sweep, Todo, TodoState, TokenHash,
+};
 use serde_json::Value;
 
 use super::Endpoint;
@@ -67,6 +69,7 @@ pub(crate) fn select_list(alias: &str, cols: &[&str]) -> String {
 /// The statements both backends share, written once; `mark` is the dialect's parameter sign
 /// (`?` for SQLite's `?1`, `$` for Postgres's `$1`).
 pub(crate) struct Shared {
+    mark: char,
     /// `SELECT <todo columns> FROM todos t`, to which each query adds its WHERE.
     pub todo_select: String,
     /// The todo's open attempt.
@@ -78,6 +81,13 @@ pub(crate) struct Shared {
     /// every use.
     pub attempts: String,
     pub closed_attempts: String,
+    /// The columns of [`todo_update`].
+    pub update_todo: String,
+    /// The columns of [`attempt_update`], while the attempt is open.
+    pub update_open_attempt: String,
+    /// Closed attempts of a todo at or below a seq.
+    pub prune: String,
+    pub insert_endpoint: String,
 }
 
 /// The doorbell scan's query: pending rows numbered in (`after`, `horizon`], only the columns a
@@ -122,6 +132,7 @@ impl Shared {
             )
         };
         Shared {
+            mark,
             todo_select: format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)),
             open_attempt: format!(
                 "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1 AND a.ended_at IS NULL",
@@ -139,7 +150,213 @@ impl Shared {
             ),
             attempts: attempts(""),
             closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
+            update_todo: format!(
+                "UPDATE todos SET state = {mark}2, owner = {mark}3, attempt = {mark}4, \
+                 attempts_total = {mark}5, attempts_pruned = {mark}6, lease_expires_at = {mark}7, \
+                 claimed_at = {mark}8, next_retry_at = {mark}9, result = {mark}10, \
+                 updated_at = {mark}11 WHERE id = {mark}1"
+            ),
+            update_open_attempt: format!(
+                "UPDATE todo_attempts SET last_heartbeat_at = {mark}3, lease_expires_at = {mark}4, \
+                 ended_at = {mark}5, outcome = {mark}6, disposition = {mark}7, summary = {mark}8, \
+                 summary_truncated = {mark}9, artifact = {mark}10 \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NULL"
+            ),
+            prune: format!(
+                "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
+                 AND ended_at IS NOT NULL"
+            ),
+            insert_endpoint: format!(
+                "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ({}) ON CONFLICT (name) DO NOTHING",
+                placeholders(mark, 6)
+            ),
         }
+    }
+}
+
+/// A value bound to a statement parameter, as both backends bind it; each maps these to its own
+/// types (Postgres stores counts as `integer`, times as `bigint`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Val {
+    Text(Option<String>),
+    /// A count or seq (an `integer` column).
+    Count(u32),
+    /// A time in ms, or another `bigint`.
+    Big(Option<i64>),
+    Bool(bool),
+    Bytes(Option<Vec<u8>>),
+}
+
+fn text(v: &Option<String>) -> Val {
+    Val::Text(v.clone())
+}
+
+fn label(v: Option<&str>) -> Val {
+    Val::Text(v.map(str::to_string))
+}
+
+fn time(op: &str, v: Millis) -> Result<Val, Error> {
+    Ok(Val::Big(Some(ms(op, v)?)))
+}
+
+fn opt_time(op: &str, v: Option<Millis>) -> Result<Val, Error> {
+    Ok(Val::Big(opt_ms(op, v)?))
+}
+
+/// A todo row's values in [`TODO_COLS`] order, for [`Shared::insert_todo`].
+pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&t.id)),
+        label(Some(&t.endpoint)),
+        label(Some(&t.queue)),
+        label(Some(&t.title)),
+        text(&t.kind),
+        text(&t.source),
+        Val::Text(json_text(&t.payload)),
+        Val::Text(json_text(&t.work_order)),
+        text(&t.assignee),
+        label(Some(t.state.as_str())),
+        text(&t.owner),
+        Val::Count(t.attempt),
+        Val::Count(t.max_attempts),
+        Val::Count(t.attempts_total),
+        Val::Count(t.attempts_pruned),
+        opt_time(op, t.lease_expires_at)?,
+        opt_time(op, t.claimed_at)?,
+        opt_time(op, t.next_retry_at)?,
+        Val::Text(json_text(&t.result)),
+        time(op, t.created_at)?,
+        time(op, t.updated_at)?,
+    ])
+}
+
+/// The columns a transition may change, for [`Shared::update_todo`].
+pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&t.id)),
+        label(Some(t.state.as_str())),
+        text(&t.owner),
+        Val::Count(t.attempt),
+        Val::Count(t.attempts_total),
+        Val::Count(t.attempts_pruned),
+        opt_time(op, t.lease_expires_at)?,
+        opt_time(op, t.claimed_at)?,
+        opt_time(op, t.next_retry_at)?,
+        Val::Text(json_text(&t.result)),
+        time(op, t.updated_at)?,
+    ])
+}
+
+/// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
+pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&a.todo_id)),
+        Val::Count(a.seq),
+        Val::Count(a.attempt),
+        label(Some(a.claimer_kind.as_str())),
+        text(&a.claimer_endpoint),
+        text(&a.claimer_session),
+        label(Some(&a.owner)),
+        text(&a.claimant),
+        time(op, a.claimed_at)?,
+        opt_time(op, a.last_heartbeat_at)?,
+        time(op, a.lease_expires_at)?,
+        opt_time(op, a.ended_at)?,
+        label(a.outcome.map(Outcome::as_str)),
+        label(a.disposition.map(Disposition::as_str)),
+        text(&a.summary),
+        Val::Bool(a.summary_truncated),
+        text(&a.artifact),
+        Val::Bytes(a.lease_token_hash.map(|h| h.0.to_vec())),
+    ])
+}
+
+/// What a heartbeat or a close rewrites, for [`Shared::update_open_attempt`].
+pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&a.todo_id)),
+        Val::Count(a.seq),
+        opt_time(op, a.last_heartbeat_at)?,
+        time(op, a.lease_expires_at)?,
+        opt_time(op, a.ended_at)?,
+        label(a.outcome.map(Outcome::as_str)),
+        label(a.disposition.map(Disposition::as_str)),
+        text(&a.summary),
+        Val::Bool(a.summary_truncated),
+        text(&a.artifact),
+    ])
+}
+
+/// An endpoint row's values in [`ENDPOINT_COLS`] order, for [`Shared::insert_endpoint`].
+pub(crate) fn endpoint_row(op: &str, e: &Endpoint) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&e.name)),
+        Val::Bytes(Some(e.token_hash.0.to_vec())),
+        Val::Text(Some(list_text(&e.verbs))),
+        Val::Text(e.queues.as_deref().map(list_text)),
+        time(op, e.created_at)?,
+        opt_time(op, e.revoked_at)?,
+    ])
+}
+
+impl Shared {
+    /// `claim_next`'s query for the dialect's `scope` and `queues` clauses (parameters 1 and 2
+    /// are `now` and the actor's owner), then `suffix` (a lock clause).
+    pub(crate) fn next_claimable(&self, scope: &str, queues: &str, suffix: &str) -> String {
+        let m = self.mark;
+        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
+        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        format!(
+            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {m}2)
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
+               AND (t.state = 'pending'
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {m}1)
+                        AND t.attempt < t.max_attempts)
+                    OR (t.state = 'failed' AND t.next_retry_at <= {m}1 AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT 1{suffix}",
+            self.todo_select
+        )
+    }
+
+    /// A sweep's candidate query (ids in id order, before the dialect's lock clause) and its
+    /// one parameter.
+    pub(crate) fn sweep(&self, op: &str, sweep: Sweep<'_>) -> Result<(String, Val), Error> {
+        let m = self.mark;
+        Ok(match sweep {
+            // mirrors transition::reap
+            Sweep::Reap { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'claimed'
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1) ORDER BY id"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::requeue_due
+            Sweep::RequeueDue { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts ORDER BY id"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::revoke
+            Sweep::Revoke { endpoint } => (
+                format!(
+                    "SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed' ORDER BY id"
+                ),
+                label(Some(endpoint)),
+            ),
+            // mirrors ledger::purgeable
+            Sweep::Purge { cutoff } => (
+                format!(
+                    "SELECT id FROM todos WHERE updated_at <= {m}1
+                       AND state IN ('done', 'canceled', 'failed')
+                       AND (state IN ('done', 'canceled')
+                            OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id"
+                ),
+                time(op, cutoff)?,
+            ),
+        })
     }
 }
 

@@ -24,7 +24,7 @@ use super::Endpoint;
 #[cfg(test)]
 use super::ops;
 use super::ops::{Tx, TxKind};
-use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::rows::{self, ENDPOINT_COLS, Val, ms};
 use super::{PendingChange, PendingPage};
 
 /// The numbered migrations, applied in order, each recorded in `schema_migrations`.
@@ -570,33 +570,35 @@ fn placeholders(from: usize, n: usize) -> String {
         .join(", ")
 }
 
+impl rusqlite::ToSql for Val {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value as Sql, ValueRef};
+        Ok(match self {
+            Val::Text(Some(s)) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+            Val::Bytes(Some(b)) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
+            Val::Text(None) | Val::Big(None) | Val::Bytes(None) => ToSqlOutput::Owned(Sql::Null),
+            Val::Count(n) => ToSqlOutput::Owned(Sql::Integer(i64::from(*n))),
+            Val::Big(Some(n)) => ToSqlOutput::Owned(Sql::Integer(*n)),
+            Val::Bool(b) => ToSqlOutput::Owned(Sql::Integer(i64::from(*b))),
+        })
+    }
+}
+
 impl SqliteTx<'_> {
-    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+    /// Runs one statement with the values bound in order; the rows it changed.
+    fn exec(&self, op: &str, subject: &str, sql: &str, vals: &[Val]) -> Result<u64, Error> {
         let mut st = self
             .c
-            .prepare_cached(
-                "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5,
-                     attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8,
-                     next_retry_at = ?9, result = ?10, updated_at = ?11
-                 WHERE id = ?1",
-            )
-            .map_err(|e| sql_err(op, &t.id, e))?;
+            .prepare_cached(sql)
+            .map_err(|e| sql_err(op, subject, e))?;
         let n = st
-            .execute(params![
-                t.id,
-                t.state.as_str(),
-                t.owner,
-                t.attempt,
-                t.attempts_total,
-                t.attempts_pruned,
-                opt_ms(op, t.lease_expires_at)?,
-                opt_ms(op, t.claimed_at)?,
-                opt_ms(op, t.next_retry_at)?,
-                json_text(&t.result),
-                ms(op, t.updated_at)?,
-            ])
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        if n != 1 {
+            .execute(rusqlite::params_from_iter(vals))
+            .map_err(|e| sql_err(op, subject, e))?;
+        Ok(n as u64)
+    }
+
+    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        if self.exec(op, &t.id, &SQL.update_todo, &rows::todo_update(op, t)?)? != 1 {
             return Err(Error::internal(format!(
                 "{op} {}: the todo row vanished inside its transaction",
                 t.id
@@ -604,70 +606,11 @@ impl SqliteTx<'_> {
         }
         Ok(())
     }
+
     fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(&SQL.insert_attempt)
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        st.execute(params![
-            a.todo_id,
-            a.seq,
-            a.attempt,
-            a.claimer_kind.as_str(),
-            a.claimer_endpoint,
-            a.claimer_session,
-            a.owner,
-            a.claimant,
-            ms(op, a.claimed_at)?,
-            opt_ms(op, a.last_heartbeat_at)?,
-            ms(op, a.lease_expires_at)?,
-            opt_ms(op, a.ended_at)?,
-            a.outcome.map(|o| o.as_str()),
-            a.disposition.map(|d| d.as_str()),
-            a.summary,
-            a.summary_truncated,
-            a.artifact,
-            a.lease_token_hash.map(|h| h.0.to_vec()),
-        ])
-        .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(())
-    }
-    fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "UPDATE todo_attempts SET last_heartbeat_at = ?3, lease_expires_at = ?4,
-                     ended_at = ?5, outcome = ?6, disposition = ?7, summary = ?8,
-                     summary_truncated = ?9, artifact = ?10
-                 WHERE todo_id = ?1 AND seq = ?2 AND ended_at IS NULL",
-            )
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        let n = st
-            .execute(params![
-                a.todo_id,
-                a.seq,
-                opt_ms(op, a.last_heartbeat_at)?,
-                ms(op, a.lease_expires_at)?,
-                opt_ms(op, a.ended_at)?,
-                a.outcome.map(|o| o.as_str()),
-                a.disposition.map(|d| d.as_str()),
-                a.summary,
-                a.summary_truncated,
-                a.artifact,
-            ])
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(n as u64)
-    }
-    fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "DELETE FROM todo_attempts WHERE todo_id = ?1 AND seq <= ?2 AND ended_at IS NOT NULL",
-            )
-            .map_err(|e| sql_err(op, id, e))?;
-        st.execute(params![id, through])
-            .map_err(|e| sql_err(op, id, e))?;
-        Ok(())
+        let vals = rows::attempt_row(op, a)?;
+        self.exec(op, &a.todo_id, &SQL.insert_attempt, &vals)
+            .map(drop)
     }
 }
 
@@ -698,8 +641,7 @@ impl Rows for SqliteTx<'_> {
         let owner = actor.owner();
         args.push(&now);
         args.push(&owner);
-        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
-        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        // The clauses of transition::claimable that vary by dialect; the rest is shared.
         let scope = match actor {
             // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
             // after every use, which cost more than the query; the cast keeps the index usable
@@ -721,16 +663,7 @@ impl Rows for SqliteTx<'_> {
                 format!("t.queue IN ({})", placeholders(from, qs.len()))
             }
         };
-        let sql = format!(
-            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = ?2)
-               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
-               AND (t.state = 'pending'
-                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= ?1)
-                        AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= ?1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1",
-            SQL.todo_select
-        );
+        let sql = SQL.next_claimable(scope, &queue_filter, "");
         let mut st = self
             .c
             .prepare_cached(&sql)
@@ -748,36 +681,8 @@ impl Rows for SqliteTx<'_> {
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
-        let mut st = self
-            .c
-            .prepare_cached(&SQL.insert_todo)
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        let n = st
-            .execute(params![
-                t.id,
-                t.endpoint,
-                t.queue,
-                t.title,
-                t.kind,
-                t.source,
-                json_text(&t.payload),
-                json_text(&t.work_order),
-                t.assignee,
-                t.state.as_str(),
-                t.owner,
-                t.attempt,
-                t.max_attempts,
-                t.attempts_total,
-                t.attempts_pruned,
-                opt_ms(op, t.lease_expires_at)?,
-                opt_ms(op, t.claimed_at)?,
-                opt_ms(op, t.next_retry_at)?,
-                json_text(&t.result),
-                ms(op, t.created_at)?,
-                ms(op, t.updated_at)?,
-            ])
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        Ok(n == 1)
+        let vals = rows::todo_row(op, t)?;
+        Ok(self.exec(op, &t.id, &SQL.insert_todo, &vals)? == 1)
     }
 
     async fn write(
@@ -793,8 +698,14 @@ impl Rows for SqliteTx<'_> {
         for w in writes {
             rows.push(match w {
                 AttemptWrite::Open(a) => self.insert_attempt_row(op, a).map(|()| 1)?,
-                AttemptWrite::Update(a) => self.update_open_attempt(op, a)?,
-                AttemptWrite::PruneThrough(n) => self.prune(op, &todo.id, *n).map(|()| 0)?,
+                AttemptWrite::Update(a) => {
+                    let vals = rows::attempt_update(op, a)?;
+                    self.exec(op, &a.todo_id, &SQL.update_open_attempt, &vals)?
+                }
+                AttemptWrite::PruneThrough(n) => {
+                    let vals = [Val::Text(Some(todo.id.clone())), Val::Count(*n)];
+                    self.exec(op, &todo.id, &SQL.prune, &vals).map(|_| 0)?
+                }
             });
         }
         Ok(rows)
@@ -828,33 +739,11 @@ impl Rows for SqliteTx<'_> {
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
-        let (sql, arg): (&str, Box<dyn rusqlite::ToSql>) = match sweep {
-            // mirrors transition::reap
-            Sweep::Reap { now } => (
-                "SELECT id FROM todos WHERE state = 'claimed'
-                   AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY id",
-                Box::new(ms(op, now)?),
-            ),
-            // mirrors transition::requeue_due
-            Sweep::RequeueDue { now } => (
-                "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= ?1
-                   AND attempt < max_attempts ORDER BY id",
-                Box::new(ms(op, now)?),
-            ),
-            // mirrors transition::revoke
-            Sweep::Revoke { endpoint } => (
-                "SELECT id FROM todos WHERE endpoint = ?1 AND state = 'claimed' ORDER BY id",
-                Box::new(endpoint.to_string()),
-            ),
-            // mirrors ledger::purgeable
-            Sweep::Purge { cutoff } => (
-                "SELECT id FROM todos WHERE updated_at <= ?1 AND state IN ('done', 'canceled', 'failed')
-                   AND (state IN ('done', 'canceled')
-                   OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id",
-                Box::new(ms(op, cutoff)?),
-            ),
-        };
-        let mut st = self.c.prepare_cached(sql).map_err(|e| sql_err(op, "", e))?;
+        let (sql, arg) = SQL.sweep(op, sweep)?;
+        let mut st = self
+            .c
+            .prepare_cached(&sql)
+            .map_err(|e| sql_err(op, "", e))?;
         let ids = st
             .query_map([arg], |r| r.get::<_, String>(0))
             .and_then(Iterator::collect)
@@ -928,24 +817,8 @@ impl Tx for SqliteTx<'_> {
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
         let op = "endpoint create";
-        let n = self
-            .c
-            .execute(
-                &format!(
-                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                     ON CONFLICT (name) DO NOTHING"
-                ),
-                params![
-                    e.name,
-                    e.token_hash.0.to_vec(),
-                    list_text(&e.verbs),
-                    e.queues.as_deref().map(list_text),
-                    ms(op, e.created_at)?,
-                    opt_ms(op, e.revoked_at)?,
-                ],
-            )
-            .map_err(|err| sql_err(op, &e.name, err))?;
-        Ok(n == 1)
+        let vals = rows::endpoint_row(op, e)?;
+        Ok(self.exec(op, &e.name, &SQL.insert_endpoint, &vals)? == 1)
     }
 
     async fn endpoint(&mut self, name: &str, _lock: bool) -> Result<Option<Endpoint>, Error> {
