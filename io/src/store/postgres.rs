@@ -610,6 +610,7 @@ fn pg_vals(op: &str, vals: Vec<Val>) -> Result<Vec<Box<dyn ToSql + Sync + Send>>
                 Val::Big(n) => Box::new(n),
                 Val::Bool(b) => Box::new(b),
                 Val::Bytes(b) => Box::new(b),
+                Val::Texts(t) => Box::new(t),
             })
         })
         .collect()
@@ -621,6 +622,19 @@ impl PgTx<'_> {
         let vals = pg_vals(op, vals)?;
         let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
         self.execute(op, subject, sql, &args).await
+    }
+
+    /// Runs one query with the values bound in order.
+    async fn query_vals(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        let vals = pg_vals(op, vals)?;
+        let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
+        self.query(op, subject, sql, &args).await
     }
 
     async fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
@@ -675,28 +689,9 @@ impl Rows for PgTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let now = ms(op, now)?;
-        let owner = actor.owner();
-        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&now, &owner];
-        // The clauses of transition::claimable that vary by dialect; the rest is shared.
-        let scope = match actor {
-            Actor::Endpoint { endpoint, .. } => {
-                args.push(endpoint);
-                "t.endpoint = $3".to_string()
-            }
-            Actor::Operator => "true".to_string(),
-        };
-        let queue_list: &[String];
-        let queue_filter = match queues {
-            None => "true".to_string(),
-            Some(qs) => {
-                queue_list = qs;
-                args.push(&queue_list);
-                format!("t.queue = ANY(${})", args.len())
-            }
-        };
-        let sql = SQL.next_claimable(&scope, &queue_filter, " FOR UPDATE SKIP LOCKED");
-        let rs = self.query(op, &subject, &sql, &args).await?;
+        let lock = " FOR UPDATE SKIP LOCKED";
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, lock)?;
+        let rs = self.query_vals(op, &subject, &sql, args).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };
@@ -781,41 +776,13 @@ impl Rows for PgTx<'_> {
             Sweep::Revoke { .. } | Sweep::Purge { .. } => " FOR UPDATE",
         };
         let (sql, arg) = SQL.sweep(op, sweep)?;
-        let rs = pg_vals(op, vec![arg])?;
-        let rs = self.query(op, "", &(sql + lock), &[&*rs[0]]).await?;
+        let rs = self.query_vals(op, "", &(sql + lock), vec![arg]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        let op = "list_todos";
-        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
-        let mut clauses: Vec<String> = Vec::new();
-        if let Actor::Endpoint { endpoint, .. } = actor {
-            args.push(endpoint);
-            clauses.push(format!("t.endpoint = ${}", args.len()));
-        }
-        let state = filter.state.map(|s| s.as_str());
-        if let Some(s) = &state {
-            args.push(s);
-            clauses.push(format!("t.state = ${}", args.len()));
-        }
-        if let Some(qs) = &filter.queues {
-            args.push(qs);
-            clauses.push(format!("t.queue = ANY(${})", args.len()));
-        }
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        args.push(&limit);
-        let sql = format!(
-            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ${}",
-            SQL.todo_select,
-            if clauses.is_empty() {
-                "true".to_string()
-            } else {
-                clauses.join(" AND ")
-            },
-            args.len()
-        );
-        let rs = self.query(op, "", &sql, &args).await?;
+        let (sql, args) = SQL.list(actor, filter);
+        let rs = self.query_vals("list_todos", "", &sql, args).await?;
         rs.iter().map(|r| rows::todo(r, 0)).collect()
     }
 

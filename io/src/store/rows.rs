@@ -3,7 +3,8 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Attempt, ClaimerKind, Disposition, Outcome, Sweep, Todo, TodoState, TokenHash,
+    Actor, Attempt, ClaimerKind, Disposition, Outcome, Sweep, Todo, TodoFilter, TodoState,
+    TokenHash,
 };
 use serde_json::Value;
 
@@ -185,6 +186,8 @@ pub(crate) enum Val {
     Big(Option<i64>),
     Bool(bool),
     Bytes(Option<Vec<u8>>),
+    /// A text array (Postgres only: SQLite binds a list one placeholder per entry).
+    Texts(Vec<String>),
 }
 
 fn text(v: &Option<String>) -> Val {
@@ -300,22 +303,78 @@ pub(crate) fn endpoint_row(op: &str, e: &Endpoint) -> Result<Vec<Val>, Error> {
 }
 
 impl Shared {
-    /// `claim_next`'s query for the dialect's `scope` and `queues` clauses (parameters 1 and 2
-    /// are `now` and the actor's owner), then `suffix` (a lock clause).
-    pub(crate) fn next_claimable(&self, scope: &str, queues: &str, suffix: &str) -> String {
-        let m = self.mark;
+    /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
+    pub(crate) fn next_claimable(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
+        let mut q = Query::new(self.mark);
+        let now = q.bind(time(op, now)?);
+        let owner = q.bind(label(Some(actor.owner())));
+        let scope = match actor {
+            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
+            // after every use, which cost more than the query; the cast keeps the index usable
+            // without that.
+            Actor::Endpoint { endpoint, .. } if q.sqlite() => {
+                format!(
+                    "t.endpoint = CAST({} AS TEXT)",
+                    q.bind(label(Some(endpoint)))
+                )
+            }
+            Actor::Endpoint { endpoint, .. } => {
+                format!("t.endpoint = {}", q.bind(label(Some(endpoint))))
+            }
+            Actor::Operator => q.always().into(),
+        };
+        let queues = match queues {
+            None => q.always().into(),
+            Some(qs) => q.queue_in(qs),
+        };
         // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
         // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
-        format!(
-            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {m}2)
+        let sql = format!(
+            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
                AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
                AND (t.state = 'pending'
-                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {m}1)
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
                         AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= {m}1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1{suffix}",
+                    OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT 1{lock}",
             self.todo_select
-        )
+        );
+        Ok((sql, q.vals))
+    }
+
+    /// `list_todos`' query and parameters.
+    pub(crate) fn list(&self, actor: &Actor, filter: &TodoFilter) -> (String, Vec<Val>) {
+        let mut q = Query::new(self.mark);
+        let mut clauses = Vec::new();
+        if let Actor::Endpoint { endpoint, .. } = actor {
+            clauses.push(format!("t.endpoint = {}", q.bind(label(Some(endpoint)))));
+        }
+        if let Some(s) = filter.state {
+            clauses.push(format!("t.state = {}", q.bind(label(Some(s.as_str())))));
+        }
+        if let Some(qs) = &filter.queues {
+            clauses.push(q.queue_in(qs));
+        }
+        let which = if clauses.is_empty() {
+            q.always().to_string()
+        } else {
+            clauses.join(" AND ")
+        };
+        let limit = q.bind(Val::Big(Some(
+            i64::try_from(filter.limit).unwrap_or(i64::MAX),
+        )));
+        let sql = format!(
+            "{} WHERE {which} ORDER BY t.created_at, t.id LIMIT {limit}",
+            self.todo_select
+        );
+        (sql, q.vals)
     }
 
     /// A sweep's candidate query (ids in id order, before the dialect's lock clause) and its
@@ -357,6 +416,48 @@ impl Shared {
                 time(op, cutoff)?,
             ),
         })
+    }
+}
+
+/// A statement's parameters as its clauses bind them, in the dialect of `mark`.
+struct Query {
+    mark: char,
+    vals: Vec<Val>,
+}
+
+impl Query {
+    fn new(mark: char) -> Query {
+        Query {
+            mark,
+            vals: Vec::new(),
+        }
+    }
+
+    fn sqlite(&self) -> bool {
+        self.mark == '?'
+    }
+
+    /// Binds `v`; its placeholder.
+    fn bind(&mut self, v: Val) -> String {
+        self.vals.push(v);
+        format!("{}{}", self.mark, self.vals.len())
+    }
+
+    /// A clause that holds for every row.
+    fn always(&self) -> &'static str {
+        if self.sqlite() { "1" } else { "true" }
+    }
+
+    /// `t.queue` is one of `qs` (none: no row).
+    fn queue_in(&mut self, qs: &[String]) -> String {
+        if !self.sqlite() {
+            return format!("t.queue = ANY({})", self.bind(Val::Texts(qs.to_vec())));
+        }
+        if qs.is_empty() {
+            return "0".into();
+        }
+        let marks: Vec<String> = qs.iter().map(|q| self.bind(label(Some(q)))).collect();
+        format!("t.queue IN ({})", marks.join(", "))
     }
 }
 

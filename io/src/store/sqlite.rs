@@ -562,14 +562,6 @@ impl SqliteTx<'_> {
     }
 }
 
-/// `?n, ?n+1, …` for a list bound one value per placeholder.
-fn placeholders(from: usize, n: usize) -> String {
-    (from..from + n)
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl rusqlite::ToSql for Val {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         use rusqlite::types::{ToSqlOutput, Value as Sql, ValueRef};
@@ -580,6 +572,11 @@ impl rusqlite::ToSql for Val {
             Val::Count(n) => ToSqlOutput::Owned(Sql::Integer(i64::from(*n))),
             Val::Big(Some(n)) => ToSqlOutput::Owned(Sql::Integer(*n)),
             Val::Bool(b) => ToSqlOutput::Owned(Sql::Integer(i64::from(*b))),
+            Val::Texts(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite binds a list one placeholder per entry".into(),
+                ));
+            }
         })
     }
 }
@@ -636,40 +633,13 @@ impl Rows for SqliteTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-        let now = ms(op, now)?;
-        let owner = actor.owner();
-        args.push(&now);
-        args.push(&owner);
-        // The clauses of transition::claimable that vary by dialect; the rest is shared.
-        let scope = match actor {
-            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
-            // after every use, which cost more than the query; the cast keeps the index usable
-            // without that.
-            Actor::Endpoint { endpoint, .. } => {
-                args.push(endpoint);
-                "t.endpoint = CAST(?3 AS TEXT)"
-            }
-            Actor::Operator => "1",
-        };
-        let queue_filter = match queues {
-            None => "1".to_string(),
-            Some([]) => "0".to_string(),
-            Some(qs) => {
-                let from = args.len() + 1;
-                for q in qs {
-                    args.push(q);
-                }
-                format!("t.queue IN ({})", placeholders(from, qs.len()))
-            }
-        };
-        let sql = SQL.next_claimable(scope, &queue_filter, "");
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, "")?;
         let mut st = self
             .c
             .prepare_cached(&sql)
             .map_err(|e| sql_err(op, &subject, e))?;
         let rs = st
-            .query(args.as_slice())
+            .query(rusqlite::params_from_iter(&args))
             .map_err(|e| sql_err(op, &subject, e))?;
         let Some(todo) = first_todo(op, &subject, rs)? else {
             return Ok(None);
@@ -753,45 +723,14 @@ impl Rows for SqliteTx<'_> {
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
         let op = "list_todos";
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-        let mut clauses: Vec<String> = Vec::new();
-        if let Actor::Endpoint { endpoint, .. } = actor {
-            args.push(endpoint);
-            clauses.push(format!("t.endpoint = ?{}", args.len()));
-        }
-        let state = filter.state.map(|s| s.as_str());
-        if let Some(s) = &state {
-            args.push(s);
-            clauses.push(format!("t.state = ?{}", args.len()));
-        }
-        if let Some(qs) = &filter.queues {
-            let from = args.len() + 1;
-            for q in qs {
-                args.push(q);
-            }
-            clauses.push(if qs.is_empty() {
-                "0".into()
-            } else {
-                format!("t.queue IN ({})", placeholders(from, qs.len()))
-            });
-        }
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        args.push(&limit);
-        let sql = format!(
-            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ?{}",
-            SQL.todo_select,
-            if clauses.is_empty() {
-                "1".to_string()
-            } else {
-                clauses.join(" AND ")
-            },
-            args.len()
-        );
+        let (sql, args) = SQL.list(actor, filter);
         let mut st = self
             .c
             .prepare_cached(&sql)
             .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query(args.as_slice()).map_err(|e| sql_err(op, "", e))?;
+        let mut rs = st
+            .query(rusqlite::params_from_iter(&args))
+            .map_err(|e| sql_err(op, "", e))?;
         let mut out = Vec::new();
         while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
             out.push(rows::todo(row, 0)?);
