@@ -125,36 +125,29 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         .map(Answer::Todo),
         Op::Complete {
             now,
-            actor,
-            id,
-            report,
-        } => {
-            reported(
-                rows,
-                "complete",
-                &id,
-                &actor,
-                report.token_hash,
-                Outcome::Completed,
-                |t, open| transition::complete(cfg, now, t, open, &actor, &report),
-            )
-            .await
+            ref actor,
+            ref id,
+            ref report,
         }
-        Op::Fail {
+        | Op::Fail {
             now,
-            actor,
-            id,
-            report,
+            ref actor,
+            ref id,
+            ref report,
         } => {
-            reported(
-                rows,
-                "fail",
-                &id,
-                &actor,
-                report.token_hash,
-                Outcome::Failed,
-                |t, open| transition::fail(cfg, now, t, open, &actor, &report),
-            )
+            let (name, outcome, f) = if matches!(op, Op::Complete { .. }) {
+                (
+                    "complete",
+                    Outcome::Completed,
+                    transition::complete as ReportFn,
+                )
+            } else {
+                ("fail", Outcome::Failed, transition::fail as ReportFn)
+            };
+            let token_hash = report.token_hash;
+            reported(rows, name, id, actor, token_hash, outcome, |t, open| {
+                f(cfg, now, t, open, actor, report)
+            })
             .await
         }
         Op::Release {
@@ -242,6 +235,16 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         }
     }
 }
+
+/// The shape of the transitions of a report that carries a result (complete, fail).
+type ReportFn = fn(
+    &LedgerConfig,
+    Millis,
+    &Todo,
+    Option<&Attempt>,
+    &Actor,
+    &super::Report,
+) -> Result<Change, Error>;
 
 /// Writes a transition's change. Updates close exactly once: an `Update` that finds no open row
 /// is an internal error, and the caller's transaction rolls back.

@@ -152,16 +152,13 @@ impl Shared {
             attempts: attempts(""),
             closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
             update_todo: format!(
-                "UPDATE todos SET state = {mark}2, owner = {mark}3, attempt = {mark}4, \
-                 attempts_total = {mark}5, attempts_pruned = {mark}6, lease_expires_at = {mark}7, \
-                 claimed_at = {mark}8, next_retry_at = {mark}9, result = {mark}10, \
-                 updated_at = {mark}11 WHERE id = {mark}1"
+                "UPDATE todos SET {} WHERE id = {mark}1",
+                set_list(mark, &TODO_UPDATE[1..], 2)
             ),
             update_open_attempt: format!(
-                "UPDATE todo_attempts SET last_heartbeat_at = {mark}3, lease_expires_at = {mark}4, \
-                 ended_at = {mark}5, outcome = {mark}6, disposition = {mark}7, summary = {mark}8, \
-                 summary_truncated = {mark}9, artifact = {mark}10 \
-                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NULL"
+                "UPDATE todo_attempts SET {} \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NULL",
+                set_list(mark, &ATTEMPT_COLS[ATTEMPT_REWRITTEN], 3)
             ),
             prune: format!(
                 "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
@@ -233,23 +230,6 @@ pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
     ])
 }
 
-/// The columns a transition may change, for [`Shared::update_todo`].
-pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
-    Ok(vec![
-        label(Some(&t.id)),
-        label(Some(t.state.as_str())),
-        text(&t.owner),
-        Val::Count(t.attempt),
-        Val::Count(t.attempts_total),
-        Val::Count(t.attempts_pruned),
-        opt_time(op, t.lease_expires_at)?,
-        opt_time(op, t.claimed_at)?,
-        opt_time(op, t.next_retry_at)?,
-        Val::Text(json_text(&t.result)),
-        time(op, t.updated_at)?,
-    ])
-}
-
 /// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
 pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     Ok(vec![
@@ -274,20 +254,53 @@ pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     ])
 }
 
-/// What a heartbeat or a close rewrites, for [`Shared::update_open_attempt`].
+/// The todo columns a transition may change, the key first.
+const TODO_UPDATE: [&str; 11] = [
+    "id",
+    "state",
+    "owner",
+    "attempt",
+    "attempts_total",
+    "attempts_pruned",
+    "lease_expires_at",
+    "claimed_at",
+    "next_retry_at",
+    "result",
+    "updated_at",
+];
+
+/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `artifact` of
+/// [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
+const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..17;
+
+/// The values of `cols` out of a whole row of `all` columns.
+fn pick(row: Vec<Val>, all: &[&str], cols: &[&str]) -> Vec<Val> {
+    cols.iter()
+        .filter_map(|c| all.iter().position(|a| a == c))
+        .map(|i| row[i].clone())
+        .collect()
+}
+
+/// `col = ?n, …` for `cols`, numbered from `from`.
+fn set_list(mark: char, cols: &[&str], from: usize) -> String {
+    cols.iter()
+        .zip(from..)
+        .map(|(c, i)| format!("{c} = {mark}{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The values of [`Shared::update_todo`].
+pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
+    Ok(pick(todo_row(op, t)?, &TODO_COLS, &TODO_UPDATE))
+}
+
+/// The values of [`Shared::update_open_attempt`].
 pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
-    Ok(vec![
-        label(Some(&a.todo_id)),
-        Val::Count(a.seq),
-        opt_time(op, a.last_heartbeat_at)?,
-        time(op, a.lease_expires_at)?,
-        opt_time(op, a.ended_at)?,
-        label(a.outcome.map(Outcome::as_str)),
-        label(a.disposition.map(Disposition::as_str)),
-        text(&a.summary),
-        Val::Bool(a.summary_truncated),
-        text(&a.artifact),
-    ])
+    let mut row = attempt_row(op, a)?;
+    row.truncate(ATTEMPT_REWRITTEN.end);
+    row.drain(2..ATTEMPT_REWRITTEN.start);
+    Ok(row)
 }
 
 /// An endpoint row's values in [`ENDPOINT_COLS`] order, for [`Shared::insert_endpoint`].

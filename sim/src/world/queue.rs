@@ -4,7 +4,7 @@ use relay_core::ErrorCode;
 use relay_core::ledger::{
     self, Actor, Attempt, ClaimOpts, Op, Report, Todo, TodoState, TokenHash, transition,
 };
-use relay_core::relay::{ClaimAnswer, LeaseToken, ReportVerb, decode_claim};
+use relay_core::relay::{ClaimAnswer, LeaseToken, decode_claim};
 use relay_core::wire::ClaimOut;
 
 use crate::options::Mutation;
@@ -146,28 +146,7 @@ impl World {
                     artifact,
                     token_hash: fence,
                 };
-                let id = todo.clone();
-                let op = match verb {
-                    ReportVerb::Complete => Op::Complete {
-                        now,
-                        actor,
-                        id,
-                        report,
-                    },
-                    ReportVerb::Fail => Op::Fail {
-                        now,
-                        actor,
-                        id,
-                        report,
-                    },
-                    ReportVerb::Release => Op::Release {
-                        now,
-                        actor,
-                        id,
-                        summary: Some(summary),
-                        token_hash: fence,
-                    },
-                };
+                let op = verb.op(now, actor, todo.clone(), report);
                 match self.ledger.apply(op).and_then(ledger::Answer::todo) {
                     Ok(t) => {
                         let changed =

@@ -7,8 +7,8 @@ use crate::error::ErrorCode;
 use crate::ledger::{Actor, Answer, ClaimOpts, Ledger, Op, Report, TokenHash};
 use crate::relay::{
     Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
-    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, ReportVerb, RequestId,
-    RunRecord, SuccessCheck, decode_claim,
+    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord,
+    SuccessCheck, decode_claim,
 };
 use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
 use crate::wire::ClaimOut;
@@ -483,28 +483,7 @@ impl LedgerSource {
                     artifact: artifact.clone(),
                     token_hash: hash,
                 };
-                let id = todo_id.clone();
-                let op = match verb {
-                    ReportVerb::Complete => Op::Complete {
-                        now,
-                        actor,
-                        id,
-                        report,
-                    },
-                    ReportVerb::Fail => Op::Fail {
-                        now,
-                        actor,
-                        id,
-                        report,
-                    },
-                    ReportVerb::Release => Op::Release {
-                        now,
-                        actor,
-                        id,
-                        summary: Some(summary.clone()),
-                        token_hash: hash,
-                    },
-                };
+                let op = verb.op(now, actor, todo_id.clone(), report);
                 match self.ledger.apply(op).and_then(Answer::todo) {
                     Ok(todo) => Input::ReportAnswered {
                         request: *request,
