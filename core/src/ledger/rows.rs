@@ -144,8 +144,8 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             } else {
                 ("fail", Outcome::Failed, transition::fail as ReportFn)
             };
-            let token_hash = report.token_hash;
-            reported(rows, name, id, actor, token_hash, outcome, |t, open| {
+            let fence = (report.token_hash, report.result.as_ref());
+            reported(rows, cfg, name, id, actor, fence, outcome, |t, open| {
                 f(cfg, now, t, open, actor, report)
             })
             .await
@@ -159,10 +159,11 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         } => {
             reported(
                 rows,
+                cfg,
                 "release",
                 &id,
                 &actor,
-                token_hash,
+                (token_hash, None),
                 Outcome::Released,
                 |t, open| transition::release(now, t, open, &actor, summary.as_deref(), token_hash),
             )
@@ -326,13 +327,16 @@ async fn transit<R: Rows>(
 }
 
 /// A report: its transition, or, when that is refused as a conflict, the answer to a repeat of
-/// a report already applied under the same lease token (see `transition::replay`).
+/// a report already applied under the same lease token (see `transition::replay`). `fence` is
+/// the report's token hash and result.
+#[allow(clippy::too_many_arguments)]
 async fn reported<R: Rows>(
     rows: &mut R,
+    cfg: &LedgerConfig,
     op: &str,
     id: &str,
     actor: &Actor,
-    token_hash: Option<TokenHash>,
+    (token_hash, result): (Option<TokenHash>, Option<&serde_json::Value>),
     outcome: Outcome,
     f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
 ) -> Result<Answer, Error> {
@@ -341,7 +345,10 @@ async fn reported<R: Rows>(
         Ok(change) => write(rows, op, &todo, change).await?,
         Err(refused) => {
             let recent = rows.attempts(op, id, true, PRIOR_ATTEMPTS).await?;
-            transition::replay(refused, &todo, &recent, actor, token_hash, outcome)?
+            let replay = transition::replay;
+            replay(
+                cfg, refused, &todo, &recent, actor, token_hash, outcome, result,
+            )?
         }
     };
     Ok(Answer::Todo(todo))

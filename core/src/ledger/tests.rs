@@ -321,7 +321,8 @@ fn a_fenced_report_repeated_after_its_answer_was_lost_is_answered_again() {
 
 /// Found by fuzzing the simulator: a fail applied, its answer lost, the retry came due and
 /// another holder claimed the todo before the repeat arrived. The repeat is still the same
-/// report under the same token: it is answered, and the new holder's attempt is untouched.
+/// report under the same token: it is answered as the first was, and the new holder's attempt
+/// is untouched.
 #[test]
 fn a_repeat_is_recognised_after_the_todo_moved_on() {
     let mut l = ledger_with(1, 5);
@@ -337,12 +338,40 @@ fn a_repeat_is_recognised_after_the_todo_moved_on() {
     let again = l
         .fail(due + 1, &ep("e"), "td_1", &report(Some("first")))
         .unwrap();
-    assert_eq!(again.state, TodoState::Claimed, "the todo as it is now");
-    assert!(!again.dead_letter());
+    assert_eq!(again, failed, "the repeat answers what the first did");
     assert_eq!(l, before, "nothing changed");
     // The same token under another verb is still refused.
     let other = l.complete(due + 2, &ep("e"), "td_1", &report(Some("first")));
     assert_eq!(code(other), ErrorCode::Conflict);
+}
+
+/// Found by fuzzing the simulator: a fail that dead-lettered, its answer lost, and an operator
+/// retried (or canceled) the dead letter before the repeat arrived. The repeat still answers the
+/// dead letter the report made, not the todo as the operator left it.
+#[test]
+fn a_repeated_fail_answers_its_dead_letter_after_an_operator_acted() {
+    for operator in ["retry", "cancel"] {
+        let mut l = ledger_with(1, 1);
+        l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+        let dead = l
+            .fail(T0 + 1, &ep("e"), "td_1", &report(Some("tok")))
+            .unwrap();
+        assert!(dead.dead_letter());
+        let acted = match operator {
+            "retry" => l.retry(T0 + 2, &Actor::Operator, "td_1"),
+            _ => l.cancel(T0 + 2, &Actor::Operator, "td_1"),
+        };
+        assert!(!acted.unwrap().dead_letter());
+        let before = l.clone();
+        let again = l
+            .fail(T0 + 3, &ep("e"), "td_1", &report(Some("tok")))
+            .unwrap();
+        assert_eq!(
+            again, dead,
+            "{operator}: the repeat answers the dead letter"
+        );
+        assert_eq!(l, before, "{operator}: nothing changed");
+    }
 }
 
 #[test]
