@@ -747,19 +747,8 @@ impl Rows for PgTx<'_> {
         closed_only: bool,
         limit: usize,
     ) -> Result<Vec<Attempt>, Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rs = self
-            .query(
-                op,
-                id,
-                if closed_only {
-                    &SQL.closed_attempts
-                } else {
-                    &SQL.attempts
-                },
-                &[&id, &limit],
-            )
-            .await?;
+        let (sql, vals) = SQL.attempts_query(id, closed_only, limit);
+        let rs = self.query_vals(op, id, sql, vals).await?;
         let mut out = Vec::with_capacity(rs.len());
         for row in &rs {
             out.extend(rows::attempt(row, 0)?);

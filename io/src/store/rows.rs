@@ -362,6 +362,22 @@ impl Shared {
         Ok((sql, q.vals))
     }
 
+    /// A todo's attempts newest first (all, or closed only), at most `limit`.
+    pub(crate) fn attempts_query(
+        &self,
+        id: &str,
+        closed_only: bool,
+        limit: usize,
+    ) -> (&str, Vec<Val>) {
+        let sql = if closed_only {
+            &self.closed_attempts
+        } else {
+            &self.attempts
+        };
+        let limit = Val::Big(Some(i64::try_from(limit).unwrap_or(i64::MAX)));
+        (sql, vec![label(Some(id)), limit])
+    }
+
     /// `list_todos`' query and parameters.
     pub(crate) fn list(&self, actor: &Actor, filter: &TodoFilter) -> (String, Vec<Val>) {
         let mut q = Query::new(self.mark);

@@ -594,6 +594,29 @@ impl SqliteTx<'_> {
         Ok(n as u64)
     }
 
+    /// Runs one query with the values bound in order, each row through `f`.
+    fn rows<T>(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: &[Val],
+        mut f: impl FnMut(&rusqlite::Row<'_>) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(sql)
+            .map_err(|e| sql_err(op, subject, e))?;
+        let mut rs = st
+            .query(rusqlite::params_from_iter(vals))
+            .map_err(|e| sql_err(op, subject, e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, subject, e))? {
+            out.push(f(row)?);
+        }
+        Ok(out)
+    }
+
     fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
         if self.exec(op, &t.id, &SQL.update_todo, &rows::todo_update(op, t)?)? != 1 {
             return Err(Error::internal(format!(
@@ -688,54 +711,22 @@ impl Rows for SqliteTx<'_> {
         closed_only: bool,
         limit: usize,
     ) -> Result<Vec<Attempt>, Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut st = self
-            .c
-            .prepare_cached(if closed_only {
-                &SQL.closed_attempts
-            } else {
-                &SQL.attempts
-            })
-            .map_err(|e| sql_err(op, id, e))?;
-        let mut rs = st
-            .query(params![id, limit])
-            .map_err(|e| sql_err(op, id, e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? {
-            out.extend(rows::attempt(row, 0)?);
-        }
-        Ok(out)
+        let (sql, vals) = SQL.attempts_query(id, closed_only, limit);
+        let rows = self.rows(op, id, sql, &vals, |r| rows::attempt(r, 0))?;
+        Ok(rows.into_iter().flatten().collect())
     }
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
         let (sql, arg) = SQL.sweep(op, sweep)?;
-        let mut st = self
-            .c
-            .prepare_cached(&sql)
-            .map_err(|e| sql_err(op, "", e))?;
-        let ids = st
-            .query_map([arg], |r| r.get::<_, String>(0))
-            .and_then(Iterator::collect)
-            .map_err(|e| sql_err(op, "", e))?;
-        Ok(ids)
+        self.rows(op, "", &sql, &[arg], |r| {
+            r.get(0).map_err(|e| sql_err(op, "", e))
+        })
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        let op = "list_todos";
         let (sql, args) = SQL.list(actor, filter);
-        let mut st = self
-            .c
-            .prepare_cached(&sql)
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st
-            .query(rusqlite::params_from_iter(&args))
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            out.push(rows::todo(row, 0)?);
-        }
-        Ok(out)
+        self.rows("list_todos", "", &sql, &args, |r| rows::todo(r, 0))
     }
 
     async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error> {
@@ -775,34 +766,17 @@ impl Tx for SqliteTx<'_> {
 
     async fn count_by_state(&mut self) -> Result<Vec<(String, u64)>, Error> {
         let op = "count todos";
-        let mut st = self
-            .c
-            .prepare_cached("SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state")
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            let state: String = row.get(0).map_err(|e| sql_err(op, "", e))?;
-            let n: i64 = row.get(1).map_err(|e| sql_err(op, "", e))?;
-            out.push((state, u64::try_from(n).unwrap_or(0)));
-        }
-        Ok(out)
+        let sql = "SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state";
+        self.rows(op, "", sql, &[], |r| {
+            let state: String = r.get(0).map_err(|e| sql_err(op, "", e))?;
+            let n: i64 = r.get(1).map_err(|e| sql_err(op, "", e))?;
+            Ok((state, u64::try_from(n).unwrap_or(0)))
+        })
     }
 
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
-        let op = "endpoint list";
-        let mut st = self
-            .c
-            .prepare_cached(&format!(
-                "SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name"
-            ))
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            out.push(rows::endpoint(row)?);
-        }
-        Ok(out)
+        let sql = format!("SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name");
+        self.rows("endpoint list", "", &sql, &[], |r| rows::endpoint(r))
     }
 
     async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error> {
