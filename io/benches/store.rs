@@ -95,6 +95,27 @@ fn main() {
     }
 }
 
+/// A fenced heartbeat by `actor`.
+fn heartbeat(now: u64, actor: &Actor, id: &str, token: TokenHash) -> Op {
+    Op::Heartbeat {
+        now,
+        actor: actor.clone(),
+        id: id.into(),
+        ttl: TTL,
+        token_hash: Some(token),
+    }
+}
+
+fn complete(now: u64, actor: &Actor, id: &str, report: Report) -> Op {
+    let (actor, id) = (actor.clone(), id.to_string());
+    Op::Complete {
+        now,
+        actor,
+        id,
+        report,
+    }
+}
+
 fn rate(n: u64, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
@@ -159,13 +180,7 @@ async fn run(db: &Db) {
             .expect("a todo to claim");
         per_op[0] += t.elapsed();
         let t = Instant::now();
-        let heartbeat = Op::Heartbeat {
-            now,
-            actor: actor.clone(),
-            id: c.todo.id.clone(),
-            ttl: TTL,
-            token_hash: Some(token),
-        };
+        let heartbeat = heartbeat(now, &actor, &c.todo.id, token);
         store.apply(heartbeat).await.expect("heartbeat");
         per_op[1] += t.elapsed();
         let t = Instant::now();
@@ -175,13 +190,7 @@ async fn run(db: &Db) {
             token_hash: Some(token),
             ..Report::default()
         };
-        let id = c.todo.id;
-        let complete = Op::Complete {
-            now,
-            actor,
-            id,
-            report,
-        };
+        let complete = complete(now, &actor, &c.todo.id, report);
         store.apply(complete).await.expect("complete");
         per_op[2] += t.elapsed();
         a_n += 1;
@@ -277,27 +286,14 @@ async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
                 if held.lock().unwrap().insert(id.clone(), w).is_some() {
                     counts.lock().unwrap().1 += 1;
                 }
-                let (ttl, token_hash) = (TTL, Some(token));
-                let hb = Op::Heartbeat {
-                    now,
-                    actor: actor.clone(),
-                    id: id.clone(),
-                    ttl,
-                    token_hash,
-                };
+                let hb = heartbeat(now, &actor, &id, token);
                 store.apply(hb).await.expect("heartbeat");
                 held.lock().unwrap().remove(&id);
                 let report = Report {
                     token_hash: Some(token),
                     ..Report::default()
                 };
-                let actor = actor.clone();
-                let done = Op::Complete {
-                    now,
-                    actor,
-                    id,
-                    report,
-                };
+                let done = complete(now, &actor, &id, report);
                 store.apply(done).await.expect("complete");
                 counts.lock().unwrap().0 += 1;
             }

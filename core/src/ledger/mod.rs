@@ -21,7 +21,7 @@ use serde_json::Value;
 
 pub use backoff::Backoff;
 pub use op::{Answer, Op};
-pub use rows::{Rows, Sweep, run};
+pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
     Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
 };
@@ -395,15 +395,14 @@ impl Rows for Mem<'_> {
         &mut self,
         _op: &str,
         id: &str,
-        closed_only: bool,
-        limit: usize,
+        which: Newest,
     ) -> Result<Vec<Attempt>, Error> {
         let all = self.0.todos.get(id).map(|e| &e.attempts);
         Ok(all
             .into_iter()
             .flat_map(|a| a.values().rev())
-            .filter(|a| !closed_only || !a.is_open())
-            .take(limit)
+            .filter(|a| !which.closed_only || !a.is_open())
+            .take(which.limit)
             .cloned()
             .collect())
     }

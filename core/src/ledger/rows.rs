@@ -37,6 +37,31 @@ pub enum Sweep<'a> {
     Purge { cutoff: Millis },
 }
 
+/// Which of a todo's attempts [`Rows::attempts`] reads: the newest `limit`, all or only closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Newest {
+    pub closed_only: bool,
+    pub limit: usize,
+}
+
+impl Newest {
+    /// The newest `limit` attempts, the open one included.
+    pub fn all(limit: usize) -> Newest {
+        Newest {
+            closed_only: false,
+            limit,
+        }
+    }
+
+    /// The newest `limit` closed attempts.
+    pub fn closed(limit: usize) -> Newest {
+        Newest {
+            closed_only: true,
+            limit,
+        }
+    }
+}
+
 /// What a backend offers inside one transaction. Reads of a todo in a writing transaction lock
 /// its row until commit; a failed operation's writes are rolled back by the caller.
 // Not `Send`-bounded: SQLite's transaction is not `Sync`, and every caller names a concrete
@@ -65,14 +90,8 @@ pub trait Rows {
         todo: &Todo,
         writes: &[AttemptWrite],
     ) -> Result<Vec<u64>, Error>;
-    /// Attempts newest first: all, or only closed ones.
-    async fn attempts(
-        &mut self,
-        op: &str,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> Result<Vec<Attempt>, Error>;
+    /// A todo's attempts newest first, as `which` says.
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error>;
     /// Candidate ids of a sweep, in id order, locked.
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error>;
     /// Todos in the actor's scope matching the filter (valid queue names only), oldest first.
@@ -171,7 +190,7 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         }
         Op::Retry { now, actor, id } => {
             let (todo, _) = load(rows, "retry", &id).await?;
-            let newest = rows.attempts("retry", &id, false, 1).await?;
+            let newest = rows.attempts("retry", &id, Newest::all(1)).await?;
             let change = transition::retry(now, &todo, newest.first(), &actor)?;
             write(rows, "retry", &todo, change).await.map(Answer::Todo)
         }
@@ -211,7 +230,7 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         } => {
             let todo = load_scoped(rows, "get_todo", &actor, &id).await?;
             let attempts = rows
-                .attempts("get_todo", &id, false, attempts_limit)
+                .attempts("get_todo", &id, Newest::all(attempts_limit))
                 .await?;
             Ok(Answer::View(TodoView {
                 attempts_total: todo.attempts_total,
@@ -344,7 +363,9 @@ async fn reported<R: Rows>(
     let todo = match f(&todo, open.as_ref()) {
         Ok(change) => write(rows, op, &todo, change).await?,
         Err(refused) => {
-            let recent = rows.attempts(op, id, true, PRIOR_ATTEMPTS).await?;
+            let recent = rows
+                .attempts(op, id, Newest::closed(PRIOR_ATTEMPTS))
+                .await?;
             let replay = transition::replay;
             replay(
                 cfg, refused, &todo, &recent, actor, token_hash, outcome, result,
@@ -389,7 +410,8 @@ async fn claim<R: Rows>(
     // The kept attempts are seqs pruned+1 ..= total and only the newest is open (check_todo), so
     // when the new attempt is the only one kept there is no closed one to read.
     let prior_attempts = if todo.attempts_total > todo.attempts_pruned + 1 {
-        rows.attempts(op, &todo.id, true, PRIOR_ATTEMPTS).await?
+        rows.attempts(op, &todo.id, Newest::closed(PRIOR_ATTEMPTS))
+            .await?
     } else {
         Vec::new()
     };

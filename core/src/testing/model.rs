@@ -29,16 +29,13 @@ pub trait Queue {
         self.call(Op::AddTodo { now, endpoint, new }, Answer::todo)
     }
     fn claim(&mut self, now: Millis, a: &Actor, id: &str, o: &ClaimOpts) -> Self::Out<Claimed> {
-        let (actor, id, opts) = (a.clone(), id.into(), o.clone());
-        self.call(
-            Op::Claim {
-                now,
-                actor,
-                id,
-                opts,
-            },
-            Answer::claimed,
-        )
+        let op = Op::Claim {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            opts: o.clone(),
+        };
+        self.call(op, Answer::claimed)
     }
     fn claim_next(
         &mut self,
@@ -47,16 +44,13 @@ pub trait Queue {
         queues: Option<&[String]>,
         o: &ClaimOpts,
     ) -> Self::Out<Option<Claimed>> {
-        let (actor, queues, opts) = (a.clone(), queues.map(<[String]>::to_vec), o.clone());
-        self.call(
-            Op::ClaimNext {
-                now,
-                actor,
-                queues,
-                opts,
-            },
-            Answer::next,
-        )
+        let op = Op::ClaimNext {
+            now,
+            actor: a.clone(),
+            queues: queues.map(<[String]>::to_vec),
+            opts: o.clone(),
+        };
+        self.call(op, Answer::next)
     }
     fn heartbeat(
         &mut self,
@@ -67,21 +61,28 @@ pub trait Queue {
         token_hash: Option<TokenHash>,
     ) -> Self::Out<Todo> {
         let (actor, id) = (a.clone(), id.into());
-        self.call(
-            Op::Heartbeat {
-                now,
-                actor,
-                id,
-                ttl,
-                token_hash,
-            },
-            Answer::todo,
-        )
+        let op = Op::Heartbeat {
+            ttl,
+            token_hash,
+            now,
+            actor,
+            id,
+        };
+        self.call(op, Answer::todo)
     }
     fn complete(&mut self, now: Millis, a: &Actor, id: &str, r: &Report) -> Self::Out<Todo> {
+        let op = Op::Complete {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            report: r.clone(),
+        };
+        self.call(op, Answer::todo)
+    }
+    fn fail(&mut self, now: Millis, a: &Actor, id: &str, r: &Report) -> Self::Out<Todo> {
         let (actor, id, report) = (a.clone(), id.into(), r.clone());
         self.call(
-            Op::Complete {
+            Op::Fail {
                 now,
                 actor,
                 id,
@@ -89,16 +90,6 @@ pub trait Queue {
             },
             Answer::todo,
         )
-    }
-    fn fail(&mut self, now: Millis, a: &Actor, id: &str, r: &Report) -> Self::Out<Todo> {
-        let (actor, id, report) = (a.clone(), id.into(), r.clone());
-        let op = Op::Fail {
-            now,
-            actor,
-            id,
-            report,
-        };
-        self.call(op, Answer::todo)
     }
     fn release(
         &mut self,
@@ -108,17 +99,14 @@ pub trait Queue {
         summary: Option<&str>,
         token_hash: Option<TokenHash>,
     ) -> Self::Out<Todo> {
-        let (actor, id, summary) = (a.clone(), id.into(), summary.map(str::to_string));
-        self.call(
-            Op::Release {
-                now,
-                actor,
-                id,
-                summary,
-                token_hash,
-            },
-            Answer::todo,
-        )
+        let op = Op::Release {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            summary: summary.map(str::to_string),
+            token_hash,
+        };
+        self.call(op, Answer::todo)
     }
     fn retry(&mut self, now: Millis, a: &Actor, id: &str) -> Self::Out<Todo> {
         let (actor, id) = (a.clone(), id.into());

@@ -514,21 +514,20 @@ impl Server {
                     return Err(queue_forbidden("add_todo", &a.queue));
                 }
                 let id = format!("td_{}", self.random_hex::<10>()?);
-                let new = NewTodo {
-                    id,
-                    queue: a.queue,
-                    title: a.title,
-                    kind: a.kind,
-                    source: a.source,
-                    payload: a.payload,
-                    work_order: a.work_order,
-                    max_attempts: a.max_attempts,
-                    assignee: a.assignee,
-                };
                 let op = Op::AddTodo {
                     now: self.now(),
                     endpoint: endpoint.name.clone(),
-                    new,
+                    new: NewTodo {
+                        id,
+                        queue: a.queue,
+                        title: a.title,
+                        kind: a.kind,
+                        source: a.source,
+                        payload: a.payload,
+                        work_order: a.work_order,
+                        max_attempts: a.max_attempts,
+                        assignee: a.assignee,
+                    },
                 };
                 let t = store.apply(op).await?.todo()?;
                 self.ring_todo(&t, Offer::Fresh);

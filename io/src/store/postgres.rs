@@ -17,7 +17,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, T
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, LedgerConfig, Rows, Sweep, Todo, TodoFilter,
+    Actor, Attempt, AttemptWrite, LedgerConfig, Newest, Rows, Sweep, Todo, TodoFilter,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -740,14 +740,8 @@ impl Rows for PgTx<'_> {
         Ok(rows)
     }
 
-    async fn attempts(
-        &mut self,
-        op: &str,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> Result<Vec<Attempt>, Error> {
-        let (sql, vals) = SQL.attempts_query(id, closed_only, limit);
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error> {
+        let (sql, vals) = SQL.attempts_query(id, which);
         let rs = self.query_vals(op, id, sql, vals).await?;
         let mut out = Vec::with_capacity(rs.len());
         for row in &rs {

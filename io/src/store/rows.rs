@@ -3,7 +3,7 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, ClaimerKind, Disposition, Outcome, Sweep, Todo, TodoFilter, TodoState,
+    Actor, Attempt, ClaimerKind, Disposition, Newest, Outcome, Sweep, Todo, TodoFilter, TodoState,
     TokenHash,
 };
 use serde_json::Value;
@@ -153,7 +153,11 @@ impl Shared {
             closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
             update_todo: format!(
                 "UPDATE todos SET {} WHERE id = {mark}1",
-                set_list(mark, &TODO_UPDATE[1..], 2)
+                set_list(
+                    mark,
+                    &todo_updated().map(|i| TODO_COLS[i]).collect::<Vec<_>>(),
+                    2
+                )
             ),
             update_open_attempt: format!(
                 "UPDATE todo_attempts SET {} \
@@ -254,32 +258,19 @@ pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     ])
 }
 
-/// The todo columns a transition may change, the key first.
-const TODO_UPDATE: [&str; 11] = [
-    "id",
-    "state",
-    "owner",
-    "attempt",
-    "attempts_total",
-    "attempts_pruned",
-    "lease_expires_at",
-    "claimed_at",
-    "next_retry_at",
-    "result",
-    "updated_at",
-];
+/// The todo columns no transition changes (the store refuses a change to them, see
+/// `ledger::run`); an update rewrites every other column, keyed by `id`.
+const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
+                          max_attempts created_at";
+
+/// The positions in [`TODO_COLS`] of the columns an update rewrites.
+fn todo_updated() -> impl Iterator<Item = usize> {
+    (0..TODO_COLS.len()).filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
+}
 
 /// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `artifact` of
 /// [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
 const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..17;
-
-/// The values of `cols` out of a whole row of `all` columns.
-fn pick(row: Vec<Val>, all: &[&str], cols: &[&str]) -> Vec<Val> {
-    cols.iter()
-        .filter_map(|c| all.iter().position(|a| a == c))
-        .map(|i| row[i].clone())
-        .collect()
-}
 
 /// `col = ?n, …` for `cols`, numbered from `from`.
 fn set_list(mark: char, cols: &[&str], from: usize) -> String {
@@ -290,9 +281,13 @@ fn set_list(mark: char, cols: &[&str], from: usize) -> String {
         .join(", ")
 }
 
-/// The values of [`Shared::update_todo`].
+/// The values of [`Shared::update_todo`]: the id, then the rewritten columns.
 pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
-    Ok(pick(todo_row(op, t)?, &TODO_COLS, &TODO_UPDATE))
+    let row = todo_row(op, t)?;
+    Ok(std::iter::once(0)
+        .chain(todo_updated())
+        .map(|i| row[i].clone())
+        .collect())
 }
 
 /// The values of [`Shared::update_open_attempt`].
@@ -362,19 +357,14 @@ impl Shared {
         Ok((sql, q.vals))
     }
 
-    /// A todo's attempts newest first (all, or closed only), at most `limit`.
-    pub(crate) fn attempts_query(
-        &self,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> (&str, Vec<Val>) {
-        let sql = if closed_only {
+    /// A todo's attempts newest first, as `which` says.
+    pub(crate) fn attempts_query(&self, id: &str, which: Newest) -> (&str, Vec<Val>) {
+        let sql = if which.closed_only {
             &self.closed_attempts
         } else {
             &self.attempts
         };
-        let limit = Val::Big(Some(i64::try_from(limit).unwrap_or(i64::MAX)));
+        let limit = Val::Big(Some(i64::try_from(which.limit).unwrap_or(i64::MAX)));
         (sql, vec![label(Some(id)), limit])
     }
 
@@ -688,4 +678,29 @@ pub(crate) fn json_text(v: &Option<Value>) -> Option<String> {
 /// A string list as JSON text.
 pub(crate) fn list_text(v: &[String]) -> String {
     Value::from(v.to_vec()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shared;
+
+    /// The update statements, derived from the column lists, rewrite exactly the columns a
+    /// transition may change.
+    #[test]
+    fn update_statements_rewrite_what_transitions_change() {
+        let sql = Shared::new('$');
+        assert_eq!(
+            sql.update_todo,
+            "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5, \
+             attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8, next_retry_at = $9, \
+             result = $10, updated_at = $11 WHERE id = $1"
+        );
+        assert_eq!(
+            sql.update_open_attempt,
+            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4, \
+             ended_at = $5, outcome = $6, disposition = $7, summary = $8, \
+             summary_truncated = $9, artifact = $10 \
+             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL"
+        );
+    }
 }

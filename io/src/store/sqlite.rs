@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, LedgerConfig, Rows, Sweep, Todo, TodoFilter,
+    Actor, Attempt, AttemptWrite, LedgerConfig, Newest, Rows, Sweep, Todo, TodoFilter,
 };
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -704,14 +704,8 @@ impl Rows for SqliteTx<'_> {
         Ok(rows)
     }
 
-    async fn attempts(
-        &mut self,
-        op: &str,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> Result<Vec<Attempt>, Error> {
-        let (sql, vals) = SQL.attempts_query(id, closed_only, limit);
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error> {
+        let (sql, vals) = SQL.attempts_query(id, which);
         let rows = self.rows(op, id, sql, &vals, |r| rows::attempt(r, 0))?;
         Ok(rows.into_iter().flatten().collect())
     }
