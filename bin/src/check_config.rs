@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use relay_core::config::FileKind;
-use relay_io::daemon::load::load;
+use relay_worker::daemon::load::load;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use relay_io::clock::SystemClock;
-use relay_io::daemon::control::{self, Request, RequestError};
-use relay_io::daemon::{Daemon, DaemonOptions};
-use relay_io::journal::Journal;
+use relay_worker::clock::SystemClock;
+use relay_worker::daemon::control::{self, Request, RequestError};
+use relay_worker::daemon::{Daemon, DaemonOptions};
+use relay_worker::journal::Journal;
 use serde_json::Value;
 
 /// Where the daemon keeps its state, shared by every daemon command.
@@ -129,7 +129,7 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
     crate::logs::init("info", false);
     let rt = runtime();
     rt.block_on(async move {
-        let transport = match relay_io::lease::ReqwestTransport::new() {
+        let transport = match relay_worker::lease::ReqwestTransport::new() {
             Ok(t) => Arc::new(t),
             Err(e) => return fail(format!("the HTTP client did not start: {e}")),
         };
@@ -147,7 +147,7 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
             Err(e) => return fail(e),
         };
         if let Some(addr) = args.metrics_listen
-            && let Err(e) = relay_io::daemon::serve_metrics(addr, daemon.metrics()).await
+            && let Err(e) = relay_worker::daemon::serve_metrics(addr, daemon.metrics()).await
         {
             return fail(format!("cannot serve metrics on {addr}: {e}"));
         }
@@ -166,7 +166,7 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
         }
         let stopper = handle.clone();
         tokio::spawn(async move {
-            relay_io::shutdown_signal().await;
+            crate::shutdown_signal().await;
             tracing::info!("stopping: attempts in flight are released or failed first");
             stopper.stop();
         });
@@ -284,11 +284,11 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
                 args.state.state_dir().display(),
                 config.display()
             );
-            let transport = match relay_io::lease::ReqwestTransport::new() {
+            let transport = match relay_worker::lease::ReqwestTransport::new() {
                 Ok(t) => Arc::new(t),
                 Err(e) => return fail(format!("the HTTP client did not start: {e}")),
             };
-            match runtime().block_on(relay_io::daemon::doctor::standalone(&config, transport)) {
+            match runtime().block_on(relay_worker::daemon::doctor::standalone(&config, transport)) {
                 Ok(rows) => serde_json::to_value(rows).unwrap_or_default(),
                 Err(e) => return fail(e),
             }

@@ -1,4 +1,4 @@
-//! The `relay` binary: one command line over relay-io, relay-sim and relay-core.
+//! The `relay` binary: one command line over relay-server, relay-worker, relay-sim and relay-core.
 //!
 //! Every command has `--help`. Errors go to stderr as one line saying what was wrong and what to
 //! do, with a non-zero exit status (2 for a usage error).
@@ -108,5 +108,24 @@ fn usage_error(e: clap::Error) -> ExitCode {
             eprintln!("relay: {first}; run `relay --help` (or `relay <command> --help`) for usage");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM: the graceful-stop signal of `relay serve` and `relay daemon`.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
     }
 }

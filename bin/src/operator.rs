@@ -15,10 +15,11 @@ use relay_core::ledger::{
     Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TodoState, TokenHash,
     valid_queue_name,
 };
+use relay_core::time::WallClock;
 use relay_core::time::rfc3339;
 use relay_core::wire::{GetTodoOut, TodoOut, Tool};
-use relay_io::clock::{Clock, SystemClock};
-use relay_io::store::{Endpoint, NewEndpoint, Store};
+use relay_server::clock::SystemClock;
+use relay_server::store::{Endpoint, NewEndpoint, Store};
 use serde_json::{Value, json};
 
 /// The store option every store-touching command shares.
@@ -228,7 +229,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
                 .map(|t| t.name().to_string())
                 .filter(|t| seen.contains(t))
                 .collect();
-            let token = relay_io::server::new_bearer_token()?;
+            let token = relay_server::server::new_bearer_token()?;
             let store = open(db).await?;
             store
                 .endpoint_create(
@@ -358,7 +359,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     qs.join(", ")
                 )));
             }
-            let id = relay_io::server::new_todo_id()?;
+            let id = relay_server::server::new_todo_id()?;
             let new = NewTodo {
                 id,
                 queue: a.queue,

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use relay_core::Error;
 use relay_core::ledger::LedgerConfig;
-use relay_io::clock::SystemClock;
-use relay_io::server::{Server, ServerConfig};
-use relay_io::store::Store;
+use relay_server::clock::SystemClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::Store;
 
 use crate::operator::{DEFAULT_DB, DbOpt, fail, runtime};
 
@@ -106,7 +106,7 @@ pub fn run(db: &DbOpt, args: Args) -> ExitCode {
 async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     // Bad TLS files are refused before anything is opened or bound.
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(relay_io::server::tls_acceptor(cert, key)?),
+        (Some(cert), Some(key)) => Some(relay_server::server::tls_acceptor(cert, key)?),
         _ => None,
     };
     let store = Store::open(&db.db, LedgerConfig::default())
@@ -150,7 +150,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
     server
-        .serve_with_tls(listener, tls, relay_io::shutdown_signal())
+        .serve_with_tls(listener, tls, crate::shutdown_signal())
         .await
         .map_err(|e| Error::internal(format!("the server stopped on an I/O error: {e}")))
 }

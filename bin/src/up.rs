@@ -18,10 +18,11 @@ use relay_core::ledger::{
     Actor, Answer, ClaimOpts, LedgerConfig, NewTodo, Op, TodoFilter, TodoState, TokenHash,
 };
 use relay_core::time::SECOND;
-use relay_io::clock::{Clock, SystemClock};
-use relay_io::daemon::{Daemon, DaemonOptions};
-use relay_io::server::{Server, ServerConfig, new_bearer_token};
-use relay_io::store::{NewEndpoint, Store};
+use relay_core::time::WallClock;
+use relay_server::server::{Server, ServerConfig, new_bearer_token};
+use relay_server::store::{NewEndpoint, Store};
+use relay_worker::clock::SystemClock;
+use relay_worker::daemon::{Daemon, DaemonOptions};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -288,7 +289,7 @@ async fn up(dir: &Path) -> Result<(), String> {
     )?;
     let config_path = dir.join("harness.toml");
     write(&config_path, &config(&endpoint_url), 0o644)?;
-    let transport = relay_io::lease::ReqwestTransport::new()
+    let transport = relay_worker::lease::ReqwestTransport::new()
         .map_err(|e| format!("the HTTP client did not start: {e}"))?;
     let opts = DaemonOptions {
         config: config_path,

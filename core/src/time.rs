@@ -5,6 +5,9 @@
 //! and defines [`Now`], the pair of readings (monotonic for deadlines, wall for text) that the
 //! relay machine takes.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
 /// A time in milliseconds: since 1970-01-01T00:00:00Z (UTC) for wall readings and everything
 /// on the wire, or from a host's own origin for monotonic readings (see [`Now`]). The only
 /// notion of time in core.
@@ -39,6 +42,70 @@ impl Now {
         } else {
             self.wall.saturating_sub(self.mono - mono)
         }
+    }
+}
+
+/// A span read from a clock, in whole milliseconds (saturating: no clock runs that long).
+pub fn millis(span: std::time::Duration) -> Millis {
+    u64::try_from(span.as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// A source of wall time, as the shells read it: core takes `now` as a value, the shells get
+/// it from a clock, so that tests drive the server and the daemon on a clock they move by hand
+/// instead of sleeping. The queue server needs only this reading (lease times, every stamp).
+pub trait WallClock: Send + Sync + 'static {
+    /// Wall time, milliseconds since the Unix epoch. It may step either way.
+    fn now(&self) -> Millis;
+}
+
+/// A wall and a monotonic reading: what the daemon needs. Its deadlines run on [`Clock::mono`],
+/// which never steps, so a wall clock stepped back cannot keep an agent running past its lease.
+pub trait Clock: WallClock {
+    /// Monotonic time, milliseconds from an origin of the clock's own. It never decreases.
+    fn mono(&self) -> Millis;
+    /// Both readings, as the relay machine takes them.
+    fn reading(&self) -> Now {
+        Now {
+            mono: self.mono(),
+            wall: self.now(),
+        }
+    }
+}
+
+/// A clock that moves only when a test moves it. Both readings start at `start` and move
+/// together; [`ManualClock::step_wall`] steps the wall reading alone. Clones share one reading.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    mono: Arc<AtomicU64>,
+    wall_offset: Arc<AtomicI64>,
+}
+
+impl ManualClock {
+    pub fn new(start: Millis) -> ManualClock {
+        ManualClock {
+            mono: Arc::new(AtomicU64::new(start)),
+            wall_offset: Arc::default(),
+        }
+    }
+    pub fn advance(&self, by: Millis) {
+        self.mono.fetch_add(by, Ordering::SeqCst);
+    }
+    /// Steps the wall clock by `by` ms, back or forward; the monotonic clock does not move.
+    pub fn step_wall(&self, by: i64) {
+        self.wall_offset.fetch_add(by, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for ManualClock {
+    fn now(&self) -> Millis {
+        self.mono()
+            .saturating_add_signed(self.wall_offset.load(Ordering::SeqCst))
+    }
+}
+
+impl Clock for ManualClock {
+    fn mono(&self) -> Millis {
+        self.mono.load(Ordering::SeqCst)
     }
 }
 

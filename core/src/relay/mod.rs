@@ -12,9 +12,9 @@
 //!
 //! ```text
 //! let now = Now { mono: monotonic_ms(), wall: wall_ms() };
-//! relay.handle_input(now, input)?;           // or relay.handle_timeout(now)
+//! relay.handle_input(now, input)?;    // the one door: a due timer is Input::TimerFired
 //! while let Some(cmd) = relay.poll_command() { execute(cmd) }
-//! sleep_until_mono(relay.poll_timeout())      // then relay.handle_timeout(now)
+//! sleep_until_mono(relay.poll_timeout())      // then handle_input(now, Input::TimerFired)
 //! ```
 //!
 //! Drain [`Relay::poll_command`] until `None` after every input, then ask
@@ -74,6 +74,7 @@ mod capabilities;
 mod context;
 pub mod contract;
 pub mod doctor;
+pub mod invariants;
 mod machine;
 mod record;
 pub mod redact;

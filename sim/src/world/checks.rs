@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use relay_core::ledger::Outcome;
-use relay_core::relay::{Command, Relay, RelayOutcome, RunRecord};
+use relay_core::relay::{Relay, RelayOutcome, RunRecord};
 use relay_core::time::SECOND;
 
 use crate::options::MAX_DRIFT_PPM;
@@ -33,31 +33,6 @@ impl World {
     }
 
     /// The lease token appears in nothing but lease calls.
-    pub(super) fn check_no_token(&mut self, r: usize, cmd: &Command) {
-        if self.hosts[r].tokens.is_empty() {
-            return;
-        }
-        let shown = match cmd {
-            Command::WriteContextFile { bytes, .. } => String::from_utf8_lossy(bytes).into_owned(),
-            Command::Spawn { env, argv, .. } => format!("{argv:?}{:?}", env.merged([])),
-            Command::RunCheck { env, argv, .. } => format!("{argv:?}{:?}", env.merged([])),
-            Command::WriteRunRecord { record } => serde_json::to_string(record).unwrap_or_default(),
-            Command::UploadReceipt { markdown, .. } => markdown.clone(),
-            other => format!("{other:?}"),
-        };
-        if self.hosts[r]
-            .tokens
-            .iter()
-            .any(|t| shown.contains(t.as_str()))
-        {
-            self.violate(
-                Kind::Correctness,
-                "token_stays_out",
-                format!("relay {r}: a lease token appeared in {}", cmd_name(cmd)),
-            );
-        }
-    }
-
     pub(super) fn check_relay_outcome(
         &mut self,
         r: usize,
@@ -269,18 +244,5 @@ impl World {
         if let Some((inv, detail)) = problems.into_iter().next() {
             self.violate(Kind::Correctness, inv, detail);
         }
-    }
-}
-
-fn cmd_name(cmd: &Command) -> &'static str {
-    match cmd {
-        Command::WriteContextFile { .. } => "the context file",
-        Command::Spawn { .. } => "the process's argv or environment",
-        Command::RunCheck { .. } => "the check's argv or environment",
-        Command::WriteRunRecord { .. } => "a run record",
-        Command::UploadReceipt { .. } => "a receipt",
-        Command::Emit { .. } => "an event",
-        Command::WarnRunLog { .. } => "the run log",
-        _ => "a command",
     }
 }

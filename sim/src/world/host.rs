@@ -7,6 +7,8 @@ use relay_core::time::{Millis, Now};
 
 use crate::options::Mutation;
 
+use relay_core::relay::invariants::Monitor;
+
 use super::*;
 
 /// One clock of a host: it reads `global + offset`, running fast or slow by `drift_ppm`.
@@ -60,8 +62,8 @@ pub(super) struct Host {
     pub(super) partitioned: bool,
     pub(super) paused: bool,
     pub(super) deferred: Vec<Ev>,
-    /// The newest lease tokens this host held, to search its outputs for.
-    pub(super) tokens: Vec<String>,
+    /// The machine's invariants, over every life of the host (run ids go on across restarts).
+    pub(super) monitor: Monitor,
     /// A doorbell firing is already on its way (rings within its delay coalesce).
     pub(super) ring_at: Option<Millis>,
     /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.

@@ -25,6 +25,8 @@ mod net;
 mod queue;
 mod relay;
 
+use relay_core::relay::invariants::Monitor;
+
 use host::{Host, HostClock};
 
 /// Where simulated time starts (an ordinary instant in 2026).
@@ -266,7 +268,7 @@ impl World {
                 partitioned: false,
                 paused: false,
                 deferred: Vec::new(),
-                tokens: Vec::new(),
+                monitor: Monitor::default(),
                 ring_at: None,
                 refused: BTreeSet::new(),
                 was_live: false,
@@ -510,11 +512,7 @@ impl World {
             }
             Ev::Timer { relay, generation } => {
                 if self.hosts[relay].timer_gen == generation && self.hosts[relay].relay.is_some() {
-                    let now = self.begin_step(relay);
-                    if let Some(m) = self.hosts[relay].relay.as_mut() {
-                        m.handle_timeout(now);
-                    }
-                    self.drain(relay);
+                    self.feed(relay, Input::TimerFired);
                 }
             }
             Ev::ServerRecv {
@@ -707,10 +705,6 @@ impl World {
     /// The host's clock moved past deadlines (it woke from a pause, or jumped): its overdue
     /// timers fire at once, as a real timer wheel fires them on its next turn.
     fn wake(&mut self, r: usize) {
-        let now = self.begin_step(r);
-        if let Some(m) = self.hosts[r].relay.as_mut() {
-            m.handle_timeout(now);
-        }
-        self.drain(r);
+        self.feed(r, Input::TimerFired);
     }
 }

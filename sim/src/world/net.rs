@@ -108,15 +108,6 @@ impl World {
                         report_answered: false,
                     },
                 );
-                if let Some(t) = &c.lease_token {
-                    // The relay holds one token at a time; the newest few cover any that could
-                    // still be in its hands (a late answer, a run still closing).
-                    let tokens = &mut self.hosts[r].tokens;
-                    tokens.push(t.expose().to_string());
-                    if tokens.len() > 4 {
-                        tokens.remove(0);
-                    }
-                }
                 Input::ClaimAnswered {
                     request: req,
                     claim: c,

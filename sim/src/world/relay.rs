@@ -24,9 +24,11 @@ impl World {
 
     pub(super) fn feed(&mut self, r: usize, input: Input) {
         let now = self.begin_step(r);
-        let Some(m) = self.hosts[r].relay.as_mut() else {
+        let h = &mut self.hosts[r];
+        let Some(m) = h.relay.as_mut() else {
             return;
         };
+        h.monitor.input(&input);
         if let Err(e) = m.handle_input(now, input) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
@@ -66,8 +68,12 @@ impl World {
     }
 
     pub(super) fn execute(&mut self, r: usize, cmd: Command) {
-        if !cmd.is_lease_call() {
-            self.check_no_token(r, &cmd);
+        if let Err(b) = self.hosts[r].monitor.command(&cmd) {
+            self.violate(
+                Kind::Correctness,
+                b.invariant,
+                format!("relay {r}: {}", b.detail),
+            );
         }
         match &cmd {
             Command::Emit {

@@ -137,26 +137,7 @@ pub fn records(cmds: &[Command]) -> Vec<&RunRecord> {
 
 /// A Debug-and-JSON rendering of a command, for "does this byte string appear" checks.
 pub fn rendered(c: &Command) -> String {
-    let mut text = format!("{c:?}");
-    match c {
-        Command::WriteContextFile { bytes, .. } => {
-            text.push_str(&String::from_utf8_lossy(bytes));
-        }
-        Command::Spawn { env, .. } | Command::RunCheck { env, .. } => {
-            for (k, v) in env.merged([]) {
-                text.push_str(&format!(" {k}={v}"));
-            }
-        }
-        Command::WriteRunRecord { record } => {
-            text.push_str(&serde_json::to_string(record).unwrap_or_default());
-        }
-        Command::Emit { event } => {
-            text.push_str(&serde_json::to_string(event).unwrap_or_default());
-        }
-        Command::SendReport { result, .. } => text.push_str(&result.to_string()),
-        _ => {}
-    }
-    text
+    crate::relay::invariants::shown(c)
 }
 
 /// How the scripted driver answers heartbeats on its own.

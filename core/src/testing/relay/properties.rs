@@ -8,7 +8,8 @@ use serde_json::Value;
 use crate::relay::{Command, Input, OnOverlap, Relay, RequestId, RunOutcome, RunRecord};
 use crate::time::{Millis, Now};
 
-use super::driver::*;
+use crate::relay::invariants::Monitor;
+
 use super::program::*;
 
 /// A stepped wall clock changes nothing but text: the same program with its wall-clock
@@ -235,29 +236,36 @@ pub fn relay_silent_after_lease_loss(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Once a run's final record is written, no command names that run again.
-pub fn relay_nothing_after_close(bytes: &[u8]) -> Result<(), String> {
+/// The first breach of `invariant` (see [`crate::relay::invariants`]) in a program's trace.
+fn monitored(bytes: &[u8], invariant: &str) -> Result<Monitor, String> {
     let trace = trace_of(bytes)?;
-    let mut closed: BTreeSet<u64> = BTreeSet::new();
+    let mut monitor = Monitor::default();
     for (i, step) in trace.steps.iter().enumerate() {
+        monitor.input(&step.input);
         for c in &step.commands {
-            if closed.contains(&c.run_id()) {
-                return Err(format!("step {i}: command after run closed: {c:?}"));
-            }
-            if let Command::WriteRunRecord { record } = c
-                && record.outcome != RunOutcome::Running
+            if let Err(b) = monitor.command(c)
+                && b.invariant == invariant
             {
-                closed.insert(record.run_id);
+                return Err(format!("step {i}: {}", b.detail));
             }
         }
     }
-    Ok(())
+    if monitor.tokens() != &trace.tokens {
+        return Err("the monitor learned other tokens than the world handed out".into());
+    }
+    Ok(monitor)
+}
+
+/// Once a run's final record is written, no command names that run again.
+pub fn relay_nothing_after_close(bytes: &[u8]) -> Result<(), String> {
+    monitored(bytes, "nothing_after_close").map(drop)
 }
 
 /// A lease token appears only as the `lease_token` of its own run's heartbeats and
 /// reports: never in any other command, any summary, result, record, event, context file,
 /// environment, warning or `describe` — even when the agent and the check print it.
 pub fn relay_token_stays_in_lease_calls(bytes: &[u8]) -> Result<(), String> {
+    monitored(bytes, "token_stays_out")?;
     let trace = trace_of(bytes)?;
     let tokens: Vec<&String> = trace.tokens.values().collect();
     for (i, step) in trace.steps.iter().enumerate() {
@@ -270,25 +278,6 @@ pub fn relay_token_stays_in_lease_calls(bytes: &[u8]) -> Result<(), String> {
         if leaked(&format!("{:?}", step.input)) {
             return Err(format!("step {i}: an input's Debug shows a token"));
         }
-        for c in &step.commands {
-            if leaked(&rendered(c)) {
-                return Err(format!("step {i}: token in {}", rendered(c)));
-            }
-            if let Command::SendHeartbeat {
-                run_id,
-                lease_token,
-                ..
-            }
-            | Command::SendReport {
-                run_id,
-                lease_token,
-                ..
-            } = c
-                && trace.tokens.get(run_id).map(String::as_str) != Some(lease_token.expose())
-            {
-                return Err(format!("step {i}: run {run_id} presents another token"));
-            }
-        }
     }
     Ok(())
 }
@@ -296,24 +285,8 @@ pub fn relay_token_stays_in_lease_calls(bytes: &[u8]) -> Result<(), String> {
 /// Every fenced claim ends in exactly one record with a relay outcome; nothing else gets
 /// more than one.
 pub fn relay_one_outcome_per_claim(bytes: &[u8]) -> Result<(), String> {
-    let trace = trace_of(bytes)?;
-    let mut outcomes: BTreeMap<u64, u32> = BTreeMap::new();
-    for step in &trace.steps {
-        for record in records(&step.commands) {
-            if record.relay_outcome.is_some() {
-                *outcomes.entry(record.run_id).or_default() += 1;
-            }
-        }
-    }
-    if let Some((run, n)) = outcomes.iter().find(|(_, n)| **n > 1) {
-        return Err(format!("run {run} recorded {n} relay outcomes"));
-    }
-    for run in trace.tokens.keys() {
-        if outcomes.get(run) != Some(&1) {
-            return Err(format!("fenced run {run} ended without a relay outcome"));
-        }
-    }
-    Ok(())
+    let monitor = monitored(bytes, "one_outcome_per_claim")?;
+    monitor.finish().map_err(|b| b.detail)
 }
 
 /// `harness describe` as JSON.

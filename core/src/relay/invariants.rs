@@ -1,0 +1,290 @@
+//! The attempt machine's invariants over what it is told and what it says, one implementation
+//! each, checked by the property tests (core/src/testing/relay) and by the simulator (sim/) on
+//! every input and command. A [`Monitor`] watches one machine (across restarts, as run ids go on
+//! from the journal): it learns each run's
+//! lease token from the claim answers it sees, and then holds every command to:
+//!
+//! - **token_stays_out**: a lease token is shown in no command (a lease call carries its own
+//!   run's token as a redacted value, never another run's);
+//! - **nothing_after_close**: once a run's final record is written, no command names that run;
+//! - **one_outcome_per_claim**: a run records at most one relay outcome, and (at [`finish`],
+//!   once the world is healed) every fenced run records exactly one.
+//!
+//! [`finish`]: Monitor::finish
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Command, Input, RequestId, RunOutcome};
+
+/// A broken invariant: its name (as above) and what broke it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Breach {
+    /// The invariant's name.
+    pub invariant: &'static str,
+    /// What happened, for a person reading a failed run.
+    pub detail: String,
+}
+
+/// Watches one machine; see the module doc.
+#[derive(Clone, Debug, Default)]
+pub struct Monitor {
+    /// Claim requests sent, by request: the run each would start.
+    claims: BTreeMap<RequestId, u64>,
+    /// Lease tokens handed to this machine, by run.
+    tokens: BTreeMap<u64, String>,
+    closed: BTreeSet<u64>,
+    outcomes: BTreeMap<u64, u32>,
+}
+
+impl Monitor {
+    /// The lease tokens this machine was handed, by run.
+    pub fn tokens(&self) -> &BTreeMap<u64, String> {
+        &self.tokens
+    }
+
+    /// Notes an input before the machine handles it (a claim answer hands over a token).
+    /// Only the first answer to a claim counts: a stale replay hands over nothing new.
+    pub fn input(&mut self, input: &Input) {
+        match input {
+            Input::ClaimAnswered { request, claim } => {
+                if let (Some(run), Some(token)) = (self.claims.remove(request), &claim.lease_token)
+                {
+                    self.tokens.insert(run, token.expose().to_string());
+                }
+            }
+            Input::ClaimEmpty { request } | Input::ClaimFailed { request, .. } => {
+                self.claims.remove(request);
+            }
+            _ => {}
+        }
+    }
+
+    /// Holds one command, as it leaves the machine, to the invariants.
+    pub fn command(&mut self, cmd: &Command) -> Result<(), Breach> {
+        let run = cmd.run_id();
+        if self.closed.contains(&run) {
+            return breach(
+                "nothing_after_close",
+                format!("a command after run {run} closed: {cmd:?}"),
+            );
+        }
+        // The token's own `Debug` is redacted, so not even a lease call shows one as text.
+        let shown = shown(cmd);
+        let own = self.tokens.get(&run);
+        if let Some(t) = self.tokens.values().find(|t| shown.contains(t.as_str())) {
+            let whose = if own == Some(t) {
+                "its own"
+            } else {
+                "another run's"
+            };
+            return breach(
+                "token_stays_out",
+                format!("run {run} shows {whose} lease token in {}", what(cmd)),
+            );
+        }
+        match cmd {
+            Command::SendClaimNext {
+                request, run_id, ..
+            } => {
+                self.claims.insert(*request, *run_id);
+            }
+            Command::SendHeartbeat { lease_token, .. }
+            | Command::SendReport { lease_token, .. }
+                if own.map(String::as_str) != Some(lease_token.expose()) =>
+            {
+                return breach(
+                    "token_stays_out",
+                    format!("run {run} presents a token that is not its own"),
+                );
+            }
+            Command::WriteRunRecord { record } => {
+                if record.relay_outcome.is_some() {
+                    let n = self.outcomes.entry(run).or_default();
+                    *n += 1;
+                    if *n > 1 {
+                        return breach(
+                            "one_outcome_per_claim",
+                            format!("run {run} recorded {n} relay outcomes"),
+                        );
+                    }
+                }
+                if record.outcome != RunOutcome::Running {
+                    self.closed.insert(run);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Once the world is healed and the machine idle: every fenced run recorded one outcome.
+    pub fn finish(&self) -> Result<(), Breach> {
+        match self
+            .tokens
+            .keys()
+            .find(|r| self.outcomes.get(r) != Some(&1))
+        {
+            Some(run) => breach(
+                "one_outcome_per_claim",
+                format!("fenced run {run} ended without a relay outcome"),
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+fn breach(invariant: &'static str, detail: String) -> Result<(), Breach> {
+    Err(Breach { invariant, detail })
+}
+
+/// Everything a command would carry out of the machine, as text: its `Debug`, and the bytes,
+/// environment, JSON and report result that `Debug` may abbreviate or redact.
+pub fn shown(c: &Command) -> String {
+    let mut text = format!("{c:?}");
+    match c {
+        Command::WriteContextFile { bytes, .. } => {
+            text.push_str(&String::from_utf8_lossy(bytes));
+        }
+        Command::Spawn { env, .. } | Command::RunCheck { env, .. } => {
+            for (k, v) in env.merged([]) {
+                text.push_str(&format!(" {k}={v}"));
+            }
+        }
+        Command::WriteRunRecord { record } => {
+            text.push_str(&serde_json::to_string(record).unwrap_or_default());
+        }
+        Command::Emit { event } => {
+            text.push_str(&serde_json::to_string(event).unwrap_or_default());
+        }
+        Command::UploadReceipt { markdown, .. } => text.push_str(markdown),
+        Command::SendReport { result, .. } => text.push_str(&result.to_string()),
+        _ => {}
+    }
+    text
+}
+
+/// What a command writes, in words, for a breach's detail.
+fn what(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::WriteContextFile { .. } => "the context file",
+        Command::Spawn { .. } => "the process's argv or environment",
+        Command::RunCheck { .. } => "the check's argv or environment",
+        Command::WriteRunRecord { .. } => "a run record",
+        Command::UploadReceipt { .. } => "a receipt",
+        Command::Emit { .. } => "an event",
+        Command::WarnRunLog { .. } => "the run log",
+        _ => "a command",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::RunRecord;
+    use crate::testing::relay::{Trace, decode_relay_program, run_relay_program};
+
+    /// A program's trace with a fenced run that closed, and that run's id.
+    fn closed_fenced_run() -> (Trace, u64) {
+        for seed in 0..2_000u32 {
+            let bytes: Vec<u8> = (0..64u32)
+                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+                .collect();
+            let Ok(trace) = run_relay_program(&decode_relay_program(&bytes)) else {
+                continue;
+            };
+            let closed = trace
+                .steps
+                .iter()
+                .flat_map(|s| &s.commands)
+                .find_map(|c| match c {
+                    Command::WriteRunRecord { record }
+                        if record.relay_outcome.is_some()
+                            && trace.tokens.contains_key(&record.run_id) =>
+                    {
+                        Some(record.run_id)
+                    }
+                    _ => None,
+                });
+            if let Some(run) = closed {
+                return (trace, run);
+            }
+        }
+        panic!("no program of the first 2 000 closed a fenced run");
+    }
+
+    /// Feeds the trace, with `extra` commands after its last step, to a monitor.
+    fn watch(trace: &Trace, extra: &[Command]) -> Result<Monitor, Breach> {
+        let mut m = Monitor::default();
+        for step in &trace.steps {
+            m.input(&step.input);
+            for c in &step.commands {
+                m.command(c)?;
+            }
+        }
+        for c in extra {
+            m.command(c)?;
+        }
+        Ok(m)
+    }
+
+    fn final_record(trace: &Trace, run: u64) -> Command {
+        let mut records = trace.steps.iter().flat_map(|s| &s.commands);
+        records
+            .rfind(|c| matches!(c, Command::WriteRunRecord { record } if record.run_id == run))
+            .cloned()
+            .unwrap_or_else(|| panic!("run {run} has no record"))
+    }
+
+    #[test]
+    fn a_real_trace_keeps_every_invariant() {
+        let (trace, _) = closed_fenced_run();
+        let m = watch(&trace, &[]).expect("the real machine keeps them");
+        assert_eq!(m.tokens(), &trace.tokens);
+    }
+
+    #[test]
+    fn each_invariant_fires_when_broken() {
+        let (trace, run) = closed_fenced_run();
+        let token = trace.tokens[&run].clone();
+        let leak = Command::WarnRunLog {
+            run_id: run + 1_000,
+            text: format!("the agent printed {token}"),
+        };
+        let after_close = Command::WarnRunLog {
+            run_id: run,
+            text: "late".into(),
+        };
+        let again = final_record(&trace, run);
+        let cases = [
+            (leak, "token_stays_out"),
+            (after_close, "nothing_after_close"),
+            (again, "nothing_after_close"),
+        ];
+        for (cmd, invariant) in cases {
+            let b = watch(&trace, &[cmd]).expect_err(invariant);
+            assert_eq!(b.invariant, invariant, "{b:?}");
+        }
+        let mut second = Monitor::default();
+        let Command::WriteRunRecord { record } = final_record(&trace, run) else {
+            unreachable!()
+        };
+        let running = Command::WriteRunRecord {
+            record: RunRecord {
+                outcome: RunOutcome::Running,
+                ..record
+            },
+        };
+        second.command(&running).expect("a first outcome");
+        let b = second.command(&running).expect_err("a second outcome");
+        assert_eq!(b.invariant, "one_outcome_per_claim");
+        let mut unfinished = watch(&trace, &[]).expect("holds");
+        unfinished.tokens.insert(run + 1_000, "tok".into());
+        assert_eq!(
+            unfinished
+                .finish()
+                .expect_err("an open fenced run")
+                .invariant,
+            "one_outcome_per_claim"
+        );
+    }
+}

@@ -1,0 +1,573 @@
+//! The queue server's HTTP benchmark: fenced claim_next → heartbeat → complete over real HTTP.
+//!
+//! ```sh
+//! cargo bench -p relay-server --bench http                        # SQLite, a temp file
+//! cargo bench -p relay-server --bench http -- --db postgres://…   # Postgres (a schema of its own)
+//! cargo bench -p relay-server --bench http -- --clients 16 --seconds 5 --todos 20000
+//! ```
+//!
+//! In one process and one run: the real server ([`relay_server::server::Server::serve`], background
+//! loops included) on 127.0.0.1:0 over the chosen store, and `--clients` concurrent MCP clients
+//! (default 16), each with its own HTTP connection pool and session (`initialize`, then
+//! `notifications/initialized`), each looping `claim_next {require_fence: true}` → `heartbeat
+//! {lease_token}` → `complete {lease_token}` until the time is up. Reported: cycles/s and the
+//! p50/p99 latency of each call and of the whole cycle.
+//!
+//! The baseline, measured in the same run on the same database: the same cycle with the same
+//! concurrency calling the [`Store`] directly (no HTTP, no JSON-RPC, no session or auth), on its
+//! own endpoint's todos. The ratio HTTP/direct is what the transport costs.
+//!
+//! Every answer is checked (a tool error or an empty claim before the time is up aborts the run),
+//! and at the end every claimed todo must be `done`: the figures are for correct work only.
+//! Clients and server share the machine (and the tokio runtime's worker threads), as they would
+//! with local agents.
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use relay_core::ledger::{
+    Actor, Answer, ClaimOpts, LedgerConfig, NewTodo, Op, Report, TodoFilter, TodoState, TokenHash,
+};
+use relay_core::time::SECOND;
+use relay_core::time::WallClock;
+use relay_server::clock::SystemClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, PgStore, Store};
+use serde_json::{Value, json};
+
+const QUEUE: &str = "q";
+const HTTP_ENDPOINT: &str = "bench-http";
+const DIRECT_ENDPOINT: &str = "bench-direct";
+const TTL: u64 = 300 * SECOND;
+
+struct Args {
+    db: Option<String>,
+    clients: usize,
+    seconds: u64,
+    todos: usize,
+}
+
+fn args() -> Args {
+    let mut out = Args {
+        db: None,
+        clients: 16,
+        seconds: 5,
+        todos: 15_000,
+    };
+    let mut it = std::env::args().skip(1);
+    let num = |v: Option<String>, what: &str| -> u64 {
+        v.and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            eprintln!("{what}: give a positive number");
+            std::process::exit(2)
+        })
+    };
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--db" => out.db = it.next(),
+            s if s.starts_with("--db=") => out.db = Some(s["--db=".len()..].to_string()),
+            "--clients" => out.clients = num(it.next(), "--clients") as usize,
+            "--seconds" => out.seconds = num(it.next(), "--seconds"),
+            "--todos" => out.todos = num(it.next(), "--todos") as usize,
+            _ => {} // cargo passes --bench
+        }
+    }
+    out
+}
+
+enum Db {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        url: String,
+    },
+    Postgres {
+        url: String,
+        schema: String,
+    },
+}
+
+fn main() {
+    let args = args();
+    let db = match args.db.as_deref() {
+        None => {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let url = format!("sqlite:{}", dir.path().join("bench.db").display());
+            Db::Sqlite { _dir: dir, url }
+        }
+        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
+            url: u.to_string(),
+            schema: format!("bench_http_{}", std::process::id()),
+        },
+        Some(_) => {
+            eprintln!("--db: leave it out for SQLite on a temp file, or give postgres://…");
+            std::process::exit(2);
+        }
+    };
+    // Two workers: this machine's cores, shared by the server and the clients.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(run(&db, &args));
+    if let Db::Postgres { url, schema } = &db {
+        rt.block_on(async {
+            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await
+                .expect("drop the bench schema");
+        });
+    }
+}
+
+/// Latencies of one kind of call, in microseconds.
+#[derive(Default)]
+struct Lat(Vec<u64>);
+
+impl Lat {
+    fn push(&mut self, d: Duration) {
+        self.0
+            .push(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+    fn extend(&mut self, other: Lat) {
+        self.0.extend(other.0);
+    }
+    /// The q-quantile (nearest rank), in milliseconds.
+    fn q(&mut self, q: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        self.0.sort_unstable();
+        let rank = ((q * self.0.len() as f64).ceil() as usize).clamp(1, self.0.len());
+        self.0[rank - 1] as f64 / 1000.0
+    }
+}
+
+/// What one client measured.
+#[derive(Default)]
+struct Tally {
+    cycles: u64,
+    claim: Lat,
+    heartbeat: Lat,
+    complete: Lat,
+    cycle: Lat,
+}
+
+impl Tally {
+    fn merge(&mut self, o: Tally) {
+        self.cycles += o.cycles;
+        self.claim.extend(o.claim);
+        self.heartbeat.extend(o.heartbeat);
+        self.complete.extend(o.complete);
+        self.cycle.extend(o.cycle);
+    }
+}
+
+struct Figures {
+    rate: f64,
+    tally: Tally,
+}
+
+async fn run(db: &Db, args: &Args) {
+    let cfg = LedgerConfig::default();
+    let (store, name) = match db {
+        Db::Sqlite { url, .. } => (
+            Store::open(url, cfg).await.expect("open the store"),
+            format!("sqlite, temp file ({url})"),
+        ),
+        Db::Postgres { url, schema } => (
+            Store::Postgres(
+                PgStore::open_in_schema(url, schema, cfg)
+                    .await
+                    .expect("open the store"),
+            ),
+            format!("postgres, schema {schema}"),
+        ),
+    };
+    println!(
+        "relay HTTP benchmark: {name}; {} clients, {} s per figure, {} todos preloaded per figure",
+        args.clients, args.seconds, args.todos
+    );
+
+    let clock = SystemClock;
+    let token = relay_server::server::new_bearer_token().expect("a token");
+    for (endpoint, hash) in [
+        (HTTP_ENDPOINT, TokenHash::of(&token)),
+        (DIRECT_ENDPOINT, TokenHash::of("unused")),
+    ] {
+        store
+            .endpoint_create(
+                clock.now(),
+                NewEndpoint {
+                    name: endpoint.into(),
+                    token_hash: hash,
+                    verbs: ["claim_next", "heartbeat", "complete"]
+                        .map(String::from)
+                        .to_vec(),
+                    queues: None,
+                },
+            )
+            .await
+            .expect("create the endpoint");
+    }
+    let started = Instant::now();
+    preload(&store, HTTP_ENDPOINT, args.todos).await;
+    preload(&store, DIRECT_ENDPOINT, args.todos).await;
+    println!(
+        "preloaded {} todos in {:.1} s",
+        2 * args.todos,
+        started.elapsed().as_secs_f64()
+    );
+
+    // The server, as `relay serve` runs it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("the bound address");
+    let server = Server::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        ServerConfig::for_listen(addr),
+        None,
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn({
+        let server = server.clone();
+        async move {
+            server
+                .serve(listener, async move {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+    let url = format!("http://{addr}/mcp/{HTTP_ENDPOINT}");
+    let run_for = Duration::from_secs(args.seconds);
+
+    let http = over_http(&url, &token, args.clients, run_for).await;
+    let direct = direct(&store, args.clients, run_for).await;
+
+    let _ = stop.send(());
+    serving
+        .await
+        .expect("the server task")
+        .expect("the server stops cleanly");
+
+    for (endpoint, f) in [(HTTP_ENDPOINT, &http), (DIRECT_ENDPOINT, &direct)] {
+        check_done(&store, endpoint, f.tally.cycles).await;
+    }
+
+    let ratio = http.rate / direct.rate;
+    report("over HTTP (MCP tools/call)", http);
+    report("direct store calls (baseline)", direct);
+    println!(
+        "ratio HTTP / direct: {ratio:.2} (over HTTP the cycle runs at {:.0} % of the direct rate)",
+        100.0 * ratio
+    );
+}
+
+fn report(what: &str, mut f: Figures) {
+    println!(
+        "{what:<32} {:>8.0} cycles/s ({} cycles)",
+        f.rate, f.tally.cycles
+    );
+    for (call, lat) in [
+        ("claim_next", &mut f.tally.claim),
+        ("heartbeat", &mut f.tally.heartbeat),
+        ("complete", &mut f.tally.complete),
+        ("whole cycle", &mut f.tally.cycle),
+    ] {
+        println!(
+            "    {call:<12} p50 {:>7.2} ms   p99 {:>7.2} ms",
+            lat.q(0.50),
+            lat.q(0.99)
+        );
+    }
+}
+
+/// Adds `n` todos for `endpoint`, 16 writers at a time.
+async fn preload(store: &Store, endpoint: &str, n: usize) {
+    let writers = 16;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let store = store.clone();
+        let endpoint = endpoint.to_string();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..n).step_by(writers) {
+                store
+                    .apply(Op::AddTodo {
+                        now: SystemClock.now(),
+                        endpoint: endpoint.clone(),
+                        new: NewTodo {
+                            id: format!("td_{endpoint}_{i:06}"),
+                            queue: QUEUE.into(),
+                            title: format!("bench {i}"),
+                            kind: None,
+                            source: None,
+                            payload: None,
+                            work_order: None,
+                            max_attempts: None,
+                            assignee: None,
+                        },
+                    })
+                    .await
+                    .expect("add a todo");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a preload task");
+    }
+}
+
+/// Every todo a client completed is `done`, and as many as the clients counted.
+async fn check_done(store: &Store, endpoint: &str, cycles: u64) {
+    let list = |state| Op::ListTodos {
+        actor: Actor::endpoint(endpoint),
+        filter: TodoFilter {
+            queues: None,
+            state: Some(state),
+            limit: usize::MAX,
+        },
+    };
+    let done = store.apply(list(TodoState::Done)).await;
+    let done = done.and_then(Answer::todos).expect("list done todos");
+    let claimed = store.apply(list(TodoState::Claimed)).await;
+    let claimed = claimed.and_then(Answer::todos).expect("list claimed todos");
+    assert_eq!(
+        done.len() as u64,
+        cycles,
+        "{endpoint}: done todos differ from completed cycles"
+    );
+    assert!(
+        claimed.is_empty(),
+        "{endpoint}: {} todos left claimed",
+        claimed.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over HTTP.
+// ---------------------------------------------------------------------------------------------
+
+struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    session: String,
+    next_id: u64,
+}
+
+impl Mcp {
+    async fn connect(url: &str, token: &str) -> Mcp {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .build()
+            .expect("an HTTP client");
+        let mut c = Mcp {
+            http,
+            url: url.to_string(),
+            token: token.to_string(),
+            session: String::new(),
+            next_id: 1,
+        };
+        let r = c
+            .post(
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "relay-bench", "version": "0"},
+                }}),
+            )
+            .await;
+        assert!(r.status().is_success(), "initialize: HTTP {}", r.status());
+        c.session = r
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("initialize answers a session id")
+            .to_string();
+        let _ = r.bytes().await;
+        let r = c
+            .post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert_eq!(r.status().as_u16(), 202, "notifications/initialized");
+        c
+    }
+
+    async fn post(&self, body: &Value) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if !self.session.is_empty() {
+            req = req
+                .header("mcp-session-id", &self.session)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        req.send().await.expect("the server answers")
+    }
+
+    /// A tools/call; answers the tool's structuredContent, panicking on any error.
+    async fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.next_id += 1;
+        let r = self
+            .post(
+                &json!({"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+                "params": {"name": tool, "arguments": arguments}}),
+            )
+            .await;
+        let status = r.status();
+        let body: Value = r.json().await.expect("a JSON answer");
+        assert!(status.is_success(), "{tool}: HTTP {status}: {body}");
+        let result = &body["result"];
+        assert!(
+            result["isError"] != json!(true) && body.get("error").is_none(),
+            "{tool}: {body}"
+        );
+        result["structuredContent"].clone()
+    }
+}
+
+async fn over_http(url: &str, token: &str, clients: usize, run_for: Duration) -> Figures {
+    let mut mcps = Vec::new();
+    for _ in 0..clients {
+        mcps.push(Mcp::connect(url, token).await);
+    }
+    let start = Instant::now();
+    let deadline = start + run_for;
+    let mut tasks = Vec::new();
+    for mut mcp in mcps {
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            while Instant::now() < deadline {
+                let c0 = Instant::now();
+                let got = mcp
+                    .call("claim_next", json!({"queue": QUEUE, "require_fence": true}))
+                    .await;
+                t.claim.push(c0.elapsed());
+                assert_eq!(
+                    got["empty"],
+                    json!(false),
+                    "the queue ran dry: preload more"
+                );
+                let id = got["todo"]["id"].as_str().expect("a todo id").to_string();
+                let lease = got["lease_token"].clone();
+                assert!(lease.is_string(), "a fenced claim answers a lease token");
+                let h0 = Instant::now();
+                mcp.call("heartbeat", json!({"id": id, "lease_token": lease}))
+                    .await;
+                t.heartbeat.push(h0.elapsed());
+                let k0 = Instant::now();
+                let done = mcp
+                    .call(
+                        "complete",
+                        json!({"id": id, "lease_token": lease, "result": {"ok": true}}),
+                    )
+                    .await;
+                t.complete.push(k0.elapsed());
+                assert_eq!(done["state"], json!("done"));
+                t.cycle.push(c0.elapsed());
+                t.cycles += 1;
+            }
+            t
+        }));
+    }
+    collect(tasks, start).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The baseline: the same cycle on the store directly.
+// ---------------------------------------------------------------------------------------------
+
+async fn direct(store: &Store, clients: usize, run_for: Duration) -> Figures {
+    let start = Instant::now();
+    let deadline = start + run_for;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let actor = Actor::Endpoint {
+                endpoint: DIRECT_ENDPOINT.into(),
+                session: Some(format!("direct-{c}")),
+            };
+            let queues = vec![QUEUE.to_string()];
+            let mut t = Tally::default();
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let token = TokenHash::of(&format!("tok-{c}-{n}"));
+                let c0 = Instant::now();
+                let opts = ClaimOpts {
+                    ttl: TTL,
+                    claimant: None,
+                    token_hash: Some(token),
+                };
+                let claim = Op::ClaimNext {
+                    now: SystemClock.now(),
+                    actor: actor.clone(),
+                    queues: Some(queues.clone()),
+                    opts,
+                };
+                let got = store
+                    .apply(claim)
+                    .await
+                    .and_then(Answer::next)
+                    .expect("claim_next")
+                    .expect("a todo to claim (the queue ran dry: preload more)");
+                t.claim.push(c0.elapsed());
+                let id = got.todo.id;
+                let h0 = Instant::now();
+                let hb = Op::Heartbeat {
+                    now: SystemClock.now(),
+                    actor: actor.clone(),
+                    id: id.clone(),
+                    ttl: TTL,
+                    token_hash: Some(token),
+                };
+                store.apply(hb).await.expect("heartbeat");
+                t.heartbeat.push(h0.elapsed());
+                let k0 = Instant::now();
+                let report = Report {
+                    result: Some(json!({"ok": true})),
+                    token_hash: Some(token),
+                    ..Report::default()
+                };
+                let (now, actor) = (SystemClock.now(), actor.clone());
+                let done = store.apply(Op::Complete {
+                    now,
+                    actor,
+                    id,
+                    report,
+                });
+                let done = done.await.and_then(Answer::todo).expect("complete");
+                t.complete.push(k0.elapsed());
+                assert_eq!(done.state, TodoState::Done);
+                t.cycle.push(c0.elapsed());
+                t.cycles += 1;
+            }
+            t
+        }));
+    }
+    collect(tasks, start).await
+}
+
+async fn collect(tasks: Vec<tokio::task::JoinHandle<Tally>>, start: Instant) -> Figures {
+    let mut tally = Tally::default();
+    for t in tasks {
+        tally.merge(t.await.expect("a client task"));
+    }
+    let elapsed = start.elapsed();
+    Figures {
+        rate: tally.cycles as f64 / elapsed.as_secs_f64(),
+        tally,
+    }
+}

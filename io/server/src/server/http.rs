@@ -1,0 +1,482 @@
+//! The HTTP side: routes, authentication, the Host/Origin checks, the body limit, sessions over
+//! headers, the doorbell's GET stream, `/metrics` and `/healthz`.
+
+// The refusal *is* the response to send; boxing it would only add an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use relay_core::ledger::TokenHash;
+use relay_core::limits::escape_text;
+use serde_json::Value;
+
+use super::Server;
+use super::rpc::{self, Reply};
+use super::session::{SESSION_HEADER, check_session, header_str, json_response, rpc_error};
+use crate::store::Endpoint;
+
+pub(crate) const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// The Host/Origin policy as a value (the config's two lists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPolicy {
+    pub allowed_hosts: Vec<String>,
+    pub allowed_origins: Vec<String>,
+}
+
+/// The host name of a `Host` header value or an origin's authority, without port or brackets.
+fn host_name(authority: &str) -> String {
+    let a = authority.trim();
+    let name = if let Some(rest) = a.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        a.rsplit_once(':').map_or(a, |(h, _)| h)
+    };
+    name.to_ascii_lowercase()
+}
+
+/// Whether a `Host` header is allowed (empty list: any).
+pub fn host_allowed(policy: &HostPolicy, host: Option<&str>) -> bool {
+    if policy.allowed_hosts.is_empty() {
+        return true;
+    }
+    let Some(host) = host else {
+        return false;
+    };
+    let name = host_name(host);
+    policy
+        .allowed_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(&name))
+}
+
+/// Whether an `Origin` header is allowed: absent is fine (not a browser); present, it must be
+/// listed, or its host must be an allowed host. `null` is never allowed.
+pub fn origin_allowed(policy: &HostPolicy, origin: Option<&str>) -> bool {
+    let Some(origin) = origin else {
+        return true;
+    };
+    if policy.allowed_origins.iter().any(|o| {
+        o.trim_end_matches('/')
+            .eq_ignore_ascii_case(origin.trim_end_matches('/'))
+    }) {
+        return true;
+    }
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    let name = host_name(authority);
+    !policy.allowed_hosts.is_empty()
+        && policy
+            .allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&name))
+}
+
+pub(crate) fn router(server: Server) -> Router {
+    Router::new()
+        .route(
+            "/mcp/{endpoint}",
+            get(mcp_get).post(mcp_post).delete(mcp_delete),
+        )
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            server.clone(),
+            count_in_flight,
+        ))
+        .with_state(server)
+}
+
+async fn count_in_flight(State(server): State<Server>, req: Request, next: Next) -> Response {
+    server.inner.in_flight.send_modify(|n| *n += 1);
+    let response = next.run(req).await;
+    server
+        .inner
+        .in_flight
+        .send_modify(|n| *n = n.saturating_sub(1));
+    response
+}
+
+/// How long `/healthz` waits for a write transaction to start.
+const HEALTHZ_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn healthz(State(server): State<Server>, headers: HeaderMap) -> Response {
+    if let Err(r) = host_check(&server, "/healthz", &headers) {
+        return r;
+    }
+    // Healthy means a write could happen now: a store that answers reads while write-locked
+    // would take every claim into the busy timeout.
+    match server.inner.store.probe_write(HEALTHZ_WRITE_TIMEOUT).await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => {
+            let msg = server.internal_message("healthz: no write transaction could start", &e);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store unavailable: no write transaction could start: {msg}\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
+    use relay_core::ledger::TodoState;
+    if let Err(r) = host_check(&server, "/metrics", &headers) {
+        return r;
+    }
+    match server.inner.store.count_by_state().await {
+        Ok(counts) => {
+            for state in TodoState::ALL {
+                let n = counts
+                    .iter()
+                    .find(|(s, _)| s == state.as_str())
+                    .map_or(0, |(_, n)| *n);
+                server.inner.metrics.set_todos(state.as_str(), n);
+            }
+        }
+        Err(e) => {
+            let msg = server.internal_message("metrics: counting todos failed", &e);
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store unavailable: {msg}\n"),
+            )
+                .into_response();
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        server.inner.metrics.encode(),
+    )
+        .into_response()
+}
+
+fn unauthorized(what: &str) -> Response {
+    let mut r = rpc_error(
+        StatusCode::UNAUTHORIZED,
+        Value::Null,
+        -32001,
+        &format!(
+            "unauthorized: {what}; send `Authorization: Bearer <token>` with the token printed by \
+             `relay endpoint create`"
+        ),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"relay\""),
+    );
+    r
+}
+
+/// The Host/Origin checks (DNS-rebinding protection) of every route. `name` is for the log.
+fn host_check(server: &Server, name: &str, headers: &HeaderMap) -> Result<(), Response> {
+    let policy = HostPolicy {
+        allowed_hosts: server.inner.config.allowed_hosts.clone(),
+        allowed_origins: server.inner.config.allowed_origins.clone(),
+    };
+    if !host_allowed(&policy, header_str(headers, header::HOST)) {
+        tracing::warn!(endpoint = %escape_text(name), "refused: Host header not allowed");
+        return Err(rpc_error(
+            StatusCode::FORBIDDEN,
+            Value::Null,
+            -32600,
+            "forbidden: the Host header names a host this server does not serve (DNS rebinding \
+             protection); connect by a loopback name or add the host to the allowed hosts",
+        ));
+    }
+    if !origin_allowed(&policy, header_str(headers, header::ORIGIN)) {
+        tracing::warn!(endpoint = %escape_text(name), "refused: Origin header not allowed");
+        return Err(rpc_error(
+            StatusCode::FORBIDDEN,
+            Value::Null,
+            -32600,
+            "forbidden: the Origin header is not allowed; browsers may call this server only \
+             from an allowed origin",
+        ));
+    }
+    Ok(())
+}
+
+/// Host/Origin checks, then the bearer token. Every `/mcp` request goes through here first.
+async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpoint, Response> {
+    host_check(server, name, headers)?;
+    let presented = header_str(headers, header::AUTHORIZATION).and_then(|v| {
+        let (scheme, token) = v.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_string())
+    });
+    let Some(token) = presented.filter(|t| !t.is_empty()) else {
+        return Err(unauthorized("no bearer token"));
+    };
+    let hash = TokenHash::of(&token);
+    let endpoint = match server.inner.store.endpoint_get(name).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(endpoint = %escape_text(name), error = %e, "store error while authenticating");
+            return Err(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32603,
+                "the store is unavailable; try again shortly",
+            ));
+        }
+    };
+    match endpoint {
+        Some(e) if e.revoked_at.is_none() && e.token_matches(&hash) => Ok(e),
+        _ => {
+            // One answer for an unknown endpoint, a revoked one and a wrong token; one log line
+            // per window however many arrive (a flood of 401s must not flood the log).
+            let allowed = super::lock(&server.inner.unauthorized_log).allow(server.now());
+            if let Some(suppressed) = allowed {
+                tracing::info!(
+                    endpoint = %escape_text(name),
+                    suppressed,
+                    "refused: unknown endpoint, revoked, or wrong token"
+                );
+            }
+            Err(unauthorized(
+                "the endpoint is unknown or revoked, or the token is wrong",
+            ))
+        }
+    }
+}
+
+async fn mcp_post(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let limit = server.inner.config.body_limit;
+    let endpoint = match admit(&server, &name, &headers).await {
+        Ok(e) => e,
+        Err(r) => {
+            // Read the body (within its limit and timeout) before refusing: a connection closed
+            // with request bytes still unread is reset, and the reset can destroy the refusal
+            // on its way to the client.
+            let _ = tokio::time::timeout(
+                server.inner.config.body_timeout,
+                axum::body::to_bytes(body, limit),
+            )
+            .await;
+            return r;
+        }
+    };
+    let too_big = || {
+        tracing::info!(endpoint = %escape_text(&name), limit, "refused: request body over the limit");
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Value::Null,
+            -32600,
+            &format!(
+                "request body larger than {limit} bytes; nothing was changed. Send a smaller \
+                 request (store large inputs elsewhere and pass a reference)"
+            ),
+        )
+    };
+    let declared = header_str(&headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_big();
+    }
+    let read = tokio::time::timeout(
+        server.inner.config.body_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await;
+    let Ok(read) = read else {
+        tracing::info!(endpoint = %escape_text(&name), "refused: request body not in within the body timeout");
+        return rpc_error(
+            StatusCode::REQUEST_TIMEOUT,
+            Value::Null,
+            -32600,
+            "the request body did not arrive in time; nothing was changed. Send it again, whole",
+        );
+    };
+    let bytes = match read {
+        Ok(b) => b,
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if over {
+                return too_big();
+            }
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                -32700,
+                "the request body could not be read; send it again",
+            );
+        }
+    };
+    let message = match rpc::parse(&bytes) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    match rpc::handle(&server, &endpoint, &headers, message).await {
+        Reply::Accepted => StatusCode::ACCEPTED.into_response(),
+        Reply::Json {
+            status,
+            body,
+            session,
+        } => {
+            let mut r = json_response(status, &body);
+            if let Some(s) = session
+                && let Ok(v) = HeaderValue::from_str(&s)
+            {
+                r.headers_mut().insert(SESSION_HEADER, v);
+            }
+            r
+        }
+        Reply::Raw(r) => r,
+    }
+}
+
+async fn mcp_get(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admit(&server, &name, &headers).await {
+        return r;
+    }
+    let accepts_sse = header_str(&headers, header::ACCEPT)
+        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
+    if !accepts_sse {
+        return rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            Value::Null,
+            -32600,
+            "GET opens the session's doorbell stream; send `Accept: text/event-stream`",
+        );
+    }
+    let session = match check_session(&server, &name, &headers, &Value::Null) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let rx = match server.open_stream(&session) {
+        Ok(rx) => rx,
+        Err(super::StreamRefused::Full(message)) => {
+            return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32000,
+                &message,
+            );
+        }
+        Err(super::StreamRefused::AlreadyOpen) => {
+            return rpc_error(
+                StatusCode::CONFLICT,
+                Value::Null,
+                -32600,
+                "this session already has an open stream; use that one (one stream per session)",
+            );
+        }
+        Err(super::StreamRefused::NoSession) => {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                Value::Null,
+                -32001,
+                "session not found or expired; send `initialize` again for a new session",
+            );
+        }
+    };
+    tracing::info!(endpoint = %escape_text(&name), "doorbell stream opened");
+    let shutdown = server.inner.shutdown.subscribe();
+    let stream =
+        futures_util::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
+            let msg = tokio::select! {
+                m = rx.recv() => m,
+                _ = shutdown.wait_for(|v| *v) => None,
+            };
+            msg.map(|m| {
+                (
+                    Ok::<Event, Infallible>(Event::default().data(m)),
+                    (rx, shutdown),
+                )
+            })
+        });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+async fn mcp_delete(
+    State(server): State<Server>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admit(&server, &name, &headers).await {
+        return r;
+    }
+    let Some(session) = header_str(&headers, SESSION_HEADER) else {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            Value::Null,
+            -32600,
+            "missing Mcp-Session-Id header: name the session to end",
+        );
+    };
+    if server.end_session(session, &name) {
+        tracing::info!(endpoint = %escape_text(&name), "session ended by the client");
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        rpc_error(
+            StatusCode::NOT_FOUND,
+            Value::Null,
+            -32001,
+            "session not found or expired; nothing to end",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback() -> HostPolicy {
+        HostPolicy {
+            allowed_hosts: LOOPBACK_HOSTS.iter().map(|s| s.to_string()).collect(),
+            allowed_origins: vec!["https://app.example".into()],
+        }
+    }
+
+    #[test]
+    fn hosts_are_matched_by_name_without_port() {
+        let p = loopback();
+        assert!(host_allowed(&p, Some("127.0.0.1:7070")));
+        assert!(host_allowed(&p, Some("LOCALHOST")));
+        assert!(host_allowed(&p, Some("[::1]:80")));
+        assert!(!host_allowed(&p, Some("evil.example:7070")));
+        assert!(!host_allowed(&p, None));
+        let open = HostPolicy {
+            allowed_hosts: vec![],
+            allowed_origins: vec![],
+        };
+        assert!(host_allowed(&open, Some("anything")));
+    }
+
+    #[test]
+    fn origins_must_be_listed_or_on_an_allowed_host() {
+        let p = loopback();
+        assert!(origin_allowed(&p, None));
+        assert!(origin_allowed(&p, Some("http://localhost:5173")));
+        assert!(origin_allowed(&p, Some("https://app.example")));
+        assert!(!origin_allowed(&p, Some("https://evil.example")));
+        assert!(!origin_allowed(&p, Some("null")));
+    }
+}

@@ -1,0 +1,741 @@
+//! The queue server: MCP Streamable HTTP at `/mcp/<endpoint>`, plus `/metrics` and `/healthz`.
+//!
+//! # What it is
+//!
+//! A narrow JSON-RPC layer of our own on axum (see the README's "Queue server" section for why
+//! not rmcp). Every rule about todos is a call into the [`Store`] (which calls
+//! `relay_core::ledger::transition`); every tool's arguments, schemas, answers and error codes
+//! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
+//! authentication, sessions, the doorbell, background sweeps, metrics and the HTTP hygiene
+//! (body limit, Host/Origin checks; and in `conn`, the accept loop's timeouts, connection cap,
+//! TLS and bounded shutdown). The caps and the log throttle are decided by
+//! `relay_core::limits`; this shell only counts and reads the clock.
+//!
+//! # Time and randomness
+//!
+//! Every `now` comes from the injected [`WallClock`](relay_core::time::WallClock), so tests drive lease
+//! expiry, retries, session expiry and the doorbell window with a `ManualClock`. Session ids, todo
+//! ids and fence tokens come from the operating system's RNG, or, when `Server::new` is given a
+//! seed (tests, simulation), from a seeded `StdRng`, so a run can be replayed.
+//!
+//! # Background work
+//!
+//! [`Server::run_background`] runs two loops; tests call their bodies directly
+//! ([`Server::reap_once`], [`Server::requeue_once`], [`Server::doorbell_once`]).
+//! The intervals are in [`ServerConfig`], with the reasoning for their defaults.
+//!
+//! # Never logged
+//!
+//! Bearer tokens, lease tokens and the `Authorization` header never reach a log line, an error
+//! message or a metric label; only endpoint names, tool names, todo ids and error codes do.
+//! A name taken from the URL path is logged through `relay_core::limits::escape_text`.
+
+mod conn;
+mod doorbell;
+mod http;
+mod metrics;
+mod rpc;
+mod session;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rand::SeedableRng as _;
+use relay_core::Error;
+use relay_core::Millis;
+use relay_core::ledger::{Op, TodoState};
+use relay_core::wire::LeaseToken;
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::SharedClock;
+use crate::store::Store;
+
+pub use conn::tls_acceptor;
+pub use doorbell::{Gate, Offer};
+pub use http::{HostPolicy, host_allowed, origin_allowed};
+
+/// The MCP protocol revisions this server speaks, newest first. `initialize` echoes a requested
+/// one it supports and otherwise answers the newest.
+pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// The doorbell's JSON-RPC method.
+pub const TODO_READY: &str = "notifications/todo_ready";
+
+/// How the server runs. [`ServerConfig::for_listen`] gives the defaults for an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Where `relay serve` listens (only `serve` uses it; `router()` is socket-free).
+    pub listen: SocketAddr,
+    /// The largest request body accepted; bigger ones are answered 413 and change nothing.
+    /// Default 1 MiB: the largest legitimate call is an `add_todo` with a 64 KiB payload and a
+    /// 64 KiB work order, or a report with a result object, all far below it.
+    pub body_limit: usize,
+    /// Host names (without port) a request's `Host` may carry; empty: any. For a loopback
+    /// listen address the default is the loopback names only, which is what defeats DNS
+    /// rebinding (a page on evil.example resolving to 127.0.0.1 still sends `Host: evil.example`).
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) a request's `Origin`, when present, may carry, besides
+    /// any origin whose host is in `allowed_hosts`. A present Origin matching neither is 403.
+    pub allowed_origins: Vec<String>,
+    /// How often the reaper closes lapsed leases. Default 15 s. A lapsed lease is already refused
+    /// at its expiry instant on every call, and `claim_next` already takes a lapsed todo over
+    /// (`claimable` counts a claimed todo with a lapsed lease), so the reaper decides nothing
+    /// about safety: it only records the attempt as `reaped`, frees the todo for `list_todos`
+    /// readers and rings the doorbell. A quarter of a minute keeps "time of death" in the ledger
+    /// within 15 s of the truth at one cheap indexed query per sweep.
+    pub reap_interval: Duration,
+    /// How often due retries are moved back to `pending` (and the doorbell's owed rings and the
+    /// out-of-process scan run). Default 5 s. `claim_next` already takes a failed todo whose retry
+    /// is due, so this too only updates what readers see and rings the doorbell; 5 s is small
+    /// next to the shortest backoff (30 s), so a waiting client hears of a due retry promptly.
+    pub requeue_interval: Duration,
+    /// A session unused for this long (and without an open doorbell stream) is forgotten; its
+    /// next request gets 404 and the client initializes again. Default 30 min.
+    pub session_idle_timeout: Duration,
+    /// The doorbell gate's window: at most one ring per session per window. Default 1 min.
+    pub doorbell_window: Duration,
+    /// A request's line and headers must be in within this long of the server starting to wait
+    /// for them (the connection opening, or the previous response). Default 10 s: a slow-loris
+    /// header holds a connection no longer than this.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight that sends nothing for this long is closed (a
+    /// silent connection, an idle keep-alive). Default 5 s, the common keep-alive default; an
+    /// open doorbell stream is a request in flight and is never idle.
+    pub idle_timeout: Duration,
+    /// A request body must be in whole within this long of its handler starting to read it;
+    /// otherwise 408 and nothing changes. Default 30 s: a 1 MiB body at a slow 64 KiB/s.
+    pub body_timeout: Duration,
+    /// Open connections at most; one more is answered 503 at once and closed (logged at most
+    /// once per 10 s). Default 512: half the common fd limit of 1 024, leaving room for the
+    /// store and the logs.
+    pub max_connections: usize,
+    /// Live sessions at most, in total and per endpoint; `initialize` beyond is answered 503.
+    /// Defaults 1 024 and 64: a daemon holds one session, a session costs a few hundred bytes.
+    pub max_sessions: usize,
+    pub max_sessions_per_endpoint: usize,
+    /// Open doorbell streams at most (each is an open connection). Default 256.
+    pub max_streams: usize,
+    /// After a shutdown signal, in-flight requests have this long to finish; then their
+    /// connections are dropped and `serve` returns. Default 10 s.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    /// The defaults for a listen address: loopback addresses accept only loopback Host names.
+    pub fn for_listen(listen: SocketAddr) -> ServerConfig {
+        let allowed_hosts = if listen.ip().is_loopback() {
+            http::LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect()
+        } else {
+            Vec::new()
+        };
+        ServerConfig {
+            listen,
+            body_limit: 1024 * 1024,
+            allowed_hosts,
+            allowed_origins: Vec::new(),
+            reap_interval: Duration::from_secs(15),
+            requeue_interval: Duration::from_secs(5),
+            session_idle_timeout: Duration::from_secs(30 * 60),
+            doorbell_window: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_sessions: 1024,
+            max_sessions_per_endpoint: 64,
+            max_streams: 256,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig::for_listen(SocketAddr::from(([127, 0, 0, 1], 7070)))
+    }
+}
+
+/// One MCP session: bound to the endpoint that initialized it.
+struct Session {
+    endpoint: String,
+    /// The endpoint's granted queues (`None`: all), for the doorbell.
+    queues: Option<Vec<String>>,
+    /// Whether the endpoint may claim at all (no claim verb: no doorbell).
+    may_claim: bool,
+    last_seen: Millis,
+    stream: Option<mpsc::Sender<String>>,
+}
+
+impl Session {
+    fn stream_open(&self) -> bool {
+        self.stream.as_ref().is_some_and(|s| !s.is_closed())
+    }
+    fn wants(&self, endpoint: &str, queue: &str) -> bool {
+        self.endpoint == endpoint
+            && self.may_claim
+            && self.stream_open()
+            && self
+                .queues
+                .as_ref()
+                .is_none_or(|qs| qs.iter().any(|q| q == queue))
+    }
+}
+
+struct State {
+    sessions: BTreeMap<String, Session>,
+    gate: Gate,
+    /// Where the out-of-process scan resumes in the store's change sequence (`None` before the
+    /// first scan).
+    scan_watermark: Option<u64>,
+    /// Todos this server rang itself since the last scan began, which that scan need not ring
+    /// again (bounded: past [`RUNG_SINCE_SCAN_MAX`] it is cleared, costing at most extra rings).
+    rung_since_scan: BTreeSet<String>,
+}
+
+enum Random {
+    Os,
+    Seeded(Box<rand::rngs::StdRng>),
+}
+
+struct Inner {
+    store: Store,
+    clock: SharedClock,
+    config: ServerConfig,
+    random: Mutex<Random>,
+    state: Mutex<State>,
+    metrics: metrics::Metrics,
+    /// Set once shutdown begins: ends every doorbell stream so connections can drain.
+    shutdown: watch::Sender<bool>,
+    /// Requests being handled right now (observable by tests and the graceful-shutdown path).
+    in_flight: watch::Sender<usize>,
+    /// One "refused: 401" log line per window (10 s), however many arrive.
+    unauthorized_log: Mutex<relay_core::limits::LogThrottle>,
+}
+
+/// Why a doorbell stream did not open.
+enum StreamRefused {
+    NoSession,
+    AlreadyOpen,
+    Full(String),
+}
+
+/// The queue server. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep serving.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn millis(d: Duration) -> Millis {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Server {
+    /// A server over `store`, reading time from `clock`. `rng_seed`: `None` in production (ids
+    /// and fence tokens from the OS RNG); `Some` in tests and simulation (a seeded `StdRng`).
+    pub fn new(
+        store: Store,
+        clock: SharedClock,
+        config: ServerConfig,
+        rng_seed: Option<u64>,
+    ) -> Server {
+        let random = match rng_seed {
+            None => Random::Os,
+            Some(seed) => Random::Seeded(Box::new(rand::rngs::StdRng::seed_from_u64(seed))),
+        };
+        let window = millis(config.doorbell_window);
+        Server {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                config,
+                random: Mutex::new(random),
+                state: Mutex::new(State {
+                    sessions: BTreeMap::new(),
+                    gate: Gate::new(window),
+                    scan_watermark: None,
+                    rung_since_scan: BTreeSet::new(),
+                }),
+                metrics: metrics::Metrics::new(),
+                shutdown: watch::channel(false).0,
+                in_flight: watch::channel(0).0,
+                unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    fn now(&self) -> Millis {
+        self.inner.clock.now()
+    }
+
+    /// The number of requests being handled, as a watch (tests wait on it instead of sleeping).
+    pub fn in_flight(&self) -> watch::Receiver<usize> {
+        self.inner.in_flight.subscribe()
+    }
+
+    /// The number of live sessions.
+    pub fn session_count(&self) -> usize {
+        lock(&self.inner.state).sessions.len()
+    }
+
+    /// Fills `buf` with random bytes: the OS RNG, or the seeded generator.
+    fn fill_random(&self, buf: &mut [u8]) -> Result<(), Error> {
+        use rand::TryRng as _;
+        match &mut *lock(&self.inner.random) {
+            Random::Os => rand::rngs::SysRng.try_fill_bytes(buf).map_err(|e| {
+                Error::internal(format!(
+                    "the operating system's random number generator failed ({e}); nothing was \
+                     changed, try again"
+                ))
+            }),
+            Random::Seeded(rng) => {
+                rand::Rng::fill_bytes(rng.as_mut(), buf);
+                Ok(())
+            }
+        }
+    }
+
+    /// An internal error as a client may see it: one generic sentence and an error id. The
+    /// details (which can quote store text, a SQLSTATE or row values) go only to the log, under
+    /// that id, so an operator can find them from what the client reports.
+    pub(crate) fn internal_message(&self, context: &str, e: &Error) -> String {
+        let error_id = format!(
+            "err_{}",
+            self.random_hex::<6>()
+                .unwrap_or_else(|_| "000000000000".into())
+        );
+        tracing::error!(error_id = %error_id, context, error = %e, "internal error");
+        format!(
+            "internal error (error id {error_id}); nothing was changed; try again, and if it \
+             persists give the operator this error id (the server log has the details)"
+        )
+    }
+
+    fn random_hex<const N: usize>(&self) -> Result<String, Error> {
+        let mut b = [0u8; N];
+        self.fill_random(&mut b)?;
+        Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    }
+
+    /// A fence token: 16 random bytes, base64url without padding.
+    fn new_lease_token(&self) -> Result<LeaseToken, Error> {
+        let mut b = [0u8; 16];
+        self.fill_random(&mut b)?;
+        Ok(LeaseToken::new(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b),
+        ))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Sessions.
+    // -----------------------------------------------------------------------------------------
+
+    fn open_session(&self, endpoint: &crate::store::Endpoint) -> Result<String, Error> {
+        let id = self.random_hex::<16>()?;
+        let may_claim = endpoint
+            .verbs
+            .iter()
+            .any(|v| v == "claim_next" || v == "claim");
+        let now = self.now();
+        let mut st = lock(&self.inner.state);
+        let full = |st: &State| {
+            let mine = st
+                .sessions
+                .values()
+                .filter(|s| s.endpoint == endpoint.name)
+                .count();
+            relay_core::limits::admit_session(&self.caps(), st.sessions.len(), mine)
+        };
+        if full(&st).is_err() {
+            // Expired sessions count for nothing: forget them before refusing.
+            let expired: Vec<String> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.session_expired(s, now))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in expired {
+                Self::drop_session(&mut st, &id);
+            }
+            self.inner.metrics.sessions.set(st.sessions.len() as i64);
+            if let Err(message) = full(&st) {
+                return Err(Error::conflict(message));
+            }
+        }
+        st.sessions.insert(
+            id.clone(),
+            Session {
+                endpoint: endpoint.name.clone(),
+                queues: endpoint.queues.clone(),
+                may_claim,
+                last_seen: now,
+                stream: None,
+            },
+        );
+        self.inner.metrics.sessions.set(st.sessions.len() as i64);
+        Ok(id)
+    }
+
+    fn session_expired(&self, s: &Session, now: Millis) -> bool {
+        !s.stream_open()
+            && now
+                >= s.last_seen
+                    .saturating_add(millis(self.inner.config.session_idle_timeout))
+    }
+
+    /// Looks a session up for `endpoint` and marks it used. `false`: unknown, expired or bound to
+    /// another endpoint (all answered 404).
+    fn touch_session(&self, id: &str, endpoint: &str) -> bool {
+        let now = self.now();
+        let mut st = lock(&self.inner.state);
+        let expired = match st.sessions.get(id) {
+            None => return false,
+            Some(s) if s.endpoint != endpoint => return false,
+            Some(s) => self.session_expired(s, now),
+        };
+        if expired {
+            Self::drop_session(&mut st, id);
+            self.inner.metrics.sessions.set(st.sessions.len() as i64);
+            return false;
+        }
+        if let Some(s) = st.sessions.get_mut(id) {
+            s.last_seen = now;
+        }
+        true
+    }
+
+    fn drop_session(st: &mut State, id: &str) {
+        st.sessions.remove(id);
+        st.gate.forget(id);
+    }
+
+    /// Ends a session (DELETE). `false` when there was none for this endpoint.
+    fn end_session(&self, id: &str, endpoint: &str) -> bool {
+        let mut st = lock(&self.inner.state);
+        if st.sessions.get(id).is_none_or(|s| s.endpoint != endpoint) {
+            return false;
+        }
+        Self::drop_session(&mut st, id);
+        self.inner.metrics.sessions.set(st.sessions.len() as i64);
+        true
+    }
+
+    fn caps(&self) -> relay_core::limits::Caps {
+        let c = &self.inner.config;
+        relay_core::limits::Caps {
+            sessions_total: c.max_sessions,
+            sessions_per_endpoint: c.max_sessions_per_endpoint,
+            streams: c.max_streams,
+        }
+    }
+
+    /// Opens the session's doorbell stream.
+    fn open_stream(&self, id: &str) -> Result<mpsc::Receiver<String>, StreamRefused> {
+        let mut st = lock(&self.inner.state);
+        let open = st.sessions.values().filter(|s| s.stream_open()).count();
+        let Some(s) = st.sessions.get_mut(id) else {
+            return Err(StreamRefused::NoSession);
+        };
+        if s.stream_open() {
+            return Err(StreamRefused::AlreadyOpen);
+        }
+        relay_core::limits::admit_stream(&self.caps(), open).map_err(StreamRefused::Full)?;
+        // A ring is a nudge: if a client is this far behind, dropping one loses nothing.
+        let (tx, rx) = mpsc::channel(16);
+        s.stream = Some(tx);
+        Ok(rx)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The doorbell.
+    // -----------------------------------------------------------------------------------------
+
+    fn ring_message(queues: &BTreeSet<String>) -> String {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": TODO_READY,
+            "params": {"queues": queues},
+        })
+        .to_string()
+    }
+
+    /// Tells every interested session that `todo` (of `endpoint`, in `queue`) is claimable, as
+    /// far as the gate lets it.
+    fn ring(&self, endpoint: &str, queue: &str, todo: &str, offer: Offer) {
+        let now = self.now();
+        let mut st = lock(&self.inner.state);
+        let State {
+            sessions,
+            gate,
+            scan_watermark,
+            rung_since_scan,
+        } = &mut *st;
+        if scan_watermark.is_some() {
+            if rung_since_scan.len() >= RUNG_SINCE_SCAN_MAX {
+                rung_since_scan.clear();
+            }
+            rung_since_scan.insert(todo.to_string());
+        }
+        for (id, s) in sessions.iter() {
+            if !s.wants(endpoint, queue) {
+                continue;
+            }
+            if gate.offer(id, todo, queue, offer, now) {
+                self.send_ring(s, &BTreeSet::from([queue.to_string()]));
+            }
+        }
+    }
+
+    fn send_ring(&self, s: &Session, queues: &BTreeSet<String>) {
+        if let Some(tx) = &s.stream
+            && tx.try_send(Self::ring_message(queues)).is_ok()
+        {
+            self.inner.metrics.doorbell_rings.inc();
+        }
+    }
+
+    fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
+        let claimable = matches!(t.state, TodoState::Pending)
+            || (t.state == TodoState::Failed && t.next_retry_at.is_some());
+        if claimable {
+            self.ring(&t.endpoint, &t.queue, &t.id, offer);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Background work.
+    // -----------------------------------------------------------------------------------------
+
+    /// The reaper's sweep at `now`: closes every lapsed lease as `reaped` and rings the doorbell
+    /// for the todos it made claimable again. Returns the changed todos.
+    pub async fn reap_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
+        let reaped = self.inner.store.apply(Op::Reap { now }).await?.todos()?;
+        for t in &reaped {
+            let disposition = if t.state == TodoState::Pending {
+                relay_core::ledger::Disposition::Requeued
+            } else {
+                relay_core::ledger::Disposition::DeadLettered
+            };
+            self.inner
+                .metrics
+                .closed(relay_core::ledger::Outcome::Reaped, disposition);
+            tracing::info!(todo = %t.id, endpoint = %t.endpoint, state = %t.state, "reaped a lapsed lease");
+            self.ring_todo(t, Offer::Requeued);
+        }
+        Ok(reaped)
+    }
+
+    /// The due-retry sweep at `now`: moves failed todos whose retry is due back to pending, and
+    /// rings for each (cleared from the gate first, so the ring is never swallowed).
+    pub async fn requeue_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
+        let requeued = self.inner.store.apply(Op::RequeueDue { now });
+        let requeued = requeued.await?.todos()?;
+        for t in &requeued {
+            tracing::info!(todo = %t.id, endpoint = %t.endpoint, "re-queued a due retry");
+            self.ring_todo(t, Offer::Requeued);
+        }
+        Ok(requeued)
+    }
+
+    /// The doorbell's own sweep at `now`: forgets idle sessions and those of revoked endpoints
+    /// (ending their streams), rings owed rings whose window
+    /// has passed, and rings for todos that became pending outside this server (`relay todo add`
+    /// and `relay todo retry` write the store directly, as does another server on the same
+    /// database). The scan follows the store's change sequence ([`Store::pending_since`]): it
+    /// reads only todos changed since the last scan, never a payload, and misses none whatever
+    /// the backlog.
+    pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
+        // Sessions of revoked endpoints end here (their requests are refused 401 already, but
+        // an open doorbell stream would otherwise keep the session alive).
+        let live: BTreeSet<String> = self
+            .inner
+            .store
+            .endpoint_list()
+            .await?
+            .into_iter()
+            .filter(|e| e.revoked_at.is_none())
+            .map(|e| e.name)
+            .collect();
+        {
+            let mut st = lock(&self.inner.state);
+            let expired: Vec<String> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.session_expired(s, now) || !live.contains(&s.endpoint))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in expired {
+                Self::drop_session(&mut st, &id);
+            }
+            self.inner.metrics.sessions.set(st.sessions.len() as i64);
+            for (id, queues) in st.gate.flush(now) {
+                if let Some(s) = st.sessions.get(&id) {
+                    self.send_ring(s, &queues);
+                }
+            }
+        }
+        // Todos that became pending since the last scan, by the store's change sequence: only
+        // their ids, queues and endpoints, a page at a time, whatever else is pending.
+        let (mut after, skip) = {
+            let mut st = lock(&self.inner.state);
+            (st.scan_watermark, std::mem::take(&mut st.rung_since_scan))
+        };
+        for _ in 0..PENDING_SCAN_PAGES {
+            let page = self
+                .inner
+                .store
+                .pending_since(after, PENDING_SCAN_PAGE)
+                .await?;
+            let first = after.is_none();
+            let full = page.changes.len() >= PENDING_SCAN_PAGE;
+            lock(&self.inner.state).scan_watermark = Some(page.watermark);
+            after = Some(page.watermark);
+            for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
+                let offer = if c.attempts_total > 0 {
+                    Offer::Requeued
+                } else {
+                    Offer::Fresh
+                };
+                self.ring(&c.endpoint, &c.queue, &c.id, offer);
+            }
+            if first || !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the reaper and the requeue/doorbell loops on the configured intervals until
+    /// `shutdown` resolves. A failed sweep is logged and retried on the next tick.
+    pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        use tokio::time::{MissedTickBehavior, interval};
+        let mut reap = interval(self.inner.config.reap_interval);
+        reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut requeue = interval(self.inner.config.requeue_interval);
+        requeue.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = reap.tick() => {
+                    if let Err(e) = self.reap_once(self.now()).await {
+                        tracing::warn!(error = %e, "reaper sweep failed; retrying next tick");
+                    }
+                }
+                _ = requeue.tick() => {
+                    let now = self.now();
+                    if let Err(e) = self.requeue_once(now).await {
+                        tracing::warn!(error = %e, "requeue sweep failed; retrying next tick");
+                    }
+                    if let Err(e) = self.doorbell_once(now).await {
+                        tracing::warn!(error = %e, "doorbell sweep failed; retrying next tick");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Begins shutdown: every doorbell stream ends, so that graceful shutdown can drain.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, with the background loops. On shutdown it
+    /// stops accepting, ends the doorbell streams, lets in-flight requests finish (each one's
+    /// store transaction commits or rolls back whole) for at most the shutdown grace, drops
+    /// what is left, then stops the background loops.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        self.serve_with_tls(listener, None, shutdown).await
+    }
+
+    /// [`Server::serve`], speaking TLS on every connection when `tls` is given.
+    pub async fn serve_with_tls(
+        &self,
+        listener: tokio::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (stop_bg, mut bg_rx) = watch::channel(false);
+        let bg_server = self.clone();
+        let background = tokio::spawn(async move {
+            bg_server
+                .run_background(async move {
+                    let _ = bg_rx.wait_for(|v| *v).await;
+                })
+                .await;
+        });
+        let result = conn::accept_loop(self.clone(), listener, tls, shutdown).await;
+        stop_bg.send_replace(true);
+        let _ = background.await;
+        tracing::info!("stopped");
+        result
+    }
+
+    /// The HTTP routes, on any listener (a real socket, or a simulated one in tests).
+    pub fn router(&self) -> axum::Router {
+        http::router(self.clone())
+    }
+}
+
+/// How many changed pending todos one page of [`Server::doorbell_once`]'s scan reads.
+pub const PENDING_SCAN_PAGE: usize = 1_000;
+/// Pages per sweep at most; a longer run of new todos continues on the next tick.
+pub const PENDING_SCAN_PAGES: usize = 50;
+/// See `State::rung_since_scan`.
+const RUNG_SINCE_SCAN_MAX: usize = 100_000;
+
+/// A new todo id: `td_` and 10 random bytes from the OS RNG in hex (for `relay todo add`; the
+/// server draws its own from its possibly seeded source).
+pub fn new_todo_id() -> Result<String, Error> {
+    use rand::TryRng as _;
+    let mut b = [0u8; 10];
+    rand::rngs::SysRng.try_fill_bytes(&mut b).map_err(|e| {
+        Error::internal(format!(
+            "the operating system's random number generator failed ({e}); try again"
+        ))
+    })?;
+    Ok(format!(
+        "td_{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    ))
+}
+
+/// A new endpoint bearer token: 32 random bytes from the OS RNG, base64url without padding.
+/// Show it once; store only `TokenHash::of(token)`.
+pub fn new_bearer_token() -> Result<String, Error> {
+    use rand::TryRng as _;
+    let mut b = [0u8; 32];
+    rand::rngs::SysRng.try_fill_bytes(&mut b).map_err(|e| {
+        Error::internal(format!(
+            "the operating system's random number generator failed ({e}); try again"
+        ))
+    })?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b))
+}

@@ -1,0 +1,999 @@
+//! The queue server over real HTTP (127.0.0.1:0): every tool, every error code, scoping,
+//! authentication, the JSON-RPC and transport edges, the doorbell, graceful shutdown, the
+//! Host/Origin checks, metrics and healthz.
+//!
+//! The store is SQLite in memory, or Postgres with `RELAY_SERVER_TEST_DB=postgres` (see
+//! `open_store`). Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
+//! timeout only as a failure bound.
+
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::Millis;
+use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView, TokenHash};
+use relay_core::time::ManualClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
+use serde_json::{Value, json};
+
+const T0: Millis = 1_790_000_000_000;
+const BOUND: Duration = Duration::from_secs(10);
+
+/// reqwest is built with `rustls-no-provider`: plain http needs no TLS, but building a client
+/// still wants a process-wide provider, so install ring's (a second install is a no-op).
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+struct Harness {
+    base: String,
+    server: Server,
+    clock: ManualClock,
+    store: Store,
+    http: reqwest::Client,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The Postgres schema this test ran in, dropped with the harness.
+    pg_schema: Option<(String, String)>,
+}
+
+/// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
+/// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
+async fn open_store() -> (Store, Option<(String, String)>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    if std::env::var("RELAY_SERVER_TEST_DB").as_deref() == Ok("postgres") {
+        let url = std::env::var("RELAY_TEST_POSTGRES")
+            .expect("RELAY_SERVER_TEST_DB=postgres needs RELAY_TEST_POSTGRES=postgres://…");
+        let name = format!(
+            "srv_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let store =
+            relay_server::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
+                .await
+                .unwrap();
+        return (Store::Postgres(store), Some((url, name)));
+    }
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    (store, None)
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let Some((url, name)) = self.pg_schema.take() else {
+            return;
+        };
+        pg_schema::drop_schema(url, name);
+    }
+}
+
+impl Harness {
+    /// Serves only the router (no background loops): tests drive the sweeps by hand.
+    async fn start() -> Harness {
+        Self::start_with(|_| {}, false).await
+    }
+
+    async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
+        let (store, pg_schema) = open_store().await;
+        let clock = ManualClock::new(T0);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut config = ServerConfig::for_listen(addr);
+        tweak(&mut config);
+        let server = Server::new(store.clone(), Arc::new(clock.clone()), config, Some(7));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let served = if full_serve {
+            let s = server.clone();
+            tokio::spawn(async move { s.serve(listener, shutdown).await })
+        } else {
+            let router = server.router();
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            })
+        };
+        Harness {
+            base: format!("http://{addr}"),
+            server,
+            clock,
+            store,
+            http: client(),
+            stop: Some(stop),
+            served: Some(served),
+            pg_schema,
+        }
+    }
+
+    /// Vends an endpoint in the store; answers its bearer token.
+    async fn endpoint(&self, name: &str, verbs: &[&str], queues: Option<&[&str]>) -> String {
+        let token = relay_server::server::new_bearer_token().unwrap();
+        self.store
+            .endpoint_create(
+                T0,
+                NewEndpoint {
+                    name: name.into(),
+                    token_hash: TokenHash::of(&token),
+                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                    queues: queues.map(|qs| qs.iter().map(|q| q.to_string()).collect()),
+                },
+            )
+            .await
+            .unwrap();
+        token
+    }
+
+    fn mcp(&self, name: &str, token: &str) -> Mcp {
+        Mcp {
+            http: self.http.clone(),
+            url: format!("{}/mcp/{name}", self.base),
+            token: token.to_string(),
+            session: None,
+            next_id: 1,
+        }
+    }
+
+    /// Every todo with its whole attempt timeline: what "nothing changed" compares.
+    async fn snapshot(&self) -> Vec<TodoView> {
+        let all = self
+            .store
+            .apply(Op::ListTodos {
+                actor: Actor::Operator,
+                filter: TodoFilter {
+                    queues: None,
+                    state: None,
+                    limit: 10_000,
+                },
+            })
+            .await
+            .and_then(Answer::todos)
+            .unwrap();
+        let mut out = Vec::new();
+        for t in all {
+            out.push(
+                self.store
+                    .apply(Op::GetTodo {
+                        actor: Actor::Operator,
+                        id: t.id,
+                        attempts_limit: 1000,
+                    })
+                    .await
+                    .and_then(Answer::view)
+                    .unwrap(),
+            );
+        }
+        out
+    }
+}
+
+const ALL_VERBS: &[&str] = &[
+    "claim_next",
+    "claim",
+    "heartbeat",
+    "complete",
+    "fail",
+    "release",
+    "list_todos",
+    "add_todo",
+];
+
+struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl Mcp {
+    fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .request(method, &self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream");
+        if let Some(s) = &self.session {
+            r = r.header("mcp-session-id", s);
+        }
+        r
+    }
+
+    async fn post_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.request(reqwest::Method::POST)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn rpc(&mut self, method: &str, params: Value) -> (u16, Value) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let r = self.post_raw(body.to_string()).await;
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn init(&mut self) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}});
+        let r = self.post_raw(body.to_string()).await;
+        assert_eq!(r.status(), 200);
+        self.session = Some(r.headers()["mcp-session-id"].to_str().unwrap().to_string());
+        let v: Value = r.json().await.unwrap();
+        let n = self
+            .post_raw(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string())
+            .await;
+        assert_eq!(n.status(), 202);
+        v
+    }
+
+    /// A tools/call: the result object (with `isError`).
+    async fn call(&mut self, tool: &str, args: Value) -> Value {
+        let (status, v) = self
+            .rpc("tools/call", json!({"name": tool, "arguments": args}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let result = v["result"].clone();
+        assert!(result.is_object(), "{v}");
+        // The same JSON as text content and as structuredContent.
+        let text: Value =
+            serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(text, result["structuredContent"]);
+        result
+    }
+
+    async fn ok(&mut self, tool: &str, args: Value) -> Value {
+        let r = self.call(tool, args).await;
+        assert_eq!(r["isError"], false, "{tool}: {r}");
+        r["structuredContent"].clone()
+    }
+
+    /// Calls and expects a tool error with `code`; answers its message.
+    async fn fails(&mut self, tool: &str, args: Value, code: &str) -> String {
+        let r = self.call(tool, args).await;
+        assert_eq!(r["isError"], true, "{tool}: {r}");
+        assert_eq!(r["structuredContent"]["error"]["code"], code, "{r}");
+        r["structuredContent"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+}
+
+fn tool_names(list: &Value) -> Vec<String> {
+    list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_tool_works_over_http() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    let init = c.init().await;
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(init["result"]["serverInfo"]["name"], "relay");
+
+    let (_, list) = c.rpc("tools/list", json!({})).await;
+    let names = tool_names(&list);
+    for t in ALL_VERBS.iter().chain(&["get_todo"]) {
+        assert!(names.contains(&t.to_string()), "{names:?}");
+    }
+    for t in list["result"]["tools"].as_array().unwrap() {
+        assert_eq!(t["inputSchema"]["additionalProperties"], false, "{t}");
+    }
+    let (_, pong) = c.rpc("ping", json!({})).await;
+    assert_eq!(pong["result"], json!({}));
+
+    let added = c
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "fix the build", "payload": {"pr": 7}, "max_attempts": 2}),
+        )
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("td_"));
+    assert_eq!(added["state"], "pending");
+
+    let listed = c.ok("list_todos", json!({"queue": "ci"})).await;
+    assert_eq!(listed["todos"].as_array().unwrap().len(), 1);
+
+    // A fenced claim: 16 random bytes, base64url without padding; only its hash is stored.
+    let claim = c
+        .ok(
+            "claim_next",
+            json!({"require_fence": true, "claimant": "t/1", "lease_ttl_seconds": 60}),
+        )
+        .await;
+    assert_eq!(claim["empty"], false);
+    assert_eq!(claim["todo"]["id"], id.as_str());
+    assert_eq!(claim["attempt_seq"], 1);
+    assert_eq!(claim["prior_attempts"], json!([]));
+    let lease = claim["lease_token"].as_str().unwrap().to_string();
+    assert_eq!(lease.len(), 22, "{lease}");
+    assert!(
+        lease
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    );
+
+    h.clock.advance(10_000);
+    let hb = c
+        .ok(
+            "heartbeat",
+            json!({"id": id, "lease_token": lease, "lease_ttl_seconds": 120}),
+        )
+        .await;
+    assert_eq!(hb["state"], "claimed");
+
+    let failed = c
+        .ok(
+            "fail",
+            json!({"id": id, "lease_token": lease, "summary": "tests red", "result": {"exit": 1}}),
+        )
+        .await;
+    assert_eq!(failed["state"], "failed");
+    assert_eq!(failed["dead_letter"], false);
+    assert!(failed["next_retry_at"].is_string(), "{failed}");
+
+    // The retry is due within the backoff; claim by id answers the earlier attempt.
+    h.clock.advance(60_000);
+    let again = c.ok("claim", json!({"id": id})).await;
+    assert_eq!(again["attempt_seq"], 2);
+    assert!(again.get("lease_token").is_none());
+    let prior = again["prior_attempts"].as_array().unwrap();
+    assert_eq!(prior.len(), 1);
+    assert_eq!(prior[0]["outcome"], "failed");
+    assert_eq!(prior[0]["disposition"], "retry_scheduled");
+    assert_eq!(prior[0]["summary"], "tests red");
+
+    // The second failure reaches max_attempts: a dead letter.
+    let dead = c
+        .ok("fail", json!({"id": id, "summary": "still red"}))
+        .await;
+    assert_eq!(dead["dead_letter"], true);
+    assert!(dead["next_retry_at"].is_null());
+
+    let view = c
+        .ok("get_todo", json!({"id": id, "attempts_limit": 10}))
+        .await;
+    assert_eq!(view["attempts_total"], 2);
+    assert_eq!(view["attempts_pruned"], 0);
+    assert_eq!(view["todo"]["dead_letter"], true);
+    assert_eq!(view["todo"]["result"], Value::Null);
+    let attempts = view["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["seq"], 2, "newest first");
+    assert_eq!(attempts[0]["disposition"], "dead_lettered");
+
+    // complete and release on a second todo.
+    let t2 = c
+        .ok("add_todo", json!({"queue": "ci", "title": "second"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let c2 = c.ok("claim_next", json!({"queue": "ci"})).await;
+    assert_eq!(c2["todo"]["id"], t2.as_str());
+    let rel = c
+        .ok("release", json!({"id": t2, "summary": "shutting down"}))
+        .await;
+    assert_eq!(rel["state"], "pending");
+    c.ok("claim_next", json!({})).await;
+    let done = c
+        .ok(
+            "complete",
+            json!({"id": t2, "result": {"ok": true}, "artifact": "https://ci.example/7"}),
+        )
+        .await;
+    assert_eq!(done["state"], "done");
+    let empty = c.ok("claim_next", json!({})).await;
+    assert_eq!(empty, json!({"empty": true}));
+}
+
+#[tokio::test]
+async fn every_error_code_is_a_tool_error_and_changes_nothing() {
+    let h = Harness::start().await;
+    let a = h.endpoint("a", ALL_VERBS, Some(&["qa"])).await;
+    let b = h.endpoint("b", ALL_VERBS, None).await;
+    let mut ca = h.mcp("a", &a);
+    let mut cb = h.mcp("b", &b);
+    ca.init().await;
+    cb.init().await;
+    let mine = ca
+        .ok("add_todo", json!({"queue": "qa", "title": "a's"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let theirs = cb
+        .ok("add_todo", json!({"queue": "qb", "title": "b's"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim = ca
+        .ok("claim", json!({"id": mine, "require_fence": true}))
+        .await;
+    assert!(claim["lease_token"].is_string());
+    let before = h.snapshot().await;
+
+    // conflict: a wrong lease token (the same answer as "not the owner").
+    let m = ca
+        .fails(
+            "heartbeat",
+            json!({"id": mine, "lease_token": "AAAAAAAAAAAAAAAAAAAAAA"}),
+            "conflict",
+        )
+        .await;
+    assert!(
+        !m.contains("AAAAAAAAAAAAAAAAAAAAAA"),
+        "no token in errors: {m}"
+    );
+    ca.fails("complete", json!({"id": mine}), "conflict").await;
+    // not_found: a foreign id looks exactly like an unknown one.
+    for tool in ["claim", "get_todo"] {
+        let foreign = ca.fails(tool, json!({"id": theirs}), "not_found").await;
+        let unknown = ca.fails(tool, json!({"id": "td_nope"}), "not_found").await;
+        assert_eq!(
+            foreign.replace(&theirs, "X"),
+            unknown.replace("td_nope", "X")
+        );
+    }
+    ca.fails("fail", json!({"id": theirs}), "not_found").await;
+    // forbidden: an ungranted queue.
+    ca.fails(
+        "add_todo",
+        json!({"queue": "qb", "title": "x"}),
+        "forbidden",
+    )
+    .await;
+    ca.fails("claim_next", json!({"queue": "qb"}), "forbidden")
+        .await;
+    ca.fails("list_todos", json!({"queue": "qb"}), "forbidden")
+        .await;
+    // invalid: an undeclared argument is named; bounds are enforced; a bad title is refused.
+    let m = ca
+        .fails(
+            "claim_next",
+            json!({"queue": "qa", "colour": "red"}),
+            "invalid",
+        )
+        .await;
+    assert!(m.contains("colour"), "{m}");
+    let m = ca
+        .fails(
+            "heartbeat",
+            json!({"id": mine, "lease_ttl_seconds": 0}),
+            "invalid",
+        )
+        .await;
+    assert!(m.contains("lease_ttl_seconds"), "{m}");
+    ca.fails(
+        "heartbeat",
+        json!({"id": mine, "lease_ttl_seconds": 86_401}),
+        "invalid",
+    )
+    .await;
+    let m = ca.fails("claim", json!({}), "invalid").await;
+    assert!(m.contains("id"), "{m}");
+    ca.fails("add_todo", json!({"queue": "qa", "title": ""}), "invalid")
+        .await;
+    ca.fails("list_todos", json!({"limit": 501}), "invalid")
+        .await;
+    ca.fails("complete", json!({"id": mine, "result": [1]}), "invalid")
+        .await;
+
+    assert_eq!(h.snapshot().await, before, "nothing changed");
+}
+
+#[tokio::test]
+async fn a_wrong_token_unknown_or_revoked_endpoint_is_401() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let other = h.endpoint("other", ALL_VERBS, None).await;
+    let before = h.snapshot().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18"}})
+    .to_string();
+    for (name, tok) in [
+        ("ci", "wrong"),
+        ("ci", other.as_str()),
+        ("ghost", token.as_str()),
+        ("ci", ""),
+    ] {
+        let r = h.mcp(name, tok).post_raw(body.clone()).await;
+        assert_eq!(r.status(), 401, "{name}");
+        assert!(
+            r.headers()["www-authenticate"]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer")
+        );
+        let text = r.text().await.unwrap();
+        assert!(!text.contains(&token) && !text.contains(&other), "{text}");
+    }
+    let r = h
+        .http
+        .post(format!("{}/mcp/ci", h.base))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no Authorization header");
+
+    // A live session dies with its endpoint.
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    h.store.endpoint_revoke(T0, "ci").await.unwrap();
+    let (status, _) = c.rpc("tools/list", json!({})).await;
+    assert_eq!(status, 401);
+    assert_eq!(h.server.session_count(), 1);
+    h.server.doorbell_once(T0).await.unwrap();
+    assert_eq!(
+        h.server.session_count(),
+        0,
+        "the sweep ends a revoked endpoint's sessions"
+    );
+    assert_eq!(h.snapshot().await, before);
+}
+
+#[tokio::test]
+async fn an_ungranted_verb_is_neither_listed_nor_callable() {
+    let h = Harness::start().await;
+    let reader = h.endpoint("reader", &["list_todos"], None).await;
+    let worker = h
+        .endpoint("worker", &["claim_next", "complete", "add_todo"], None)
+        .await;
+    let mut r = h.mcp("reader", &reader);
+    r.init().await;
+    let (_, list) = r.rpc("tools/list", json!({})).await;
+    assert_eq!(
+        tool_names(&list),
+        vec!["get_todo", "list_todos"],
+        "get_todo comes with list_todos"
+    );
+    let before = h.snapshot().await;
+    let m = r
+        .fails("add_todo", json!({"queue": "q", "title": "x"}), "forbidden")
+        .await;
+    assert!(m.contains("add_todo"), "{m}");
+    r.fails("claim_next", json!({}), "forbidden").await;
+    assert_eq!(h.snapshot().await, before);
+
+    let mut w = h.mcp("worker", &worker);
+    w.init().await;
+    let (_, list) = w.rpc("tools/list", json!({})).await;
+    assert_eq!(
+        tool_names(&list),
+        vec!["claim_next", "complete", "add_todo"]
+    );
+    let id = w.ok("add_todo", json!({"queue": "q", "title": "x"})).await["id"].clone();
+    w.ok("claim_next", json!({})).await;
+    w.fails("release", json!({"id": id}), "forbidden").await;
+    w.fails("get_todo", json!({"id": id}), "forbidden").await;
+    // An unknown tool name is a protocol error, not a tool error.
+    let (status, v) = w.rpc("tools/call", json!({"name": "frobnicate"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+}
+
+#[tokio::test]
+async fn malformed_requests_are_answered_cleanly_and_change_nothing() {
+    let h = Harness::start_with(|c| c.body_limit = 4096, false).await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    c.ok("add_todo", json!({"queue": "q", "title": "x"})).await;
+    let before = h.snapshot().await;
+
+    let expect = |status: u16, code: i64| {
+        move |(s, v): (u16, Value)| {
+            assert_eq!(s, status, "{v}");
+            assert_eq!(v["jsonrpc"], "2.0");
+            assert_eq!(v["error"]["code"], code, "{v}");
+        }
+    };
+    async fn send(c: &Mcp, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = c.post_raw(body).await;
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap())
+    }
+    expect(400, -32700)(send(&c, "{not json").await);
+    expect(400, -32700)(send(&c, vec![0xff_u8, 0xfe, b'{', b'}']).await);
+    expect(400, -32600)(
+        send(
+            &c,
+            json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]).to_string(),
+        )
+        .await,
+    );
+    expect(400, -32600)(send(&c, json!({"id": 1, "method": "ping"}).to_string()).await);
+    expect(400, -32600)(send(&c, json!({"jsonrpc": "2.0", "id": 1}).to_string()).await);
+    expect(400, -32600)(send(&c, "42").await);
+    expect(200, -32601)(c.rpc("resources/list", json!({})).await);
+    expect(200, -32602)(c.rpc("tools/call", json!({})).await);
+    // The tool call whose arguments are not an object.
+    let r = c.call("list_todos", json!("all")).await;
+    assert_eq!(r["structuredContent"]["error"]["code"], "invalid");
+
+    // An oversize body: 413 with a JSON-RPC error, nothing added.
+    let big = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "add_todo", "arguments": {"queue": "q", "title": "big", "payload": "x".repeat(8000)}}})
+    .to_string();
+    let (s, v) = send(&c, big).await;
+    assert_eq!(s, 413);
+    assert_eq!(v["error"]["code"], -32600);
+    assert!(v["error"]["message"].as_str().unwrap().contains("4096"));
+
+    assert_eq!(h.snapshot().await, before);
+}
+
+#[tokio::test]
+async fn sessions_are_required_bound_deletable_and_expire() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let other = h.endpoint("other", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+
+    // Without a session: 400.
+    let (s, v) = c.rpc("tools/list", json!({})).await;
+    assert_eq!(s, 400, "{v}");
+    // Version negotiation: a supported one is echoed, an unknown one gets our latest.
+    let (_, v) = c
+        .rpc("initialize", json!({"protocolVersion": "2025-03-26"}))
+        .await;
+    assert_eq!(v["result"]["protocolVersion"], "2025-03-26");
+    let (_, v) = c
+        .rpc("initialize", json!({"protocolVersion": "1999-01-01"}))
+        .await;
+    assert_eq!(
+        v["result"]["protocolVersion"],
+        relay_server::server::PROTOCOL_VERSIONS[0]
+    );
+    c.init().await;
+    let session = c.session.clone().unwrap();
+    assert_eq!(session.len(), 32, "128 random bits in hex");
+
+    // A protocol version header we do not speak: 400.
+    let r = c
+        .request(reqwest::Method::POST)
+        .header("mcp-protocol-version", "1999-01-01")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // A session belongs to its endpoint: another endpoint's token cannot use it.
+    let mut o = h.mcp("other", &other);
+    o.session = Some(session.clone());
+    assert_eq!(o.rpc("ping", json!({})).await.0, 404);
+    // Unknown session: 404.
+    let mut u = h.mcp("ci", &token);
+    u.session = Some("0".repeat(32));
+    assert_eq!(u.rpc("ping", json!({})).await.0, 404);
+
+    // DELETE ends it.
+    let r = c.request(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(c.rpc("ping", json!({})).await.0, 404);
+
+    // Idle expiry on the injected clock.
+    c.init().await;
+    h.clock.advance(29 * 60 * 1000);
+    assert_eq!(c.rpc("ping", json!({})).await.0, 200, "used: kept alive");
+    h.clock.advance(30 * 60 * 1000);
+    assert_eq!(c.rpc("ping", json!({})).await.0, 404, "idle too long");
+    // The sweep forgets idle sessions too.
+    c.init().await;
+    assert!(h.server.session_count() >= 1);
+    h.clock.advance(31 * 60 * 1000);
+    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    assert_eq!(h.server.session_count(), 0);
+}
+
+impl Harness {
+    fn clock_now(&self) -> Millis {
+        use relay_core::time::WallClock;
+        self.clock.now()
+    }
+}
+
+/// Reads the next `data:` message of an SSE response, bounded by a timeout.
+async fn next_event(resp: &mut reqwest::Response, buf: &mut String) -> Value {
+    loop {
+        if let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let data: String = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            if data.is_empty() {
+                continue; // a keep-alive comment
+            }
+            return serde_json::from_str(&data).unwrap();
+        }
+        let chunk = tokio::time::timeout(BOUND, resp.chunk())
+            .await
+            .expect("an event within the bound")
+            .unwrap()
+            .expect("the stream is open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    let mut stream = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    // One stream per session.
+    let second = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 409);
+    let mut buf = String::new();
+
+    // A new todo rings.
+    let a = c.ok("add_todo", json!({"queue": "q1", "title": "a"})).await["id"].clone();
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["method"], "notifications/todo_ready");
+    assert_eq!(ring["params"]["queues"], json!(["q1"]));
+
+    // Inside the window another new todo is owed, not rung now.
+    c.ok("add_todo", json!({"queue": "q2", "title": "b"})).await;
+    // a is claimed, fails, and its retry is re-queued inside the same minute: it rings at once
+    // (the next event is q1's, not the owed q2's).
+    c.ok("claim", json!({"id": a})).await;
+    let failed = c.ok("fail", json!({"id": a})).await;
+    assert!(failed["next_retry_at"].is_string());
+    h.clock.advance(31_000);
+    let requeued = h.server.requeue_once(h.clock_now()).await.unwrap();
+    assert_eq!(requeued.len(), 1);
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(
+        ring["params"]["queues"],
+        json!(["q1"]),
+        "the requeued todo rings"
+    );
+
+    // When the window has passed, the owed ring goes out.
+    h.clock.advance(30_000);
+    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["q2"]));
+
+    // A reaped lease rings again too.
+    h.clock.advance(61_000);
+    let b = c
+        .ok("claim_next", json!({"queue": "q2", "lease_ttl_seconds": 5}))
+        .await;
+    h.clock.advance(6_000);
+    let reaped = h.server.reap_once(h.clock_now()).await.unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(reaped[0].id, b["todo"]["id"].as_str().unwrap());
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["q2"]));
+    let view = c.ok("get_todo", json!({"id": b["todo"]["id"]})).await;
+    assert_eq!(view["attempts"][0]["outcome"], "reaped");
+    assert_eq!(view["attempts"][0]["died"], true);
+
+    // A todo added outside the server (the CLI writes the store) rings via the sweep.
+    h.clock.advance(61_000);
+    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    h.store
+        .apply(Op::AddTodo {
+            now: h.clock_now(),
+            endpoint: "ci".into(),
+            new: relay_core::ledger::NewTodo {
+                id: "td_cli".into(),
+                queue: "q3".into(),
+                title: "from the cli".into(),
+                ..Default::default()
+            },
+        })
+        .await
+        .unwrap();
+    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["q3"]));
+
+    // DELETE ends the session, and with it the stream.
+    let r = c.request(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let end = tokio::time::timeout(BOUND, async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the stream ends with its session");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_an_in_flight_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut h = Harness::start_with(|_| {}, true).await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    let session = c.session.clone().unwrap();
+    // An open doorbell stream must not hold shutdown up.
+    let mut stream = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+
+    // A request whose body is still arriving when shutdown begins.
+    let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "add_todo", "arguments": {"queue": "q", "title": "in flight"}}})
+    .to_string();
+    let addr = h.base.trim_start_matches("http://").to_string();
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /mcp/ci HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Mcp-Session-Id: {session}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut in_flight = h.server.in_flight();
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tokio::time::timeout(BOUND, in_flight.wait_for(|n| *n >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+
+    h.stop.take().unwrap().send(()).unwrap();
+    sock.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(BOUND, sock.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(response).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("in flight"), "{text}");
+    tokio::time::timeout(BOUND, h.served.take().unwrap())
+        .await
+        .expect("serve returns after draining")
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.snapshot().await.len(), 1, "the in-flight add committed");
+    let ended = tokio::time::timeout(BOUND, async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the doorbell stream ended with the server");
+    // And nothing is accepted any more.
+    assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
+}
+
+#[tokio::test]
+async fn foreign_host_and_origin_are_refused() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let c = h.mcp("ci", &token);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18"}})
+    .to_string();
+    let r = c
+        .request(reqwest::Method::POST)
+        .header("host", "evil.example")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = c
+        .request(reqwest::Method::POST)
+        .header("origin", "https://evil.example")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = c
+        .request(reqwest::Method::POST)
+        .header("origin", "http://localhost:3000")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.server.session_count(),
+        1,
+        "only the allowed one opened a session"
+    );
+}
+
+#[tokio::test]
+async fn metrics_and_healthz() {
+    let h = Harness::start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    let a = c.ok("add_todo", json!({"queue": "q", "title": "a"})).await["id"].clone();
+    c.ok("add_todo", json!({"queue": "q", "title": "b"})).await;
+    let claim = c.ok("claim", json!({"id": a, "require_fence": true})).await;
+    let lease = claim["lease_token"].as_str().unwrap().to_string();
+    c.ok("heartbeat", json!({"id": a, "lease_token": lease}))
+        .await;
+    c.ok("complete", json!({"id": a, "lease_token": lease}))
+        .await;
+
+    let r = h
+        .http
+        .get(format!("{}/healthz", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    for line in [
+        "relay_todos{state=\"pending\"} 1",
+        "relay_todos{state=\"done\"} 1",
+        "relay_todos{state=\"claimed\"} 0",
+        "relay_attempts_closed_total{outcome=\"completed\",disposition=\"done\"} 1",
+        "relay_heartbeats_total 1",
+        "relay_claim_latency_seconds_count 1",
+        "relay_tool_calls_total{tool=\"complete\",result=\"ok\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert!(!text.contains(&lease) && !text.contains(&token));
+}
+
+#[tokio::test]
+async fn a_seeded_server_issues_replayable_session_ids() {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let h = Harness::start().await;
+        let token = h.endpoint("ci", ALL_VERBS, None).await;
+        let mut c = h.mcp("ci", &token);
+        c.init().await;
+        ids.push(c.session.clone().unwrap());
+    }
+    assert_eq!(ids[0], ids[1], "same seed, same session ids");
+}

@@ -1,0 +1,213 @@
+//! The daemon's own costs, on loopback against a real server (SQLite):
+//!
+//! 1. claim → spawn latency: from the claim answer's arrival at the daemon (the context file's
+//!    `attempt.claimed_at`; the contract's claim answer carries no time) to the first
+//!    instruction of the agent (it writes its clock), p50 / p99, for one harness fired by hand
+//!    (nothing else going on) and for twenty harnesses whose schedule fires them in the same
+//!    instant (the claims queue at the store); against a baseline measured in the same run:
+//!    starting the same program from tokio directly (spawn → first instruction).
+//! 2. Memory: the process's resident set before and after a daemon with 100 leased harnesses
+//!    has started and verified its lease source, idle.
+//!
+//! `cargo bench -p relay-worker --bench daemon`
+
+// A benchmark reports on stdout.
+#![allow(clippy::print_stdout)]
+
+#[path = "../tests/support/inproc.rs"]
+mod inproc;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const AGENT: &str = "date +%s%N > \"$HARNESS_RELAY_FILE.start\"";
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn baseline(n: usize, dir: &std::path::Path) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let file = dir.join(format!("baseline.{i}"));
+        let start = now_ns();
+        let status = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(AGENT)
+            .env("HARNESS_RELAY_FILE", &file)
+            .status()
+            .await
+            .expect("sh runs");
+        assert!(status.success());
+        let started: u128 = std::fs::read_to_string(format!("{}.start", file.display()))
+            .expect("start time")
+            .trim()
+            .parse()
+            .expect("ns");
+        out.push((started.saturating_sub(start)) as f64 / 1e6);
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+/// claim → first instruction of the agent, in ms, for every attempt the daemon ran.
+fn latencies(state: &std::path::Path, harnesses: usize) -> Vec<f64> {
+    let mut lat = Vec::new();
+    for n in 0..harnesses {
+        let dir = state.join(format!("jobs/w{n}"));
+        for e in std::fs::read_dir(&dir).expect("jobs dir").flatten() {
+            let p = e.path();
+            let Some(context) = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".start"))
+            else {
+                continue;
+            };
+            let ctx: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join(context)).expect("context"))
+                    .expect("json");
+            let claimed = ctx["attempt"]["claimed_at"]
+                .as_str()
+                .and_then(relay_core::time::parse_rfc3339)
+                .expect("claimed_at") as f64;
+            let started = std::fs::read_to_string(&p)
+                .expect("start")
+                .trim()
+                .parse::<f64>()
+                .expect("ns")
+                / 1e6;
+            lat.push(started - claimed);
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
+/// Runs `todos` attempts of `harnesses` harnesses and returns their claim → spawn latencies.
+/// `fire`: `None` lets the schedule (every second, all at once) fire them; `Some(())` fires one
+/// harness by hand each time the previous attempt is done (no contention anywhere).
+async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> Vec<f64> {
+    let system = inproc::System::start();
+    let schedule = if by_hand { "@daily" } else { "@every 1s" };
+    let config = system
+        .config(
+            harnesses,
+            &["sh", "-c", AGENT],
+            &format!("schedule = \"{schedule}\""),
+        )
+        .await;
+    let (daemon, handle) = system.daemon(&config).await;
+    let running = tokio::spawn(daemon.run());
+    system.add(todos).await;
+    let start = tokio::time::Instant::now();
+    // A firing that lands while the previous run is still closing is skipped (overlap); fire
+    // again when nothing happened for a while.
+    let mut fired = (0, tokio::time::Instant::now());
+    loop {
+        let done = system.done().await;
+        if done == todos {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "attempts did not finish ({done} of {todos})"
+        );
+        if by_hand && (fired.0 == done || fired.1.elapsed() > Duration::from_millis(50)) {
+            handle.trigger("w0");
+            fired = (done + 1, tokio::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(if by_hand { 2 } else { 100 })).await;
+    }
+    handle.stop();
+    running.await.expect("daemon stops");
+    latencies(&system.path().join("state"), harnesses)
+}
+
+fn report(what: &str, lat: &[f64], base: &[f64]) {
+    println!(
+        "claim → spawn, {what}: {} attempts, p50 {:.2} ms, p99 {:.2} ms; ratio to the bare spawn p50 {:.1}x, p99 {:.1}x",
+        lat.len(),
+        pct(lat, 0.5),
+        pct(lat, 0.99),
+        pct(lat, 0.5) / pct(base, 0.5),
+        pct(lat, 0.99) / pct(base, 0.99)
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // 1. claim → spawn. claimed_at has ms resolution.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = baseline(200, dir.path()).await;
+    println!(
+        "baseline, tokio spawn → first instruction: p50 {:.2} ms, p99 {:.2} ms",
+        pct(&base, 0.5),
+        pct(&base, 0.99)
+    );
+    report(
+        "one harness fired by hand after each attempt",
+        &scenario(1, 100, true).await,
+        &base,
+    );
+    report(
+        "twenty harnesses whose schedule fires them in the same instant",
+        &scenario(20, 200, false).await,
+        &base,
+    );
+
+    // 2. Memory of 100 idle leased harnesses.
+    let idle = inproc::System::start();
+    let config = idle.config(100, &["true"], "schedule = \"@daily\"").await;
+    let before = rss_kib();
+    let (daemon, handle) = idle.daemon(&config).await;
+    let running = tokio::spawn(daemon.run());
+    let state = idle.path().join("state");
+    let start = tokio::time::Instant::now();
+    loop {
+        let answer = relay_worker::daemon::control::request(
+            &state,
+            &relay_worker::daemon::control::Request::Describe { harness: None },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("describe");
+        let supported = answer["harnesses"].as_array().is_some_and(|h| {
+            h.len() == 100 && h.iter().all(|h| h["source"]["session"] == "supported")
+        });
+        if supported {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "sessions never verified"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib();
+    println!(
+        "memory: 100 idle leased harnesses add {:.1} MiB RSS ({:.1} KiB each); process baseline {:.1} MiB",
+        after.saturating_sub(before) as f64 / 1024.0,
+        after.saturating_sub(before) as f64 / 100.0,
+        before as f64 / 1024.0
+    );
+    handle.stop();
+    running.await.expect("daemon stops");
+}

@@ -1,0 +1,1275 @@
+//! The relay daemon: one actor that owns a [`Relay`] machine per leased harness and executes
+//! their commands.
+//!
+//! # Shape (REQ-23)
+//!
+//! The actor is a single task. It never awaits the network, a process or an upload: every lease
+//! call, process wait, success check and receipt upload runs in a task of its own and posts its
+//! result back as a [`Msg`] (run records go to one writer task, in order; only the few-KiB
+//! context file is written in place, unsynced, because the check or agent that reads it starts
+//! next). Timers come from [`Relay::poll_timeout`] and the harness schedules;
+//! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
+//! aborted when the run's final record is written, so nothing an attempt started outlives it.
+//!
+//! # Reload (REQ-14, REQ-17)
+//!
+//! SIGHUP and `relay reload` read the config again through [`load::prepare`], the loader of a
+//! start, on a blocking task; a config that does not load changes nothing. What changed is
+//! `relay_core::config::diff`'s answer, and the daemon applies it: added harnesses start; a
+//! harness that is removed (or loses its `lease`), or whose attempt runs on a removed lease
+//! source, is stopped with `StopReason::HarnessRemoved` and its slot goes once the attempt has
+//! closed; every other harness gets its new settings through `Relay::reconfigure`, which keeps an
+//! attempt in flight on the settings it started with. A lease source whose url, headers or
+//! credentials changed gets a new client and session; its harnesses hear `SessionExpired`, then
+//! the new capabilities. An attempt keeps the client it claimed with until it closes (so a
+//! release still reaches the server that holds its lease); a harness is re-bound to its source's
+//! current client between attempts.
+//!
+//! # Files
+//!
+//! `<state>/jobs/<harness>/<run_id>.log` (run log), `.relay.json` (context file, 0600) and
+//! `.summary` beside it; run records under `<state>/runs/` ([`crate::journal`]); the control
+//! socket `<state>/control.sock` ([`control`]). No lease token and no header value is written
+//! anywhere: tokens live inside the lease commands only, for the life of the call.
+
+pub mod control;
+pub mod doctor;
+pub mod events;
+pub mod load;
+mod metrics;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::Millis;
+use relay_core::config::{ConfigDiff, Harness, ResolvedConfig};
+use relay_core::relay::{
+    self, Capabilities, Command, HarnessSettings, Input, Reconfigured, Relay, RunOutcome,
+    RunRecord, StopReason,
+};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::AbortHandle;
+
+use crate::clock::SharedClock;
+use crate::journal::{DaemonLock, Journal};
+use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
+use crate::runner::{self, AgentSpec, CheckSpec, ProcessGroup};
+
+pub use metrics::{DaemonMetrics, serve_metrics};
+
+/// The longest the actor sleeps while a timer is set. Tokio's timers run on `CLOCK_MONOTONIC`,
+/// which stops while the machine is suspended, whereas the machines' deadlines run on boot time,
+/// which does not: waking at least this often means a lease that lapsed during a suspend stops
+/// its agent within this long of the resume.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// The trigger name of a `catch_up` firing.
+pub const CATCH_UP: &str = "catch_up";
+
+/// What `relay daemon` needs besides the config file.
+pub struct DaemonOptions {
+    pub config: PathBuf,
+    pub state_dir: PathBuf,
+    /// The host name in claimant labels.
+    pub host: String,
+    pub clock: SharedClock,
+    pub transport: Arc<dyn Transport>,
+    /// The environment processes start from (the daemon's own, normally).
+    pub daemon_env: Vec<(String, String)>,
+    /// Seeds the relays' retry jitter.
+    pub seed: u64,
+}
+
+/// A message to the actor.
+#[derive(Debug)]
+pub enum Msg {
+    /// An input for one harness's machine (answers, process and check events).
+    ToHarness { harness: String, input: Input },
+    /// The session of a source's client (`queue.<name>`) changed. `generation` names the
+    /// client: news of a client a reload replaced is ignored.
+    Session {
+        source: String,
+        generation: u64,
+        news: SessionNews,
+    },
+    /// The source's session expired and the lease client could not open a new one: start
+    /// initializing it (nothing else would, since no claim is made while it is unverified).
+    Reinitialize { source: String, generation: u64 },
+    /// A trigger fired a harness.
+    Fire { harness: String, trigger: String },
+    /// A channel's doorbell rang: fire the harnesses it triggers now.
+    Ring { channel: String },
+    /// A request from the control socket.
+    Control {
+        request: control::Request,
+        reply: oneshot::Sender<Value>,
+    },
+    /// `relay events`: the recent events, and a subscription with `follow`.
+    Events {
+        follow: bool,
+        reply: oneshot::Sender<events::Feed>,
+    },
+    /// SIGHUP, or `relay reload` (which awaits the answer).
+    Reload {
+        reply: Option<oneshot::Sender<Value>>,
+    },
+    /// The reload's config, loaded off the actor.
+    Reloaded {
+        prepared: Box<Result<load::Prepared, String>>,
+        reply: Option<oneshot::Sender<Value>>,
+    },
+    /// Stop: abort attempts in flight (release or fail them), then return.
+    Stop,
+}
+
+/// A cheap handle to a running daemon.
+#[derive(Clone, Debug)]
+pub struct DaemonHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl DaemonHandle {
+    /// Fires a harness as `relay trigger` does.
+    pub fn trigger(&self, harness: &str) {
+        let _ = self.tx.send(Msg::Fire {
+            harness: harness.to_string(),
+            trigger: "manual".into(),
+        });
+    }
+    /// Re-reads the config, as SIGHUP does; the outcome is logged.
+    pub fn reload(&self) {
+        let _ = self.tx.send(Msg::Reload { reply: None });
+    }
+    /// Asks the daemon to stop; [`Daemon::run`] returns once attempts in flight are closed.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Msg::Stop);
+    }
+    pub(crate) fn send(&self, msg: Msg) -> bool {
+        self.tx.send(msg).is_ok()
+    }
+}
+
+struct Slot {
+    relay: Relay,
+    harness: Harness,
+    /// The source (`queue.<name>`) and client the machine's attempts run on. Re-bound to the
+    /// source its settings name only while no attempt is in flight.
+    source: String,
+    client: Arc<LeaseClient>,
+    generation: u64,
+    /// A reload removed the harness: it fires nothing more and goes once its attempt closes.
+    removed: bool,
+    /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
+    catch_up: Option<Millis>,
+    next_fire: Option<Millis>,
+    /// Process groups of running agents and checks, by run.
+    agents: BTreeMap<u64, ProcessGroup>,
+    checks: BTreeMap<u64, ProcessGroup>,
+    /// Runs whose context file could not be written: their spawn fails with this error.
+    unwritable: BTreeMap<u64, String>,
+    /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
+    tasks: BTreeMap<u64, Vec<AbortHandle>>,
+}
+
+struct SourceSlot {
+    client: Arc<LeaseClient>,
+    /// Names this client; a new one (a reload that changed the session) gets a new number.
+    generation: u64,
+    /// The task (re-)initializing the session, while one runs.
+    initializing: Option<AbortHandle>,
+    caps: Option<Capabilities>,
+    url: String,
+    header_names: Vec<String>,
+}
+
+/// The daemon. Build with [`Daemon::start`], then [`Daemon::run`].
+pub struct Daemon {
+    clock: SharedClock,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    journal: Journal,
+    /// Held for the daemon's life: one daemon per state dir.
+    _lock: DaemonLock,
+    /// Run records (and the `keep_runs` to prune to after a closing one) for the writer task.
+    records: mpsc::UnboundedSender<(RunRecord, usize)>,
+    writer: tokio::task::JoinHandle<()>,
+    daemon_env: Vec<(String, String)>,
+    config_path: PathBuf,
+    host: String,
+    seed: u64,
+    transport: Arc<dyn Transport>,
+    /// The config running now (its `Debug` shows no secret).
+    resolved: ResolvedConfig,
+    slots: BTreeMap<String, Slot>,
+    /// The highest run id each harness has written a record for in this daemon: a harness a
+    /// reload removes and adds back continues after it, even while its records are still on
+    /// their way to disk.
+    last_run_ids: BTreeMap<String, u64>,
+    sources: BTreeMap<String, SourceSlot>,
+    next_generation: u64,
+    cairns: BTreeMap<String, Arc<ReceiptClient>>,
+    /// The doorbell listener (and its forwarding task) of each channel that triggers a harness.
+    doorbells: BTreeMap<String, [AbortHandle; 2]>,
+    /// Background tasks that are not a run's: session set-up, the control socket.
+    background: Vec<AbortHandle>,
+    /// Tells the doorbell listeners to stop.
+    doorbells_stop: watch::Sender<bool>,
+    events: events::EventLog,
+    metrics: Arc<DaemonMetrics>,
+    stopping: bool,
+}
+
+impl Daemon {
+    /// Loads the config, locks and reconciles the state dir (REQ-15), builds a machine per
+    /// leased harness and starts the lease sessions, doorbells and the control socket.
+    pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
+        let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+        // A config that does not load leaves no trace: it is read before the state dir is made.
+        let prepared = load::prepare(&opts.config, &state_dir.join("jobs"), &opts.host)?;
+        // Creates the state dir (mode 0700) when missing: it holds the control socket, the
+        // run logs and the context files.
+        let journal = Journal::open(&state_dir)
+            .map_err(|e| format!("{e} (the state dir: choose a writable --state-dir)"))?;
+        let lock = journal.lock().map_err(|e| e.to_string())?;
+        let now = opts.clock.now();
+        let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
+        for r in &reconciled {
+            tracing::warn!(harness = %r.harness, run_id = r.run_id, "run left running by an earlier daemon recorded interrupted; its lease is left to lapse");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (doorbells_stop, _) = watch::channel(false);
+        let (records, writer) = record_writer(journal.clone());
+        let mut daemon = Daemon {
+            clock: opts.clock,
+            tx: tx.clone(),
+            rx,
+            journal,
+            _lock: lock,
+            records,
+            writer,
+            daemon_env: opts.daemon_env,
+            config_path: opts.config,
+            host: opts.host,
+            seed: opts.seed,
+            transport: opts.transport,
+            resolved: prepared.resolved.clone(),
+            slots: BTreeMap::new(),
+            last_run_ids: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            next_generation: 1,
+            cairns: BTreeMap::new(),
+            doorbells: BTreeMap::new(),
+            background: Vec::new(),
+            doorbells_stop,
+            events: events::EventLog::default(),
+            metrics: Arc::new(DaemonMetrics::default()),
+            stopping: false,
+        };
+        for name in prepared.resolved.config.queues.keys() {
+            daemon.add_source(&prepared.resolved, name);
+        }
+        daemon.set_cairns(&prepared.resolved);
+        for (name, settings) in prepared.settings {
+            daemon.add_slot(&name, settings)?;
+            daemon.owe_catch_up(&name, now);
+        }
+        let bound: Vec<String> = daemon.bound_sources();
+        for source in bound {
+            daemon.initialize(&source);
+        }
+        daemon.reconcile_doorbells(&ConfigDiff::default());
+        let control = control::serve(&state_dir, DaemonHandle { tx: tx.clone() })
+            .map_err(|e| e.to_string())?;
+        daemon.background.push(control);
+        Ok((daemon, DaemonHandle { tx }))
+    }
+
+    pub fn metrics(&self) -> Arc<DaemonMetrics> {
+        self.metrics.clone()
+    }
+
+    /// A client for `[queue.<name>]`, not yet initialized.
+    fn add_source(&mut self, resolved: &ResolvedConfig, name: &str) {
+        let Some(q) = resolved.config.queues.get(name) else {
+            return;
+        };
+        let Some(client) = LeaseClient::from_config(resolved, name, self.transport.clone()) else {
+            return;
+        };
+        let key = format!("queue.{name}");
+        if let Some(old) = self.sources.get(&key) {
+            old.initializing.iter().for_each(AbortHandle::abort);
+        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.sources.insert(
+            key,
+            SourceSlot {
+                client: Arc::new(client),
+                generation,
+                initializing: None,
+                caps: None,
+                url: q.endpoint.url.as_str().to_string(),
+                header_names: q.endpoint.headers.keys().cloned().collect(),
+            },
+        );
+    }
+
+    fn set_cairns(&mut self, resolved: &ResolvedConfig) {
+        // Receipt clients hold no session: an upload in flight keeps the one it started with.
+        self.cairns = resolved
+            .config
+            .cairns
+            .keys()
+            .filter_map(|name| {
+                let client = ReceiptClient::from_config(resolved, name, self.transport.clone())?;
+                Some((format!("cairn.{name}"), Arc::new(client)))
+            })
+            .collect();
+    }
+
+    fn add_slot(&mut self, name: &str, settings: HarnessSettings) -> Result<(), String> {
+        let Some(harness) = self.resolved.config.harnesses.get(name).cloned() else {
+            return Ok(());
+        };
+        let Some(s) = self.sources.get(&settings.lease) else {
+            return Ok(());
+        };
+        let (source, client, generation) = (settings.lease.clone(), s.client.clone(), s.generation);
+        let caps = s.caps.clone();
+        let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
+        let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
+        let now = self.clock.now();
+        self.metrics.harness(name);
+        self.slots.insert(
+            name.to_string(),
+            Slot {
+                relay: Relay::new(settings, self.seed ^ fnv(name), first),
+                next_fire: harness.schedule.as_ref().map(|s| s.next_after(now)),
+                harness,
+                source,
+                client,
+                generation,
+                removed: false,
+                catch_up: None,
+                agents: BTreeMap::new(),
+                checks: BTreeMap::new(),
+                unwritable: BTreeMap::new(),
+                tasks: BTreeMap::new(),
+            },
+        );
+        if let Some(caps) = caps {
+            self.input(name, Input::CapabilitiesKnown(caps));
+        }
+        Ok(())
+    }
+
+    /// SPEC-0014 `catch_up`, at start: a schedule slot passed since the harness's newest run
+    /// is fired once, when its source's session has been checked (a firing before that would
+    /// only be skipped as unsupported).
+    fn owe_catch_up(&mut self, name: &str, now: Millis) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        if !slot.harness.catch_up {
+            return;
+        }
+        let last = match self.journal.records(name, 1) {
+            Ok(records) => records
+                .first()
+                .and_then(|r| relay_core::time::parse_rfc3339(&r.started_at)),
+            Err(e) => {
+                tracing::warn!(harness = name, error = %e, "catch_up: the last run could not be read; nothing is caught up");
+                return;
+            }
+        };
+        slot.catch_up = slot.harness.catch_up_slot(last, now);
+        if let Some(missed) = slot.catch_up {
+            tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed), "a schedule slot was missed while the daemon was down; catch_up fires once");
+        }
+    }
+
+    /// The sources a harness of the daemon is bound to, or will be after its attempt.
+    fn bound_sources(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .slots
+            .values()
+            .filter(|s| !s.removed)
+            .map(|s| s.relay.settings().lease.clone())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The harnesses whose machines run on `source` (their settings name it).
+    fn harnesses_on(&self, source: &str) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.relay.settings().lease == source)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Initializes the source's session on a task, retrying with capped backoff until the
+    /// server answers; at most one such task per source at a time. At start, on
+    /// [`Msg::Reinitialize`], and for a new or changed source on reload.
+    fn initialize(&mut self, source: &str) {
+        let Some(s) = self.sources.get_mut(source) else {
+            return;
+        };
+        if s.initializing.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let client = s.client.clone();
+        let generation = s.generation;
+        let tx = self.tx.clone();
+        let name = source.to_string();
+        let task = tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                match client.initialize().await {
+                    Ok(caps) => {
+                        let _ = tx.send(Msg::Session {
+                            source: name,
+                            generation,
+                            news: SessionNews::Known(caps),
+                        });
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(source = %name, error = %e, "lease session could not initialize; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+        s.initializing = Some(task.abort_handle());
+    }
+
+    /// One doorbell listener per enabled channel that triggers a harness of the daemon: stops
+    /// those no longer wanted or changed by the reload, starts the missing ones.
+    fn reconcile_doorbells(&mut self, diff: &ConfigDiff) {
+        let wanted: Vec<String> = self
+            .resolved
+            .config
+            .channels
+            .values()
+            .filter(|ch| ch.enabled)
+            .filter(|ch| {
+                self.slots
+                    .values()
+                    .any(|s| !s.removed && s.harness.triggers.contains(&ch.name))
+            })
+            .map(|ch| ch.name.clone())
+            .collect();
+        let changed = |name: &str| {
+            diff.channels
+                .changed
+                .iter()
+                .any(|c| c == &format!("channel.{name}"))
+        };
+        let stale: Vec<String> = self
+            .doorbells
+            .keys()
+            .filter(|n| !wanted.contains(n) || changed(n))
+            .cloned()
+            .collect();
+        for name in stale {
+            if let Some(tasks) = self.doorbells.remove(&name) {
+                tasks.iter().for_each(AbortHandle::abort);
+            }
+        }
+        for name in wanted {
+            if self.doorbells.contains_key(&name) {
+                continue;
+            }
+            let Some(listener) =
+                DoorbellListener::from_config(&self.resolved, &name, self.transport.clone())
+            else {
+                continue;
+            };
+            let (ring_tx, mut ring_rx) = mpsc::channel(16);
+            let listener = listener.spawn(ring_tx, self.doorbells_stop.subscribe());
+            let tx = self.tx.clone();
+            let channel = name.clone();
+            let forward = tokio::spawn(async move {
+                while ring_rx.recv().await.is_some() {
+                    let _ = tx.send(Msg::Ring {
+                        channel: channel.clone(),
+                    });
+                }
+            });
+            self.doorbells
+                .insert(name, [listener.abort_handle(), forward.abort_handle()]);
+        }
+    }
+
+    /// Runs until stopped and every attempt in flight is closed.
+    pub async fn run(mut self) {
+        loop {
+            if self.stopping && self.slots.values().all(|s| !s.relay.in_flight()) {
+                break;
+            }
+            let wait = self.next_wait();
+            let msg = match wait {
+                Some(wait) => tokio::select! {
+                    msg = self.rx.recv() => msg,
+                    () = tokio::time::sleep(wait) => { self.on_time(); continue; }
+                },
+                None => self.rx.recv().await,
+            };
+            match msg {
+                Some(msg) => self.handle(msg),
+                None => break,
+            }
+        }
+        for slot in self.slots.values_mut() {
+            for (_, tasks) in std::mem::take(&mut slot.tasks) {
+                tasks.iter().for_each(AbortHandle::abort);
+            }
+        }
+        let _ = self.doorbells_stop.send(true);
+        for tasks in self.doorbells.values() {
+            tasks.iter().for_each(AbortHandle::abort);
+        }
+        self.background.iter().for_each(AbortHandle::abort);
+        for s in self.sources.values() {
+            s.initializing.iter().for_each(AbortHandle::abort);
+        }
+        control::remove(self.journal.state_dir());
+        // Every record is on disk before `run` returns.
+        drop(self.records);
+        let _ = self.writer.await;
+    }
+
+    /// How long the actor may sleep: until the earliest machine timer (on the monotonic
+    /// clock) or schedule firing (on the wall clock, as cron is), and never more than
+    /// [`MAX_SLEEP`] while a timer is set.
+    fn next_wait(&self) -> Option<Duration> {
+        let now = self.clock.reading();
+        let timers = self.slots.values().filter_map(|s| {
+            let (at, _) = s.relay.poll_timeout()?;
+            Some(at.saturating_sub(now.mono))
+        });
+        let fires = self
+            .slots
+            .values()
+            .filter(|s| !self.stopping && !s.removed)
+            .filter_map(|s| Some(s.next_fire?.saturating_sub(now.wall)));
+        let wait = timers.chain(fires).min()?;
+        Some(Duration::from_millis(wait).min(MAX_SLEEP))
+    }
+
+    fn on_time(&mut self) {
+        let now = self.clock.reading();
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in names {
+            let Some(slot) = self.slots.get_mut(&name) else {
+                continue;
+            };
+            if slot
+                .relay
+                .poll_timeout()
+                .is_some_and(|(at, _)| at <= now.mono)
+            {
+                self.input(&name, Input::TimerFired);
+            }
+            let Some(slot) = self.slots.get_mut(&name) else {
+                continue;
+            };
+            if !self.stopping
+                && !slot.removed
+                && let Some(at) = slot.next_fire
+                && at <= now.wall
+            {
+                let next = slot
+                    .harness
+                    .schedule
+                    .as_ref()
+                    .map(|s| s.next_after(now.wall));
+                slot.next_fire = next;
+                self.fire(&name, "schedule");
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::ToHarness { harness, input } => {
+                if matches!(input, Input::HeartbeatFailed { .. }) {
+                    self.metrics.heartbeat_failure(&harness);
+                }
+                self.input(&harness, input);
+            }
+            Msg::Session {
+                source,
+                generation,
+                news,
+            } => self.session(&source, generation, news),
+            Msg::Reinitialize { source, generation } => {
+                if self
+                    .sources
+                    .get(&source)
+                    .is_some_and(|s| s.generation == generation)
+                {
+                    self.initialize(&source);
+                }
+            }
+            Msg::Fire { harness, trigger } => {
+                if !self.stopping {
+                    self.fire(&harness, &trigger);
+                }
+            }
+            Msg::Ring { channel } => {
+                if self.stopping {
+                    return;
+                }
+                let rung: Vec<String> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| !s.removed && s.harness.triggers.contains(&channel))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for h in rung {
+                    self.fire(&h, &format!("channel.{channel}"));
+                }
+            }
+            Msg::Control { request, reply } => self.control(request, reply),
+            Msg::Events { follow, reply } => {
+                let _ = reply.send(self.events.feed(follow));
+            }
+            Msg::Reload { reply } => self.reload(reply),
+            Msg::Reloaded { prepared, reply } => match *prepared {
+                Ok(prepared) => {
+                    let answer = self.apply_reload(prepared);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(answer);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(config = %self.config_path.display(), error = %e, "reload refused: the config did not load, nothing changed");
+                    if let Some(reply) = reply {
+                        let _ = reply.send(control::error(format!(
+                            "the config did not load, nothing changed:\n{e}"
+                        )));
+                    }
+                }
+            },
+            Msg::Stop => {
+                self.stopping = true;
+                let names: Vec<String> = self.slots.keys().cloned().collect();
+                for name in names {
+                    self.input(
+                        &name,
+                        Input::StopRequested {
+                            reason: StopReason::Shutdown,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn session(&mut self, source: &str, generation: u64, news: SessionNews) {
+        let Some(s) = self.sources.get_mut(source) else {
+            return;
+        };
+        if s.generation != generation {
+            return; // a client a reload replaced
+        }
+        let input = match news {
+            // The client has logged the one ERROR of an unsupported initialize (REQ-19).
+            SessionNews::Known(caps) => {
+                s.caps = Some(caps.clone());
+                Input::CapabilitiesKnown(caps)
+            }
+            SessionNews::Expired => {
+                s.caps = None;
+                Input::SessionExpired
+            }
+        };
+        let known = matches!(input, Input::CapabilitiesKnown(_));
+        for h in self.harnesses_on(source) {
+            self.input(&h, input.clone());
+            if known
+                && !self.stopping
+                && let Some(slot) = self.slots.get_mut(&h)
+                && !slot.removed
+                && slot.catch_up.take().is_some()
+            {
+                self.fire(&h, CATCH_UP);
+            }
+        }
+    }
+
+    /// Starts loading the config again, off the actor.
+    fn reload(&mut self, reply: Option<oneshot::Sender<Value>>) {
+        if self.stopping {
+            if let Some(reply) = reply {
+                let _ = reply.send(control::error("the daemon is stopping".into()));
+            }
+            return;
+        }
+        let (file, jobs, host) = (
+            self.config_path.clone(),
+            PathBuf::from(self.journal.jobs_dir()),
+            self.host.clone(),
+        );
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let prepared = tokio::task::spawn_blocking(move || load::prepare(&file, &jobs, &host))
+                .await
+                .unwrap_or_else(|e| Err(format!("the config loader failed: {e}")));
+            let _ = tx.send(Msg::Reloaded {
+                prepared: Box::new(prepared),
+                reply,
+            });
+        });
+    }
+
+    /// Applies a loaded config (see the module doc) and answers what changed.
+    fn apply_reload(&mut self, prepared: load::Prepared) -> Value {
+        if self.stopping {
+            return control::error("the daemon is stopping".into());
+        }
+        let diff = relay_core::config::diff(&self.resolved, &prepared.resolved);
+        let new = prepared.resolved;
+        // Sources first, so that harnesses bind to what the new config names.
+        for source in &diff.queues.removed {
+            if let Some(s) = self.sources.remove(source) {
+                s.initializing.iter().for_each(AbortHandle::abort);
+            }
+        }
+        for source in diff.queues.added.iter().chain(&diff.new_sessions) {
+            let name = source.trim_start_matches("queue.");
+            self.add_source(&new, name);
+            if diff.new_sessions.contains(source) {
+                for h in self.harnesses_on(source) {
+                    self.input(&h, Input::SessionExpired);
+                }
+            }
+        }
+        for source in &diff.queues.changed {
+            if let (Some(s), Some(q)) = (
+                self.sources.get_mut(source),
+                new.config.queues.get(source.trim_start_matches("queue.")),
+            ) {
+                s.header_names = q.endpoint.headers.keys().cloned().collect();
+            }
+        }
+        self.set_cairns(&new);
+        self.resolved = new;
+
+        let mut aborted = Vec::new();
+        let mut reconfigured = Vec::new();
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in &names {
+            let slot = self.slots.get_mut(name).expect("slot exists");
+            let lease = slot.relay.settings().lease.clone();
+            let settings = prepared.settings.get(name).cloned();
+            if settings.is_none() || diff.aborts(name, &lease) {
+                let run = slot
+                    .relay
+                    .describe(self.clock.reading())
+                    .attempt
+                    .map(|a| a.run_id);
+                if let Some(run_id) = run.filter(|_| slot.relay.stop_would_abort()) {
+                    aborted.push(json!({"harness": name, "run_id": run_id}));
+                }
+                self.input(
+                    name,
+                    Input::StopRequested {
+                        reason: StopReason::HarnessRemoved,
+                    },
+                );
+            }
+            let Some(slot) = self.slots.get_mut(name) else {
+                continue;
+            };
+            match settings {
+                None => slot.removed = true,
+                Some(settings) => {
+                    slot.removed = false;
+                    let applies = slot.relay.reconfigure(settings);
+                    if applies != Reconfigured::Unchanged {
+                        let mut entry = serde_json::to_value(applies).unwrap_or_default();
+                        entry["harness"] = json!(name);
+                        reconfigured.push(entry);
+                    }
+                    if let Some(h) = self.resolved.config.harnesses.get(name) {
+                        if h.schedule != slot.harness.schedule {
+                            let now = self.clock.now();
+                            slot.next_fire = h.schedule.as_ref().map(|s| s.next_after(now));
+                        }
+                        slot.harness = h.clone();
+                    }
+                }
+            }
+            self.settle(name);
+        }
+        let mut added = Vec::new();
+        for (name, settings) in prepared.settings {
+            if self.slots.contains_key(&name) {
+                continue;
+            }
+            match self.add_slot(&name, settings) {
+                Ok(()) => added.push(name),
+                Err(e) => {
+                    tracing::error!(harness = %name, error = %e, "the added harness did not start")
+                }
+            }
+        }
+        for source in self.bound_sources() {
+            if self.sources.get(&source).is_some_and(|s| s.caps.is_none()) {
+                self.initialize(&source);
+            }
+        }
+        self.reconcile_doorbells(&diff);
+        tracing::info!(
+            config = %self.config_path.display(),
+            added = ?diff.harnesses.added,
+            removed = ?diff.harnesses.removed,
+            changed = ?diff.harnesses.changed,
+            sources = ?diff.queues,
+            new_sessions = ?diff.new_sessions,
+            "config reloaded"
+        );
+        json!({
+            "ok": true,
+            "config": self.config_path.display().to_string(),
+            "dropins": prepared.dropins,
+            "diff": diff,
+            "started": added,
+            "aborted": aborted,
+            "reconfigured": reconfigured,
+        })
+    }
+
+    fn fire(&mut self, harness: &str, trigger: &str) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get(harness).filter(|s| !s.removed) else {
+            tracing::warn!(harness, "fired a harness that is not running; ignored");
+            return;
+        };
+        let within_hours = slot
+            .harness
+            .operating_hours
+            .as_ref()
+            .is_none_or(|h| h.contains(now));
+        self.input(
+            harness,
+            Input::Firing {
+                trigger: trigger.to_string(),
+                within_hours,
+            },
+        );
+    }
+
+    fn input(&mut self, harness: &str, input: Input) {
+        let now = self.clock.reading();
+        let Some(slot) = self.slots.get_mut(harness) else {
+            return;
+        };
+        if let Err(e) = slot.relay.handle_input(now, input) {
+            // A contract error is a bug in this shell; the machine ignored the input.
+            tracing::error!(harness, error = %e, "relay machine refused an input");
+        }
+        self.drain(harness);
+    }
+
+    fn drain(&mut self, harness: &str) {
+        loop {
+            let Some(slot) = self.slots.get_mut(harness) else {
+                return;
+            };
+            let Some(cmd) = slot.relay.poll_command() else {
+                break;
+            };
+            self.execute(harness, cmd);
+        }
+        self.settle(harness);
+    }
+
+    /// Between attempts: a removed harness's slot goes, and a harness whose settings name
+    /// another source, or whose source got a new client, is bound to it.
+    fn settle(&mut self, harness: &str) {
+        let Some(slot) = self.slots.get_mut(harness) else {
+            return;
+        };
+        if slot.relay.in_flight() {
+            return;
+        }
+        if slot.removed {
+            self.slots.remove(harness);
+            tracing::info!(harness, "harness removed by a reload has stopped");
+            return;
+        }
+        let want = slot.relay.settings().lease.clone();
+        let Some(s) = self.sources.get(&want) else {
+            return;
+        };
+        if slot.source == want && slot.generation == s.generation {
+            return;
+        }
+        let moved = slot.source != want;
+        slot.source = want;
+        slot.client = s.client.clone();
+        slot.generation = s.generation;
+        // A machine moved to another source is unverified: tell it what that source answered.
+        if moved && let Some(caps) = s.caps.clone() {
+            self.input(harness, Input::CapabilitiesKnown(caps));
+        }
+    }
+
+    fn post(&self, harness: &str, input: Input) {
+        let _ = self.tx.send(Msg::ToHarness {
+            harness: harness.to_string(),
+            input,
+        });
+    }
+
+    fn run_log(&self, harness: &str, run_id: u64) -> PathBuf {
+        self.journal.run_log(harness, run_id)
+    }
+
+    fn slot(&mut self, harness: &str) -> &mut Slot {
+        self.slots
+            .get_mut(harness)
+            .expect("commands come from a slot's machine")
+    }
+
+    fn execute(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        match cmd {
+            Command::SendClaimNext { .. }
+            | Command::SendHeartbeat { .. }
+            | Command::SendReport { .. } => self.lease_call(harness, cmd),
+            Command::WriteContextFile {
+                run_id,
+                path,
+                bytes,
+            } => {
+                // Written before the next command runs: the check before the spawn and the
+                // agent both read it.
+                if let Err(e) = runner::write_context_file_now(&path, &bytes) {
+                    let error = format!("the context file was not written: {e}");
+                    self.slot(harness).unwritable.insert(run_id, error);
+                }
+            }
+            Command::Spawn { .. } => self.spawn(harness, cmd),
+            Command::Signal { run_id, signal } => {
+                if let Some(group) = self.slot(harness).agents.get(&run_id)
+                    && let Err(e) = group.signal(signal)
+                {
+                    tracing::warn!(harness, run_id, error = %e, "signal not delivered");
+                }
+            }
+            Command::RunCheck { .. } => {
+                let log = self.run_log(harness, run_id);
+                let Some(spec) = CheckSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+                    return;
+                };
+                match runner::run_check(spec) {
+                    Ok(check) => {
+                        self.slot(harness).checks.insert(run_id, check.group());
+                        let tx = self.tx.clone();
+                        let h = harness.to_string();
+                        let task = check.deliver(move |input| {
+                            let _ = tx.send(Msg::ToHarness { harness: h, input });
+                        });
+                        self.track(harness, run_id, task.abort_handle());
+                    }
+                    Err(e) => self.post(harness, e.into()),
+                }
+            }
+            Command::KillCheck { run_id } => {
+                if let Some(group) = self.slot(harness).checks.get(&run_id)
+                    && let Err(e) = group.kill()
+                {
+                    tracing::warn!(harness, run_id, error = %e, "check not killed");
+                }
+            }
+            Command::UploadReceipt {
+                request,
+                ref source,
+                run_log_lines,
+                ..
+            } => {
+                let Some(client) = self.cairns.get(source).cloned() else {
+                    let error = format!("{source} is not declared");
+                    self.post(harness, Input::ReceiptFailed { request, error });
+                    return;
+                };
+                let log = self.run_log(harness, run_id);
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = tokio::spawn(async move {
+                    let tail = runner::run_log_tail(&log, run_log_lines)
+                        .await
+                        .unwrap_or_default();
+                    if let Some(input) = client.execute(&cmd, &tail).await {
+                        let _ = tx.send(Msg::ToHarness { harness: h, input });
+                    }
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Command::WriteRunRecord { record } => {
+                let last = self.last_run_ids.entry(harness.to_string()).or_default();
+                *last = (*last).max(record.run_id);
+                let closed = record.outcome != RunOutcome::Running;
+                if closed {
+                    self.metrics.run_closed(&record);
+                }
+                let keep = self.slot(harness).harness.keep_runs as usize;
+                let _ = self.records.send((record, keep));
+                if closed {
+                    let slot = self.slot(harness);
+                    slot.agents.remove(&run_id);
+                    slot.checks.remove(&run_id);
+                    slot.unwritable.remove(&run_id);
+                    for task in slot.tasks.remove(&run_id).unwrap_or_default() {
+                        task.abort();
+                    }
+                }
+            }
+            Command::Emit { event } => {
+                let now = self.clock.now();
+                let line = self.events.push(&event, now);
+                tracing::info!(target: "relay::event", harness, event = %line, "relay event");
+            }
+            Command::WarnRunLog { run_id, text } => {
+                let log = self.run_log(harness, run_id);
+                let h = harness.to_string();
+                // Not tracked with the run's tasks: a refused claim warns and then closes its
+                // run at once, and closing aborts those tasks. The append ends on its own.
+                tokio::spawn(async move {
+                    if let Err(e) = runner::warn_run_log(&log, &text).await {
+                        tracing::warn!(harness = %h, run_id, error = %e, "warning not written to the run log");
+                    }
+                });
+            }
+        }
+    }
+
+    /// A lease call on a task of its own; its session news, then its answer, come back.
+    fn lease_call(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        // The client the attempt claimed with, even when a reload has replaced it since.
+        let slot = self.slot(harness);
+        let (source, client, generation) =
+            (slot.source.clone(), slot.client.clone(), slot.generation);
+        let tx = self.tx.clone();
+        let h = harness.to_string();
+        let task = tokio::spawn(async move {
+            let Ok(outcome) = client.execute(&cmd).await else {
+                return;
+            };
+            // The client has logged any error, with its source and operation.
+            let expired = matches!(outcome.session.last(), Some(SessionNews::Expired));
+            for news in outcome.session {
+                let _ = tx.send(Msg::Session {
+                    source: source.clone(),
+                    generation,
+                    news,
+                });
+            }
+            if expired {
+                let _ = tx.send(Msg::Reinitialize {
+                    source: source.clone(),
+                    generation,
+                });
+            }
+            let _ = tx.send(Msg::ToHarness {
+                harness: h,
+                input: outcome.input,
+            });
+        });
+        self.track(harness, run_id, task.abort_handle());
+    }
+
+    /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
+    /// task that posts the exit.
+    fn spawn(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
+            self.post(harness, Input::SpawnFailed { run_id, error });
+            return;
+        }
+        let log = self.run_log(harness, run_id);
+        let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+            return;
+        };
+        match runner::spawn_agent(spec) {
+            Ok(agent) => {
+                self.slot(harness).agents.insert(run_id, agent.group());
+                // Queued before the wait starts, so the machine hears of the spawn before the
+                // exit of a process that ends at once.
+                self.post(harness, Input::ProcessSpawned { run_id });
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = agent.deliver(move |input| {
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Err(e) => self.post(harness, e.into()),
+        }
+    }
+
+    fn track(&mut self, harness: &str, run_id: u64, task: AbortHandle) {
+        let slot = self.slots.get_mut(harness).expect("slot exists");
+        let tasks = slot.tasks.entry(run_id).or_default();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    fn control(&mut self, request: control::Request, reply: oneshot::Sender<Value>) {
+        let unknown = |h: &str| {
+            control::error(format!(
+                "no leased harness named {h:?} runs in this daemon; see `relay describe` for the names"
+            ))
+        };
+        match request {
+            control::Request::Trigger { harness } => {
+                if self.slots.get(&harness).is_none_or(|s| s.removed) {
+                    let _ = reply.send(unknown(&harness));
+                    return;
+                }
+                self.fire(&harness, "manual");
+                let _ = reply.send(json!({"ok": true, "harness": harness}));
+            }
+            control::Request::Stop { harness } => {
+                let Some(slot) = self.slots.get(&harness) else {
+                    let _ = reply.send(unknown(&harness));
+                    return;
+                };
+                let Some(attempt) = slot.relay.describe(self.clock.reading()).attempt else {
+                    let _ = reply.send(json!({"ok": true, "harness": harness, "stopped": false}));
+                    return;
+                };
+                let stops = slot.relay.stop_would_abort();
+                let answer = json!({
+                    "ok": true,
+                    "harness": harness,
+                    "stopped": stops,
+                    "run_id": attempt.run_id,
+                    "todo_id": attempt.todo_id,
+                    "phase": attempt.phase,
+                });
+                if stops {
+                    tracing::info!(harness = %harness, run_id = attempt.run_id, "operator stop");
+                    self.input(
+                        &harness,
+                        Input::StopRequested {
+                            reason: StopReason::OperatorStop,
+                        },
+                    );
+                }
+                let _ = reply.send(answer);
+            }
+            control::Request::Reload => self.reload(Some(reply)),
+            control::Request::Describe { harness } => {
+                let names: Vec<&String> = match &harness {
+                    Some(h) => self.slots.keys().filter(|k| *k == h).collect(),
+                    None => self.slots.keys().collect(),
+                };
+                if let Some(h) = &harness
+                    && names.is_empty()
+                {
+                    let _ = reply.send(unknown(h));
+                    return;
+                }
+                let harnesses: Vec<Value> = names
+                    .into_iter()
+                    .map(|name| {
+                        let slot = &self.slots[name];
+                        let source = self
+                            .sources
+                            .get(&slot.source)
+                            .filter(|s| s.generation == slot.generation);
+                        let session = match source.map(|s| &s.caps) {
+                            // The attempt in flight holds a client a reload replaced or removed.
+                            None => "replaced",
+                            Some(None) => "unverified",
+                            Some(Some(c)) if c.supported() => "supported",
+                            Some(Some(_)) => "unsupported",
+                        };
+                        json!({
+                            "relay": slot.relay.describe(self.clock.reading()),
+                            "source": {
+                                "name": slot.source,
+                                "url": source.map(|s| s.url.clone()),
+                                "header_names": source.map(|s| s.header_names.clone()),
+                                "session": session,
+                            },
+                            "removed": slot.removed,
+                            "schedule": slot.next_fire.map(relay_core::time::rfc3339),
+                            "triggers": slot.harness.triggers,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(json!({"ok": true, "harnesses": harnesses}));
+            }
+            control::Request::Doctor => {
+                let config = self.resolved.config.clone();
+                let clients: Vec<(String, Arc<LeaseClient>)> =
+                    relay::doctor::bound_sources(&config)
+                        .into_iter()
+                        .filter_map(|n| Some((n.clone(), self.sources.get(&n)?.client.clone())))
+                        .collect();
+                tokio::spawn(async move {
+                    let rows = doctor::rows(&config, clients).await;
+                    let _ = reply.send(json!({"ok": true, "rows": rows}));
+                });
+            }
+            // The socket task asks with `Msg::Events`; a request that gets here is answered.
+            control::Request::Events { .. } => {
+                let _ = reply.send(control::error("events are streamed, not answered".into()));
+            }
+        }
+    }
+}
+
+/// The one task that writes run records, in the order the machines wrote them (a run's
+/// records replace one another), each synced to disk, off the actor; after a run's closing
+/// record it prunes the harness to its `keep_runs`.
+fn record_writer(
+    journal: Journal,
+) -> (
+    mpsc::UnboundedSender<(RunRecord, usize)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(RunRecord, usize)>();
+    let task = tokio::spawn(async move {
+        while let Some((record, keep)) = rx.recv().await {
+            let journal = journal.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                if let Err(e) = journal.write_record(&record) {
+                    tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
+                }
+                if record.outcome != RunOutcome::Running
+                    && let Err(e) = journal.prune(&record.harness, keep)
+                {
+                    tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
+                }
+            })
+            .await;
+            if done.is_err() {
+                tracing::error!("the run record writer failed");
+            }
+        }
+    });
+    (tx, task)
+}
+
+/// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}

@@ -1,0 +1,45 @@
+//! The daemon's network clients: the lease client of each `[queue.<name>]` source, the doorbell
+//! listener of each `[channel.<name>]` source, and the receipt client of each `[cairn.<name>]`
+//! source, over one HTTP seam.
+//!
+//! - [`Transport`] is the seam: [`ReqwestTransport`] in production, [`HyperTransport`] (hyper-util
+//!   over a pluggable dialer) where the network is simulated (turmoil).
+//! - [`LeaseClient`] turns the relay machine's `SendClaimNext`, `SendHeartbeat` and `SendReport`
+//!   commands into `tools/call`s and their answers into the machine's inputs
+//!   ([`LeaseClient::execute`]), on a session used for `tools/list` and `tools/call` only. It
+//!   checks the server's tool schemas on every (re-)initialize (REQ-19) and re-initializes once
+//!   when the server expires the session, reporting both as [`SessionNews`].
+//! - [`DoorbellListener`] holds the one GET notification stream of a channel source and forwards
+//!   its notifications; it calls no tools.
+//! - [`ReceiptClient`] uploads attempt receipts (REQ-13); the upload's shape is in [`receipt`].
+//!
+//! # What these clients never do
+//!
+//! They never put a header value or a lease token in an error, a log line or a `Debug` form
+//! (server text is redacted before it is quoted), never open a GET stream on a lease session,
+//! never retry a call the server may have run (only a session 404, which the server answers
+//! without running the call, is retried, once), and never decide anything about an attempt:
+//! each answer goes back to the machine as an input.
+
+mod client;
+mod doorbell;
+mod mcp;
+pub mod receipt;
+pub mod sse;
+mod transport;
+
+#[cfg(test)]
+mod tests;
+
+pub use client::{
+    LeaseCallError, LeaseClient, LeaseOutcome, NotALeaseCall, RPC_ERROR, SessionNews, TOOL_ERROR,
+    ToolsList, UNAUTHORIZED, UNSUPPORTED,
+};
+pub use doorbell::{Doorbell, DoorbellListener, ReconnectBackoff};
+pub use mcp::{DEFAULT_TIMEOUT, PROTOCOL_VERSION};
+pub use receipt::{ReceiptClient, ReceiptError, compose_receipt};
+pub use sse::{SseEvent, SseParser, parse_sse};
+pub use transport::{
+    BodyStream, BoxFuture, DialedIo, HttpRequest, HttpResponse, HyperTransport, MAX_RESPONSE_BYTES,
+    ReqwestTransport, StreamResponse, Transport, TransportError,
+};

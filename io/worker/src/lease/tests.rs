@@ -1,0 +1,1338 @@
+//! The lease clients against a small fake MCP server (axum on 127.0.0.1:0), and once over a
+//! simulated network (turmoil). No test sleeps to synchronise: they wait on the fake's
+//! counters, and the only timeouts are the clients' own, made short.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use relay_core::config::{Secret, parse_env_file};
+use relay_core::error::ErrorCode;
+use relay_core::relay::{
+    Capabilities, Command, Input, LeaseError, LeaseToken, Redactor, ReportVerb, RequestId,
+};
+use relay_core::wire::{Tool, tools_list};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use super::*;
+
+/// Planted where they must never come back out.
+const TOKEN: &str = "tok-SECRET-123";
+const HEADER: &str = "Bearer hdr-SECRET-456";
+
+fn secret(value: &str) -> Secret {
+    let vars = parse_env_file(&format!("V={value}")).expect("env line");
+    vars.iter().next().expect("one var").1.clone()
+}
+
+fn auth() -> Vec<(String, Secret)> {
+    vec![("Authorization".to_string(), secret(HEADER))]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fake server
+// ---------------------------------------------------------------------------------------------
+
+/// How the fake answers the next `tools/call`.
+#[derive(Clone, Debug)]
+enum Reply {
+    /// A tool result whose answer is this object.
+    Ok(Value),
+    /// The same, framed as an SSE stream.
+    OkSse(Value),
+    /// This tool result as it is (a text-only result, say).
+    Raw(Value),
+    /// An `isError` result with this code and message.
+    ToolError(&'static str, String),
+    Http(u16),
+    /// A 200 whose body is not JSON.
+    Broken,
+    /// Never answers.
+    Hang,
+    /// Forgets every session, then answers 404 as for an unknown session.
+    Expire,
+}
+
+#[derive(Debug)]
+struct Seen {
+    method: String,
+    session: Option<String>,
+    authorization: Option<String>,
+    protocol: Option<String>,
+    params: Value,
+}
+
+struct FakeState {
+    sessions: Vec<String>,
+    next_session: u64,
+    tools: Value,
+    page_size: Option<usize>,
+    replies: VecDeque<Reply>,
+    posts: Vec<Seen>,
+    gets: u32,
+    /// The session of every GET.
+    get_sessions: Vec<Option<String>>,
+    streams: Vec<mpsc::UnboundedSender<Bytes>>,
+    opened: watch::Sender<u32>,
+    artifacts: Vec<(Option<String>, Value)>,
+    artifact_reply: Reply,
+}
+
+#[derive(Clone)]
+struct Fake(Arc<Mutex<FakeState>>);
+
+impl Fake {
+    fn new() -> Fake {
+        Fake(Arc::new(Mutex::new(FakeState {
+            sessions: Vec::new(),
+            next_session: 1,
+            tools: tools_list(&Tool::ALL),
+            page_size: None,
+            replies: VecDeque::new(),
+            posts: Vec::new(),
+            gets: 0,
+            get_sessions: Vec::new(),
+            streams: Vec::new(),
+            opened: watch::channel(0).0,
+            artifacts: Vec::new(),
+            artifact_reply: Reply::Ok(json!({"handle": "mcp://cairn/Rc1"})),
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.0.lock().expect("fake state")
+    }
+
+    fn reply(&self, r: Reply) -> &Fake {
+        self.lock().replies.push_back(r);
+        self
+    }
+
+    fn methods(&self) -> Vec<String> {
+        self.lock().posts.iter().map(|p| p.method.clone()).collect()
+    }
+
+    fn count(&self, method: &str) -> usize {
+        self.methods().iter().filter(|m| *m == method).count()
+    }
+
+    /// The arguments of every `tools/call` that reached a live session.
+    fn calls(&self) -> Vec<(String, Value)> {
+        let s = self.lock();
+        s.posts
+            .iter()
+            .filter(|p| p.method == "tools/call" && p.session.is_some())
+            .filter(|p| p.params.get("executed").is_some())
+            .map(|p| {
+                (
+                    p.params["name"].as_str().unwrap_or_default().to_string(),
+                    p.params["arguments"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn router(&self) -> Router {
+        Router::new()
+            .route("/mcp/e1", post(mcp_post).get(mcp_get))
+            .route("/artifacts", post(artifact_post))
+            .with_state(self.clone())
+    }
+
+    /// Serves on 127.0.0.1:0; the MCP URL.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = self.router();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        format!("http://{addr}/mcp/e1")
+    }
+
+    fn client(&self, url: &str) -> LeaseClient {
+        LeaseClient::new(
+            "queue.ci",
+            url,
+            auth(),
+            Arc::new(ReqwestTransport::new().unwrap()),
+        )
+        .with_timeout(Duration::from_millis(500))
+    }
+}
+
+fn header(h: &HeaderMap, name: &str) -> Option<String> {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+fn rpc_answer(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn tool_result(answer: &Value, is_error: bool) -> Value {
+    relay_core::wire::call_result(answer, is_error)
+}
+
+async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
+    let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let method = msg["method"].as_str().unwrap_or_default().to_string();
+    let id = msg["id"].clone();
+    let session = header(&headers, "mcp-session-id");
+    let mut params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let reply = {
+        let mut s = fake.lock();
+        let known = session.as_ref().is_some_and(|id| s.sessions.contains(id));
+        let reply = if method == "tools/call" && known {
+            let r = s
+                .replies
+                .pop_front()
+                .unwrap_or(Reply::Ok(json!({"empty": true})));
+            if !matches!(r, Reply::Expire) {
+                params["executed"] = json!(true);
+            }
+            Some(r)
+        } else {
+            None
+        };
+        s.posts.push(Seen {
+            method: method.clone(),
+            session: session.clone(),
+            authorization: header(&headers, "authorization"),
+            protocol: header(&headers, "mcp-protocol-version"),
+            params: params.clone(),
+        });
+        if method != "initialize" && !known {
+            return StatusCode::NOT_FOUND.into_response();
+        }
+        reply
+    };
+    match method.as_str() {
+        "initialize" => {
+            let mut s = fake.lock();
+            let sid = format!("sess-{}", s.next_session);
+            s.next_session += 1;
+            s.sessions.push(sid.clone());
+            let answer = rpc_answer(
+                &id,
+                json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                       "serverInfo": {"name": "fake", "version": "0"}}),
+            );
+            ([("mcp-session-id", sid)], axum::Json(answer)).into_response()
+        }
+        "notifications/initialized" => StatusCode::ACCEPTED.into_response(),
+        "tools/list" => {
+            let s = fake.lock();
+            let all = s.tools["tools"].as_array().cloned().unwrap_or_default();
+            let start: usize = params["cursor"]
+                .as_str()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let size = s.page_size.unwrap_or(all.len().max(1));
+            let page: Vec<Value> = all.iter().skip(start).take(size).cloned().collect();
+            let mut result = json!({ "tools": page });
+            if start + size < all.len() {
+                result["nextCursor"] = json!((start + size).to_string());
+            }
+            axum::Json(rpc_answer(&id, result)).into_response()
+        }
+        "tools/call" => match reply.expect("a reply for a call on a live session") {
+            Reply::Ok(answer) => {
+                axum::Json(rpc_answer(&id, tool_result(&answer, false))).into_response()
+            }
+            Reply::Raw(result) => axum::Json(rpc_answer(&id, result)).into_response(),
+            Reply::OkSse(answer) => {
+                // A notification first, then the answer, and the stream is never closed: the
+                // client must stop reading at its answer.
+                use futures_util::StreamExt as _;
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/progress"});
+                let data = rpc_answer(&id, tool_result(&answer, false));
+                let events = vec![
+                    Ok::<_, std::convert::Infallible>(Bytes::from(format!(
+                        ": note\ndata: {note}\n\n"
+                    ))),
+                    Ok(Bytes::from(format!("event: message\ndata: {data}\n\n"))),
+                ];
+                let body =
+                    futures_util::stream::iter(events).chain(futures_util::stream::pending());
+                (
+                    [("content-type", "text/event-stream")],
+                    Body::from_stream(body),
+                )
+                    .into_response()
+            }
+            Reply::ToolError(code, message) => {
+                let answer = json!({"error": {"code": code, "message": message}});
+                axum::Json(rpc_answer(&id, tool_result(&answer, true))).into_response()
+            }
+            Reply::Http(status) => StatusCode::from_u16(status)
+                .expect("status")
+                .into_response(),
+            Reply::Broken => "{\"jsonrpc\": \"2.0\", \"id\": ".into_response(),
+            Reply::Hang => std::future::pending::<Response>().await,
+            Reply::Expire => {
+                fake.lock().sessions.clear();
+                StatusCode::NOT_FOUND.into_response()
+            }
+        },
+        _ => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
+async fn mcp_get(State(fake): State<Fake>, headers: HeaderMap) -> Response {
+    let session = header(&headers, "mcp-session-id");
+    let mut s = fake.lock();
+    s.gets += 1;
+    s.get_sessions.push(session.clone());
+    if !session.is_some_and(|id| s.sessions.contains(&id)) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    s.streams.push(tx);
+    s.opened.send_modify(|n| *n += 1);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    (
+        [("content-type", "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+async fn artifact_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
+    let reply = {
+        let mut s = fake.lock();
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        s.artifacts.push((header(&headers, "authorization"), v));
+        s.artifact_reply.clone()
+    };
+    match reply {
+        Reply::Ok(v) => (StatusCode::CREATED, axum::Json(v)).into_response(),
+        Reply::Http(status) => StatusCode::from_u16(status)
+            .expect("status")
+            .into_response(),
+        Reply::Hang => std::future::pending::<Response>().await,
+        _ => "not json".into_response(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands and answers
+// ---------------------------------------------------------------------------------------------
+
+fn claim_cmd(n: u64) -> Command {
+    Command::SendClaimNext {
+        request: RequestId(n),
+        run_id: 1,
+        queue: Some("ci-failures".into()),
+        lease_ttl_seconds: 300,
+        require_fence: true,
+        claimant: "harness/buildbox/fixer/run-1".into(),
+    }
+}
+
+fn heartbeat_cmd(n: u64) -> Command {
+    Command::SendHeartbeat {
+        request: RequestId(n),
+        run_id: 1,
+        todo_id: "td_1".into(),
+        lease_ttl_seconds: 300,
+        lease_token: LeaseToken::new(TOKEN),
+    }
+}
+
+fn report_cmd(n: u64, verb: ReportVerb) -> Command {
+    Command::SendReport {
+        request: RequestId(n),
+        run_id: 1,
+        verb,
+        todo_id: "td_1".into(),
+        lease_token: LeaseToken::new(TOKEN),
+        summary: "attempt 1/5 · agent failed".into(),
+        artifact: Some("mcp://cairn/Ab12".into()),
+        result: json!({"harness": {"run_id": 1}}),
+    }
+}
+
+fn todo_out(id: &str) -> Value {
+    json!({
+        "id": id, "queue": "ci-failures", "title": "CI red", "state": "claimed",
+        "attempt": 2, "max_attempts": 5, "attempts_total": 2,
+        "created_at": "2026-09-22T11:58:00Z", "updated_at": "2026-09-22T12:00:00Z",
+        "claimed_at": "2026-09-22T12:00:00Z", "dead_letter": false,
+    })
+}
+
+fn claim_answer(token: Option<&str>) -> Value {
+    let mut a = json!({
+        "empty": false, "todo": todo_out("td_1"), "attempt_seq": 7, "attempts_total": 2,
+        "prior_attempts": [{
+            "seq": 6, "attempt": 1, "claimer_kind": "endpoint",
+            "claimant": "harness/buildbox/fixer/run-0", "claimed_at": "2026-09-22T11:59:00Z",
+            "lease_expires_at": "2026-09-22T12:04:00Z", "ended_at": "2026-09-22T11:59:30Z",
+            "outcome": "failed", "disposition": "retry_scheduled", "died": false,
+            "summary": "first try", "summary_truncated": false, "artifact": null,
+        }],
+    });
+    if let Some(t) = token {
+        a["lease_token"] = json!(t);
+    }
+    a
+}
+
+async fn run(client: &LeaseClient, cmd: Command) -> LeaseOutcome {
+    client.execute(&cmd).await.expect("a lease call")
+}
+
+fn failed_with(o: &LeaseOutcome) -> LeaseError {
+    match &o.input {
+        Input::ClaimFailed { error, .. }
+        | Input::HeartbeatFailed { error, .. }
+        | Input::ReportFailed { error, .. } => error.clone(),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
+    let fake = Fake::new();
+    fake.lock().page_size = Some(3);
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    let caps = client.initialize().await.expect("initialize");
+    assert_eq!(caps, Capabilities::full(true));
+    assert_eq!(client.capabilities(), Some(caps));
+    let heartbeat = run(&client, heartbeat_cmd(1)).await;
+    assert_eq!(
+        heartbeat.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    assert!(heartbeat.session.is_empty());
+
+    // initialize, initialized, tools/list over 3 pages (9 tools), then the call.
+    assert_eq!(
+        fake.methods(),
+        [
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/list",
+            "tools/list",
+            "tools/call"
+        ]
+    );
+    let s = fake.lock();
+    for p in &s.posts {
+        assert_eq!(p.authorization.as_deref(), Some(HEADER), "{}", p.method);
+        if p.method != "initialize" {
+            assert_eq!(p.session.as_deref(), Some("sess-1"), "{}", p.method);
+            assert_eq!(p.protocol.as_deref(), Some("2025-06-18"));
+        }
+    }
+    // No capability advertised: above all not claude/channel.
+    assert_eq!(s.posts[0].params["capabilities"], json!({}));
+    assert_eq!(s.posts[3].params["cursor"], json!("3"));
+    assert_eq!(s.gets, 0, "the lease client never opens a GET stream");
+}
+
+#[tokio::test]
+async fn a_server_without_the_fence_is_unsupported_and_never_claimed_on() {
+    let fake = Fake::new();
+    fake.lock().tools = relay_core::testing::relay::tools_list(&[
+        ("claim_next", &["queue", "lease_ttl_seconds"]),
+        ("heartbeat", &["id", "lease_ttl_seconds"]),
+        ("complete", &["id", "result"]),
+        ("fail", &["id", "result"]),
+    ]);
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    let caps = client.initialize().await.expect("initialize");
+    assert!(!caps.supported());
+    assert!(
+        caps.missing
+            .contains(&"claim_next.require_fence".to_string())
+    );
+    let out = run(&client, claim_cmd(1)).await;
+    assert_eq!(failed_with(&out), LeaseError::Other(UNSUPPORTED.into()));
+    let text = out.error.expect("error").to_string();
+    assert!(text.starts_with("queue.ci: claim_next failed"), "{text}");
+    assert!(text.contains("claim_next.require_fence"), "{text}");
+    assert_eq!(fake.count("tools/call"), 0);
+
+    // doctor reads the raw list.
+    let list = client.tools_list().await.expect("tools/list");
+    assert_eq!(list.tools["tools"].as_array().map(Vec::len), Some(4));
+    assert!(list.session.is_empty());
+}
+
+#[tokio::test]
+async fn claims_decode_fenced_unfenced_and_empty() {
+    let fake = Fake::new();
+    fake.reply(Reply::Ok(claim_answer(Some(TOKEN))))
+        .reply(Reply::OkSse(claim_answer(None)))
+        .reply(Reply::Ok(json!({"empty": true})));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+
+    // No initialize first: the first call opens the session and reports the check.
+    let first = run(&client, claim_cmd(1)).await;
+    assert_eq!(
+        first.session,
+        [SessionNews::Known(Capabilities::full(true))]
+    );
+    let Input::ClaimAnswered { request, claim } = &first.input else {
+        panic!("{:?}", first.input)
+    };
+    assert_eq!(*request, RequestId(1));
+    assert_eq!(claim.todo_id, "td_1");
+    assert_eq!(
+        (claim.attempt, claim.max_attempts, claim.attempt_seq),
+        (2, 5, 7)
+    );
+    assert_eq!(claim.lease_token, Some(LeaseToken::new(TOKEN)));
+    assert_eq!(claim.prior_attempts.len(), 1);
+    assert_eq!(
+        claim.prior_attempts[0].summary.as_deref(),
+        Some("first try")
+    );
+    assert_eq!(first.inputs().len(), 2);
+
+    let unfenced = run(&client, claim_cmd(2)).await;
+    let Input::ClaimAnswered { claim, .. } = &unfenced.input else {
+        panic!("{:?}", unfenced.input)
+    };
+    assert_eq!(
+        claim.lease_token, None,
+        "the machine refuses it as no_fence"
+    );
+
+    let empty = run(&client, claim_cmd(3)).await;
+    assert_eq!(
+        empty.input,
+        Input::ClaimEmpty {
+            request: RequestId(3)
+        }
+    );
+
+    let calls = fake.calls();
+    assert_eq!(calls[0].0, "claim_next");
+    assert_eq!(
+        calls[0].1,
+        json!({"queue": "ci-failures", "lease_ttl_seconds": 300, "require_fence": true,
+               "claimant": "harness/buildbox/fixer/run-1"})
+    );
+    assert_eq!(fake.lock().gets, 0);
+}
+
+/// A claim answer with the relay-design contract table's fields and nothing more.
+fn contract_claim_answer() -> Value {
+    json!({
+        "empty": false,
+        "todo": {"id": "td_1", "queue": "ci-failures", "title": "CI red", "kind": null,
+                 "source": null, "payload": {"sha": "abc"}, "work_order": null,
+                 "attempt": 1, "max_attempts": 3, "created_at": "2026-09-22T11:58:00Z"},
+        "attempt_seq": 1,
+        "lease_token": TOKEN,
+        "prior_attempts": [],
+    })
+}
+
+#[tokio::test]
+async fn a_contract_only_claim_is_claimed_and_one_missing_a_needed_field_is_claim_failed() {
+    let fake = Fake::new();
+    fake.reply(Reply::OkSse(contract_claim_answer()));
+    let needed = [
+        "todo.id",
+        "todo.attempt",
+        "todo.max_attempts",
+        "attempt_seq",
+    ];
+    for field in needed {
+        let mut answer = contract_claim_answer();
+        match field.split_once('.') {
+            Some((_, key)) => answer["todo"].as_object_mut().map(|t| t.remove(key)),
+            None => answer.as_object_mut().map(|a| a.remove(field)),
+        };
+        fake.reply(Reply::Ok(answer));
+    }
+    let mut bad_token = contract_claim_answer();
+    bad_token["lease_token"] = json!(42);
+    fake.reply(Reply::Ok(bad_token));
+    // A text-only result that is not JSON: no todo.
+    fake.reply(Reply::Raw(
+        json!({"content": [{"type": "text", "text": "claimed!"}]}),
+    ));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+
+    let ok = run(&client, claim_cmd(1)).await;
+    let Input::ClaimAnswered { claim, .. } = &ok.input else {
+        panic!("{:?}", ok.input)
+    };
+    assert_eq!(
+        (claim.todo_id.as_str(), claim.attempt, claim.max_attempts),
+        ("td_1", 1, 3)
+    );
+    assert_eq!(claim.todo["payload"], json!({"sha": "abc"}));
+    assert_eq!(claim.lease_token, Some(LeaseToken::new(TOKEN)));
+
+    for (n, field) in needed.iter().chain(&["lease_token", "todo"]).enumerate() {
+        let out = run(&client, claim_cmd(n as u64 + 2)).await;
+        let LeaseError::Malformed(e) = failed_with(&out) else {
+            panic!("{field}: {:?}", out.input)
+        };
+        assert_eq!(e.field, *field);
+        assert_eq!(LeaseError::Malformed(e).code(), "malformed_answer");
+        // The daemon's log line is this error's text: it names the field, never the token.
+        let text = out.error.expect("error").to_string();
+        assert!(text.starts_with("queue.ci: claim_next failed: "), "{text}");
+        assert!(text.contains(&format!(" {field}")), "{text}");
+        assert!(text.contains("the lease will lapse"), "{text}");
+        assert!(!text.contains(TOKEN), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn answers_that_only_say_success_need_no_json() {
+    let fake = Fake::new();
+    let text_only = || Reply::Raw(json!({"content": [{"type": "text", "text": "ok"}]}));
+    fake.reply(text_only()).reply(text_only()).reply(Reply::Ok(
+        json!({"state": "failed", "attempt": 3, "max_attempts": 3}),
+    ));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    assert_eq!(
+        run(&client, heartbeat_cmd(1)).await.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    let accepted = |n| Input::ReportAnswered {
+        request: RequestId(n),
+        dead_letter: false,
+        next_retry_at: None,
+    };
+    assert_eq!(
+        run(&client, report_cmd(2, ReportVerb::Complete))
+            .await
+            .input,
+        accepted(2)
+    );
+    // A fail answer without dead_letter is accepted and is not a dead letter, whatever the
+    // attempt counts say (REQ-16).
+    assert_eq!(
+        run(&client, report_cmd(3, ReportVerb::Fail)).await.input,
+        accepted(3)
+    );
+}
+
+#[tokio::test]
+async fn reports_send_their_arguments_and_read_the_dead_letter() {
+    let fake = Fake::new();
+    let mut failed = todo_out("td_1");
+    failed["state"] = json!("failed");
+    failed["dead_letter"] = json!(true);
+    let mut retry = todo_out("td_1");
+    retry["next_retry_at"] = json!("2026-09-22T12:30:00Z");
+    fake.reply(Reply::Ok(failed))
+        .reply(Reply::Ok(retry))
+        .reply(Reply::Ok(todo_out("td_1")));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    client.initialize().await.expect("initialize");
+
+    let dead = run(&client, report_cmd(1, ReportVerb::Fail)).await;
+    assert_eq!(
+        dead.input,
+        Input::ReportAnswered {
+            request: RequestId(1),
+            dead_letter: true,
+            next_retry_at: None
+        }
+    );
+    let retried = run(&client, report_cmd(2, ReportVerb::Fail)).await;
+    assert_eq!(
+        retried.input,
+        Input::ReportAnswered {
+            request: RequestId(2),
+            dead_letter: false,
+            next_retry_at: Some("2026-09-22T12:30:00Z".into())
+        }
+    );
+    run(&client, report_cmd(3, ReportVerb::Release)).await;
+
+    let calls = fake.calls();
+    assert_eq!(calls[0].0, "fail");
+    assert_eq!(
+        calls[0].1,
+        json!({"id": "td_1", "summary": "attempt 1/5 · agent failed",
+               "artifact": "mcp://cairn/Ab12", "result": {"harness": {"run_id": 1}},
+               "lease_token": TOKEN})
+    );
+    assert_eq!(calls[2].0, "release");
+    assert_eq!(
+        calls[2].1,
+        json!({"id": "td_1", "summary": "attempt 1/5 · agent failed", "lease_token": TOKEN})
+    );
+}
+
+#[tokio::test]
+async fn error_codes_map_to_distinct_lease_errors() {
+    let fake = Fake::new();
+    let cases = [
+        (
+            Reply::ToolError("conflict", "fence mismatch".into()),
+            LeaseError::Code(ErrorCode::Conflict),
+        ),
+        (
+            Reply::ToolError("not_found", "no such todo".into()),
+            LeaseError::Code(ErrorCode::NotFound),
+        ),
+        (
+            Reply::ToolError("forbidden", "verb not granted".into()),
+            LeaseError::Code(ErrorCode::Forbidden),
+        ),
+        (
+            Reply::ToolError("invalid", "bad ttl".into()),
+            LeaseError::Code(ErrorCode::Invalid),
+        ),
+        (
+            Reply::ToolError("quota", "new code".into()),
+            LeaseError::Other("quota".into()),
+        ),
+        (Reply::Http(500), LeaseError::Transport),
+        (Reply::Http(503), LeaseError::Transport),
+        (Reply::Broken, LeaseError::Transport),
+        (Reply::Http(401), LeaseError::Other(UNAUTHORIZED.into())),
+        (Reply::Http(403), LeaseError::Other(UNAUTHORIZED.into())),
+        (Reply::Http(400), LeaseError::Other("http_400".into())),
+        (Reply::Hang, LeaseError::Transport),
+    ];
+    for (reply, _) in &cases {
+        fake.reply(reply.clone());
+    }
+    let url = fake.start().await;
+    let client = fake.client(&url).with_timeout(Duration::from_millis(300));
+    client.initialize().await.expect("initialize");
+    for (i, (reply, want)) in cases.iter().enumerate() {
+        let out = run(&client, heartbeat_cmd(i as u64)).await;
+        assert_eq!(failed_with(&out), *want, "{reply:?}");
+        let e = out.error.expect("error");
+        assert_eq!(e.source_name, "queue.ci");
+        assert_eq!(e.operation, "heartbeat for todo td_1");
+        assert!(out.session.is_empty(), "{reply:?}");
+    }
+    let conflict = LeaseError::Code(ErrorCode::Conflict);
+    assert!(conflict.is_lease_loss() && !LeaseError::Transport.is_lease_loss());
+    assert_eq!(fake.lock().gets, 0);
+}
+
+#[tokio::test]
+async fn refused_connections_and_timeouts_are_transport_errors() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    for transport in [
+        Arc::new(ReqwestTransport::new().unwrap()) as Arc<dyn Transport>,
+        Arc::new(HyperTransport::new()),
+    ] {
+        let client = LeaseClient::new(
+            "queue.ci",
+            format!("http://127.0.0.1:{port}/mcp/e1"),
+            auth(),
+            transport,
+        );
+        let e = client.initialize().await.expect_err("refused");
+        assert_eq!(e.kind, LeaseError::Transport);
+        assert!(
+            e.to_string()
+                .starts_with("queue.ci: initialize failed: could not connect"),
+            "{e}"
+        );
+        let out = run(&client, claim_cmd(1)).await;
+        assert_eq!(failed_with(&out), LeaseError::Transport);
+        assert!(out.session.is_empty());
+        let text = out.error.expect("error").to_string();
+        assert!(
+            text.starts_with("queue.ci: claim_next failed: initialize: could not connect"),
+            "{text}"
+        );
+    }
+
+    // A server that never answers, and a short timeout.
+    let fake = Fake::new();
+    fake.reply(Reply::Hang);
+    let url = fake.start().await;
+    let client = LeaseClient::new("queue.ci", url, auth(), Arc::new(HyperTransport::new()))
+        .with_timeout(Duration::from_millis(200));
+    client.initialize().await.expect("initialize");
+    let out = run(&client, report_cmd(1, ReportVerb::Complete)).await;
+    assert_eq!(failed_with(&out), LeaseError::Transport);
+    assert!(
+        out.error
+            .expect("error")
+            .detail
+            .contains("no answer within")
+    );
+}
+
+#[tokio::test]
+async fn an_expired_session_is_reinitialized_and_the_call_retried_once() {
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    client.initialize().await.expect("initialize");
+    fake.lock().sessions.clear();
+
+    let out = run(&client, heartbeat_cmd(1)).await;
+    assert_eq!(
+        out.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    assert_eq!(
+        out.session,
+        [
+            SessionNews::Expired,
+            SessionNews::Known(Capabilities::full(true))
+        ]
+    );
+    assert_eq!(
+        out.inputs(),
+        [
+            Input::SessionExpired,
+            Input::CapabilitiesKnown(Capabilities::full(true)),
+            Input::HeartbeatOk {
+                request: RequestId(1)
+            }
+        ]
+    );
+    assert_eq!(fake.count("initialize"), 2);
+    assert_eq!(fake.count("tools/call"), 2, "the refused one and the retry");
+    assert_eq!(fake.calls().len(), 1, "run once");
+    // The retry carries the new session.
+    assert_eq!(
+        fake.lock()
+            .posts
+            .last()
+            .and_then(|p| p.session.clone())
+            .as_deref(),
+        Some("sess-2")
+    );
+
+    // Expired again right after re-initializing: retried exactly once, then transport.
+    fake.reply(Reply::Expire).reply(Reply::Expire);
+    let out = run(&client, heartbeat_cmd(2)).await;
+    assert_eq!(failed_with(&out), LeaseError::Transport);
+    assert_eq!(fake.count("tools/call"), 4);
+    assert_eq!(fake.calls().len(), 1);
+    assert_eq!(
+        out.session,
+        [
+            SessionNews::Expired,
+            SessionNews::Known(Capabilities::full(true)),
+            SessionNews::Expired
+        ]
+    );
+    // The next call starts a new session.
+    let out = run(&client, heartbeat_cmd(3)).await;
+    assert_eq!(
+        out.input,
+        Input::HeartbeatOk {
+            request: RequestId(3)
+        }
+    );
+    assert_eq!(out.session, [SessionNews::Known(Capabilities::full(true))]);
+    assert_eq!(fake.lock().gets, 0);
+}
+
+#[tokio::test]
+async fn a_reinitialize_that_finds_the_source_unsupported_does_not_retry() {
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    client.initialize().await.expect("initialize");
+    {
+        let mut s = fake.lock();
+        s.sessions.clear();
+        s.tools = relay_core::testing::relay::tools_list(&[("claim_next", &["queue"])]);
+    }
+    let out = run(&client, report_cmd(1, ReportVerb::Complete)).await;
+    assert_eq!(failed_with(&out), LeaseError::Other(UNSUPPORTED.into()));
+    assert_eq!(out.session.len(), 2);
+    assert!(matches!(&out.session[1], SessionNews::Known(c) if !c.supported()));
+    assert_eq!(
+        fake.count("tools/call"),
+        1,
+        "only the call the server refused with 404"
+    );
+    assert!(fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_calls_on_an_expired_session_reinitialize_once() {
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let client = Arc::new(fake.client(&url));
+    client.initialize().await.expect("initialize");
+    fake.lock().sessions.clear();
+    let (a, b) = tokio::join!(
+        run(&client, heartbeat_cmd(1)),
+        run(&client, heartbeat_cmd(2))
+    );
+    assert_eq!(
+        a.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    assert_eq!(
+        b.input,
+        Input::HeartbeatOk {
+            request: RequestId(2)
+        }
+    );
+    assert_eq!(fake.count("initialize"), 2);
+    let news = a.session.len() + b.session.len();
+    assert_eq!(news, 2, "one Expired and one Known between them");
+}
+
+#[tokio::test]
+async fn secrets_never_reach_errors_or_debug_output() {
+    let fake = Fake::new();
+    let echo = format!("you sent {TOKEN} with {HEADER} (hdr-SECRET-456)");
+    fake.reply(Reply::ToolError("conflict", echo.clone()))
+        .reply(Reply::ToolError("weird", echo.clone()))
+        .reply(Reply::Http(500))
+        .reply(Reply::Broken)
+        .reply(Reply::Http(401))
+        .reply(Reply::Hang);
+    let url = fake.start().await;
+    let client = fake.client(&url).with_timeout(Duration::from_millis(200));
+    client.initialize().await.expect("initialize");
+    let mut texts = vec![format!("{client:?}")];
+    for i in 0..6 {
+        let cmd = if i % 2 == 0 {
+            heartbeat_cmd(i)
+        } else {
+            report_cmd(i, ReportVerb::Fail)
+        };
+        texts.push(format!("{cmd:?}"));
+        let out = run(&client, cmd).await;
+        let e = out.error.clone().expect("error");
+        texts.push(e.to_string());
+        texts.push(format!("{e:?}"));
+        texts.push(format!("{out:?}"));
+    }
+    // A refused connection and a transport-level request.
+    let dead = LeaseClient::new(
+        "queue.ci",
+        "http://127.0.0.1:1/mcp/e1",
+        auth(),
+        Arc::new(HyperTransport::new()),
+    );
+    let out = run(&dead, heartbeat_cmd(9)).await;
+    texts.push(format!("{out:?}"));
+    texts.push(out.error.expect("error").to_string());
+    let ep = super::mcp::Endpoint::new(
+        "queue.ci",
+        "http://x/",
+        auth(),
+        Arc::new(HyperTransport::new()),
+    );
+    let req = ep.request(
+        None,
+        "application/json",
+        json!({"lease_token": TOKEN}).to_string().into_bytes(),
+    );
+    texts.push(format!("{req:?}"));
+    for text in &texts {
+        assert!(!text.contains(TOKEN), "token in {text}");
+        assert!(!text.contains("hdr-SECRET-456"), "header value in {text}");
+    }
+    // The server's words still come through, masked.
+    assert!(
+        texts.iter().any(|t| t.contains("you sent [REDACTED]")),
+        "{texts:#?}"
+    );
+}
+
+#[tokio::test]
+async fn execute_refuses_commands_that_are_not_lease_calls() {
+    let client = LeaseClient::new(
+        "queue.ci",
+        "http://127.0.0.1:1/mcp/e1",
+        auth(),
+        Arc::new(HyperTransport::new()),
+    );
+    let cmd = Command::KillCheck { run_id: 1 };
+    let e = client.execute(&cmd).await.expect_err("not a lease call");
+    assert_eq!(e, NotALeaseCall("KillCheck".into()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Doorbell
+// ---------------------------------------------------------------------------------------------
+
+fn bell(n: u32) -> Bytes {
+    let data = json!({"jsonrpc": "2.0", "method": "notifications/todo_ready",
+                      "params": {"queue": "ci-failures", "n": n}});
+    Bytes::from(format!("id: {n}\r\nevent: message\r\ndata: {data}\r\n\r\n"))
+}
+
+async fn opened(rx: &mut watch::Receiver<u32>, n: u32) {
+    rx.wait_for(|v| *v >= n).await.expect("fake alive");
+}
+
+#[tokio::test]
+async fn the_doorbell_forwards_notifications_and_reconnects() {
+    doorbell_over(Arc::new(ReqwestTransport::new().unwrap())).await;
+    doorbell_over(Arc::new(HyperTransport::new())).await;
+}
+
+async fn doorbell_over(transport: Arc<dyn Transport>) {
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let mut streams = fake.lock().opened.subscribe();
+    let (tx, mut rx) = mpsc::channel(8);
+    let (stop_tx, stop) = watch::channel(false);
+    let listener = DoorbellListener::new("channel.bell", &url, auth(), transport).with_backoff(
+        ReconnectBackoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(20),
+        },
+    );
+    let task = listener.spawn(tx, stop);
+
+    opened(&mut streams, 1).await;
+    let send = |b: Bytes| {
+        let s = fake.lock();
+        s.streams
+            .last()
+            .expect("a stream")
+            .send(b)
+            .expect("stream open");
+    };
+    send(Bytes::from_static(b": keep-alive\n\n"));
+    send(bell(1));
+    let got = rx.recv().await.expect("doorbell");
+    assert_eq!(got.source, "channel.bell");
+    assert_eq!(got.method, "notifications/todo_ready");
+    assert_eq!(got.params["n"], json!(1));
+
+    // The server drops the stream: the listener comes back on the same session.
+    fake.lock().streams.clear();
+    opened(&mut streams, 2).await;
+    send(bell(2));
+    assert_eq!(rx.recv().await.expect("doorbell").params["n"], json!(2));
+    assert_eq!(fake.count("initialize"), 1);
+
+    // The server forgets the session: 404 on the GET, a new session, a new stream.
+    {
+        let mut s = fake.lock();
+        s.sessions.clear();
+        s.streams.clear();
+    }
+    opened(&mut streams, 3).await;
+    send(bell(3));
+    assert_eq!(rx.recv().await.expect("doorbell").params["n"], json!(3));
+    assert_eq!(fake.count("initialize"), 2);
+    assert_eq!(fake.count("tools/call"), 0, "the listener calls no tools");
+    assert_eq!(fake.count("tools/list"), 0);
+
+    stop_tx.send(true).expect("listener alive");
+    task.await.expect("listener ends cleanly");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receipts
+// ---------------------------------------------------------------------------------------------
+
+fn receipt_cmd(timeout_ms: u64) -> Command {
+    Command::UploadReceipt {
+        request: RequestId(5),
+        run_id: 1,
+        source: "cairn.main".into(),
+        markdown: "# Attempt receipt: fixer run 1\n".into(),
+        run_log_lines: 2,
+        redactor: Redactor::new(["log-SECRET-789"]),
+        tags: vec!["receipt".into(), "harness".into(), "relay".into()],
+        timeout: timeout_ms,
+    }
+}
+
+async fn cairn(fake: &Fake) -> ReceiptClient {
+    let url = fake.start().await;
+    let base = url.trim_end_matches("/mcp/e1").to_string() + "/";
+    ReceiptClient::new(
+        "cairn.main",
+        base,
+        auth(),
+        604_800,
+        Arc::new(ReqwestTransport::new().unwrap()),
+    )
+}
+
+#[tokio::test]
+async fn a_receipt_is_uploaded_with_the_log_tail() {
+    let fake = Fake::new();
+    let client = cairn(&fake).await;
+    let log = b"line 1\nline 2 \x1b[31mred\x1b[0m\nline 3 log-SECRET-789\n";
+    let input = client
+        .execute(&receipt_cmd(30_000), log)
+        .await
+        .expect("a receipt command");
+    assert_eq!(
+        input,
+        Input::ReceiptUploaded {
+            request: RequestId(5),
+            handle: "mcp://cairn/Rc1".into()
+        }
+    );
+    let s = fake.lock();
+    let (authorization, body) = &s.artifacts[0];
+    assert_eq!(authorization.as_deref(), Some(HEADER));
+    assert_eq!(body["content_type"], json!("text/markdown"));
+    assert_eq!(body["tags"], json!(["receipt", "harness", "relay"]));
+    assert_eq!(body["ttl_seconds"], json!(604_800));
+    let content = body["content"].as_str().expect("content");
+    assert!(content.starts_with("# Attempt receipt: fixer run 1\n"));
+    assert!(
+        content.contains("line 2 red\nline 3 [REDACTED]"),
+        "{content}"
+    );
+    assert!(
+        !content.contains("line 1"),
+        "only the last 2 lines: {content}"
+    );
+}
+
+#[tokio::test]
+async fn receipt_failures_answer_receipt_failed_without_secrets() {
+    for (reply, timeout, want) in [
+        (Reply::Http(500), 30_000, "Cairn answered HTTP 500"),
+        (Reply::Http(401), 30_000, "Authorization header"),
+        (
+            Reply::Ok(json!({"handle": "file:///etc/passwd"})),
+            30_000,
+            "mcp://cairn/<id>",
+        ),
+        (Reply::Ok(json!({"id": "x"})), 30_000, "no handle"),
+        (Reply::Broken, 30_000, "not JSON"),
+        (Reply::Hang, 200, "no answer within"),
+    ] {
+        let fake = Fake::new();
+        fake.lock().artifact_reply = reply.clone();
+        let client = cairn(&fake).await;
+        let input = client
+            .execute(&receipt_cmd(timeout), b"log")
+            .await
+            .expect("a receipt command");
+        let Input::ReceiptFailed { request, error } = &input else {
+            panic!("{reply:?}: {input:?}")
+        };
+        assert_eq!(*request, RequestId(5));
+        assert!(
+            error.starts_with("cairn.main: receipt upload failed"),
+            "{error}"
+        );
+        assert!(error.contains(want), "{reply:?}: {error}");
+        assert!(!error.contains("hdr-SECRET-456") && !format!("{client:?}").contains("hdr-SECRET"));
+    }
+    // Not a receipt command.
+    let fake = Fake::new();
+    let client = cairn(&fake).await;
+    assert_eq!(client.execute(&heartbeat_cmd(1), b"").await, None);
+}
+
+#[test]
+fn compose_receipt_appends_the_redacted_log_section() {
+    let r = Redactor::new(["s3cret-value"]);
+    let text = compose_receipt("# R\n", b"a\nb s3cret-value\nc\n", 2, &r);
+    assert!(
+        text.starts_with("# R\n\n## Run log (last 2 lines)"),
+        "{text}"
+    );
+    assert!(text.contains("b [REDACTED]\nc"), "{text}");
+    assert!(!text.contains("\na\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// turmoil
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../../tests/support/sim_listener.rs"]
+mod sim_listener;
+use sim_listener::SimListener;
+
+#[test]
+fn the_hyper_transport_runs_the_lease_client_and_the_doorbell_over_turmoil() {
+    let fake = Fake::new();
+    fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
+    let mut sim = turmoil::Builder::new().build();
+    let server = fake.clone();
+    sim.host("server", move || {
+        let router = server.router();
+        async move {
+            let listener = turmoil::net::TcpListener::bind("0.0.0.0:8080").await?;
+            axum::serve(SimListener(listener), router).await?;
+            Ok(())
+        }
+    });
+    sim.client("daemon", async move {
+        let transport = HyperTransport::with_dialer(|host, port| {
+            turmoil::net::TcpStream::connect((host, port))
+        });
+        let client = LeaseClient::new(
+            "queue.ci",
+            "http://server:8080/mcp/e1",
+            auth(),
+            Arc::new(transport),
+        );
+        let caps = client.initialize().await.map_err(|e| e.to_string())?;
+        assert!(caps.supported());
+        let out = client
+            .execute(&claim_cmd(1))
+            .await
+            .map_err(|e| e.to_string())?;
+        assert!(
+            matches!(out.input, Input::ClaimAnswered { .. }),
+            "{:?}",
+            out.input
+        );
+        Ok(())
+    });
+    let bells = fake.clone();
+    sim.client("listener", async move {
+        let transport = HyperTransport::with_dialer(|host, port| {
+            turmoil::net::TcpStream::connect((host, port))
+        });
+        let mut streams = bells.lock().opened.subscribe();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = DoorbellListener::new(
+            "channel.bell",
+            "http://server:8080/mcp/e1",
+            auth(),
+            Arc::new(transport),
+        )
+        .spawn(tx, stop);
+        opened(&mut streams, 1).await;
+        let stream = bells.lock().streams.last().cloned().expect("a stream");
+        stream.send(bell(1)).map_err(|e| e.to_string())?;
+        let got = rx.recv().await.ok_or("no doorbell")?;
+        assert_eq!(got.method, "notifications/todo_ready");
+        stop_tx.send(true).map_err(|e| e.to_string())?;
+        task.await.map_err(|e| e.to_string())?;
+        Ok(())
+    });
+    sim.run().expect("the simulation runs clean");
+    assert_eq!(fake.count("tools/call"), 1);
+    assert_eq!(fake.lock().gets, 1, "the listener's stream only");
+}
+
+// ---------------------------------------------------------------------------------------------
+// From the config
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_clients_are_built_from_a_resolved_config() {
+    use relay_core::config::{FileKind, Source, parse, resolve};
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let base = url.trim_end_matches("/mcp/e1");
+    let text = format!(
+        "[queue.ci]\nurl = \"{url}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\n\n\
+         [channel.bell]\nurl = \"{url}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\n\n\
+         [cairn.main]\nurl = \"{base}\"\nenv_file = \"ci.env\"\n\
+         headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\nttl = \"1h\"\n"
+    );
+    let config = parse(&Source::new("harness.toml", text), &[], FileKind::Global)
+        .expect("the config parses");
+    let env = BTreeMap::from([("ci.env".to_string(), "TOKEN=hdr-SECRET-456\n".to_string())]);
+    let resolved = resolve(&config, &env).expect("the headers resolve");
+    let transport: Arc<dyn Transport> = Arc::new(ReqwestTransport::new().unwrap());
+
+    let lease = LeaseClient::from_config(&resolved, "ci", transport.clone()).expect("queue.ci");
+    assert_eq!(lease.source_name(), "queue.ci");
+    lease.initialize().await.expect("initialize");
+    assert_eq!(fake.lock().posts[0].authorization.as_deref(), Some(HEADER));
+    assert!(!format!("{lease:?}").contains("hdr-SECRET"));
+
+    let receipts = ReceiptClient::from_config(&resolved, "main", transport.clone()).expect("cairn");
+    assert_eq!(receipts.source_name(), "cairn.main");
+    let input = receipts
+        .execute(&receipt_cmd(30_000), b"")
+        .await
+        .expect("a receipt command");
+    assert!(matches!(input, Input::ReceiptUploaded { .. }), "{input:?}");
+    assert_eq!(fake.lock().artifacts[0].1["ttl_seconds"], json!(3600));
+
+    assert!(DoorbellListener::from_config(&resolved, "bell", transport.clone()).is_some());
+    assert!(LeaseClient::from_config(&resolved, "nope", transport).is_none());
+}
+
+#[tokio::test]
+async fn sharing_a_url_the_only_get_stream_is_the_doorbells() {
+    let fake = Fake::new();
+    fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
+    let url = fake.start().await;
+    let transport: Arc<dyn Transport> = Arc::new(ReqwestTransport::new().unwrap());
+    let lease = LeaseClient::new("queue.ci", &url, auth(), transport.clone());
+    lease.initialize().await.expect("initialize");
+
+    let mut streams = fake.lock().opened.subscribe();
+    let (tx, _rx) = mpsc::channel(8);
+    let (stop_tx, stop) = watch::channel(false);
+    let task = DoorbellListener::new("channel.bell", &url, auth(), transport).spawn(tx, stop);
+    opened(&mut streams, 1).await;
+
+    let out = run(&lease, claim_cmd(1)).await;
+    assert!(matches!(out.input, Input::ClaimAnswered { .. }));
+    run(&lease, heartbeat_cmd(2)).await;
+    {
+        let s = fake.lock();
+        assert_eq!(s.gets, 1);
+        assert_eq!(
+            s.get_sessions,
+            [Some("sess-2".to_string())],
+            "the listener's session"
+        );
+        let lease_sessions: Vec<_> = s
+            .posts
+            .iter()
+            .filter(|p| p.method == "tools/call")
+            .map(|p| p.session.clone())
+            .collect();
+        assert_eq!(
+            lease_sessions,
+            [Some("sess-1".to_string()), Some("sess-1".to_string())]
+        );
+    }
+    stop_tx.send(true).expect("listener alive");
+    task.await.expect("listener ends cleanly");
+}

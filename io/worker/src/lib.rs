@@ -1,0 +1,14 @@
+//! relay-worker: the worker side of relay's tokio shell.
+//!
+//! It moves bytes and time: the lease client ([`lease`]), the agent and check processes
+//! ([`runner`]), the run records ([`journal`]) and the daemon that ties them together
+//! ([`daemon`]). It never decides a lifecycle rule: every rule is a call into `relay_core`, so
+//! the simulator and the fuzz targets exercise the same logic.
+
+pub use relay_core as core;
+
+pub mod clock;
+pub mod daemon;
+pub mod journal;
+pub mod lease;
+pub mod runner;
