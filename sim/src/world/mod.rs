@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use relay_core::ErrorCode;
 use relay_core::config::{OperatingHours, within_hours};
 use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
-use relay_core::ledger::{Actor, Attempt, Ledger, LedgerConfig, NewTodo, Todo};
+use relay_core::ledger::{self, Actor, Attempt, Ledger, LedgerConfig, NewTodo, Op, Todo};
 use relay_core::relay::{
     Capabilities, ClaimedTodo, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     ReportVerb, RequestId, SuccessCheck, reconcile_interrupted,
@@ -495,7 +495,8 @@ impl World {
                 self.schedule(self.now + self.o.reaper_every, Ev::Reap);
             }
             Ev::Requeue => {
-                match self.ledger.requeue_due(self.now) {
+                let requeue = Op::RequeueDue { now: self.now };
+                match self.ledger.apply(requeue).and_then(ledger::Answer::todos) {
                     Ok(moved) if !moved.is_empty() => {
                         self.touched.extend(moved.iter().map(|t| t.id.clone()));
                         self.ring(&moved, Offer::Requeued);
@@ -597,7 +598,12 @@ impl World {
                     max_attempts: Some(self.o.max_attempts),
                     ..NewTodo::default()
                 };
-                match self.ledger.add_todo(self.now, ENDPOINT, new) {
+                let add = Op::AddTodo {
+                    now: self.now,
+                    endpoint: ENDPOINT.into(),
+                    new,
+                };
+                match self.ledger.apply(add).and_then(ledger::Answer::todo) {
                     Ok(t) => {
                         self.touched.insert(id.clone());
                         self.added.insert(id);
@@ -608,13 +614,16 @@ impl World {
             }
             Work::Cancel(n) if !self.healed => {
                 self.touched.insert(todo_id(n));
-                if self.ledger.cancel(self.now, &op, &todo_id(n)).is_ok() {
+                let (now, actor, id) = (self.now, op.clone(), todo_id(n));
+                if self.ledger.apply(Op::Cancel { now, actor, id }).is_ok() {
                     self.count("operator_cancel");
                 }
             }
             Work::Retry(n) if !self.healed => {
                 self.touched.insert(todo_id(n));
-                if let Ok(t) = self.ledger.retry(self.now, &op, &todo_id(n)) {
+                let (now, actor, id) = (self.now, op.clone(), todo_id(n));
+                let retry = Op::Retry { now, actor, id };
+                if let Ok(t) = self.ledger.apply(retry).and_then(ledger::Answer::todo) {
                     self.count("operator_retry");
                     self.ring(&[t], Offer::Requeued);
                 }

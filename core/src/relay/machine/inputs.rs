@@ -105,7 +105,7 @@ impl Relay {
         if !self.settings.enabled {
             return self.skip(&trigger, SkippedReason::Disabled);
         }
-        if self.attempt.is_some() {
+        if self.run.is_some() {
             // Overlap is decided before hours (SPEC-0008's order), except that a firing outside
             // its hours is never held: it could not have started now either.
             return match self.settings.on_overlap {
@@ -161,7 +161,7 @@ impl Relay {
             require_fence: true,
             claimant: claimant(&s.host, &s.harness, run_id),
         });
-        self.attempt = Some(Attempt {
+        self.run = Some(Run {
             run_id,
             record,
             claim_sent_at: now,
@@ -188,7 +188,7 @@ impl Relay {
         request: RequestId,
         claim: ClaimedTodo,
     ) -> Result<(), ContractError> {
-        let Some(a) = claiming(&mut self.attempt, request) else {
+        let Some(a) = claiming(&mut self.run, request) else {
             return self.stale(request);
         };
         let Some(token) = claim.lease_token.clone() else {
@@ -258,7 +258,7 @@ impl Relay {
         request: RequestId,
         error: Option<LeaseError>,
     ) -> Result<(), ContractError> {
-        let Some(a) = claiming(&mut self.attempt, request) else {
+        let Some(a) = claiming(&mut self.run, request) else {
             return self.stale(request);
         };
         a.record.outcome = RunOutcome::Skipped;
@@ -293,12 +293,12 @@ impl Relay {
         error: Option<LeaseError>,
     ) -> Result<(), ContractError> {
         let (ttl, interval) = (self.settings.lease_ttl, self.settings.heartbeat_interval);
-        let run_id = self.attempt.as_ref().map_or(0, |a| a.run_id);
+        let run_id = self.run.as_ref().map_or(0, |a| a.run_id);
         let reporting = self
-            .attempt
+            .run
             .as_ref()
             .is_some_and(|a| matches!(a.phase, Phase::Reporting { .. }));
-        let Some(lease) = self.attempt.as_mut().and_then(|a| a.lease.as_mut()) else {
+        let Some(lease) = self.run.as_mut().and_then(|a| a.lease.as_mut()) else {
             return self.stale(request);
         };
         let Some(sent) = lease.outstanding.remove(&request) else {
@@ -320,7 +320,7 @@ impl Relay {
                 lease.disputed = true;
                 lease.outstanding.clear();
                 let waiting = self
-                    .attempt
+                    .run
                     .as_ref()
                     .is_some_and(|a| matches!(a.phase, Phase::Reporting { request: None, .. }));
                 if waiting {
@@ -447,7 +447,7 @@ impl Relay {
             run_id,
             input: name,
         };
-        let Some(a) = self.attempt.as_mut().filter(|a| a.run_id == run_id) else {
+        let Some(a) = self.run.as_mut().filter(|a| a.run_id == run_id) else {
             return Err(no_check);
         };
         let Some(check) = a.check.as_mut().filter(|c| c.state == CheckState::Running) else {
@@ -497,7 +497,7 @@ impl Relay {
         answer: Result<bool, LeaseError>,
     ) -> Result<(), ContractError> {
         let interval = self.settings.heartbeat_interval;
-        let Some(a) = self.attempt.as_mut().filter(
+        let Some(a) = self.run.as_mut().filter(
             |a| matches!(a.phase, Phase::Reporting { request: Some(r), .. } if r == request),
         ) else {
             return self.stale(request);
@@ -564,7 +564,7 @@ impl Relay {
         answer: Result<String, String>,
     ) -> Result<(), ContractError> {
         let Some(a) = self
-            .attempt
+            .run
             .as_mut()
             .filter(|a| matches!(a.phase, Phase::Receipt { request: r, .. } if r == request))
         else {
@@ -600,7 +600,7 @@ impl Relay {
         if !self.stop_would_abort() {
             return;
         }
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         a.stop = Some(reason);
@@ -623,7 +623,7 @@ impl Relay {
 
     pub(super) fn handle_timer(&mut self, now: Millis, reason: TimerReason) {
         let interval = self.settings.heartbeat_interval.max(1);
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let run_id = a.run_id;

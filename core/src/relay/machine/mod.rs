@@ -217,8 +217,10 @@ struct PendingReport {
     outcome: RunOutcome,
 }
 
+/// The run in flight: one firing, from its claim through the process, the check and the
+/// report to its final record (its attempt, when the claim succeeds, is the ledger's row).
 #[derive(Debug)]
-struct Attempt {
+struct Run {
     run_id: u64,
     record: RunRecord,
     claim_sent_at: Millis,
@@ -234,7 +236,7 @@ struct Attempt {
     redactor: Redactor,
 }
 
-impl Attempt {
+impl Run {
     fn children_alive(&self) -> bool {
         matches!(
             self.process.state,
@@ -261,7 +263,7 @@ pub struct Relay {
     next_request: u64,
     source: SourceState,
     release_advertised: bool,
-    attempt: Option<Attempt>,
+    run: Option<Run>,
     /// The one firing `on_overlap = "queue"` holds, by trigger.
     held: Option<String>,
     /// A reload's settings, waiting for the attempt in flight to close.
@@ -293,7 +295,7 @@ impl Relay {
             next_request: 1,
             source: SourceState::Unverified,
             release_advertised: false,
-            attempt: None,
+            run: None,
             held: None,
             pending: None,
             commands: VecDeque::new(),
@@ -314,7 +316,7 @@ impl Relay {
             self.pending = None;
             return Reconfigured::Unchanged;
         }
-        match &self.attempt {
+        match &self.run {
             Some(a) => {
                 self.pending = Some(settings);
                 Reconfigured::AfterRun { run_id: a.run_id }
@@ -338,7 +340,7 @@ impl Relay {
     /// already stopping or ending, and its verdict is not yet known (a known verdict is
     /// reported as decided).
     pub fn stop_would_abort(&self) -> bool {
-        self.attempt.as_ref().is_some_and(|a| {
+        self.run.as_ref().is_some_and(|a| {
             let verdict_known = matches!(
                 a.phase,
                 Phase::Receipt { .. } | Phase::Reporting { .. } | Phase::Ending
@@ -358,7 +360,7 @@ impl Relay {
     /// The earliest deadline and why. When several fall on one instant the lease deadline
     /// comes first.
     pub fn poll_timeout(&self) -> Option<(Millis, TimerReason)> {
-        let a = self.attempt.as_ref()?;
+        let a = self.run.as_ref()?;
         let mut timers: Vec<(Millis, TimerReason)> = Vec::new();
         if let Some(lease) = a.live_lease() {
             timers.push((lease.deadline, TimerReason::LeaseDeadline));
@@ -412,7 +414,7 @@ impl Relay {
             source: self.source,
             release_advertised: self.release_advertised,
             held_firing: self.held.is_some(),
-            attempt: self.attempt.as_ref().map(|a| AttemptView {
+            attempt: self.run.as_ref().map(|a| AttemptView {
                 run_id: a.run_id,
                 phase: a.phase.name(),
                 todo_id: a.lease.as_ref().map(|l| l.claim.todo_id.clone()),
@@ -425,14 +427,14 @@ impl Relay {
 
     /// Whether an attempt is in flight (from the claim's send to its final record).
     pub fn in_flight(&self) -> bool {
-        self.attempt.is_some()
+        self.run.is_some()
     }
 
     /// The local lease deadline of the attempt in flight, while its lease is live.
     pub fn lease_deadline(&self) -> Option<Millis> {
-        self.attempt
+        self.run
             .as_ref()
-            .and_then(Attempt::live_lease)
+            .and_then(Run::live_lease)
             .map(|l| l.deadline)
     }
 }
@@ -445,7 +447,7 @@ fn next_request(counter: &mut u64) -> RequestId {
 }
 
 /// The attempt, when it is waiting for the answer to `request`'s claim.
-fn claiming(attempt: &mut Option<Attempt>, request: RequestId) -> Option<&mut Attempt> {
+fn claiming(attempt: &mut Option<Run>, request: RequestId) -> Option<&mut Run> {
     attempt
         .as_mut()
         .filter(|a| matches!(a.phase, Phase::Claiming { request: r } if r == request))

@@ -53,15 +53,15 @@ impl Relay {
         run_id: u64,
         input: &'static str,
         want: fn(ProcState) -> bool,
-    ) -> Result<&mut Attempt, ContractError> {
-        self.attempt
+    ) -> Result<&mut Run, ContractError> {
+        self.run
             .as_mut()
             .filter(|a| a.run_id == run_id && want(a.process.state))
             .ok_or(ContractError::NoProcess { run_id, input })
     }
 
     pub(super) fn relay_process_env(&self, agent: Option<AgentRun>) -> Option<ProcessEnv> {
-        let a = self.attempt.as_ref()?;
+        let a = self.run.as_ref()?;
         let lease = a.lease.as_ref()?;
         let files = run_files(&self.settings.jobs_dir, &self.settings.harness, a.run_id);
         let mut relay = relay_env(&lease.claim, &files);
@@ -82,14 +82,14 @@ impl Relay {
         };
         // After a check-before, the file is already there (written before that check).
         if self
-            .attempt
+            .run
             .as_ref()
             .is_some_and(|a| !matches!(a.phase, Phase::CheckingBefore))
         {
             self.write_context_file();
         }
         let s = &self.settings;
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         if a.lease.is_none() {
@@ -111,7 +111,7 @@ impl Relay {
 
     pub(super) fn write_context_file(&mut self) {
         let s = &self.settings;
-        let Some(a) = self.attempt.as_ref() else {
+        let Some(a) = self.run.as_ref() else {
             return;
         };
         let Some(lease) = a.lease.as_ref() else {
@@ -133,7 +133,7 @@ impl Relay {
 
     /// SPEC-0008's stop: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
     pub(super) fn stop_process(&mut self, now: Millis) {
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         if matches!(a.process.state, ProcState::Running { .. }) && a.process.term_at.is_none() {
@@ -147,7 +147,7 @@ impl Relay {
 
     /// Skips a check that has not started and kills one that has.
     pub(super) fn abandon_check(&mut self) {
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(check) = a.check.as_mut() else {
@@ -166,7 +166,7 @@ impl Relay {
     }
 
     pub(super) fn start_check(&mut self, now: Millis, before: bool) {
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         a.phase = if before {
@@ -189,7 +189,7 @@ impl Relay {
 
     pub(super) fn run_check(&mut self) {
         let agent = self
-            .attempt
+            .run
             .as_ref()
             .and_then(|a| a.agent.as_ref())
             .map(|g| g.run);
@@ -199,7 +199,7 @@ impl Relay {
         let Some(check_settings) = self.settings.success_check.as_ref() else {
             return;
         };
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(check) = a.check.as_mut() else {
@@ -222,7 +222,7 @@ impl Relay {
             return;
         };
         let (interval, timeout) = (cs.interval, cs.timeout);
-        let Some(check) = self.attempt.as_mut().and_then(|a| a.check.as_mut()) else {
+        let Some(check) = self.run.as_mut().and_then(|a| a.check.as_mut()) else {
             return;
         };
         let rerun_at = now.saturating_add(interval);
@@ -240,7 +240,7 @@ impl Relay {
         now: Millis,
         next: impl FnOnce(&mut Relay, Millis),
     ) {
-        let Some(a) = self.attempt.as_ref() else {
+        let Some(a) = self.run.as_ref() else {
             return;
         };
         if a.end.is_some() {
@@ -256,7 +256,7 @@ impl Relay {
     /// or the report.
     pub(super) fn verdict(&mut self, now: Millis, success: bool, reason: &str) {
         let s = &self.settings;
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(lease) = a.lease.as_ref() else {
@@ -325,7 +325,7 @@ impl Relay {
     /// REQ-9 `success_check_before`: the world is already as the todo wants it.
     pub(super) fn already_satisfied(&mut self, now: Millis) {
         let s = &self.settings;
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(lease) = a.lease.as_ref() else {
@@ -353,7 +353,7 @@ impl Relay {
     /// REQ-13: a receipt when one is configured and the agent named no artifact.
     pub(super) fn receipt_or_report(&mut self, now: Millis) {
         let s = &self.settings;
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(report) = a.report.as_ref() else {
@@ -381,7 +381,7 @@ impl Relay {
     /// REQ-14: the process and check are gone; release (or fail) the lease with the reason.
     pub(super) fn try_abort_report(&mut self) {
         let s = &self.settings;
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let (Some(reason), Some(lease)) = (a.stop, a.lease.as_ref()) else {
@@ -413,7 +413,7 @@ impl Relay {
     }
 
     pub(super) fn send_report(&mut self) {
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let (Some(report), Some(lease)) = (a.report.as_ref(), a.live_lease()) else {
@@ -443,7 +443,7 @@ impl Relay {
 
     /// REQ-8 (and REQ-10's report_lost): from here on nothing more goes to the lease source.
     pub(super) fn lose_lease(&mut self, now: Millis) {
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(a) = self.run.as_mut() else {
             return;
         };
         let Some(lease) = a.lease.as_mut() else {
@@ -477,14 +477,14 @@ impl Relay {
     }
 
     pub(super) fn try_close(&mut self, now: Millis) {
-        if self.attempt.as_ref().is_some_and(|a| !a.children_alive()) {
+        if self.run.as_ref().is_some_and(|a| !a.children_alive()) {
             self.close(now);
         }
     }
 
     /// Writes the final record, forgets the attempt (and its token), starts a held firing.
     pub(super) fn close(&mut self, now: Millis) {
-        let Some(mut a) = self.attempt.take() else {
+        let Some(mut a) = self.run.take() else {
             return;
         };
         if let Some((outcome, relay_outcome)) = a.end {

@@ -4,13 +4,13 @@
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use relay_core::grant::Grant;
 use relay_core::ledger::{
-    Actor, ClaimOpts, Claimed, Disposition, NewTodo, Outcome, Report, TodoFilter,
+    Actor, Answer, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, TodoFilter,
 };
 use relay_core::wire::{
     self, ClaimOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool, ToolCall, lease_ttl_ms,
@@ -165,8 +165,12 @@ pub(crate) async fn handle(
         Ok(s) => s,
         Err(r) => return Reply::Raw(r),
     };
-    let grant = endpoint.grant();
-    let tools = grant.tools();
+    let granted: BTreeSet<Tool> = endpoint
+        .verbs
+        .iter()
+        .filter_map(|v| Tool::parse(v))
+        .collect();
+    let tools = wire::tools_for(&granted);
     match method.as_str() {
         "ping" => ok(id, json!({})),
         "tools/list" => ok(id, wire::tools_list(&tools)),
@@ -186,12 +190,16 @@ pub(crate) async fn handle(
                     &format!("unknown tool {name:?}; tools/list names the tools of this endpoint"),
                 );
             };
-            let answer = match grant
-                .check_tool(tool)
-                .and_then(|()| tool.decode(params.get("arguments")))
-            {
-                Ok(call) => server.call(endpoint, &grant, &session, call).await,
-                Err(e) => Err(e),
+            let answer = if tools.contains(&tool) {
+                match tool.decode(params.get("arguments")) {
+                    Ok(call) => server.call(endpoint, &session, call).await,
+                    Err(e) => Err(e),
+                }
+            } else {
+                Err(Error::forbidden(format!(
+                    "{name}: this endpoint is not granted this verb; vend an endpoint with it \
+                     (`relay endpoint create NAME --verbs {name},…`)"
+                )))
             };
             let code = match &answer {
                 Ok(_) => "ok",
@@ -281,6 +289,20 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, Error> {
     serde_json::to_value(v).map_err(|e| Error::internal(format!("encoding the answer: {e}")))
 }
 
+fn queue_granted(endpoint: &Endpoint, queue: &str) -> bool {
+    endpoint
+        .queues
+        .as_ref()
+        .is_none_or(|qs| qs.iter().any(|q| q == queue))
+}
+
+fn queue_forbidden(tool: &str, queue: &str) -> Error {
+    Error::forbidden(format!(
+        "{tool}: queue {queue:?} is not granted to this endpoint; use a granted queue or vend an \
+         endpoint with it (`--queues`)"
+    ))
+}
+
 fn report_of(
     result: Option<serde_json::Map<String, Value>>,
     summary: Option<String>,
@@ -329,7 +351,6 @@ impl Server {
     async fn call(
         &self,
         endpoint: &Endpoint,
-        grant: &Grant,
         session: &str,
         call: ToolCall,
     ) -> Result<Value, Error> {
@@ -341,59 +362,98 @@ impl Server {
         let m = &self.inner.metrics;
         match call {
             ToolCall::ClaimNext(a) => {
-                let queues = grant.scope(Tool::ClaimNext, a.queue.as_deref())?;
+                let queues = match &a.queue {
+                    Some(q) if !queue_granted(endpoint, q) => {
+                        return Err(queue_forbidden("claim_next", q));
+                    }
+                    Some(q) => Some(vec![q.clone()]),
+                    None => endpoint.queues.clone(),
+                };
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
-                let claimed = store
-                    .claim_next(self.now(), &actor, queues.as_deref(), &opts)
-                    .await;
+                let op = Op::ClaimNext {
+                    now: self.now(),
+                    actor,
+                    queues,
+                    opts,
+                };
+                let claimed = store.apply(op).await;
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
-                match claimed? {
+                match claimed?.next()? {
                     None => to_value(&ClaimOut::empty()),
                     Some(c) => self.claimed(&c, token),
                 }
             }
             ToolCall::Claim(a) => {
-                if grant.queues().is_some() {
-                    let view = store.get_todo(&actor, &a.id, 1).await.map_err(|e| {
+                if endpoint.queues.is_some() {
+                    let (actor, id) = (actor.clone(), a.id.clone());
+                    let get = Op::GetTodo {
+                        actor,
+                        id,
+                        attempts_limit: 1,
+                    };
+                    let view = store.apply(get).await.and_then(Answer::view);
+                    let view = view.map_err(|e| {
                         if e.code == ErrorCode::NotFound {
                             relay_core::ledger::transition::not_found("claim", &a.id)
                         } else {
                             e
                         }
                     })?;
-                    grant.check_queue(Tool::Claim, &view.todo.queue)?;
+                    if !queue_granted(endpoint, &view.todo.queue) {
+                        return Err(queue_forbidden("claim", &view.todo.queue));
+                    }
                 }
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
-                let claimed = store.claim(self.now(), &actor, &a.id, &opts).await;
+                let (now, id) = (self.now(), a.id);
+                let claimed = store.apply(Op::Claim {
+                    now,
+                    actor,
+                    id,
+                    opts,
+                });
+                let claimed = claimed.await;
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
-                self.claimed(&claimed?, token)
+                self.claimed(&claimed?.claimed()?, token)
             }
             ToolCall::Heartbeat(a) => {
-                let t = store
-                    .heartbeat(
-                        self.now(),
-                        &actor,
-                        &a.id,
-                        lease_ttl_ms(a.lease_ttl_seconds),
-                        a.lease_token.as_ref().map(|t| t.hash()),
-                    )
-                    .await?;
+                let op = Op::Heartbeat {
+                    now: self.now(),
+                    actor,
+                    id: a.id,
+                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
+                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.heartbeats.inc();
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Complete(a) => {
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let t = store.complete(self.now(), &actor, &a.id, &report).await?;
+                let (now, id) = (self.now(), a.id);
+                let op = Op::Complete {
+                    now,
+                    actor,
+                    id,
+                    report,
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.closed(Outcome::Completed, Disposition::Done);
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Fail(a) => {
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let t = store.fail(self.now(), &actor, &a.id, &report).await?;
+                let (now, id) = (self.now(), a.id);
+                let op = Op::Fail {
+                    now,
+                    actor,
+                    id,
+                    report,
+                };
+                let t = store.apply(op).await?.todo()?;
                 let disposition = if t.dead_letter() {
                     Disposition::DeadLettered
                 } else {
@@ -403,60 +463,73 @@ impl Server {
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Release(a) => {
-                let t = store
-                    .release(
-                        self.now(),
-                        &actor,
-                        &a.id,
-                        a.summary.as_deref(),
-                        a.lease_token.as_ref().map(|t| t.hash()),
-                    )
-                    .await?;
+                let op = Op::Release {
+                    now: self.now(),
+                    actor,
+                    id: a.id,
+                    summary: a.summary,
+                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.closed(Outcome::Released, Disposition::Requeued);
                 self.ring_todo(&t, Offer::Requeued);
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
-                let view = store.get_todo(&actor, &a.id, limit).await?;
-                if !grant.covers(&view.todo.queue) {
+                let id = a.id.clone();
+                let op = Op::GetTodo {
+                    actor,
+                    id,
+                    attempts_limit: limit,
+                };
+                let view = store.apply(op).await?.view()?;
+                if !queue_granted(endpoint, &view.todo.queue) {
                     // What the endpoint cannot enumerate does not exist for it.
                     return Err(relay_core::ledger::transition::not_found("get_todo", &a.id));
                 }
                 to_value(&GetTodoOut::from(&view))
             }
             ToolCall::ListTodos(a) => {
-                let queues = grant.scope(Tool::ListTodos, a.queue.as_deref())?;
+                let queues = match &a.queue {
+                    Some(q) if !queue_granted(endpoint, q) => {
+                        return Err(queue_forbidden("list_todos", q));
+                    }
+                    Some(q) => Some(vec![q.clone()]),
+                    None => endpoint.queues.clone(),
+                };
                 let filter = TodoFilter {
                     queues,
                     state: a.state,
                     limit: a.limit.unwrap_or(wire::LIST_LIMIT_DEFAULT) as usize,
                 };
-                let todos = store.list_todos(&actor, &filter).await?;
+                let todos = store.apply(Op::ListTodos { actor, filter });
+                let todos = todos.await?.todos()?;
                 to_value(&ListTodosOut {
                     todos: todos.iter().map(TodoOut::from).collect(),
                 })
             }
             ToolCall::AddTodo(a) => {
-                grant.check_queue(Tool::AddTodo, &a.queue)?;
+                if !queue_granted(endpoint, &a.queue) {
+                    return Err(queue_forbidden("add_todo", &a.queue));
+                }
                 let id = format!("td_{}", self.random_hex::<10>()?);
-                let t = store
-                    .add_todo(
-                        self.now(),
-                        &endpoint.name,
-                        NewTodo {
-                            id,
-                            queue: a.queue,
-                            title: a.title,
-                            kind: a.kind,
-                            source: a.source,
-                            payload: a.payload,
-                            work_order: a.work_order,
-                            max_attempts: a.max_attempts,
-                            assignee: a.assignee,
-                        },
-                    )
-                    .await?;
+                let op = Op::AddTodo {
+                    now: self.now(),
+                    endpoint: endpoint.name.clone(),
+                    new: NewTodo {
+                        id,
+                        queue: a.queue,
+                        title: a.title,
+                        kind: a.kind,
+                        source: a.source,
+                        payload: a.payload,
+                        work_order: a.work_order,
+                        max_attempts: a.max_attempts,
+                        assignee: a.assignee,
+                    },
+                };
+                let t = store.apply(op).await?.todo()?;
                 self.ring_todo(&t, Offer::Fresh);
                 to_value(&TodoOut::from(&t))
             }

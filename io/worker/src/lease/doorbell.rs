@@ -33,14 +33,14 @@ pub struct Doorbell {
 /// The backoff between reconnects: `initial`, doubling per failed attempt up to `max`; back to
 /// `initial` once a stream opens (a server that closes idle streams is not failing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
+pub struct ReconnectBackoff {
     pub initial: Duration,
     pub max: Duration,
 }
 
-impl Default for Backoff {
+impl Default for ReconnectBackoff {
     fn default() -> Self {
-        Backoff {
+        ReconnectBackoff {
             initial: Duration::from_millis(500),
             max: Duration::from_secs(30),
         }
@@ -51,7 +51,7 @@ impl Default for Backoff {
 #[derive(Debug)]
 pub struct DoorbellListener {
     ep: Endpoint,
-    backoff: Backoff,
+    backoff: ReconnectBackoff,
 }
 
 /// How one connected stream ended.
@@ -81,7 +81,7 @@ impl DoorbellListener {
     ) -> DoorbellListener {
         DoorbellListener {
             ep: Endpoint::new(source, url, headers, transport),
-            backoff: Backoff::default(),
+            backoff: ReconnectBackoff::default(),
         }
     }
 
@@ -112,7 +112,7 @@ impl DoorbellListener {
         self
     }
 
-    pub fn with_backoff(mut self, backoff: Backoff) -> DoorbellListener {
+    pub fn with_backoff(mut self, backoff: ReconnectBackoff) -> DoorbellListener {
         self.backoff = backoff;
         self
     }

@@ -35,7 +35,7 @@ pub use client::{
     LeaseCallError, LeaseClient, LeaseOutcome, NotALeaseCall, RPC_ERROR, SessionNews, TOOL_ERROR,
     ToolsList, UNAUTHORIZED, UNSUPPORTED,
 };
-pub use doorbell::{Backoff, Doorbell, DoorbellListener};
+pub use doorbell::{Doorbell, DoorbellListener, ReconnectBackoff};
 pub use mcp::{DEFAULT_TIMEOUT, PROTOCOL_VERSION};
 pub use receipt::{ReceiptClient, ReceiptError, compose_receipt};
 pub use sse::{SseEvent, SseParser, parse_sse};

@@ -1018,11 +1018,12 @@ async fn doorbell_over(transport: Arc<dyn Transport>) {
     let mut streams = fake.lock().opened.subscribe();
     let (tx, mut rx) = mpsc::channel(8);
     let (stop_tx, stop) = watch::channel(false);
-    let listener =
-        DoorbellListener::new("channel.bell", &url, auth(), transport).with_backoff(Backoff {
+    let listener = DoorbellListener::new("channel.bell", &url, auth(), transport).with_backoff(
+        ReconnectBackoff {
             initial: Duration::from_millis(5),
             max: Duration::from_millis(20),
-        });
+        },
+    );
     let task = listener.spawn(tx, stop);
 
     opened(&mut streams, 1).await;
