@@ -18,6 +18,7 @@ pub mod grant;
 pub mod ledger;
 pub mod limits;
 pub mod relay;
+pub mod serve;
 pub mod time;
 pub mod wire;
 

@@ -6,13 +6,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use relay_core::ErrorCode;
-use relay_core::config::{OperatingHours, within_hours};
+use relay_core::config::{OperatingHours, Schedule, within_hours};
 use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
 use relay_core::ledger::{self, Actor, Attempt, Ledger, LedgerConfig, NewTodo, Op, Todo};
 use relay_core::relay::{
-    Capabilities, ClaimedTodo, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
-    ReportVerb, RequestId, SuccessCheck, reconcile_interrupted,
+    Capabilities, Command, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
+    RequestId, SuccessCheck, reconcile_interrupted,
 };
 use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
 use serde_json::{Value, json};
@@ -66,36 +65,6 @@ pub struct RunResult {
 }
 
 #[derive(Clone, Debug)]
-enum Call {
-    ClaimNext {
-        ttl: Millis,
-        fence: bool,
-        claimant: String,
-    },
-    Heartbeat {
-        todo: String,
-        ttl: Millis,
-        token: String,
-    },
-    Report {
-        verb: ReportVerb,
-        todo: String,
-        token: String,
-        summary: String,
-        artifact: Option<String>,
-        result: Value,
-    },
-}
-
-#[derive(Clone, Debug)]
-enum Answer {
-    Claimed(Box<ClaimedTodo>),
-    Empty,
-    HeartbeatOk,
-    Reported { dead_letter: bool },
-}
-
-#[derive(Clone, Debug)]
 enum Ev {
     Work(Work),
     Fault(Fault),
@@ -114,17 +83,19 @@ enum Ev {
         relay: usize,
         generation: u64,
     },
+    /// A `tools/call` reaching the server: its params, as the lease client sends them.
     ServerRecv {
         relay: usize,
         life: u32,
         req: RequestId,
-        call: Call,
+        params: Value,
     },
+    /// The `tools/call` result reaching the lease client.
     ClientRecv {
         relay: usize,
         life: u32,
         req: RequestId,
-        answer: Result<Answer, ErrorCode>,
+        result: Value,
     },
     ClientTimeout {
         relay: usize,
@@ -137,7 +108,7 @@ enum Ev {
         life: u32,
         req: RequestId,
         run_id: u64,
-        call: Call,
+        command: Command,
     },
     /// An input for the relay of this lifetime (process and check events, receipts).
     Local {
@@ -187,8 +158,8 @@ struct Run {
 #[derive(Clone, Debug)]
 struct Pending {
     run_id: u64,
-    is_report: bool,
-    is_heartbeat: bool,
+    /// The lease command the request carries out: its answer is read for it.
+    command: Command,
 }
 
 /// The agent's world: has the todo's fix landed (the check's truth)?
@@ -227,6 +198,8 @@ pub struct World {
     since_full_check: u32,
     /// The server's doorbell gate, one session per relay lifetime.
     gate: Gate,
+    /// Every relay's harness schedule (`@every fire_every`).
+    schedule_of: Schedule,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -307,6 +280,7 @@ impl World {
             touched: BTreeSet::new(),
             since_full_check: 0,
             gate: Gate::new(doorbell::WINDOW),
+            schedule_of: Schedule::Every(o.fire_every),
             o,
         };
         for r in 0..w.hosts.len() {
@@ -510,7 +484,12 @@ impl World {
             }
             Ev::Tick(r) => {
                 self.schedule(self.now, Ev::Fire(r));
-                self.schedule(self.now + self.o.fire_every, Ev::Tick(r));
+                // The next slot on the host's wall clock, as the daemon finds it (a stepped
+                // or drifting wall clock moves the firings with it).
+                let wall = &self.hosts[r].wall;
+                let next = self.schedule_of.next_after(wall.read(self.now));
+                let at = wall.when(next).max(self.now + 1);
+                self.schedule(at, Ev::Tick(r));
             }
             Ev::Fire(r) => {
                 // Hours are read on the host's wall clock, as the daemon reads them.
@@ -536,19 +515,19 @@ impl World {
                 relay,
                 life,
                 req,
-                call,
-            } => self.on_server_recv(relay, life, req, call),
+                params,
+            } => self.on_server_recv(relay, life, req, &params),
             Ev::ClientRecv {
                 relay,
                 life,
                 req,
-                answer,
-            } => self.on_client_recv(relay, life, req, answer),
+                result,
+            } => self.on_client_recv(relay, life, req, &result),
             Ev::ClientTimeout { relay, life, req } => {
                 if self.hosts[relay].life == life
                     && let Some(p) = self.hosts[relay].pending.remove(&req)
                 {
-                    self.answer(relay, req, &p, Err(LeaseError::Transport));
+                    self.answer(relay, &p, Err(LeaseError::Transport));
                 }
             }
             Ev::LateSend {
@@ -556,11 +535,11 @@ impl World {
                 life,
                 req,
                 run_id,
-                call,
+                command,
             } => {
                 if self.hosts[relay].life == life {
                     self.check_lease_live(relay, run_id, true, "report");
-                    self.send(relay, req, run_id, call);
+                    self.send(relay, req, run_id, command);
                 }
             }
             Ev::Local { relay, life, input } => {

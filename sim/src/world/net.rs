@@ -1,7 +1,9 @@
 //! The network between relays and the server: sends, delays, losses and answers.
 
-use relay_core::ErrorCode;
-use relay_core::relay::{Input, LeaseError, RequestId};
+use relay_core::relay::{
+    Capabilities, Command, Input, LeaseError, RequestId, ResultError, call_params, failed_input,
+    result_input,
+};
 use relay_core::time::{Millis, SECOND};
 
 use crate::options::Mutation;
@@ -9,20 +11,22 @@ use crate::options::Mutation;
 use super::*;
 
 impl World {
-    pub(super) fn send(&mut self, r: usize, req: RequestId, run_id: u64, call: Call) {
+    /// Puts a lease command on the wire as the lease client does: its `tools/call` params,
+    /// built by core's client side of the contract.
+    pub(super) fn send(&mut self, r: usize, req: RequestId, run_id: u64, command: Command) {
         let life = self.hosts[r].life;
-        let (is_report, is_heartbeat) = (
-            matches!(call, Call::Report { .. }),
-            matches!(call, Call::Heartbeat { .. }),
-        );
-        self.hosts[r].pending.insert(
-            req,
-            Pending {
-                run_id,
-                is_report,
-                is_heartbeat,
-            },
-        );
+        let caps = Capabilities::full(self.o.release_granted);
+        let Some(params) = call_params(&command, &caps) else {
+            self.violate(
+                Kind::Correctness,
+                "contract",
+                format!("relay {r}: sent a command that is not a lease call"),
+            );
+            return;
+        };
+        self.hosts[r]
+            .pending
+            .insert(req, Pending { run_id, command });
         self.schedule(
             self.now + REQUEST_TIMEOUT,
             Ev::ClientTimeout {
@@ -58,7 +62,7 @@ impl World {
                     relay: r,
                     life,
                     req,
-                    call: call.clone(),
+                    params: params.clone(),
                 },
             );
         }
@@ -73,13 +77,7 @@ impl World {
         self.net.range(1, 20) + if max > 0 { self.net.below(max) } else { 0 }
     }
 
-    pub(super) fn on_client_recv(
-        &mut self,
-        r: usize,
-        life: u32,
-        req: RequestId,
-        answer: Result<Answer, ErrorCode>,
-    ) {
+    pub(super) fn on_client_recv(&mut self, r: usize, life: u32, req: RequestId, result: &Value) {
         if self.hosts[r].life != life {
             return;
         }
@@ -87,66 +85,52 @@ impl World {
         let Some(p) = self.hosts[r].pending.remove(&req) else {
             return;
         };
-        self.answer(r, req, &p, answer.map_err(LeaseError::Code));
+        self.answer(r, &p, Ok(result));
     }
 
-    pub(super) fn answer(
-        &mut self,
-        r: usize,
-        req: RequestId,
-        p: &Pending,
-        result: Result<Answer, LeaseError>,
-    ) {
-        let input = match result {
-            Ok(Answer::Claimed(c)) => {
-                let c = *c;
-                self.hosts[r].runs.insert(
-                    p.run_id,
-                    Run {
-                        todo: c.todo_id.clone(),
-                        seq: c.attempt_seq as u32,
-                        report_answered: false,
-                    },
-                );
-                Input::ClaimAnswered {
-                    request: req,
-                    claim: c,
+    /// Hands the machine what the lease client would: the result read by core's client side of
+    /// the contract, or the failure (`Err`: the request got no answer).
+    pub(super) fn answer(&mut self, r: usize, p: &Pending, result: Result<&Value, LeaseError>) {
+        let read = match result {
+            Ok(result) => result_input(&p.command, result),
+            Err(e) => failed_input(&p.command, e).map(Ok),
+        };
+        let mut input = match read {
+            Some(Ok(input)) => input,
+            Some(Err(e)) => {
+                if let ResultError::Malformed(a) = &e {
+                    self.violate(Kind::Correctness, "wire", format!("our own answer: {a}"));
+                }
+                let kind = e.kind(str::to_string);
+                match failed_input(&p.command, kind) {
+                    Some(input) => input,
+                    None => return,
                 }
             }
-            Ok(Answer::Empty) => Input::ClaimEmpty { request: req },
-            Ok(Answer::HeartbeatOk) => Input::HeartbeatOk { request: req },
-            Ok(Answer::Reported { dead_letter }) => {
+            None => return,
+        };
+        match &input {
+            Input::ClaimAnswered { claim, .. } => {
+                let run = Run {
+                    todo: claim.todo_id.clone(),
+                    seq: claim.attempt_seq as u32,
+                    report_answered: false,
+                };
+                self.hosts[r].runs.insert(p.run_id, run);
+            }
+            Input::ReportAnswered { .. } => {
                 if let Some(run) = self.hosts[r].runs.get_mut(&p.run_id) {
                     run.report_answered = true;
                 }
-                Input::ReportAnswered {
-                    request: req,
-                    dead_letter,
-                    next_retry_at: None,
+            }
+            Input::HeartbeatFailed { request, error } if error.is_lease_loss() => {
+                self.hosts[r].refused.insert(p.run_id);
+                if self.o.mutation == Some(Mutation::IgnoreHeartbeatConflict) {
+                    input = Input::HeartbeatOk { request: *request };
                 }
             }
-            Err(e) if p.is_heartbeat => {
-                if e.is_lease_loss() {
-                    self.hosts[r].refused.insert(p.run_id);
-                }
-                if self.o.mutation == Some(Mutation::IgnoreHeartbeatConflict) && e.is_lease_loss() {
-                    Input::HeartbeatOk { request: req }
-                } else {
-                    Input::HeartbeatFailed {
-                        request: req,
-                        error: e,
-                    }
-                }
-            }
-            Err(e) if p.is_report => Input::ReportFailed {
-                request: req,
-                error: e,
-            },
-            Err(e) => Input::ClaimFailed {
-                request: req,
-                error: e,
-            },
-        };
+            _ => {}
+        }
         self.feed(r, input);
     }
 
@@ -154,12 +138,12 @@ impl World {
     // The server side.
     // -----------------------------------------------------------------------------------------
 
-    pub(super) fn on_server_recv(&mut self, r: usize, life: u32, req: RequestId, call: Call) {
+    pub(super) fn on_server_recv(&mut self, r: usize, life: u32, req: RequestId, params: &Value) {
         if self.outage {
             self.count("request_lost");
             return;
         }
-        let answer = self.serve(call);
+        let result = self.serve(params);
         if self.hosts[r].partitioned
             || (!self.healed && self.net.chance(self.o.faults.response_loss))
         {
@@ -173,7 +157,7 @@ impl World {
                 relay: r,
                 life,
                 req,
-                answer,
+                result,
             },
         );
     }

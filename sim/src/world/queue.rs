@@ -1,11 +1,13 @@
 //! The simulated queue server: the ledger behind the tool calls, its reaper and retry requeue.
 
 use relay_core::ErrorCode;
+use relay_core::grant::Grant;
 use relay_core::ledger::{
-    self, Actor, Attempt, ClaimOpts, Op, Report, Todo, TodoState, TokenHash, transition,
+    self, Attempt, Disposition, Op, Outcome, Todo, TodoState, TokenHash, transition,
 };
-use relay_core::relay::{ClaimAnswer, LeaseToken, decode_claim};
-use relay_core::wire::ClaimOut;
+use relay_core::relay::LeaseToken;
+use relay_core::serve::{Caller, Draw, refusal, serve, tool_of};
+use relay_core::wire::Tool;
 
 use crate::options::Mutation;
 
@@ -49,138 +51,93 @@ impl World {
     // The relay side: feeding the machine and carrying out its commands.
     // -----------------------------------------------------------------------------------------
 
-    pub(super) fn serve(&mut self, call: Call) -> Result<Answer, ErrorCode> {
-        let endpoint = Actor::Endpoint {
+    /// The server's side of a `tools/call`: core's serving function over the ledger, the very
+    /// conversion the MCP server runs. Around it, the simulator's own checks (a stale fence
+    /// accepted, dead letters) and its canary (a server that skips the fence).
+    pub(super) fn serve(&mut self, params: &Value) -> Value {
+        let (tool, args) = match tool_of(params) {
+            Ok(t) => t,
+            Err(e) => {
+                self.violate(Kind::Correctness, "wire", e.clone());
+                return refusal(&relay_core::Error::invalid(e));
+            }
+        };
+        let arg = |k: &str| {
+            args.and_then(|a| a.get(k))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let (todo, token) = (arg("id"), arg("lease_token"));
+        let stale = match (&todo, &token) {
+            (Some(t), Some(k)) => self.stale(t, TokenHash::of(k)),
+            _ => false,
+        };
+        let attempts = |w: &World, id: &str| w.ledger.attempts(id).cloned().collect::<Vec<_>>();
+        let before = todo.as_deref().map(|id| attempts(self, id));
+        if let Some(id) = &todo {
+            self.touched.insert(id.clone());
+        }
+        let caller = Caller {
             endpoint: ENDPOINT.into(),
             session: None,
+            grant: self.grant(),
         };
-        let now = self.now;
-        match call {
-            Call::ClaimNext {
-                ttl,
-                fence,
-                claimant,
-            } => {
-                let token = fence.then(|| format!("tok-{}", self.tokens.hex16()));
-                let opts = ClaimOpts {
-                    ttl,
-                    claimant: Some(claimant),
-                    token_hash: token.as_deref().map(TokenHash::of),
-                };
-                let op = Op::ClaimNext {
-                    now,
-                    actor: endpoint,
-                    queues: Some(vec![QUEUE.to_string()]),
-                    opts,
-                };
-                match self.ledger.apply(op).and_then(ledger::Answer::next) {
-                    Ok(None) => Ok(Answer::Empty),
-                    Ok(Some(c)) => {
-                        self.touched.insert(c.todo.id.clone());
-                        if c.takeover {
-                            self.count("takeover");
-                        }
-                        let out = ClaimOut::claimed(&c, token.map(LeaseToken::new));
-                        // The daemon's own decoder reads the answer as JSON, as off the wire.
-                        let answer = serde_json::to_value(&out).unwrap_or_default();
-                        match decode_claim(&answer) {
-                            Ok(ClaimAnswer::Claimed(ct)) => Ok(Answer::Claimed(Box::new(ct))),
-                            Ok(ClaimAnswer::Empty) | Err(_) => {
-                                self.violate(
-                                    Kind::Correctness,
-                                    "wire",
-                                    "a claim answer did not decode".into(),
-                                );
-                                Err(ErrorCode::Internal)
-                            }
-                        }
-                    }
-                    Err(e) => self.server_error(e),
+        let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
+        let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
+        let served = serve(tool, args, caller, self.now, &mut Tokens(tokens), |op| {
+            let op = if skip_fence {
+                skip_the_fence(ledger, op)
+            } else {
+                op
+            };
+            ledger.apply(op)
+        });
+        let s = match served {
+            Ok(s) => s,
+            Err(e) => {
+                if e.code == ErrorCode::Internal {
+                    self.violate(Kind::Correctness, "server", e.to_string());
                 }
+                return refusal(&e);
             }
-            Call::Heartbeat { todo, ttl, token } => {
-                self.touched.insert(todo.clone());
-                let hash = TokenHash::of(&token);
-                let stale = self.stale(&todo, hash);
-                let fence = self.fence(&todo, hash);
-                let op = Op::Heartbeat {
-                    now,
-                    actor: endpoint,
-                    id: todo.clone(),
-                    ttl,
-                    token_hash: fence,
-                };
-                match self.ledger.apply(op) {
-                    Ok(_) => {
-                        if stale {
-                            self.violate(
-                                Kind::Correctness,
-                                "stale_fence",
-                                format!("a heartbeat for {todo} under a stale lease was accepted"),
-                            );
-                        }
-                        Ok(Answer::HeartbeatOk)
-                    }
-                    Err(e) => self.server_error(e),
-                }
-            }
-            Call::Report {
-                verb,
-                todo,
-                token,
-                summary,
-                artifact,
-                result,
-            } => {
-                self.touched.insert(todo.clone());
-                let hash = TokenHash::of(&token);
-                let stale = self.stale(&todo, hash);
-                let before = self.ledger.attempts(&todo).cloned().collect::<Vec<_>>();
-                let actor = endpoint;
-                let fence = self.fence(&todo, hash);
-                let report = Report {
-                    result: result.as_object().map(|_| result.clone()),
-                    summary: Some(summary.clone()),
-                    artifact,
-                    token_hash: fence,
-                };
-                let op = verb.op(now, actor, todo.clone(), report);
-                match self.ledger.apply(op).and_then(ledger::Answer::todo) {
-                    Ok(t) => {
-                        let changed =
-                            self.ledger.attempts(&todo).cloned().collect::<Vec<_>>() != before;
-                        if stale && changed {
-                            self.violate(
-                                Kind::Correctness,
-                                "stale_fence",
-                                format!("a {verb:?} for {todo} under a stale lease was accepted"),
-                            );
-                        }
-                        if t.dead_letter() && changed {
-                            self.count("dead_letter");
-                        }
-                        Ok(Answer::Reported {
-                            dead_letter: t.dead_letter(),
-                        })
-                    }
-                    Err(e) => self.server_error(e),
-                }
+        };
+        let id = todo.or_else(|| s.answer["todo"]["id"].as_str().map(str::to_string));
+        let changed = match (&id, before) {
+            (Some(id), Some(before)) => attempts(self, id) != before,
+            _ => false,
+        };
+        if let Some(id) = &id {
+            self.touched.insert(id.clone());
+            if stale && (tool == Tool::Heartbeat || changed) {
+                self.violate(
+                    Kind::Correctness,
+                    "stale_fence",
+                    format!(
+                        "a {} for {id} under a stale lease was accepted",
+                        tool.name()
+                    ),
+                );
             }
         }
+        match s.closed {
+            Some((Outcome::LeaseExpired, _)) => self.count("takeover"),
+            Some((_, Disposition::DeadLettered)) if changed => self.count("dead_letter"),
+            _ => {}
+        }
+        if let Some((t, offer)) = &s.ring {
+            self.ring(std::slice::from_ref(t), *offer);
+        }
+        s.result()
     }
 
-    /// The token hash the server compares. The canary that skips the fence compares the open
-    /// attempt's own hash, whatever the caller presented.
-    pub(super) fn fence(&self, todo: &str, presented: TokenHash) -> Option<TokenHash> {
-        if self.o.mutation == Some(Mutation::ServerSkipsFence) {
-            self.ledger
-                .attempts(todo)
-                .last()
-                .filter(|a| a.is_open())
-                .map_or(Some(presented), |a| a.lease_token_hash)
-        } else {
-            Some(presented)
+    /// What the simulated endpoint was vended: the relay's verbs, on the one queue.
+    fn grant(&self) -> Grant {
+        let mut verbs = vec!["claim_next", "heartbeat", "complete", "fail"];
+        if self.o.release_granted {
+            verbs.push("release");
         }
+        let verbs: Vec<String> = verbs.into_iter().map(str::to_string).collect();
+        Grant::new(&verbs, Some(vec![QUEUE.to_string()]))
     }
 
     /// Whether a write under `hash` would be stale: the todo has no open attempt under that
@@ -190,14 +147,43 @@ impl World {
         !open.is_some_and(|a| a.lease_token_hash == Some(hash) && self.now < a.lease_expires_at)
     }
 
-    pub(super) fn server_error(&mut self, e: relay_core::Error) -> Result<Answer, ErrorCode> {
-        if e.code == ErrorCode::Internal {
-            self.violate(Kind::Correctness, "server", e.to_string());
-        }
-        Err(e.code)
-    }
-
     // -----------------------------------------------------------------------------------------
     // Invariants.
     // -----------------------------------------------------------------------------------------
+}
+
+/// The fence tokens the simulated server hands out; its relays add no todos.
+struct Tokens<'a>(&'a mut Rng);
+
+impl Draw for Tokens<'_> {
+    fn todo_id(&mut self) -> Result<String, relay_core::Error> {
+        Err(relay_core::Error::internal(
+            "the simulated relays add no todos",
+        ))
+    }
+    fn lease_token(&mut self) -> Result<LeaseToken, relay_core::Error> {
+        Ok(LeaseToken::new(format!("tok-{}", self.0.hex16())))
+    }
+}
+
+/// The canary of a server that skips the fence: every write compares the open attempt's own
+/// token hash, whatever the caller presented.
+fn skip_the_fence(ledger: &Ledger, mut op: Op) -> Op {
+    let own = |id: &str, presented: Option<TokenHash>| {
+        ledger
+            .attempts(id)
+            .last()
+            .filter(|a| a.is_open())
+            .map_or(presented, |a| a.lease_token_hash)
+    };
+    match &mut op {
+        Op::Heartbeat { id, token_hash, .. } | Op::Release { id, token_hash, .. } => {
+            *token_hash = own(id, *token_hash);
+        }
+        Op::Complete { id, report, .. } | Op::Fail { id, report, .. } => {
+            report.token_hash = own(id, report.token_hash);
+        }
+        _ => {}
+    }
+    op
 }

@@ -89,53 +89,17 @@ impl World {
         let life = self.hosts[r].life;
         match cmd {
             Command::SendClaimNext {
-                request,
-                run_id,
-                lease_ttl_seconds,
-                require_fence,
-                claimant,
-                ..
-            } => {
-                let call = Call::ClaimNext {
-                    ttl: lease_ttl_seconds * SECOND,
-                    fence: require_fence,
-                    claimant,
-                };
-                self.send(r, request, run_id, call);
-            }
+                request, run_id, ..
+            } => self.send(r, request, run_id, cmd),
             Command::SendHeartbeat {
-                request,
-                run_id,
-                todo_id,
-                lease_ttl_seconds,
-                lease_token,
+                request, run_id, ..
             } => {
                 self.check_lease_live(r, run_id, false, "heartbeat");
-                let call = Call::Heartbeat {
-                    todo: todo_id,
-                    ttl: lease_ttl_seconds * SECOND,
-                    token: lease_token.expose().to_string(),
-                };
-                self.send(r, request, run_id, call);
+                self.send(r, request, run_id, cmd);
             }
             Command::SendReport {
-                request,
-                run_id,
-                verb,
-                todo_id,
-                lease_token,
-                summary,
-                artifact,
-                result,
+                request, run_id, ..
             } => {
-                let call = Call::Report {
-                    verb,
-                    todo: todo_id,
-                    token: lease_token.expose().to_string(),
-                    summary,
-                    artifact,
-                    result,
-                };
                 if self.o.mutation == Some(Mutation::ReportAfterDeadline) {
                     // The canary: the driver holds the report until the lease is surely gone.
                     let late = self.now + self.o.lease_ttl + SECOND;
@@ -146,13 +110,13 @@ impl World {
                             life,
                             req: request,
                             run_id,
-                            call,
+                            command: cmd,
                         },
                     );
                     return;
                 }
                 self.check_lease_live(r, run_id, false, "report");
-                self.send(r, request, run_id, call);
+                self.send(r, request, run_id, cmd);
             }
             Command::Spawn { run_id, .. } => {
                 self.count("spawn");

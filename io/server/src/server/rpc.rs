@@ -4,24 +4,20 @@
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use relay_core::ledger::{
-    Actor, Answer, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, TodoFilter,
-};
-use relay_core::wire::{
-    self, ClaimOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool, ToolCall, lease_ttl_ms,
-};
+use relay_core::grant::Grant;
+use relay_core::ledger::Op;
+use relay_core::serve::{self, Caller, Draw, Served, Serving, Step};
+use relay_core::wire::{self, LeaseToken, Tool};
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
 
 use super::session::{check_session, rpc_error};
 use super::{PROTOCOL_VERSIONS, Server};
 use crate::store::Endpoint;
-use relay_core::doorbell::Offer;
 
 pub(crate) const PARSE_ERROR: i64 = -32700;
 pub(crate) const INVALID_REQUEST: i64 = -32600;
@@ -165,42 +161,20 @@ pub(crate) async fn handle(
         Ok(s) => s,
         Err(r) => return Reply::Raw(r),
     };
-    let granted: BTreeSet<Tool> = endpoint
-        .verbs
-        .iter()
-        .filter_map(|v| Tool::parse(v))
-        .collect();
-    let tools = wire::tools_for(&granted);
+    let grant = endpoint.grant();
+    let tools = grant.tools();
     match method.as_str() {
         "ping" => ok(id, json!({})),
         "tools/list" => ok(id, wire::tools_list(&tools)),
         "tools/call" => {
             let params = params.unwrap_or_else(|| json!({}));
-            let Some(name) = params.get("name").and_then(Value::as_str) else {
-                return err(
-                    id,
-                    INVALID_PARAMS,
-                    "tools/call needs params.name (a tool from tools/list)",
-                );
+            let (tool, arguments) = match serve::tool_of(&params) {
+                Ok(t) => t,
+                Err(message) => return err(id, INVALID_PARAMS, &message),
             };
-            let Some(tool) = Tool::parse(name) else {
-                return err(
-                    id,
-                    INVALID_PARAMS,
-                    &format!("unknown tool {name:?}; tools/list names the tools of this endpoint"),
-                );
-            };
-            let answer = if tools.contains(&tool) {
-                match tool.decode(params.get("arguments")) {
-                    Ok(call) => server.call(endpoint, &session, call).await,
-                    Err(e) => Err(e),
-                }
-            } else {
-                Err(Error::forbidden(format!(
-                    "{name}: this endpoint is not granted this verb; vend an endpoint with it \
-                     (`relay endpoint create NAME --verbs {name},…`)"
-                )))
-            };
+            let answer = server
+                .call(endpoint, grant, &session, tool, arguments)
+                .await;
             let code = match &answer {
                 Ok(_) => "ok",
                 Err(e) => e.code.as_str(),
@@ -213,15 +187,12 @@ pub(crate) async fn handle(
                 tracing::info!(endpoint = %endpoint.name, tool = tool.name(), result = code, "tools/call refused");
             }
             match answer {
-                Ok(v) => ok(id, wire::call_result(&v, false)),
+                Ok(served) => ok(id, served.result()),
                 Err(e) if e.code == ErrorCode::Internal => {
                     let context = format!("endpoint {} tools/call {}", endpoint.name, tool.name());
                     err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
                 }
-                Err(e) => {
-                    let out = serde_json::to_value(wire::ErrorOut::from(&e)).unwrap_or_default();
-                    ok(id, wire::call_result(&out, true))
-                }
+                Err(e) => ok(id, serve::refusal(&e)),
             }
         }
         other => err(
@@ -285,254 +256,61 @@ fn initialize(server: &Server, endpoint: &Endpoint, id: Value, params: Option<&V
     }
 }
 
-fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, Error> {
-    serde_json::to_value(v).map_err(|e| Error::internal(format!("encoding the answer: {e}")))
-}
+/// What the server draws for a call: todo ids and fence tokens from its RNG.
+struct ServerDraw<'a>(&'a Server);
 
-fn queue_granted(endpoint: &Endpoint, queue: &str) -> bool {
-    endpoint
-        .queues
-        .as_ref()
-        .is_none_or(|qs| qs.iter().any(|q| q == queue))
-}
-
-fn queue_forbidden(tool: &str, queue: &str) -> Error {
-    Error::forbidden(format!(
-        "{tool}: queue {queue:?} is not granted to this endpoint; use a granted queue or vend an \
-         endpoint with it (`--queues`)"
-    ))
-}
-
-fn report_of(
-    result: Option<serde_json::Map<String, Value>>,
-    summary: Option<String>,
-    artifact: Option<String>,
-    token: Option<&LeaseToken>,
-) -> Report {
-    Report {
-        result: result.map(Value::Object),
-        summary,
-        artifact,
-        token_hash: token.map(|t| t.hash()),
+impl Draw for ServerDraw<'_> {
+    fn todo_id(&mut self) -> Result<String, Error> {
+        Ok(format!("td_{}", self.0.random_hex::<10>()?))
+    }
+    fn lease_token(&mut self) -> Result<LeaseToken, Error> {
+        self.0.new_lease_token()
     }
 }
 
 impl Server {
-    /// The options of a claim (`claim_next` or `claim`), with a fresh fence token when asked.
-    fn claim_opts(
-        &self,
-        require_fence: Option<bool>,
-        lease_ttl_seconds: Option<u64>,
-        claimant: Option<String>,
-    ) -> Result<(ClaimOpts, Option<LeaseToken>), Error> {
-        let token = require_fence
-            .unwrap_or(false)
-            .then(|| self.new_lease_token())
-            .transpose()?;
-        let opts = ClaimOpts {
-            ttl: lease_ttl_ms(lease_ttl_seconds),
-            claimant,
-            token_hash: token.as_ref().map(LeaseToken::hash),
-        };
-        Ok((opts, token))
-    }
-
-    /// A claim's answer; a takeover closed the lapsed attempt, which the metrics count.
-    fn claimed(&self, c: &Claimed, token: Option<LeaseToken>) -> Result<Value, Error> {
-        if c.takeover {
-            self.inner
-                .metrics
-                .closed(Outcome::LeaseExpired, Disposition::Requeued);
-        }
-        to_value(&ClaimOut::claimed(c, token))
-    }
-
-    /// Runs one decoded tool call for `endpoint` over `session`.
+    /// Serves one tool call for `endpoint` over `session`: core's serving function over the
+    /// store, with the metrics and the doorbell around it.
     async fn call(
         &self,
         endpoint: &Endpoint,
+        grant: Grant,
         session: &str,
-        call: ToolCall,
-    ) -> Result<Value, Error> {
-        let actor = Actor::Endpoint {
+        tool: Tool,
+        arguments: Option<&Value>,
+    ) -> Result<Served, Error> {
+        let caller = Caller {
             endpoint: endpoint.name.clone(),
             session: Some(session.to_string()),
+            grant,
         };
-        let store = &self.inner.store;
         let m = &self.inner.metrics;
-        match call {
-            ToolCall::ClaimNext(a) => {
-                let queues = match &a.queue {
-                    Some(q) if !queue_granted(endpoint, q) => {
-                        return Err(queue_forbidden("claim_next", q));
+        let mut draw = ServerDraw(self);
+        let (mut serving, mut step) =
+            Serving::start(tool, arguments, caller, self.now(), &mut draw);
+        let served = loop {
+            match step {
+                Step::Apply(op) => {
+                    let claim = matches!(op, Op::Claim { .. } | Op::ClaimNext { .. });
+                    let started = Instant::now();
+                    let answer = self.inner.store.apply(op).await;
+                    if claim {
+                        m.claim_latency.observe(started.elapsed().as_secs_f64());
                     }
-                    Some(q) => Some(vec![q.clone()]),
-                    None => endpoint.queues.clone(),
-                };
-                let (opts, token) =
-                    self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
-                let started = Instant::now();
-                let op = Op::ClaimNext {
-                    now: self.now(),
-                    actor,
-                    queues,
-                    opts,
-                };
-                let claimed = store.apply(op).await;
-                m.claim_latency.observe(started.elapsed().as_secs_f64());
-                match claimed?.next()? {
-                    None => to_value(&ClaimOut::empty()),
-                    Some(c) => self.claimed(&c, token),
+                    step = serving.answered(answer, &mut draw);
                 }
+                Step::Done(done) => break done?,
             }
-            ToolCall::Claim(a) => {
-                if endpoint.queues.is_some() {
-                    let (actor, id) = (actor.clone(), a.id.clone());
-                    let get = Op::GetTodo {
-                        actor,
-                        id,
-                        attempts_limit: 1,
-                    };
-                    let view = store.apply(get).await.and_then(Answer::view);
-                    let view = view.map_err(|e| {
-                        if e.code == ErrorCode::NotFound {
-                            relay_core::ledger::transition::not_found("claim", &a.id)
-                        } else {
-                            e
-                        }
-                    })?;
-                    if !queue_granted(endpoint, &view.todo.queue) {
-                        return Err(queue_forbidden("claim", &view.todo.queue));
-                    }
-                }
-                let (opts, token) =
-                    self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
-                let started = Instant::now();
-                let (now, id) = (self.now(), a.id);
-                let claimed = store.apply(Op::Claim {
-                    now,
-                    actor,
-                    id,
-                    opts,
-                });
-                let claimed = claimed.await;
-                m.claim_latency.observe(started.elapsed().as_secs_f64());
-                self.claimed(&claimed?.claimed()?, token)
-            }
-            ToolCall::Heartbeat(a) => {
-                let op = Op::Heartbeat {
-                    now: self.now(),
-                    actor,
-                    id: a.id,
-                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
-                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
-                };
-                let t = store.apply(op).await?.todo()?;
-                m.heartbeats.inc();
-                to_value(&TodoOut::from(&t))
-            }
-            ToolCall::Complete(a) => {
-                let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let (now, id) = (self.now(), a.id);
-                let op = Op::Complete {
-                    now,
-                    actor,
-                    id,
-                    report,
-                };
-                let t = store.apply(op).await?.todo()?;
-                m.closed(Outcome::Completed, Disposition::Done);
-                to_value(&TodoOut::from(&t))
-            }
-            ToolCall::Fail(a) => {
-                let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let (now, id) = (self.now(), a.id);
-                let op = Op::Fail {
-                    now,
-                    actor,
-                    id,
-                    report,
-                };
-                let t = store.apply(op).await?.todo()?;
-                let disposition = if t.dead_letter() {
-                    Disposition::DeadLettered
-                } else {
-                    Disposition::RetryScheduled
-                };
-                m.closed(Outcome::Failed, disposition);
-                to_value(&TodoOut::from(&t))
-            }
-            ToolCall::Release(a) => {
-                let op = Op::Release {
-                    now: self.now(),
-                    actor,
-                    id: a.id,
-                    summary: a.summary,
-                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
-                };
-                let t = store.apply(op).await?.todo()?;
-                m.closed(Outcome::Released, Disposition::Requeued);
-                self.ring_todo(&t, Offer::Requeued);
-                to_value(&TodoOut::from(&t))
-            }
-            ToolCall::GetTodo(a) => {
-                let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
-                let id = a.id.clone();
-                let op = Op::GetTodo {
-                    actor,
-                    id,
-                    attempts_limit: limit,
-                };
-                let view = store.apply(op).await?.view()?;
-                if !queue_granted(endpoint, &view.todo.queue) {
-                    // What the endpoint cannot enumerate does not exist for it.
-                    return Err(relay_core::ledger::transition::not_found("get_todo", &a.id));
-                }
-                to_value(&GetTodoOut::from(&view))
-            }
-            ToolCall::ListTodos(a) => {
-                let queues = match &a.queue {
-                    Some(q) if !queue_granted(endpoint, q) => {
-                        return Err(queue_forbidden("list_todos", q));
-                    }
-                    Some(q) => Some(vec![q.clone()]),
-                    None => endpoint.queues.clone(),
-                };
-                let filter = TodoFilter {
-                    queues,
-                    state: a.state,
-                    limit: a.limit.unwrap_or(wire::LIST_LIMIT_DEFAULT) as usize,
-                };
-                let todos = store.apply(Op::ListTodos { actor, filter });
-                let todos = todos.await?.todos()?;
-                to_value(&ListTodosOut {
-                    todos: todos.iter().map(TodoOut::from).collect(),
-                })
-            }
-            ToolCall::AddTodo(a) => {
-                if !queue_granted(endpoint, &a.queue) {
-                    return Err(queue_forbidden("add_todo", &a.queue));
-                }
-                let id = format!("td_{}", self.random_hex::<10>()?);
-                let op = Op::AddTodo {
-                    now: self.now(),
-                    endpoint: endpoint.name.clone(),
-                    new: NewTodo {
-                        id,
-                        queue: a.queue,
-                        title: a.title,
-                        kind: a.kind,
-                        source: a.source,
-                        payload: a.payload,
-                        work_order: a.work_order,
-                        max_attempts: a.max_attempts,
-                        assignee: a.assignee,
-                    },
-                };
-                let t = store.apply(op).await?.todo()?;
-                self.ring_todo(&t, Offer::Fresh);
-                to_value(&TodoOut::from(&t))
-            }
+        };
+        if let Some((outcome, disposition)) = served.closed {
+            m.closed(outcome, disposition);
         }
+        if tool == Tool::Heartbeat {
+            m.heartbeats.inc();
+        }
+        if let Some((t, offer)) = &served.ring {
+            self.ring_todo(t, *offer);
+        }
+        Ok(served)
     }
 }

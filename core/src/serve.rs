@@ -1,0 +1,441 @@
+//! The queue's side of a tool call, once: the call's arguments decoded, the endpoint's grant
+//! checked, the ledger [`Op`] built, its [`Answer`] shaped as the tool's result. The MCP server
+//! runs it over its store; the simulator and the core scenario tests run it over an in-memory
+//! ledger, so all three go through the same wire conversion (a break in it shows in every one).
+//!
+//! # Driving it
+//!
+//! Sans-IO: [`Serving::start`] takes the call and answers the first [`Step`]. The driver applies
+//! each [`Step::Apply`] wherever its ledger lives (a store's transaction, `Ledger::apply`) and
+//! hands the answer to [`Serving::answered`], until [`Step::Done`]. A call takes one operation,
+//! except a `claim` by an endpoint granted only some queues: it reads the todo's queue first.
+//! [`serve`] is that loop for a ledger at hand.
+//!
+//! Randomness arrives as values: a new todo's id and a fence token are asked of the driver
+//! ([`Draw`]) only when the call needs one, in the order the call needs them.
+//!
+//! # What it leaves to the driver
+//!
+//! What a [`Served`] reports (the attempt it closed, the todo it made claimable) for metrics and
+//! the doorbell; the JSON-RPC envelope and the handling of internal errors, which the server
+//! answers with an error id and the simulator counts as a violation.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Millis;
+use crate::doorbell::Offer;
+use crate::error::{Error, ErrorCode};
+use crate::grant::Grant;
+use crate::ledger::transition::not_found;
+use crate::ledger::{
+    Actor, Answer, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo, TodoFilter,
+};
+use crate::wire::{
+    self, ClaimArgs, ClaimOut, ErrorOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool,
+    ToolCall, lease_ttl_ms,
+};
+
+/// Who calls: the endpoint (its session, when it has one) and what it was granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub endpoint: String,
+    /// The MCP session, recorded on the attempts the call opens.
+    pub session: Option<String>,
+    pub grant: Grant,
+}
+
+impl Caller {
+    fn actor(&self) -> Actor {
+        Actor::Endpoint {
+            endpoint: self.endpoint.clone(),
+            session: self.session.clone(),
+        }
+    }
+}
+
+/// The values a call may need that core does not draw.
+pub trait Draw {
+    /// A new todo's id (`add_todo`).
+    fn todo_id(&mut self) -> Result<String, Error>;
+    /// A fence token (a claim with `require_fence`).
+    fn lease_token(&mut self) -> Result<LeaseToken, Error>;
+}
+
+/// What to do next.
+#[derive(Debug)]
+pub enum Step {
+    /// Apply this operation and hand its answer to [`Serving::answered`].
+    Apply(Op),
+    /// The call is answered: the tool's answer, or its refusal.
+    Done(Result<Served, Error>),
+}
+
+/// A call's answer, with what it did that the driver counts or rings for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Served {
+    pub tool: Tool,
+    /// The tool's answer object (`structuredContent`).
+    pub answer: Value,
+    /// An attempt the call closed (a report, or a takeover of a lapsed lease), and what became
+    /// of its todo.
+    pub closed: Option<(Outcome, Disposition)>,
+    /// A todo the call may have made claimable, and how to offer it to the doorbell.
+    pub ring: Option<(Todo, Offer)>,
+}
+
+impl Served {
+    /// The `tools/call` result.
+    pub fn result(&self) -> Value {
+        wire::call_result(&self.answer, false)
+    }
+}
+
+/// The `tools/call` result of a refused call: the error as a tool error.
+pub fn refusal(e: &Error) -> Value {
+    let out = serde_json::to_value(ErrorOut::from(e)).unwrap_or_default();
+    wire::call_result(&out, true)
+}
+
+/// The tool a `tools/call`'s params name, and its arguments. The error is the sentence a
+/// JSON-RPC `invalid params` carries: the call names no tool, or one that does not exist.
+pub fn tool_of(params: &Value) -> Result<(Tool, Option<&Value>), String> {
+    let Some(name) = params.get("name").and_then(Value::as_str) else {
+        return Err("tools/call needs params.name (a tool from tools/list)".into());
+    };
+    let Some(tool) = Tool::parse(name) else {
+        return Err(format!(
+            "unknown tool {name:?}; tools/list names the tools of this endpoint"
+        ));
+    };
+    Ok((tool, params.get("arguments")))
+}
+
+/// One call being served. See the module doc.
+#[derive(Debug)]
+pub struct Serving {
+    caller: Caller,
+    now: Millis,
+    tool: Tool,
+    waiting: Waiting,
+}
+
+/// The answer the serving waits for, and what it will make of it.
+#[derive(Debug)]
+enum Waiting {
+    /// A scoped `claim`'s read of the todo's queue.
+    ClaimScope(ClaimArgs),
+    /// A claim's answer; the token goes out with it.
+    Claimed(Option<LeaseToken>),
+    Todo,
+    /// `get_todo`'s view, checked against the granted queues.
+    View(String),
+    Todos,
+    Nothing,
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Value, Error> {
+    serde_json::to_value(v).map_err(|e| Error::internal(format!("encoding the answer: {e}")))
+}
+
+fn report_of(
+    result: Option<serde_json::Map<String, Value>>,
+    summary: Option<String>,
+    artifact: Option<String>,
+    token: Option<&LeaseToken>,
+) -> Report {
+    Report {
+        result: result.map(Value::Object),
+        summary,
+        artifact,
+        token_hash: token.map(LeaseToken::hash),
+    }
+}
+
+impl Serving {
+    /// Starts serving `tool` with its `arguments` (absent: `{}`) for `caller` at `now`.
+    pub fn start(
+        tool: Tool,
+        arguments: Option<&Value>,
+        caller: Caller,
+        now: Millis,
+        draw: &mut dyn Draw,
+    ) -> (Serving, Step) {
+        let mut s = Serving {
+            caller,
+            now,
+            tool,
+            waiting: Waiting::Nothing,
+        };
+        let call = s
+            .caller
+            .grant
+            .check_tool(tool)
+            .and_then(|()| tool.decode(arguments));
+        let step = match call.and_then(|call| s.op(call, draw)) {
+            Ok(op) => Step::Apply(op),
+            Err(e) => Step::Done(Err(e)),
+        };
+        (s, step)
+    }
+
+    /// Hands over the answer to the last [`Step::Apply`].
+    pub fn answered(&mut self, answer: Result<Answer, Error>, draw: &mut dyn Draw) -> Step {
+        let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
+        let next = match waiting {
+            Waiting::ClaimScope(a) => self.scoped_claim(a, answer, draw).map(Step::Apply),
+            w => answer
+                .and_then(|a| self.served(w, a))
+                .map(|s| Step::Done(Ok(s))),
+        };
+        next.unwrap_or_else(|e| Step::Done(Err(e)))
+    }
+
+    fn claim_opts(
+        &self,
+        require_fence: Option<bool>,
+        lease_ttl_seconds: Option<u64>,
+        claimant: Option<String>,
+        draw: &mut dyn Draw,
+    ) -> Result<(ClaimOpts, Option<LeaseToken>), Error> {
+        let token = if require_fence.unwrap_or(false) {
+            Some(draw.lease_token()?)
+        } else {
+            None
+        };
+        let opts = ClaimOpts {
+            ttl: lease_ttl_ms(lease_ttl_seconds),
+            claimant,
+            token_hash: token.as_ref().map(LeaseToken::hash),
+        };
+        Ok((opts, token))
+    }
+
+    /// The operation for a decoded call, and what its answer will be waited as.
+    fn op(&mut self, call: ToolCall, draw: &mut dyn Draw) -> Result<Op, Error> {
+        let (now, actor, grant) = (self.now, self.caller.actor(), &self.caller.grant);
+        let (op, waiting) = match call {
+            ToolCall::ClaimNext(a) => {
+                let queues = grant.scope(Tool::ClaimNext, a.queue.as_deref())?;
+                let (opts, token) =
+                    self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant, draw)?;
+                let op = Op::ClaimNext {
+                    now,
+                    actor,
+                    queues,
+                    opts,
+                };
+                (op, Waiting::Claimed(token))
+            }
+            ToolCall::Claim(a) if grant.queues().is_some() => {
+                let op = Op::GetTodo {
+                    actor,
+                    id: a.id.clone(),
+                    attempts_limit: 1,
+                };
+                (op, Waiting::ClaimScope(a))
+            }
+            ToolCall::Claim(a) => return self.claim(a, draw),
+            ToolCall::Heartbeat(a) => {
+                let op = Op::Heartbeat {
+                    now,
+                    actor,
+                    id: a.id,
+                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
+                    token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
+                };
+                (op, Waiting::Todo)
+            }
+            ToolCall::Complete(a) | ToolCall::Fail(a) => {
+                let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
+                let id = a.id;
+                let op = if self.tool == Tool::Complete {
+                    Op::Complete {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    }
+                } else {
+                    Op::Fail {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    }
+                };
+                (op, Waiting::Todo)
+            }
+            ToolCall::Release(a) => {
+                let op = Op::Release {
+                    now,
+                    actor,
+                    id: a.id,
+                    summary: a.summary,
+                    token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
+                };
+                (op, Waiting::Todo)
+            }
+            ToolCall::GetTodo(a) => {
+                let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
+                let op = Op::GetTodo {
+                    actor,
+                    id: a.id.clone(),
+                    attempts_limit: limit,
+                };
+                (op, Waiting::View(a.id))
+            }
+            ToolCall::ListTodos(a) => {
+                let filter = TodoFilter {
+                    queues: grant.scope(Tool::ListTodos, a.queue.as_deref())?,
+                    state: a.state,
+                    limit: a.limit.unwrap_or(wire::LIST_LIMIT_DEFAULT) as usize,
+                };
+                (Op::ListTodos { actor, filter }, Waiting::Todos)
+            }
+            ToolCall::AddTodo(a) => {
+                grant.check_queue(Tool::AddTodo, &a.queue)?;
+                let new = NewTodo {
+                    id: draw.todo_id()?,
+                    queue: a.queue,
+                    title: a.title,
+                    kind: a.kind,
+                    source: a.source,
+                    payload: a.payload,
+                    work_order: a.work_order,
+                    max_attempts: a.max_attempts,
+                    assignee: a.assignee,
+                };
+                let op = Op::AddTodo {
+                    now,
+                    endpoint: self.caller.endpoint.clone(),
+                    new,
+                };
+                (op, Waiting::Todo)
+            }
+        };
+        self.waiting = waiting;
+        Ok(op)
+    }
+
+    fn claim(&mut self, a: ClaimArgs, draw: &mut dyn Draw) -> Result<Op, Error> {
+        let (opts, token) =
+            self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant, draw)?;
+        self.waiting = Waiting::Claimed(token);
+        Ok(Op::Claim {
+            now: self.now,
+            actor: self.caller.actor(),
+            id: a.id,
+            opts,
+        })
+    }
+
+    /// A scoped claim, once the todo's queue is known: a todo the endpoint cannot see is not
+    /// found by `claim`, one in a queue it was not granted is forbidden.
+    fn scoped_claim(
+        &mut self,
+        a: ClaimArgs,
+        answer: Result<Answer, Error>,
+        draw: &mut dyn Draw,
+    ) -> Result<Op, Error> {
+        let view = answer.and_then(Answer::view).map_err(|e| {
+            if e.code == ErrorCode::NotFound {
+                not_found("claim", &a.id)
+            } else {
+                e
+            }
+        })?;
+        self.caller
+            .grant
+            .check_queue(Tool::Claim, &view.todo.queue)?;
+        self.claim(a, draw)
+    }
+
+    fn served(&self, waiting: Waiting, answer: Answer) -> Result<Served, Error> {
+        let mut closed = None;
+        let mut ring = None;
+        let answer = match waiting {
+            Waiting::Claimed(token) => {
+                let claimed: Option<Claimed> = match self.tool {
+                    Tool::ClaimNext => answer.next()?,
+                    _ => Some(answer.claimed()?),
+                };
+                match claimed {
+                    None => encode(&ClaimOut::empty())?,
+                    Some(c) => {
+                        if c.takeover {
+                            closed = Some((Outcome::LeaseExpired, Disposition::Requeued));
+                        }
+                        encode(&ClaimOut::claimed(&c, token))?
+                    }
+                }
+            }
+            Waiting::Todo => {
+                let t = answer.todo()?;
+                closed = match self.tool {
+                    Tool::Complete => Some((Outcome::Completed, Disposition::Done)),
+                    Tool::Fail if t.dead_letter() => {
+                        Some((Outcome::Failed, Disposition::DeadLettered))
+                    }
+                    Tool::Fail => Some((Outcome::Failed, Disposition::RetryScheduled)),
+                    Tool::Release => Some((Outcome::Released, Disposition::Requeued)),
+                    _ => None,
+                };
+                let out = encode(&TodoOut::from(&t))?;
+                ring = match self.tool {
+                    Tool::Release => Some((t, Offer::Requeued)),
+                    Tool::AddTodo => Some((t, Offer::Fresh)),
+                    _ => None,
+                };
+                out
+            }
+            Waiting::View(id) => {
+                let view = answer.view()?;
+                if !self.caller.grant.covers(&view.todo.queue) {
+                    // What the endpoint cannot enumerate does not exist for it.
+                    return Err(not_found("get_todo", &id));
+                }
+                encode(&GetTodoOut::from(&view))?
+            }
+            Waiting::Todos => {
+                let todos = answer.todos()?;
+                encode(&ListTodosOut {
+                    todos: todos.iter().map(TodoOut::from).collect(),
+                })?
+            }
+            Waiting::ClaimScope(_) | Waiting::Nothing => {
+                return Err(Error::internal(format!(
+                    "{}: an answer arrived that nothing waited for",
+                    self.tool.name()
+                )));
+            }
+        };
+        Ok(Served {
+            tool: self.tool,
+            answer,
+            closed,
+            ring,
+        })
+    }
+}
+
+/// Serves one call over a ledger the caller applies at once (`apply`: e.g. `Ledger::apply`).
+pub fn serve(
+    tool: Tool,
+    arguments: Option<&Value>,
+    caller: Caller,
+    now: Millis,
+    draw: &mut dyn Draw,
+    mut apply: impl FnMut(Op) -> Result<Answer, Error>,
+) -> Result<Served, Error> {
+    let (mut serving, mut step) = Serving::start(tool, arguments, caller, now, draw);
+    loop {
+        match step {
+            Step::Apply(op) => step = serving.answered(apply(op), draw),
+            Step::Done(done) => return done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,241 @@
+//! The serving function over an in-memory ledger: grants, the scoped claim, what a call
+//! reports for the doorbell and the metrics, and the answers as the daemon's decoder reads them.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::ledger::{Ledger, LedgerConfig};
+use crate::relay::{ClaimAnswer, decode_claim};
+
+/// Ids and tokens in sequence.
+#[derive(Default)]
+struct Seq(u32);
+
+impl Draw for Seq {
+    fn todo_id(&mut self) -> Result<String, Error> {
+        self.0 += 1;
+        Ok(format!("td_{}", self.0))
+    }
+    fn lease_token(&mut self) -> Result<LeaseToken, Error> {
+        self.0 += 1;
+        Ok(LeaseToken::new(format!("tok-{}", self.0)))
+    }
+}
+
+struct World {
+    ledger: Ledger,
+    draw: Seq,
+    now: Millis,
+}
+
+fn strings(xs: &[&str]) -> Vec<String> {
+    xs.iter().map(|s| s.to_string()).collect()
+}
+
+fn caller(verbs: &[&str], queues: Option<&[&str]>) -> Caller {
+    Caller {
+        endpoint: "ci".into(),
+        session: Some("s1".into()),
+        grant: Grant::new(&strings(verbs), queues.map(strings)),
+    }
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            ledger: Ledger::new(LedgerConfig::default()),
+            draw: Seq::default(),
+            now: 1_000_000,
+        }
+    }
+
+    fn call(&mut self, caller: &Caller, tool: &str, args: Value) -> Result<Served, Error> {
+        let params = json!({"name": tool, "arguments": args});
+        let (tool, args) = tool_of(&params).expect("a tool");
+        let ledger = &mut self.ledger;
+        serve(tool, args, caller.clone(), self.now, &mut self.draw, |op| {
+            ledger.apply(op)
+        })
+    }
+}
+
+fn code(r: Result<Served, Error>) -> ErrorCode {
+    r.expect_err("refused").code
+}
+
+#[test]
+fn an_added_todo_rings_fresh_and_a_fenced_claim_decodes_as_the_daemon_reads_it() {
+    let mut w = World::new();
+    let all = caller(&["add_todo", "claim_next"], None);
+    let added = w
+        .call(&all, "add_todo", json!({"queue": "q", "title": "fix it"}))
+        .unwrap();
+    assert_eq!(added.answer["id"], "td_1");
+    let (t, offer) = added.ring.expect("a ring");
+    assert_eq!((t.id.as_str(), offer), ("td_1", Offer::Fresh));
+    let claimed = w
+        .call(&all, "claim_next", json!({"require_fence": true}))
+        .unwrap();
+    assert_eq!(claimed.closed, None);
+    let Ok(ClaimAnswer::Claimed(c)) = decode_claim(&claimed.answer) else {
+        panic!("not a claim: {}", claimed.answer);
+    };
+    assert_eq!((c.todo_id.as_str(), c.attempt), ("td_1", 1));
+    assert_eq!(c.lease_token, Some(LeaseToken::new("tok-2")));
+    let empty = w.call(&all, "claim_next", json!({})).unwrap();
+    assert_eq!(decode_claim(&empty.answer), Ok(ClaimAnswer::Empty));
+    assert_eq!(empty.result()["isError"], false);
+}
+
+#[test]
+fn reports_say_what_they_closed_and_a_release_rings_requeued() {
+    let mut w = World::new();
+    let c = caller(
+        &["add_todo", "claim_next", "complete", "fail", "release"],
+        None,
+    );
+    for _ in 0..3 {
+        w.call(
+            &c,
+            "add_todo",
+            json!({"queue": "q", "title": "t", "max_attempts": 1}),
+        )
+        .unwrap();
+    }
+    let mut claim = |w: &mut World| {
+        let a = w
+            .call(&c, "claim_next", json!({"require_fence": true}))
+            .unwrap();
+        let id = a.answer["todo"]["id"].as_str().unwrap().to_string();
+        let token = a.answer["lease_token"].as_str().unwrap().to_string();
+        (id, token)
+    };
+    let (id, token) = claim(&mut w);
+    let done = w
+        .call(&c, "complete", json!({"id": id, "lease_token": token}))
+        .unwrap();
+    assert_eq!(done.closed, Some((Outcome::Completed, Disposition::Done)));
+    assert_eq!(done.ring, None);
+    let (id, token) = claim(&mut w);
+    let dead = w
+        .call(&c, "fail", json!({"id": id, "lease_token": token}))
+        .unwrap();
+    assert_eq!(
+        dead.closed,
+        Some((Outcome::Failed, Disposition::DeadLettered))
+    );
+    assert_eq!(dead.answer["dead_letter"], true);
+    let (id, token) = claim(&mut w);
+    let back = w
+        .call(&c, "release", json!({"id": id, "lease_token": token}))
+        .unwrap();
+    assert_eq!(
+        back.closed,
+        Some((Outcome::Released, Disposition::Requeued))
+    );
+    assert_eq!(
+        back.ring.map(|(t, o)| (t.id, o)),
+        Some((id, Offer::Requeued))
+    );
+    // A stale token is refused as a tool error.
+    let stale = w.call(
+        &c,
+        "complete",
+        json!({"id": "td_3", "lease_token": "tok-x"}),
+    );
+    let e = stale.expect_err("stale");
+    assert_eq!(refusal(&e)["isError"], true);
+    assert_eq!(
+        refusal(&e)["structuredContent"]["error"]["code"],
+        e.code.as_str()
+    );
+}
+
+#[test]
+fn a_takeover_reports_the_lapsed_attempt_closed() {
+    let mut w = World::new();
+    let c = caller(&["add_todo", "claim_next"], None);
+    w.call(&c, "add_todo", json!({"queue": "q", "title": "t"}))
+        .unwrap();
+    w.call(&c, "claim_next", json!({"lease_ttl_seconds": 1}))
+        .unwrap();
+    w.now += 2_000;
+    let again = w.call(&c, "claim_next", json!({})).unwrap();
+    assert_eq!(
+        again.closed,
+        Some((Outcome::LeaseExpired, Disposition::Requeued))
+    );
+}
+
+#[test]
+fn grants_are_checked_before_the_arguments_and_scope_every_queue() {
+    let mut w = World::new();
+    let admin = caller(&["add_todo"], None);
+    w.call(&admin, "add_todo", json!({"queue": "a", "title": "t"}))
+        .unwrap();
+    w.call(&admin, "add_todo", json!({"queue": "b", "title": "t"}))
+        .unwrap();
+    let scoped = caller(
+        &["claim", "claim_next", "list_todos", "add_todo"],
+        Some(&["a"]),
+    );
+    // Not granted: refused whatever the arguments are.
+    assert_eq!(
+        code(w.call(&scoped, "complete", json!({"bogus": 1}))),
+        ErrorCode::Forbidden
+    );
+    assert_eq!(
+        code(w.call(&scoped, "claim_next", json!({"queue": "b"}))),
+        ErrorCode::Forbidden
+    );
+    assert_eq!(
+        code(w.call(&scoped, "add_todo", json!({"queue": "b", "title": "t"}))),
+        ErrorCode::Forbidden
+    );
+    assert_eq!(
+        code(w.call(&scoped, "list_todos", json!({"queue": "b"}))),
+        ErrorCode::Forbidden
+    );
+    // A claim by id reads the todo's queue first.
+    assert_eq!(
+        code(w.call(&scoped, "claim", json!({"id": "td_2"}))),
+        ErrorCode::Forbidden
+    );
+    let e = w
+        .call(&scoped, "claim", json!({"id": "td_9"}))
+        .expect_err("unknown");
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.starts_with("claim td_9"), "{}", e.message);
+    // What the endpoint cannot enumerate does not exist for it.
+    let e = w
+        .call(&scoped, "get_todo", json!({"id": "td_2"}))
+        .expect_err("hidden");
+    assert_eq!(e.code, ErrorCode::NotFound);
+    let list = w.call(&scoped, "list_todos", json!({})).unwrap();
+    let ids: Vec<&Value> = list.answer["todos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["id"])
+        .collect();
+    assert_eq!(ids, vec!["td_1"]);
+    // The scan claims only from the granted queue; a claim by id there goes through.
+    let next = w.call(&scoped, "claim_next", json!({})).unwrap();
+    assert_eq!(next.answer["todo"]["id"], "td_1");
+    let unscoped = caller(&["claim"], None);
+    let by_id = w.call(&unscoped, "claim", json!({"id": "td_2"})).unwrap();
+    assert_eq!(by_id.answer["todo"]["id"], "td_2");
+}
+
+#[test]
+fn tools_call_params_name_a_known_tool() {
+    assert!(tool_of(&json!({})).unwrap_err().contains("params.name"));
+    assert!(
+        tool_of(&json!({"name": "teleport"}))
+            .unwrap_err()
+            .contains("unknown tool")
+    );
+    let params = json!({"name": "heartbeat", "arguments": {"id": "x"}});
+    let (tool, args) = tool_of(&params).unwrap();
+    assert_eq!((tool, args), (Tool::Heartbeat, Some(&json!({"id": "x"}))));
+}
