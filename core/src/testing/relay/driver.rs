@@ -3,15 +3,15 @@
 
 use serde_json::{Value, json};
 
-use crate::error::ErrorCode;
-use crate::ledger::{Actor, Answer, ClaimOpts, Ledger, Op, Report, TokenHash};
+use crate::grant::Grant;
+use crate::ledger::Ledger;
 use crate::relay::{
-    Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
-    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord,
-    SuccessCheck, decode_claim,
+    Capabilities, ClaimedTodo, Command, ContractError, Describe, ExitStatus, HarnessSettings,
+    Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord, SuccessCheck,
+    call_params, failed_input, result_input,
 };
-use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
-use crate::wire::ClaimOut;
+use crate::serve::{Caller, Draw, refusal, serve, tool_of};
+use crate::time::{MINUTE, Millis, Now, parse_rfc3339};
 
 /// 2026-09-22T12:00:00Z, where every scripted test starts.
 pub fn t0() -> Millis {
@@ -353,8 +353,10 @@ impl Driver {
     }
 }
 
-/// A lease source backed by the real [`Ledger`], speaking the machine's commands. Tokens
-/// are `tok-<n>`; each relay is a different endpoint-session of one endpoint.
+/// A lease source backed by the real [`Ledger`], speaking the machine's commands over the wire
+/// both ways: the lease client's `tools/call` params, the queue's serving function, the result
+/// read as the lease client reads it. Tokens are `tok-<endpoint>-<n>`; each relay is a
+/// different endpoint-session of one endpoint.
 pub struct LedgerSource {
     pub ledger: Ledger,
     pub endpoint: String,
@@ -370,114 +372,46 @@ impl LedgerSource {
         }
     }
 
-    fn error(e: crate::error::Error) -> LeaseError {
-        match e.code {
-            ErrorCode::Internal => LeaseError::Other("internal".into()),
-            code => LeaseError::Code(code),
-        }
-    }
-
     /// Serves one lease-source command at `now`; `None` for any other command.
     pub fn serve(&mut self, now: Millis, c: &Command) -> Option<Input> {
-        let actor = Actor::endpoint(self.endpoint.clone());
-        Some(match c {
-            Command::SendClaimNext {
-                request,
-                queue,
-                lease_ttl_seconds,
-                claimant,
-                ..
-            } => {
-                self.next_token += 1;
-                let token = format!("tok-{}-{}", self.endpoint, self.next_token);
-                let opts = ClaimOpts {
-                    ttl: lease_ttl_seconds * SECOND,
-                    claimant: Some(claimant.clone()),
-                    token_hash: Some(TokenHash::of(&token)),
-                };
-                let queues = queue.clone().map(|q| vec![q]);
-                let op = Op::ClaimNext {
-                    now,
-                    actor,
-                    queues,
-                    opts,
-                };
-                match self.ledger.apply(op).and_then(Answer::next) {
-                    Ok(None) => Input::ClaimEmpty { request: *request },
-                    Err(e) => Input::ClaimFailed {
-                        request: *request,
-                        error: Self::error(e),
-                    },
-                    // Through the wire answer and the daemon's own decoder.
-                    Ok(Some(c)) => {
-                        let out = ClaimOut::claimed(&c, Some(LeaseToken::new(token)));
-                        let answer = serde_json::to_value(&out).unwrap_or_default();
-                        match decode_claim(&answer) {
-                            Ok(ClaimAnswer::Claimed(claim)) => Input::ClaimAnswered {
-                                request: *request,
-                                claim,
-                            },
-                            other => panic!("our own claim answer did not decode: {other:?}"),
-                        }
-                    }
-                }
-            }
-            Command::SendHeartbeat {
-                request,
-                todo_id,
-                lease_ttl_seconds,
-                lease_token,
-                ..
-            } => {
-                let hash = Some(TokenHash::of(lease_token.expose()));
-                let ttl = lease_ttl_seconds * SECOND;
-                let id = todo_id.clone();
-                let op = Op::Heartbeat {
-                    now,
-                    actor,
-                    id,
-                    ttl,
-                    token_hash: hash,
-                };
-                match self.ledger.apply(op) {
-                    Ok(_) => Input::HeartbeatOk { request: *request },
-                    Err(e) => Input::HeartbeatFailed {
-                        request: *request,
-                        error: Self::error(e),
-                    },
-                }
-            }
-            Command::SendReport {
-                request,
-                verb,
-                todo_id,
-                lease_token,
-                summary,
-                artifact,
-                result,
-                ..
-            } => {
-                let hash = Some(TokenHash::of(lease_token.expose()));
-                let report = Report {
-                    result: Some(result.clone()).filter(|r| !r.is_null()),
-                    summary: Some(summary.clone()),
-                    artifact: artifact.clone(),
-                    token_hash: hash,
-                };
-                let op = verb.op(now, actor, todo_id.clone(), report);
-                match self.ledger.apply(op).and_then(Answer::todo) {
-                    Ok(todo) => Input::ReportAnswered {
-                        request: *request,
-                        dead_letter: todo.dead_letter(),
-                        next_retry_at: todo.next_retry_at.map(rfc3339),
-                    },
-                    Err(e) => Input::ReportFailed {
-                        request: *request,
-                        error: Self::error(e),
-                    },
-                }
-            }
-            _ => return None,
-        })
+        let params = call_params(c, &Capabilities::full(true))?;
+        let (tool, args) = tool_of(&params).ok()?;
+        let caller = Caller {
+            endpoint: self.endpoint.clone(),
+            session: None,
+            grant: Grant::all(),
+        };
+        let mut tokens = Tokens {
+            endpoint: &self.endpoint,
+            next: &mut self.next_token,
+        };
+        let ledger = &mut self.ledger;
+        let result = match serve(tool, args, caller, now, &mut tokens, |op| ledger.apply(op)) {
+            Ok(served) => served.result(),
+            Err(e) => refusal(&e),
+        };
+        match result_input(c, &result)? {
+            Ok(input) => Some(input),
+            Err(e) => failed_input(c, e.kind(str::to_string)),
+        }
+    }
+}
+
+/// The source's fence tokens, in sequence; it adds no todos of its own.
+struct Tokens<'a> {
+    endpoint: &'a str,
+    next: &'a mut u32,
+}
+
+impl Draw for Tokens<'_> {
+    fn todo_id(&mut self) -> Result<String, crate::Error> {
+        Err(crate::Error::internal("the ledger source adds no todos"))
+    }
+    fn lease_token(&mut self) -> Result<LeaseToken, crate::Error> {
+        *self.next += 1;
+        Ok(LeaseToken::new(format!(
+            "tok-{}-{}",
+            self.endpoint, self.next
+        )))
     }
 }
