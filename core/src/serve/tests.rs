@@ -102,7 +102,7 @@ fn reports_say_what_they_closed_and_a_release_rings_requeued() {
         )
         .unwrap();
     }
-    let mut claim = |w: &mut World| {
+    let claim = |w: &mut World| {
         let a = w
             .call(&c, "claim_next", json!({"require_fence": true}))
             .unwrap();
