@@ -248,21 +248,19 @@ impl Serving {
             }
             ToolCall::Complete(a) | ToolCall::Fail(a) => {
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let id = a.id;
-                let op = if self.tool == Tool::Complete {
-                    Op::Complete {
+                let op = match self.tool {
+                    Tool::Complete => Op::Complete {
                         now,
                         actor,
-                        id,
+                        id: a.id,
                         report,
-                    }
-                } else {
-                    Op::Fail {
+                    },
+                    _ => Op::Fail {
                         now,
                         actor,
-                        id,
+                        id: a.id,
                         report,
-                    }
+                    },
                 };
                 (op, Waiting::Todo)
             }

@@ -110,33 +110,26 @@ fn reports_say_what_they_closed_and_a_release_rings_requeued() {
         let token = a.answer["lease_token"].as_str().unwrap().to_string();
         (id, token)
     };
-    let (id, token) = claim(&mut w);
-    let done = w
-        .call(&c, "complete", json!({"id": id, "lease_token": token}))
-        .unwrap();
+    // Each report claims the next todo and closes its attempt.
+    let mut report = |verb: &str| {
+        let (id, token) = claim(&mut w);
+        let served = w.call(&c, verb, json!({"id": id, "lease_token": token}));
+        (id, served.unwrap())
+    };
+    let (_, done) = report("complete");
     assert_eq!(done.closed, Some((Outcome::Completed, Disposition::Done)));
     assert_eq!(done.ring, None);
-    let (id, token) = claim(&mut w);
-    let dead = w
-        .call(&c, "fail", json!({"id": id, "lease_token": token}))
-        .unwrap();
+    let (_, dead) = report("fail");
+    let dead_letter = Some((Outcome::Failed, Disposition::DeadLettered));
     assert_eq!(
-        dead.closed,
-        Some((Outcome::Failed, Disposition::DeadLettered))
+        (dead.closed, &dead.answer["dead_letter"]),
+        (dead_letter, &json!(true))
     );
-    assert_eq!(dead.answer["dead_letter"], true);
-    let (id, token) = claim(&mut w);
-    let back = w
-        .call(&c, "release", json!({"id": id, "lease_token": token}))
-        .unwrap();
-    assert_eq!(
-        back.closed,
-        Some((Outcome::Released, Disposition::Requeued))
-    );
-    assert_eq!(
-        back.ring.map(|(t, o)| (t.id, o)),
-        Some((id, Offer::Requeued))
-    );
+    let (id, back) = report("release");
+    let released = Some((Outcome::Released, Disposition::Requeued));
+    assert_eq!(back.closed, released);
+    let rang = back.ring.map(|(t, o)| (t.id, o));
+    assert_eq!(rang, Some((id, Offer::Requeued)));
     // A stale token is refused as a tool error.
     let stale = w.call(
         &c,
