@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod ledger;
 pub mod limits;
+mod names;
 pub mod relay;
 pub mod time;
 pub mod wire;

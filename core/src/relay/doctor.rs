@@ -16,16 +16,7 @@ pub enum Level {
     Fail,
 }
 
-impl Level {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Notice => "notice",
-            Level::Warn => "warn",
-            Level::Fail => "fail",
-        }
-    }
-}
+crate::names!(Level { Ok => "ok", Notice => "notice", Warn => "warn", Fail => "fail" });
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Row {

@@ -48,19 +48,11 @@ pub enum RelayOutcome {
     NoWork,
 }
 
-impl RelayOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RelayOutcome::Completed => "completed",
-            RelayOutcome::Failed => "failed",
-            RelayOutcome::Released => "released",
-            RelayOutcome::LeaseLost => "lease_lost",
-            RelayOutcome::ReportLost => "report_lost",
-            RelayOutcome::DeadLettered => "dead_lettered",
-            RelayOutcome::NoWork => "no_work",
-        }
-    }
-}
+crate::names!(RelayOutcome {
+    Completed => "completed", Failed => "failed", Released => "released",
+    LeaseLost => "lease_lost", ReportLost => "report_lost", DeadLettered => "dead_lettered",
+    NoWork => "no_work",
+});
 
 /// One run of a leased harness. Written when the claim is sent (`running`), again when it is
 /// answered, and once more when the run ends; a skipped firing is written once.

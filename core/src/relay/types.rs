@@ -318,16 +318,8 @@ pub enum ReportVerb {
     Release,
 }
 
-impl ReportVerb {
-    /// The tool's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReportVerb::Complete => "complete",
-            ReportVerb::Fail => "fail",
-            ReportVerb::Release => "release",
-        }
-    }
-}
+// The tool's name.
+crate::names!(ReportVerb { Complete => "complete", Fail => "fail", Release => "release" });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {

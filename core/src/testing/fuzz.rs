@@ -22,7 +22,7 @@ pub fn wire_decode(data: &[u8]) {
         Ok(call) => assert_eq!(call.tool(), tool),
         Err(e) => {
             assert_eq!(e.code, ErrorCode::Invalid, "{e}");
-            assert!(e.message.starts_with(tool.name()), "{e}");
+            assert!(e.message.starts_with(tool.as_str()), "{e}");
         }
     }
 }
