@@ -82,19 +82,11 @@ pub struct AttemptView {
     pub lease_deadline: Option<String>,
 }
 
-/// A small seeded generator for retry jitter (splitmix64): core draws no randomness of its own.
+/// A small seeded generator for retry jitter: core draws no randomness of its own.
 #[derive(Clone, Debug)]
-struct Jitter(u64);
+struct Jitter(crate::mix::SplitMix64);
 
 impl Jitter {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     /// A delay after `failures` consecutive failures: doubling from [`RETRY_BASE`], never more
     /// than `cap`, drawn from its upper half so that retries of many relays spread out.
     fn backoff(&mut self, failures: u32, cap: Millis) -> Millis {
@@ -103,7 +95,7 @@ impl Jitter {
             .min(cap)
             .max(1);
         let half = full / 2;
-        half + self.next() % (full - half + 1)
+        half + self.0.next_u64() % (full - half + 1)
     }
 }
 
@@ -291,7 +283,7 @@ impl Relay {
     pub fn new(settings: HarnessSettings, seed: u64, first_run_id: u64) -> Relay {
         Relay {
             settings,
-            jitter: Jitter(seed),
+            jitter: Jitter(crate::mix::SplitMix64::new(seed)),
             next_run_id: first_run_id,
             next_request: 1,
             source: SourceState::Unverified,

@@ -344,10 +344,12 @@ impl Daemon {
         let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
         let now = self.clock.now();
         self.metrics.harness(name);
+        // Each harness its own jitter stream from the one seed.
+        let seed = self.seed ^ relay_core::mix::fnv1a(name.as_bytes());
         self.slots.insert(
             name.to_string(),
             Slot {
-                relay: Relay::new(settings, self.seed ^ fnv(name), first),
+                relay: Relay::new(settings, seed, first),
                 next_fire: harness.schedule.as_ref().map(|s| s.next_after(now)),
                 harness,
                 source,
@@ -1266,11 +1268,4 @@ fn record_writer(
         }
     });
     (tx, task)
-}
-
-/// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
 }
