@@ -267,7 +267,7 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// SPEC-0014 `catch_up`, at daemon start: the first schedule slot after the harness's newest
+    /// The trigger `catch_up`, at daemon start: the first schedule slot after the harness's newest
     /// run (`last_run_started`, from its run record) that is not after `now`, which the daemon
     /// fires once (trigger `catch_up`). `None` without `catch_up`, without a schedule, when no
     /// slot fell in between, or when the harness never ran (it owes no slot it was never

@@ -1,4 +1,4 @@
-//! `relay doctor` (REQ-21): what is wrong with the lease sources and their bindings, as rows.
+//! `relay doctor`: what is wrong with the lease sources and their bindings, as rows.
 //! The daemon asks each source for its tools/list; everything decided about the answer is here.
 
 use serde::Serialize;

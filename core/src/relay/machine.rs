@@ -20,7 +20,7 @@ use super::types::{
 };
 use crate::time::{Millis, Now, SECOND, rfc3339};
 
-/// A receipt upload may hold the report back this long, no longer (REQ-13).
+/// A receipt upload may hold the report back this long, no longer (the receipt's upload bound).
 pub const RECEIPT_TIMEOUT: Millis = 30 * SECOND;
 /// The first retry of a heartbeat or report after a transport failure waits about this long;
 /// each further failure doubles it, up to the heartbeat interval.
@@ -50,7 +50,7 @@ pub enum ContractError {
     NoCheck { run_id: u64, input: &'static str },
 }
 
-/// Whether the lease source may be claimed on (REQ-19).
+/// Whether the lease source may be claimed on (its tool schemas declare what relay needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceState {
@@ -61,7 +61,7 @@ pub enum SourceState {
     Unsupported,
 }
 
-/// What `harness describe` shows of a relay (REQ-21). Holds no token and no secret.
+/// What `harness describe` shows of a relay. Holds no token and no secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Describe {
     pub harness: String,
@@ -300,7 +300,7 @@ impl Relay {
         &self.settings
     }
 
-    /// A reload's settings for this harness (REQ-14): an attempt in flight goes on under the
+    /// A reload's settings for this harness: an attempt in flight goes on under the
     /// settings it started with, and the new ones apply once it has closed (before a held
     /// firing starts). Settings equal to the current ones drop any that were waiting. A new
     /// lease source makes the source unverified again: its capabilities are another server's.
@@ -440,8 +440,8 @@ impl Relay {
             return self.skip(&trigger, SkippedReason::Disabled);
         }
         if self.attempt.is_some() {
-            // Overlap is decided before hours (SPEC-0008's order), except that a firing outside
-            // its hours is never held: it could not have started now either.
+            // Overlap is decided before hours (as for an unleased run), except that a firing
+            // outside its hours is never held: it could not have started now either.
             return match self.settings.on_overlap {
                 OnOverlap::Skip => self.skip(&trigger, SkippedReason::Overlap),
                 OnOverlap::Queue if !within_hours => {
@@ -661,7 +661,7 @@ impl Relay {
                     self.send_report();
                 }
             }
-            // Straight to REQ-8: a conflict never enters the transport retry path.
+            // Straight to lease loss: a conflict never enters the transport retry path.
             Some(error) if error.is_lease_loss() => self.lose_lease(now),
             Some(LeaseError::Transport) => {
                 lease.heartbeat_failures += 1;
@@ -841,7 +841,7 @@ impl Relay {
         };
         match answer {
             Ok(dead_letter) => {
-                // A dead letter is read from the answer alone, never inferred (REQ-16).
+                // A dead letter is read from the answer alone, never inferred from state or counts.
                 let relay_outcome = match report.verb {
                     ReportVerb::Complete => RelayOutcome::Completed,
                     ReportVerb::Fail if dead_letter => RelayOutcome::DeadLettered,
@@ -1087,7 +1087,7 @@ impl Relay {
         })
     }
 
-    /// REQ-6: the context file, then the process.
+    /// The context file, then the process.
     fn spawn(&mut self) {
         let Some(env) = self.relay_process_env(None) else {
             return;
@@ -1143,7 +1143,7 @@ impl Relay {
         });
     }
 
-    /// SPEC-0008's stop: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
+    /// The stop of any run: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
     fn stop_process(&mut self, now: Millis) {
         let Some(a) = self.attempt.as_mut() else {
             return;
@@ -1260,7 +1260,7 @@ impl Relay {
         }
     }
 
-    /// REQ-9's verdict after the agent (and the check): compose the summary, then the receipt
+    /// The verdict after the agent (and the check): compose the summary, then the receipt
     /// or the report.
     fn verdict(&mut self, now: Millis, success: bool, reason: &str) {
         let s = &self.settings;
@@ -1330,7 +1330,7 @@ impl Relay {
         self.receipt_or_report(now);
     }
 
-    /// REQ-9 `success_check_before`: the world is already as the todo wants it.
+    /// `success_check_before` passed: the world is already as the todo wants it.
     fn already_satisfied(&mut self, now: Millis) {
         let s = &self.settings;
         let Some(a) = self.attempt.as_mut() else {
@@ -1358,7 +1358,7 @@ impl Relay {
         self.receipt_or_report(now);
     }
 
-    /// REQ-13: a receipt when one is configured and the agent named no artifact.
+    /// A receipt when one is configured and the agent named no artifact.
     fn receipt_or_report(&mut self, now: Millis) {
         let s = &self.settings;
         let Some(a) = self.attempt.as_mut() else {
@@ -1386,7 +1386,7 @@ impl Relay {
         a.phase = Phase::Receipt { request, until };
     }
 
-    /// REQ-14: the process and check are gone; release (or fail) the lease with the reason.
+    /// An abort: the process and check are gone; release (or fail) the lease with the reason.
     fn try_abort_report(&mut self) {
         let s = &self.settings;
         let Some(a) = self.attempt.as_mut() else {
@@ -1449,7 +1449,7 @@ impl Relay {
         };
     }
 
-    /// REQ-8 (and REQ-10's report_lost): from here on nothing more goes to the lease source.
+    /// Lease loss (and a report lost): from here on nothing more goes to the lease source.
     fn lose_lease(&mut self, now: Millis) {
         let Some(a) = self.attempt.as_mut() else {
             return;
@@ -1504,7 +1504,7 @@ impl Relay {
         self.commands.push_back(Command::Emit { event });
         self.commands
             .push_back(Command::WriteRunRecord { record: a.record });
-        // A reload's settings wait for the attempt that ran under the old ones (REQ-14).
+        // A reload's settings wait for the attempt that ran under the old ones.
         if let Some(settings) = self.pending.take() {
             self.apply_settings(settings);
         }
@@ -1618,7 +1618,7 @@ fn claiming(attempt: &mut Option<Attempt>, request: RequestId) -> Option<&mut At
         .filter(|a| matches!(a.phase, Phase::Claiming { request: r } if r == request))
 }
 
-/// REQ-10's result object. Summary and artifact are not in it: they travel only as the
+/// The report's result object. Summary and artifact are not in it: they travel only as the
 /// report's own arguments.
 fn result_json(
     s: &HarnessSettings,

@@ -117,7 +117,7 @@ pub fn config_parse(bytes: &[u8]) {
     config_parse_never_panics(&String::from_utf8_lossy(bytes));
 }
 
-/// `summary_compose`: arbitrary agent text, check output and secret into the REQ-11 summary.
+/// `summary_compose`: arbitrary agent text, check output and secret into the attempt summary.
 /// It is valid UTF-8 of at most 2048 bytes, starts with the daemon's first line, and carries
 /// no secret value.
 pub fn summary_compose(bytes: &[u8]) -> Result<(), String> {
