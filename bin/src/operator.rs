@@ -207,7 +207,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             let mut seen = BTreeSet::new();
             for v in verbs.iter().map(|v| v.trim()) {
                 if Tool::parse(v).is_none() {
-                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.as_str()).collect();
                     return Err(Error::invalid(format!(
                         "--verbs: unknown verb {v:?}; choose from {}",
                         all.join(", ")
@@ -225,7 +225,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             }
             let verbs: Vec<String> = Tool::ALL
                 .iter()
-                .map(|t| t.name().to_string())
+                .map(|t| t.as_str().to_string())
                 .filter(|t| seen.contains(t))
                 .collect();
             let token = relay_server::server::new_bearer_token()?;
