@@ -49,7 +49,7 @@ impl Grant {
         if self.allows(tool) {
             return Ok(());
         }
-        let name = tool.name();
+        let name = tool.as_str();
         Err(Error::forbidden(format!(
             "{name}: this endpoint is not granted this verb; vend an endpoint with it \
              (`relay endpoint create NAME --verbs {name},…`)"
@@ -82,7 +82,7 @@ impl Grant {
         Err(Error::forbidden(format!(
             "{}: queue {queue:?} is not granted to this endpoint; use a granted queue or vend an \
              endpoint with it (`--queues`)",
-            tool.name()
+            tool.as_str()
         )))
     }
 
@@ -117,7 +117,7 @@ pub fn vend(name: &str, verbs: &[String], queues: Option<&[String]>) -> Result<V
     let mut seen = BTreeSet::new();
     for v in verbs.iter().map(|v| v.trim()) {
         let Some(tool) = Tool::parse(v) else {
-            let all: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+            let all: Vec<&str> = Tool::ALL.iter().map(|t| t.as_str()).collect();
             return Err(Error::invalid(format!(
                 "--verbs: unknown verb {v:?}; choose from {}",
                 all.join(", ")
@@ -131,7 +131,7 @@ pub fn vend(name: &str, verbs: &[String], queues: Option<&[String]>) -> Result<V
              digits, '_', '-' or '.')"
         )));
     }
-    Ok(seen.into_iter().map(|t| t.name().to_string()).collect())
+    Ok(seen.into_iter().map(|t| t.as_str().to_string()).collect())
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ pub mod error;
 pub mod grant;
 pub mod ledger;
 pub mod limits;
+pub mod mix;
+mod names;
 pub mod relay;
 pub mod serve;
 pub mod time;

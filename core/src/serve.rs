@@ -404,7 +404,7 @@ impl Serving {
             Waiting::ClaimScope(_) | Waiting::Nothing => {
                 return Err(Error::internal(format!(
                     "{}: an answer arrived that nothing waited for",
-                    self.tool.name()
+                    self.tool.as_str()
                 )));
             }
         };

@@ -114,7 +114,7 @@ impl World {
                     "stale_fence",
                     format!(
                         "a {} for {id} under a stale lease was accepted",
-                        tool.name()
+                        tool.as_str()
                     ),
                 );
             }

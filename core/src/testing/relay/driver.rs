@@ -90,8 +90,9 @@ pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
     json!({ "tools": tools })
 }
 
-/// The drain verbs with every argument SPEC-0034 adds, release included.
-pub fn spec_0034_tools() -> Value {
+/// The drain verbs with every argument the contract adds (attempt history, fence, summary and
+/// artifact), release included.
+pub fn contract_tools() -> Value {
     let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
     verbs.push(("list_todos", &["queue", "state", "limit"]));
     tools_list(&verbs)
@@ -163,7 +164,7 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// A relay at [`t0`] whose lease source advertises SPEC-0034 with release.
+    /// A relay at [`t0`] whose lease source advertises the whole contract, release included.
     pub fn new(settings: HarnessSettings) -> Driver {
         Self::with_capabilities(settings, Capabilities::full(true))
     }

@@ -179,17 +179,18 @@ pub(crate) async fn handle(
                 Ok(_) => "ok",
                 Err(e) => e.code.as_str(),
             };
-            server.inner.metrics.tool_call(tool.name(), code);
+            server.inner.metrics.tool_call(tool.as_str(), code);
             // Successful calls at debug: under load one line per call costs more than it tells.
             if answer.is_ok() {
-                tracing::debug!(endpoint = %endpoint.name, tool = tool.name(), "tools/call ok");
+                tracing::debug!(endpoint = %endpoint.name, tool = tool.as_str(), "tools/call ok");
             } else {
-                tracing::info!(endpoint = %endpoint.name, tool = tool.name(), result = code, "tools/call refused");
+                tracing::info!(endpoint = %endpoint.name, tool = tool.as_str(), result = code, "tools/call refused");
             }
             match answer {
                 Ok(served) => ok(id, served.result()),
                 Err(e) if e.code == ErrorCode::Internal => {
-                    let context = format!("endpoint {} tools/call {}", endpoint.name, tool.name());
+                    let context =
+                        format!("endpoint {} tools/call {}", endpoint.name, tool.as_str());
                     err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
                 }
                 Err(e) => ok(id, serve::refusal(&e)),
