@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::ErrorCode;
 use crate::ledger::{Ledger, LedgerConfig, NewTodo};
+use crate::testing::Queue;
 use crate::testing::relay::*;
 use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339};
 

@@ -5,6 +5,7 @@ use serde_json::json;
 use super::*;
 use crate::error::ErrorCode;
 use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report};
+use crate::testing::Queue;
 
 #[test]
 fn the_tools_list_document() {

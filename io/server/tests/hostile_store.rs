@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Millis;
-use relay_core::ledger::{LedgerConfig, NewTodo, TokenHash};
+use relay_core::ledger::{LedgerConfig, NewTodo, Op, TokenHash};
 use relay_core::time::ManualClock;
 use relay_server::server::{Server, ServerConfig};
 use relay_server::store::{NewEndpoint, Store};
@@ -285,16 +285,16 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
         h.server.doorbell_once(h.now()).await.unwrap();
         // `relay todo add` writes the store directly, as here.
         h.store
-            .add_todo(
-                h.now(),
-                "worker",
-                NewTodo {
+            .apply(Op::AddTodo {
+                now: h.now(),
+                endpoint: "worker".into(),
+                new: NewTodo {
                     id: "td_late".into(),
                     queue: "work".into(),
                     title: "behind the backlog".into(),
                     ..NewTodo::default()
                 },
-            )
+            })
             .await
             .unwrap();
         h.server.doorbell_once(h.now()).await.unwrap();

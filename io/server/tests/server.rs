@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Millis;
-use relay_core::ledger::{Actor, LedgerConfig, TodoFilter, TodoView, TokenHash};
+use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView, TokenHash};
 use relay_core::time::ManualClock;
 use relay_server::server::{Server, ServerConfig};
 use relay_server::store::{NewEndpoint, Store};
@@ -148,22 +148,28 @@ impl Harness {
     async fn snapshot(&self) -> Vec<TodoView> {
         let all = self
             .store
-            .list_todos(
-                &Actor::Operator,
-                &TodoFilter {
+            .apply(Op::ListTodos {
+                actor: Actor::Operator,
+                filter: TodoFilter {
                     queues: None,
                     state: None,
                     limit: 10_000,
                 },
-            )
+            })
             .await
+            .and_then(Answer::todos)
             .unwrap();
         let mut out = Vec::new();
         for t in all {
             out.push(
                 self.store
-                    .get_todo(&Actor::Operator, &t.id, 1000)
+                    .apply(Op::GetTodo {
+                        actor: Actor::Operator,
+                        id: t.id,
+                        attempts_limit: 1000,
+                    })
                     .await
+                    .and_then(Answer::view)
                     .unwrap(),
             );
         }
@@ -808,16 +814,16 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     h.clock.advance(61_000);
     h.server.doorbell_once(h.clock_now()).await.unwrap();
     h.store
-        .add_todo(
-            h.clock_now(),
-            "ci",
-            relay_core::ledger::NewTodo {
+        .apply(Op::AddTodo {
+            now: h.clock_now(),
+            endpoint: "ci".into(),
+            new: relay_core::ledger::NewTodo {
                 id: "td_cli".into(),
                 queue: "q3".into(),
                 title: "from the cli".into(),
                 ..Default::default()
             },
-        )
+        })
         .await
         .unwrap();
     h.server.doorbell_once(h.clock_now()).await.unwrap();

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, TokenHash};
 use crate::relay::RequestId;
+use crate::testing::Queue;
 use crate::testing::relay::{contract_tools, t0};
 use crate::time::{MINUTE, SECOND};
 use crate::wire::ClaimOut;
