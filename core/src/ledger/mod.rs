@@ -1,9 +1,10 @@
 //! The queue ledger: todos, their attempts and fenced leases, as a pure in-memory model.
 //!
-//! This is the reference for the queue side. The lifecycle rules are the pure functions of
-//! [`transition`]; [`Ledger`] keeps todos and attempts in ordered maps and applies those
-//! transitions, and the SQLite and Postgres stores apply the very same transitions inside their
-//! transactions. Model-based tests hold the stores to the ledger, the simulator runs the ledger
+//! This is the reference for the queue side. The operations are the values of [`Op`], each
+//! answered by an [`Answer`]; the lifecycle rules are the pure functions of [`transition`]; and
+//! [`run`] applies an `Op` over a backend's [`Rows`] (read, transition, write, answer). [`Ledger`]
+//! keeps todos and attempts in ordered maps and offers them as rows, and the SQLite and Postgres
+//! stores offer theirs inside a transaction, so every backend runs the very same code. Model-based tests hold the stores to the ledger, the simulator runs the ledger
 //! as the queue server, and the fuzz targets call [`Ledger::check`] after every operation.
 //!
 //! Every operation takes `now` (milliseconds since the epoch). Nothing here draws randomness:

@@ -13,10 +13,14 @@
 //!    row is an internal error: an attempt closes exactly once), `PruneThrough` deletes closed
 //!    attempts at or below the floor.
 //!
-//! That sequence is written once, in `ops`, generic over a small transaction trait that each
-//! backend implements. SQL mirrors only what must run in the database: which todo `claim_next`
-//! takes (the `claimable` rule, commented where it appears), the sweeps' candidate filters, the
-//! schema's constraints. The model-based tests hold both stores to the in-memory ledger.
+//! That sequence is written once, in [`relay_core::ledger::run`], which applies a
+//! [`ledger::Op`](relay_core::ledger::Op) over the rows a backend offers
+//! ([`relay_core::ledger::Rows`]); [`Store::apply`] runs it inside one transaction, and each
+//! backend's transaction implements the rows with its own SQL. The row values and the
+//! statements both dialects share are in `rows`. SQL mirrors only what must run in the
+//! database: which todo `claim_next` takes (the `claimable` rule, commented where it appears),
+//! the sweeps' candidate filters, the schema's constraints. The model-based tests hold both
+//! stores to the in-memory ledger.
 //!
 //! # Values
 //!
@@ -188,8 +192,8 @@ impl DbUrl {
     }
 }
 
-/// Runs one operation in one transaction on whichever backend this is. `$kind` is `Write` or
-/// `Read`; the body is an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
+/// Runs one operation in one transaction on whichever backend this is. `$kind` is a `TxKind`;
+/// the body is `ledger::run` or an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
 /// futures never wait: see `ledger::rows::ready`), the Postgres arm awaits a pooled connection.
 macro_rules! run {
     ($store:expr, $kind:expr, $op:expr, $subject:expr, |$tx:ident| $body:expr) => {
