@@ -1,3 +1,4 @@
+use super::parse::TableKind;
 use super::*;
 use proptest::prelude::*;
 

@@ -1,0 +1,190 @@
+//! Carrying out a relay machine's commands: files, processes, lease calls, receipts.
+
+use super::*;
+
+impl Daemon {
+    pub(super) fn execute(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        match cmd {
+            Command::SendClaimNext { .. }
+            | Command::SendHeartbeat { .. }
+            | Command::SendReport { .. } => self.lease_call(harness, cmd),
+            Command::WriteContextFile {
+                run_id,
+                path,
+                bytes,
+            } => {
+                // Written before the next command runs: the check before the spawn and the
+                // agent both read it.
+                if let Err(e) = runner::write_context_file_now(&path, &bytes) {
+                    let error = format!("the context file was not written: {e}");
+                    self.slot(harness).unwritable.insert(run_id, error);
+                }
+            }
+            Command::Spawn { .. } => self.spawn(harness, cmd),
+            Command::Signal { run_id, signal } => {
+                if let Some(group) = self.slot(harness).agents.get(&run_id)
+                    && let Err(e) = group.signal(signal)
+                {
+                    tracing::warn!(harness, run_id, error = %e, "signal not delivered");
+                }
+            }
+            Command::RunCheck { .. } => {
+                let log = self.run_log(harness, run_id);
+                let Some(spec) = CheckSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+                    return;
+                };
+                match runner::run_check(spec) {
+                    Ok(check) => {
+                        self.slot(harness).checks.insert(run_id, check.group());
+                        let tx = self.tx.clone();
+                        let h = harness.to_string();
+                        let task = check.deliver(move |input| {
+                            let _ = tx.send(Msg::ToHarness { harness: h, input });
+                        });
+                        self.track(harness, run_id, task.abort_handle());
+                    }
+                    Err(e) => self.post(harness, e.into()),
+                }
+            }
+            Command::KillCheck { run_id } => {
+                if let Some(group) = self.slot(harness).checks.get(&run_id)
+                    && let Err(e) = group.kill()
+                {
+                    tracing::warn!(harness, run_id, error = %e, "check not killed");
+                }
+            }
+            Command::UploadReceipt {
+                request,
+                ref source,
+                run_log_lines,
+                ..
+            } => {
+                let Some(client) = self.cairns.get(source).cloned() else {
+                    let error = format!("{source} is not declared");
+                    self.post(harness, Input::ReceiptFailed { request, error });
+                    return;
+                };
+                let log = self.run_log(harness, run_id);
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = tokio::spawn(async move {
+                    let tail = runner::run_log_tail(&log, run_log_lines)
+                        .await
+                        .unwrap_or_default();
+                    if let Some(input) = client.execute(&cmd, &tail).await {
+                        let _ = tx.send(Msg::ToHarness { harness: h, input });
+                    }
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Command::WriteRunRecord { record } => {
+                let last = self.last_run_ids.entry(harness.to_string()).or_default();
+                *last = (*last).max(record.run_id);
+                let closed = record.outcome != RunOutcome::Running;
+                if closed {
+                    self.metrics.run_closed(&record);
+                }
+                let keep = self.slot(harness).harness.keep_runs as usize;
+                let _ = self.records.send((record, keep));
+                if closed {
+                    let slot = self.slot(harness);
+                    slot.agents.remove(&run_id);
+                    slot.checks.remove(&run_id);
+                    slot.unwritable.remove(&run_id);
+                    for task in slot.tasks.remove(&run_id).unwrap_or_default() {
+                        task.abort();
+                    }
+                }
+            }
+            Command::Emit { event } => {
+                let now = self.clock.now();
+                let line = self.events.push(&event, now);
+                tracing::info!(target: "relay::event", harness, event = %line, "relay event");
+            }
+            Command::WarnRunLog { run_id, text } => {
+                let log = self.run_log(harness, run_id);
+                let h = harness.to_string();
+                // Not tracked with the run's tasks: a refused claim warns and then closes its
+                // run at once, and closing aborts those tasks. The append ends on its own.
+                tokio::spawn(async move {
+                    if let Err(e) = runner::warn_run_log(&log, &text).await {
+                        tracing::warn!(harness = %h, run_id, error = %e, "warning not written to the run log");
+                    }
+                });
+            }
+        }
+    }
+
+    /// A lease call on a task of its own; its session news, then its answer, come back.
+    pub(super) fn lease_call(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        // The client the attempt claimed with, even when a reload has replaced it since.
+        let slot = self.slot(harness);
+        let (source, client, generation) =
+            (slot.source.clone(), slot.client.clone(), slot.generation);
+        let tx = self.tx.clone();
+        let h = harness.to_string();
+        let task = tokio::spawn(async move {
+            let Ok(outcome) = client.execute(&cmd).await else {
+                return;
+            };
+            // The client has logged any error, with its source and operation.
+            let expired = matches!(outcome.session.last(), Some(SessionNews::Expired));
+            for news in outcome.session {
+                let _ = tx.send(Msg::Session {
+                    source: source.clone(),
+                    generation,
+                    news,
+                });
+            }
+            if expired {
+                let _ = tx.send(Msg::Reinitialize {
+                    source: source.clone(),
+                    generation,
+                });
+            }
+            let _ = tx.send(Msg::ToHarness {
+                harness: h,
+                input: outcome.input,
+            });
+        });
+        self.track(harness, run_id, task.abort_handle());
+    }
+
+    /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
+    /// task that posts the exit.
+    pub(super) fn spawn(&mut self, harness: &str, cmd: Command) {
+        let run_id = cmd.run_id();
+        if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
+            self.post(harness, Input::SpawnFailed { run_id, error });
+            return;
+        }
+        let log = self.run_log(harness, run_id);
+        let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
+            return;
+        };
+        match runner::spawn_agent(spec) {
+            Ok(agent) => {
+                self.slot(harness).agents.insert(run_id, agent.group());
+                // Queued before the wait starts, so the machine hears of the spawn before the
+                // exit of a process that ends at once.
+                self.post(harness, Input::ProcessSpawned { run_id });
+                let tx = self.tx.clone();
+                let h = harness.to_string();
+                let task = agent.deliver(move |input| {
+                    let _ = tx.send(Msg::ToHarness { harness: h, input });
+                });
+                self.track(harness, run_id, task.abort_handle());
+            }
+            Err(e) => self.post(harness, e.into()),
+        }
+    }
+
+    pub(super) fn track(&mut self, harness: &str, run_id: u64, task: AbortHandle) {
+        let slot = self.slots.get_mut(harness).expect("slot exists");
+        let tasks = slot.tasks.entry(run_id).or_default();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+}
