@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Endpoint, Harness, ResolvedConfig, SourceKind, SourceRef};
+use super::{Harness, ResolvedConfig, SourceAddress, SourceKind, SourceRef};
 
 /// The names one kind of table gained, lost and changed, sorted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -90,8 +90,8 @@ fn same_session(
     old: &ResolvedConfig,
     new: &ResolvedConfig,
     r: &SourceRef,
-    o: &Endpoint,
-    n: &Endpoint,
+    o: &SourceAddress,
+    n: &SourceAddress,
 ) -> bool {
     o == n && old.headers(r) == new.headers(r)
 }
@@ -123,7 +123,7 @@ pub fn diff(old: &ResolvedConfig, new: &ResolvedConfig) -> ConfigDiff {
         &nc.queues,
         |n| queue_ref(n).to_string(),
         |name, o, n| {
-            let session = same_session(old, new, &queue_ref(name), &o.endpoint, &n.endpoint);
+            let session = same_session(old, new, &queue_ref(name), &o.address, &n.address);
             if !session {
                 new_sessions.push(queue_ref(name).to_string());
             }
@@ -147,7 +147,7 @@ pub fn diff(old: &ResolvedConfig, new: &ResolvedConfig) -> ConfigDiff {
         |n| source_ref(SourceKind::Cairn, n).to_string(),
         |name, o, n| {
             let r = source_ref(SourceKind::Cairn, name);
-            same_session(old, new, &r, &o.endpoint, &n.endpoint)
+            same_session(old, new, &r, &o.address, &n.address)
                 && (o.ttl, o.enabled) == (n.ttl, n.enabled)
         },
     );
@@ -157,7 +157,7 @@ pub fn diff(old: &ResolvedConfig, new: &ResolvedConfig) -> ConfigDiff {
         |n| source_ref(SourceKind::Channel, n).to_string(),
         |name, o, n| {
             let r = source_ref(SourceKind::Channel, name);
-            same_session(old, new, &r, &o.endpoint, &n.endpoint) && o.enabled == n.enabled
+            same_session(old, new, &r, &o.address, &n.address) && o.enabled == n.enabled
         },
     );
     ConfigDiff {

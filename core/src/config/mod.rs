@@ -191,7 +191,7 @@ impl fmt::Display for SourceRef {
 
 /// Where a source is reached and with which headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub struct SourceAddress {
     pub url: Url,
     /// Header name to template; `Debug` shows only the variable names.
     pub headers: BTreeMap<String, HeaderTemplate>,
@@ -204,7 +204,7 @@ pub struct Endpoint {
 pub struct QueueSource {
     pub name: String,
     pub declared_in: String,
-    pub endpoint: Endpoint,
+    pub address: SourceAddress,
     /// Restricts claims to one queue; `None` claims from every granted queue.
     pub queue: Option<String>,
     pub lease_ttl: Millis,
@@ -218,7 +218,7 @@ pub struct QueueSource {
 pub struct CairnSource {
     pub name: String,
     pub declared_in: String,
-    pub endpoint: Endpoint,
+    pub address: SourceAddress,
     pub ttl: Millis,
     pub enabled: bool,
     pub description: Option<String>,
@@ -229,7 +229,7 @@ pub struct CairnSource {
 pub struct ChannelSource {
     pub name: String,
     pub declared_in: String,
-    pub endpoint: Endpoint,
+    pub address: SourceAddress,
     pub enabled: bool,
     pub description: Option<String>,
 }
@@ -324,8 +324,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Every source with its endpoint and the file that declared it.
-    pub fn sources(&self) -> impl Iterator<Item = (SourceRef, &Endpoint, &str)> {
+    /// Every source with its address and the file that declared it.
+    pub fn sources(&self) -> impl Iterator<Item = (SourceRef, &SourceAddress, &str)> {
         let r = |kind, name: &String| SourceRef {
             kind,
             name: name.clone(),
@@ -333,15 +333,15 @@ impl Config {
         let q = self
             .queues
             .iter()
-            .map(move |(n, s)| (r(SourceKind::Queue, n), &s.endpoint, s.declared_in.as_str()));
+            .map(move |(n, s)| (r(SourceKind::Queue, n), &s.address, s.declared_in.as_str()));
         let c = self
             .cairns
             .iter()
-            .map(move |(n, s)| (r(SourceKind::Cairn, n), &s.endpoint, s.declared_in.as_str()));
+            .map(move |(n, s)| (r(SourceKind::Cairn, n), &s.address, s.declared_in.as_str()));
         let ch = self.channels.iter().map(move |(n, s)| {
             (
                 r(SourceKind::Channel, n),
-                &s.endpoint,
+                &s.address,
                 s.declared_in.as_str(),
             )
         });

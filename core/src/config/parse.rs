@@ -502,7 +502,7 @@ pub(super) fn is_header_name(name: &str) -> bool {
 }
 
 /// `url`, `headers` and `env_file`, shared by every source kind.
-pub(super) fn endpoint(r: &mut Reader) -> Option<Endpoint> {
+pub(super) fn endpoint(r: &mut Reader) -> Option<SourceAddress> {
     let env_file = r.string("env_file");
     let mut headers = BTreeMap::new();
     if let Some(v) = r.t.get("headers") {
@@ -566,7 +566,7 @@ pub(super) fn endpoint(r: &mut Reader) -> Option<Endpoint> {
             },
         },
     };
-    Some(Endpoint {
+    Some(SourceAddress {
         url: url?,
         headers,
         env_file,
@@ -622,7 +622,7 @@ pub(super) fn queue_source(r: &mut Reader, name: String) -> Option<QueueSource> 
     Some(QueueSource {
         name,
         declared_in: r.file.to_string(),
-        endpoint: endpoint?,
+        address: endpoint?,
         queue,
         lease_ttl,
         heartbeat_interval: heartbeat.unwrap_or(lease_ttl / 3),
@@ -639,7 +639,7 @@ pub(super) fn cairn_source(r: &mut Reader, name: String) -> Option<CairnSource> 
     Some(CairnSource {
         name,
         declared_in: r.file.to_string(),
-        endpoint: endpoint?,
+        address: endpoint?,
         ttl,
         enabled,
         description,
@@ -653,7 +653,7 @@ pub(super) fn channel_source(r: &mut Reader, name: String) -> Option<ChannelSour
     Some(ChannelSource {
         name,
         declared_in: r.file.to_string(),
-        endpoint: endpoint?,
+        address: endpoint?,
         enabled,
         description,
     })

@@ -43,8 +43,8 @@ fn lease_source_beside_its_channel() {
          [harness.fixer]\ncommand = [\"agent\"]\ntriggers = [\"channel.sb\"]\nlease = \"queue.sb\"\n"
     );
     let config = global(&text).unwrap();
-    assert_eq!(config.channels["sb"].endpoint.url.as_str(), SB_URL);
-    assert_eq!(config.queues["sb"].endpoint.url.as_str(), SB_URL);
+    assert_eq!(config.channels["sb"].address.url.as_str(), SB_URL);
+    assert_eq!(config.queues["sb"].address.url.as_str(), SB_URL);
     assert_eq!(config.queues["sb"].lease_ttl, 5 * MINUTE);
     assert_eq!(config.queues["sb"].heartbeat_interval, 100 * SECOND);
     let h = &config.harnesses["fixer"];
@@ -451,8 +451,8 @@ fn http_on_loopback_accepted() {
          [channel.c]\nurl = \"http://[::1]:8080/mcp/a\"\n",
     )
     .unwrap();
-    assert_eq!(c.queues["a"].endpoint.url.port, Some(8080));
-    assert!(c.channels["c"].endpoint.url.is_loopback());
+    assert_eq!(c.queues["a"].address.url.port, Some(8080));
+    assert!(c.channels["c"].address.url.is_loopback());
 }
 
 // --- Credentials -----------------------------------------------------------------------------

@@ -109,7 +109,7 @@ pub fn binding_rows(config: &Config) -> Vec<Row> {
             let Some(ch) = config.channels.get(channel) else {
                 continue;
             };
-            if ch.endpoint.url != queue.endpoint.url {
+            if ch.address.url != queue.address.url {
                 rows.push(Row {
                     level: Level::Warn,
                     subject: format!("harness.{}", h.name),
@@ -117,9 +117,9 @@ pub fn binding_rows(config: &Config) -> Vec<Row> {
                         "triggered by channel.{channel} ({}) but leases from queue.{} ({}): a \
                          doorbell for one endpoint cannot be claimed on another; point both at \
                          the same url",
-                        ch.endpoint.url.as_str(),
+                        ch.address.url.as_str(),
                         queue.name,
-                        queue.endpoint.url.as_str()
+                        queue.address.url.as_str()
                     ),
                 });
             }

@@ -314,8 +314,8 @@ impl Daemon {
                 generation,
                 initializing: None,
                 caps: None,
-                url: q.endpoint.url.as_str().to_string(),
-                header_names: q.endpoint.headers.keys().cloned().collect(),
+                url: q.address.url.as_str().to_string(),
+                header_names: q.address.headers.keys().cloned().collect(),
             },
         );
     }
@@ -758,7 +758,7 @@ impl Daemon {
                 self.sources.get_mut(source),
                 new.config.queues.get(source.trim_start_matches("queue.")),
             ) {
-                s.header_names = q.endpoint.headers.keys().cloned().collect();
+                s.header_names = q.address.headers.keys().cloned().collect();
             }
         }
         self.set_cairns(&new);

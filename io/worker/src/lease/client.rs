@@ -14,7 +14,7 @@ use relay_core::relay::{
 };
 use serde_json::{Value, json};
 
-use super::mcp::{Endpoint, RpcError, Session};
+use super::mcp::{RpcError, Session, SourceLink};
 use super::transport::Transport;
 
 /// `tools/list` pages followed at most; a server that keeps answering a cursor is broken.
@@ -133,7 +133,7 @@ struct State {
 /// - a source whose server lacks the attempt-history arguments (fence, summary and artifact,
 ///   release) → `Other("lease_source_unsupported")` without sending the call.
 pub struct LeaseClient {
-    ep: Endpoint,
+    ep: SourceLink,
     state: Mutex<State>,
     /// Serialises (re-)initialization.
     init: tokio::sync::Mutex<()>,
@@ -148,7 +148,7 @@ impl std::fmt::Debug for LeaseClient {
 }
 
 /// The wrapped error for an [`RpcError`].
-fn rpc_failure(ep: &Endpoint, operation: &str, e: &RpcError) -> LeaseCallError {
+fn rpc_failure(ep: &SourceLink, operation: &str, e: &RpcError) -> LeaseCallError {
     let (kind, hint) = match e {
         RpcError::Transport(_) => (
             LeaseError::Transport,
@@ -189,7 +189,7 @@ fn rpc_failure(ep: &Endpoint, operation: &str, e: &RpcError) -> LeaseCallError {
     }
 }
 
-fn unsupported(ep: &Endpoint, operation: &str, caps: &Capabilities) -> LeaseCallError {
+fn unsupported(ep: &SourceLink, operation: &str, caps: &Capabilities) -> LeaseCallError {
     LeaseCallError {
         source_name: ep.source.clone(),
         operation: operation.to_string(),
@@ -234,7 +234,7 @@ impl LeaseClient {
         transport: Arc<dyn Transport>,
     ) -> LeaseClient {
         LeaseClient {
-            ep: Endpoint::new(source, url, headers, transport),
+            ep: SourceLink::new(source, url, headers, transport),
             state: Mutex::new(State::default()),
             init: tokio::sync::Mutex::new(()),
         }
@@ -254,7 +254,7 @@ impl LeaseClient {
         let headers = config.headers(&r).cloned().unwrap_or_default();
         Some(LeaseClient::new(
             r.to_string(),
-            source.endpoint.url.as_str(),
+            source.address.url.as_str(),
             headers,
             transport,
         ))

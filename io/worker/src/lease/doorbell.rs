@@ -15,7 +15,7 @@ use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::mcp::{Endpoint, Session};
+use super::mcp::{Session, SourceLink};
 use super::sse::SseParser;
 use super::transport::Transport;
 
@@ -50,7 +50,7 @@ impl Default for ReconnectBackoff {
 /// The doorbell listener of one channel source. See the module doc.
 #[derive(Debug)]
 pub struct DoorbellListener {
-    ep: Endpoint,
+    ep: SourceLink,
     backoff: ReconnectBackoff,
 }
 
@@ -80,7 +80,7 @@ impl DoorbellListener {
         transport: Arc<dyn Transport>,
     ) -> DoorbellListener {
         DoorbellListener {
-            ep: Endpoint::new(source, url, headers, transport),
+            ep: SourceLink::new(source, url, headers, transport),
             backoff: ReconnectBackoff::default(),
         }
     }
@@ -99,7 +99,7 @@ impl DoorbellListener {
         let headers = config.headers(&r).cloned().unwrap_or_default();
         Some(DoorbellListener::new(
             r.to_string(),
-            source.endpoint.url.as_str(),
+            source.address.url.as_str(),
             headers,
             transport,
         ))

@@ -27,7 +27,7 @@ const QUOTE_MAX: usize = 300;
 
 /// Where a source is reached: its name (for errors), URL, resolved headers and transport.
 #[derive(Clone)]
-pub(crate) struct Endpoint {
+pub(crate) struct SourceLink {
     /// `queue.ci`, `channel.bell`: what every error names.
     pub source: String,
     pub url: String,
@@ -37,10 +37,10 @@ pub(crate) struct Endpoint {
     next_id: Arc<AtomicU64>,
 }
 
-impl std::fmt::Debug for Endpoint {
+impl std::fmt::Debug for SourceLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("Endpoint")
+        f.debug_struct("SourceLink")
             .field("source", &self.source)
             .field("url", &self.url)
             .field("headers", &names)
@@ -91,14 +91,14 @@ impl RpcError {
     }
 }
 
-impl Endpoint {
+impl SourceLink {
     pub fn new(
         source: impl Into<String>,
         url: impl Into<String>,
         headers: impl IntoIterator<Item = (String, Secret)>,
         transport: Arc<dyn Transport>,
-    ) -> Endpoint {
-        Endpoint {
+    ) -> SourceLink {
+        SourceLink {
             source: source.into(),
             url: url.into(),
             headers: headers.into_iter().collect(),

@@ -30,7 +30,7 @@ use relay_core::relay::summary::receipt_log_section;
 use relay_core::relay::{Command, Input, Redactor};
 use serde_json::{Value, json};
 
-use super::mcp::Endpoint;
+use super::mcp::SourceLink;
 use super::transport::Transport;
 
 /// The receipt as uploaded: the machine's Markdown plus the last `lines` lines of the run log
@@ -61,7 +61,7 @@ pub struct ReceiptError {
 /// The receipt client of one Cairn source.
 #[derive(Debug)]
 pub struct ReceiptClient {
-    ep: Endpoint,
+    ep: SourceLink,
     ttl_seconds: u64,
 }
 
@@ -76,7 +76,7 @@ impl ReceiptClient {
     ) -> ReceiptClient {
         let url = format!("{}/artifacts", url.into().trim_end_matches('/'));
         ReceiptClient {
-            ep: Endpoint::new(source, url, headers, transport),
+            ep: SourceLink::new(source, url, headers, transport),
             ttl_seconds,
         }
     }
@@ -95,7 +95,7 @@ impl ReceiptClient {
         let headers = config.headers(&r).cloned().unwrap_or_default();
         Some(ReceiptClient::new(
             r.to_string(),
-            source.endpoint.url.as_str(),
+            source.address.url.as_str(),
             headers,
             source.ttl / 1000,
             transport,

@@ -956,7 +956,7 @@ async fn secrets_never_reach_errors_or_debug_output() {
     let out = run(&dead, heartbeat_cmd(9)).await;
     texts.push(format!("{out:?}"));
     texts.push(out.error.expect("error").to_string());
-    let ep = super::mcp::Endpoint::new(
+    let ep = super::mcp::SourceLink::new(
         "queue.ci",
         "http://x/",
         auth(),
