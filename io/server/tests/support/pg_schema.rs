@@ -1,5 +1,5 @@
-//! Drops a test's Postgres schema when the test ends (shared by `io/server/tests/server.rs` and
-//! `io/server/tests/hostile_store.rs`).
+//! Drops a test's Postgres schema when the test ends (the harness's, and `hostile_store.rs`'s
+//! backends).
 
 /// Drops schema `name` of the database at `url`. Runs on a thread with a runtime of its own, so
 /// that it may be called from `Drop` inside the test's runtime; errors are ignored (the schema
