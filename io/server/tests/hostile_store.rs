@@ -7,6 +7,10 @@
 #[path = "support/harness.rs"]
 mod harness;
 
+#[path = "support/db.rs"]
+mod db;
+
+use db::Db;
 use harness::{BOUND, Harness, T0, next_event, pg_schema};
 use relay_core::ledger::{LedgerConfig, NewTodo};
 use relay_server::store::Store;
@@ -17,25 +21,12 @@ const BACKLOG: i64 = 10_001;
 
 /// One store to run on, and how to plant rows in it with raw SQL (so that a 10 001-todo backlog
 /// takes one statement, not 10 001 transactions).
-enum Backend {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: std::path::PathBuf,
-    },
-    Postgres {
-        url: String,
-        schema: String,
-    },
-}
-
-impl Backend {
-    fn all() -> Vec<Backend> {
+impl Db {
+    fn all() -> Vec<Db> {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("relay.db");
-        let mut v = vec![Backend::Sqlite { _dir: dir, path }];
+        let mut v = vec![Db::sqlite_temp("relay.db")];
         match std::env::var("RELAY_TEST_POSTGRES") {
-            Ok(url) if !url.is_empty() => v.push(Backend::Postgres {
+            Ok(url) if !url.is_empty() => v.push(Db::Postgres {
                 url,
                 schema: format!(
                     "hs_{}_{}",
@@ -54,34 +45,11 @@ impl Backend {
         v
     }
 
-    fn name(&self) -> &'static str {
-        match self {
-            Backend::Sqlite { .. } => "sqlite",
-            Backend::Postgres { .. } => "postgres",
-        }
-    }
-
-    async fn open(&self) -> Store {
-        match self {
-            Backend::Sqlite { path, .. } => Store::open(
-                &format!("sqlite:{}", path.display()),
-                LedgerConfig::default(),
-            )
-            .await
-            .unwrap(),
-            Backend::Postgres { url, schema } => Store::Postgres(
-                relay_server::store::PgStore::open_in_schema(url, schema, LedgerConfig::default())
-                    .await
-                    .unwrap(),
-            ),
-        }
-    }
-
     /// `n` pending todos of `endpoint` in queue `backlog`, created before `T0`, ids `bk_<i>`.
     async fn plant_backlog(&self, endpoint: &str, n: i64) {
         let cols = "id, endpoint, queue, title, state, max_attempts, created_at, updated_at";
         match self {
-            Backend::Sqlite { path, .. } => {
+            Db::Sqlite { path, .. } => {
                 let c = rusqlite::Connection::open(path).unwrap();
                 c.busy_timeout(BOUND).unwrap();
                 c.execute(
@@ -95,7 +63,7 @@ impl Backend {
                 )
                 .unwrap();
             }
-            Backend::Postgres { url, schema } => {
+            Db::Postgres { url, schema } => {
                 let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .unwrap();
@@ -119,9 +87,9 @@ impl Backend {
     }
 }
 
-impl Drop for Backend {
+impl Drop for Db {
     fn drop(&mut self) {
-        let Backend::Postgres { url, schema } = self else {
+        let Db::Postgres { url, schema } = self else {
             return;
         };
         let (url, name) = (url.clone(), schema.clone());
@@ -154,8 +122,8 @@ async fn call(h: &Harness, name: &str, token: &str, tool: &str, args: Value) -> 
 /// added out of process behind 10 001 older ones (of another endpoint) never rang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
-    for backend in Backend::all() {
-        let store = backend.open().await;
+    for backend in Db::all() {
+        let store = backend.open(LedgerConfig::default()).await;
         let h = start(store).await;
         h.endpoint("bulk", &["add_todo"], None).await;
         let token = h
@@ -203,8 +171,8 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_above_64_kib_is_invalid_naming_it() {
-    for backend in Backend::all() {
-        let h = start(backend.open().await).await;
+    for backend in Db::all() {
+        let h = start(backend.open(LedgerConfig::default()).await).await;
         let token = h
             .endpoint(
                 "w",
@@ -259,8 +227,8 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
 /// table names). They answer one generic sentence with an error id now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internal_error_shows_an_error_id_and_no_store_text() {
-    for backend in Backend::all() {
-        let h = start(backend.open().await).await;
+    for backend in Db::all() {
+        let h = start(backend.open(LedgerConfig::default()).await).await;
         let token = h.endpoint("w", &["add_todo", "list_todos"], None).await;
         let added = call(
             &h,
@@ -295,16 +263,16 @@ async fn an_internal_error_shows_an_error_id_and_no_store_text() {
     }
 }
 
-impl Backend {
+impl Db {
     /// Runs one constant statement on the store's database.
     async fn raw(&self, sql: &str) {
         match self {
-            Backend::Sqlite { path, .. } => {
+            Db::Sqlite { path, .. } => {
                 let c = rusqlite::Connection::open(path).unwrap();
                 c.busy_timeout(BOUND).unwrap();
                 c.execute_batch(sql).unwrap();
             }
-            Backend::Postgres { url, schema } => {
+            Db::Postgres { url, schema } => {
                 let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .unwrap();
