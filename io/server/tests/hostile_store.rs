@@ -97,8 +97,9 @@ impl Drop for Db {
     }
 }
 
-/// The router only (no background loops): the test drives the sweeps.
-async fn start(store: Store) -> Harness {
+/// The router only (no background loops) over a store on `db`: the test drives the sweeps.
+async fn start(db: &Db) -> Harness {
+    let store = db.open(LedgerConfig::default()).await;
     Harness::start_on(store, 13, |_| {}, false).await
 }
 
@@ -118,13 +119,25 @@ async fn call(h: &Harness, name: &str, token: &str, tool: &str, args: Value) -> 
         .1
 }
 
+/// Adds a todo to queue `q` as endpoint `name`: its id.
+async fn add_todo(h: &Harness, name: &str, token: &str) -> Value {
+    let added = call(
+        h,
+        name,
+        token,
+        "add_todo",
+        json!({"queue": "q", "title": "t"}),
+    )
+    .await;
+    added["result"]["structuredContent"]["id"].clone()
+}
+
 /// Issue 13, why 5: the scan read the oldest 10 000 pending todos of the whole store, so a todo
 /// added out of process behind 10 001 older ones (of another endpoint) never rang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
     for backend in Db::all() {
-        let store = backend.open(LedgerConfig::default()).await;
-        let h = start(store).await;
+        let h = start(&backend).await;
         h.endpoint("bulk", &["add_todo"], None).await;
         let token = h
             .endpoint("worker", &["claim_next", "complete"], None)
@@ -172,7 +185,7 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_above_64_kib_is_invalid_naming_it() {
     for backend in Db::all() {
-        let h = start(backend.open(LedgerConfig::default()).await).await;
+        let h = start(&backend).await;
         let token = h
             .endpoint(
                 "w",
@@ -180,15 +193,7 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
                 None,
             )
             .await;
-        let added = call(
-            &h,
-            "w",
-            &token,
-            "add_todo",
-            json!({"queue": "q", "title": "t"}),
-        )
-        .await;
-        let id = added["result"]["structuredContent"]["id"].clone();
+        let id = add_todo(&h, "w", &token).await;
         call(&h, "w", &token, "claim_next", json!({})).await;
         let big = json!({"blob": "x".repeat(65 * 1024)});
         for verb in ["complete", "fail"] {
@@ -228,17 +233,9 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internal_error_shows_an_error_id_and_no_store_text() {
     for backend in Db::all() {
-        let h = start(backend.open(LedgerConfig::default()).await).await;
+        let h = start(&backend).await;
         let token = h.endpoint("w", &["add_todo", "list_todos"], None).await;
-        let added = call(
-            &h,
-            "w",
-            &token,
-            "add_todo",
-            json!({"queue": "q", "title": "t"}),
-        )
-        .await;
-        let id = added["result"]["structuredContent"]["id"].clone();
+        let id = add_todo(&h, "w", &token).await;
         // Break the store under the server: the attempts table is gone.
         backend.raw("DROP TABLE todo_attempts").await;
         let r = call(&h, "w", &token, "get_todo", json!({"id": id})).await;
