@@ -732,25 +732,7 @@ async fn a_real_attempt_keeps_the_token_out_of_files_and_processes() {
         text.contains("Fix the CI failure"),
         "the prompt reached stdin"
     );
-    let mut files = vec![];
-    let mut dirs = vec![dir.path().to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p)
-            } else {
-                files.push(p)
-            }
-        }
-    }
+    let files = crate::test_files::all_files(dir.path());
     assert!(files.len() >= 3, "{files:?}");
-    for f in files {
-        let bytes = std::fs::read(&f).unwrap();
-        assert!(
-            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
-            "{} holds the lease token",
-            f.display()
-        );
-    }
+    crate::test_files::assert_none_holds(&files, TOKEN);
 }
