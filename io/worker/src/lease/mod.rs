@@ -41,5 +41,5 @@ pub use receipt::{ReceiptClient, ReceiptError, compose_receipt};
 pub use sse::{SseEvent, SseParser, parse_sse};
 pub use transport::{
     BodyStream, BoxFuture, DialedIo, HttpRequest, HttpResponse, HyperTransport, MAX_RESPONSE_BYTES,
-    ReqwestTransport, StreamResponse, Transport, TransportError,
+    ReqwestTransport, Response, StreamResponse, Transport, TransportError,
 };

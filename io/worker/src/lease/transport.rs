@@ -58,20 +58,32 @@ impl std::fmt::Debug for HttpRequest {
     }
 }
 
-/// A complete HTTP answer. The body may carry a lease token (a claim answer), so `Debug` shows
-/// its length only.
-#[derive(Clone)]
-pub struct HttpResponse {
+/// An HTTP answer: status, headers and a body of type `B`.
+pub struct Response<B> {
     pub status: u16,
     /// Names lower-cased.
     pub headers: Vec<(String, String)>,
-    pub body: Bytes,
+    pub body: B,
 }
 
-impl HttpResponse {
+impl<B> Response<B> {
     /// The first value of a header, by case-insensitive name.
     pub fn header(&self, name: &str) -> Option<&str> {
         find_header(&self.headers, name)
+    }
+}
+
+/// A complete HTTP answer. The body may carry a lease token (a claim answer), so `Debug` shows
+/// its length only.
+pub type HttpResponse = Response<Bytes>;
+
+impl Clone for HttpResponse {
+    fn clone(&self) -> Self {
+        Response {
+            status: self.status,
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
     }
 }
 
@@ -90,18 +102,7 @@ impl std::fmt::Debug for HttpResponse {
 pub type BodyStream = BoxStream<'static, Result<Bytes, TransportError>>;
 
 /// A streaming answer: status and headers now, the body as it comes.
-pub struct StreamResponse {
-    pub status: u16,
-    /// Names lower-cased.
-    pub headers: Vec<(String, String)>,
-    pub body: BodyStream,
-}
-
-impl StreamResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        find_header(&self.headers, name)
-    }
-}
+pub type StreamResponse = Response<BodyStream>;
 
 impl std::fmt::Debug for StreamResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
