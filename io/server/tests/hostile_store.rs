@@ -13,7 +13,6 @@ mod db;
 use db::Db;
 use harness::{BOUND, Harness, T0, next_event, pg_schema};
 use relay_core::ledger::{LedgerConfig, NewTodo};
-use relay_server::store::Store;
 use serde_json::{Value, json};
 
 /// More pending todos than the old scan's window (10 000).
