@@ -359,7 +359,7 @@ fn a_check_that_exits_75_is_run_again_and_the_todo_completes() {
 }
 
 #[test]
-fn a_server_without_spec_0034_is_refused_and_never_claimed_on() {
+fn a_server_without_the_attempt_history_arguments_is_refused_and_never_claimed_on() {
     if !standin_available() {
         return;
     }

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use relay_core::Error;
 use relay_core::ledger::{
-    Actor, LedgerConfig, NewTodo, Todo, TodoFilter, TodoState, TokenHash, valid_queue_name,
+    Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TodoState, TokenHash,
+    valid_queue_name,
 };
 use relay_core::time::WallClock;
 use relay_core::time::rfc3339;
@@ -208,7 +209,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             let mut seen = BTreeSet::new();
             for v in verbs.iter().map(|v| v.trim()) {
                 if Tool::parse(v).is_none() {
-                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+                    let all: Vec<&str> = Tool::ALL.iter().map(|t| t.as_str()).collect();
                     return Err(Error::invalid(format!(
                         "--verbs: unknown verb {v:?}; choose from {}",
                         all.join(", ")
@@ -226,7 +227,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             }
             let verbs: Vec<String> = Tool::ALL
                 .iter()
-                .map(|t| t.name().to_string())
+                .map(|t| t.as_str().to_string())
                 .filter(|t| seen.contains(t))
                 .collect();
             let token = relay_server::server::new_bearer_token()?;
@@ -360,23 +361,23 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 )));
             }
             let id = relay_server::server::new_todo_id()?;
-            let t = store
-                .add_todo(
-                    now(),
-                    &a.endpoint,
-                    NewTodo {
-                        id,
-                        queue: a.queue,
-                        title: a.title,
-                        kind: a.kind,
-                        source: a.source,
-                        payload,
-                        work_order,
-                        max_attempts: a.max_attempts,
-                        assignee: a.assignee,
-                    },
-                )
-                .await?;
+            let new = NewTodo {
+                id,
+                queue: a.queue,
+                title: a.title,
+                kind: a.kind,
+                source: a.source,
+                payload,
+                work_order,
+                max_attempts: a.max_attempts,
+                assignee: a.assignee,
+            };
+            let add = Op::AddTodo {
+                now: now(),
+                endpoint: a.endpoint,
+                new,
+            };
+            let t = store.apply(add).await?.todo()?;
             println!("{}", t.id);
             Ok(())
         }
@@ -403,7 +404,10 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 state,
                 limit,
             };
-            let todos = store.list_todos(&actor, &filter).await?;
+            let todos = store
+                .apply(Op::ListTodos { actor, filter })
+                .await?
+                .todos()?;
             if json {
                 let list: Vec<Value> = todos.iter().map(todo_json).collect();
                 println!("{}", json!({ "todos": list }));
@@ -424,18 +428,20 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         }
         TodoCmd::Show { id, attempts, json } => {
             let store = open(db).await?;
-            let view = store
-                .get_todo(&Actor::Operator, &id, attempts)
-                .await
-                .map_err(|e| {
-                    if e.code == relay_core::ErrorCode::NotFound {
-                        Error::not_found(format!(
-                            "todo {id}: no such todo; `relay todo list` shows them"
-                        ))
-                    } else {
-                        e
-                    }
-                })?;
+            let get = Op::GetTodo {
+                actor: Actor::Operator,
+                id: id.clone(),
+                attempts_limit: attempts,
+            };
+            let view = store.apply(get).await.and_then(Answer::view).map_err(|e| {
+                if e.code == relay_core::ErrorCode::NotFound {
+                    Error::not_found(format!(
+                        "todo {id}: no such todo; `relay todo list` shows them"
+                    ))
+                } else {
+                    e
+                }
+            })?;
             if json {
                 let mut v = serde_json::to_value(GetTodoOut::from(&view)).unwrap_or_default();
                 if let Some(t) = v.get_mut("todo").and_then(Value::as_object_mut) {
@@ -508,13 +514,15 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         }
         TodoCmd::Retry { id } => {
             let store = open(db).await?;
-            let t = store.retry(now(), &Actor::Operator, &id).await?;
+            let (now, actor) = (now(), Actor::Operator);
+            let t = store.apply(Op::Retry { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
         TodoCmd::Cancel { id } => {
             let store = open(db).await?;
-            let t = store.cancel(now(), &Actor::Operator, &id).await?;
+            let (now, actor) = (now(), Actor::Operator);
+            let t = store.apply(Op::Cancel { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }

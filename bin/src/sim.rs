@@ -45,7 +45,7 @@ pub struct Args {
 
 fn parse_mutation(s: &str) -> Result<Mutation, String> {
     Mutation::parse(s).ok_or_else(|| {
-        let names: Vec<&str> = Mutation::ALL.iter().map(|m| m.name()).collect();
+        let names: Vec<&str> = Mutation::ALL.iter().map(|m| m.as_str()).collect();
         format!("unknown mutation {s:?}; choose one of {}", names.join(", "))
     })
 }
@@ -55,7 +55,7 @@ fn repro(seed: u64, args: &Args) -> String {
         return format!("relay sim --plan {}", path.display());
     }
     match args.mutation {
-        Some(m) => format!("relay sim --seed {seed} --mutation {}", m.name()),
+        Some(m) => format!("relay sim --seed {seed} --mutation {}", m.as_str()),
         None => format!("relay sim --seed {seed}"),
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::ledger::{
-    Actor, ClaimOpts, LedgerConfig, NewTodo, TodoFilter, TodoState, TokenHash,
+    Actor, Answer, ClaimOpts, LedgerConfig, NewTodo, Op, TodoFilter, TodoState, TokenHash,
 };
 use relay_core::time::SECOND;
 use relay_core::time::WallClock;
@@ -219,7 +219,7 @@ async fn up(dir: &Path) -> Result<(), String> {
                 name: ENDPOINT.into(),
                 token_hash: TokenHash::of(&token),
                 // The quick start grants every tool.
-                verbs: Tool::ALL.map(|t| t.name().to_string()).to_vec(),
+                verbs: Tool::ALL.iter().map(|t| t.as_str().to_string()).collect(),
                 queues: Some(vec![QUEUE.to_string()]),
             },
         )
@@ -232,10 +232,10 @@ async fn up(dir: &Path) -> Result<(), String> {
     let mut ids = Vec::new();
     for (n, s) in SAMPLES.iter().enumerate() {
         let todo = store
-            .add_todo(
-                clock.now(),
-                ENDPOINT,
-                NewTodo {
+            .apply(Op::AddTodo {
+                now: clock.now(),
+                endpoint: ENDPOINT.into(),
+                new: NewTodo {
                     id: format!("td_sample{}", n + 1),
                     queue: QUEUE.into(),
                     title: s.title.into(),
@@ -246,8 +246,9 @@ async fn up(dir: &Path) -> Result<(), String> {
                     max_attempts: Some(s.max_attempts),
                     assignee: None,
                 },
-            )
+            })
             .await
+            .and_then(Answer::todo)
             .map_err(|e| format!("cannot add a sample todo: {e}"))?;
         if s.behaviour == "takeover" {
             let opts = ClaimOpts {
@@ -255,8 +256,14 @@ async fn up(dir: &Path) -> Result<(), String> {
                 claimant: Some("sample/killed-worker".into()),
                 token_hash: Some(TokenHash::of("never-presented")),
             };
+            let claim = Op::Claim {
+                now: clock.now(),
+                actor: Actor::endpoint(ENDPOINT),
+                id: todo.id.clone(),
+                opts,
+            };
             store
-                .claim(clock.now(), &Actor::endpoint(ENDPOINT), &todo.id, &opts)
+                .apply(claim)
                 .await
                 .map_err(|e| format!("cannot stage the killed worker: {e}"))?;
         }
@@ -329,15 +336,16 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
         let todos = store
-            .list_todos(
-                &Actor::Operator,
-                &TodoFilter {
+            .apply(Op::ListTodos {
+                actor: Actor::Operator,
+                filter: TodoFilter {
                     queues: Some(vec![QUEUE.into()]),
                     state: None,
                     limit: 100,
                 },
-            )
+            })
             .await
+            .and_then(Answer::todos)
             .map_err(|e| e.to_string())?;
         let done = todos.iter().filter(|t| finished(t)).count();
         let claimed = todos
@@ -371,9 +379,15 @@ async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
         "todo", "seq", "outcome", "died"
     );
     for id in ids {
+        let get = Op::GetTodo {
+            actor: Actor::Operator,
+            id: id.clone(),
+            attempts_limit: 100,
+        };
         let view = store
-            .get_todo(&Actor::Operator, id, 100)
+            .apply(get)
             .await
+            .and_then(Answer::view)
             .map_err(|e| e.to_string())?;
         let mut attempts = view.attempts.clone();
         attempts.sort_by_key(|a| a.seq);

@@ -20,35 +20,10 @@ pub enum ErrorCode {
     Internal,
 }
 
-impl ErrorCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::Forbidden => "forbidden",
-            ErrorCode::Invalid => "invalid",
-            ErrorCode::Internal => "internal",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ErrorCode> {
-        [
-            ErrorCode::Conflict,
-            ErrorCode::NotFound,
-            ErrorCode::Forbidden,
-            ErrorCode::Invalid,
-            ErrorCode::Internal,
-        ]
-        .into_iter()
-        .find(|c| c.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::names!(ErrorCode {
+    Conflict => "conflict", NotFound => "not_found", Forbidden => "forbidden",
+    Invalid => "invalid", Internal => "internal",
+});
 
 /// An error with its contract code and a message that says what was wrong and what to do.
 /// Messages name the todo and the operation, and never carry a lease token.

@@ -15,6 +15,8 @@ pub mod config;
 pub mod error;
 pub mod ledger;
 pub mod limits;
+pub mod mix;
+mod names;
 pub mod relay;
 pub mod time;
 pub mod wire;

@@ -28,29 +28,13 @@ pub enum Mutation {
     DeadlinesOnWallClock,
 }
 
-impl Mutation {
-    pub const ALL: [Mutation; 5] = [
-        Mutation::IgnoreHeartbeatConflict,
-        Mutation::ServerSkipsFence,
-        Mutation::ReportAfterDeadline,
-        Mutation::ReaperClosesTwice,
-        Mutation::DeadlinesOnWallClock,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mutation::IgnoreHeartbeatConflict => "ignore-heartbeat-conflict",
-            Mutation::ServerSkipsFence => "server-skips-fence",
-            Mutation::ReportAfterDeadline => "report-after-deadline",
-            Mutation::ReaperClosesTwice => "reaper-closes-twice",
-            Mutation::DeadlinesOnWallClock => "deadlines-on-wall-clock",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Mutation> {
-        Mutation::ALL.into_iter().find(|m| m.name() == s)
-    }
-}
+relay_core::names!(Mutation {
+    IgnoreHeartbeatConflict => "ignore-heartbeat-conflict",
+    ServerSkipsFence => "server-skips-fence",
+    ReportAfterDeadline => "report-after-deadline",
+    ReaperClosesTwice => "reaper-closes-twice",
+    DeadlinesOnWallClock => "deadlines-on-wall-clock",
+});
 
 /// Fault kinds; each is on or off for a whole run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,7 +191,7 @@ impl fmt::Display for Options {
             fl.operators
         )?;
         if let Some(m) = self.mutation {
-            write!(f, "\nmutation: {}", m.name())?;
+            write!(f, "\nmutation: {}", m.as_str())?;
         }
         Ok(())
     }

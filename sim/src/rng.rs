@@ -4,26 +4,19 @@
 //! how often one of them draws does not shift the others: removing a fault from a plan leaves
 //! the workload exactly as it was, which is what makes shrinking meaningful.
 
+use relay_core::mix::{SplitMix64, fnv1a};
+
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// The stream `name` of the run seeded `seed`.
     pub fn stream(seed: u64, name: &str) -> Rng {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        Rng(seed ^ h)
+        Rng(SplitMix64::new(seed ^ fnv1a(name.as_bytes())))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n > 0`).

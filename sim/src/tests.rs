@@ -61,11 +61,16 @@ fn every_mutation_is_caught_within_fifty_seeds_and_replays() {
             r.violation.map(|v| (seed, v))
         });
         let Some((seed, v)) = caught else {
-            panic!("{} was not caught in 50 seeds", m.name());
+            panic!("{} was not caught in 50 seeds", m.as_str());
         };
-        assert_eq!(v.kind, Kind::Correctness, "{}: {v:?}", m.name());
+        assert_eq!(v.kind, Kind::Correctness, "{}: {v:?}", m.as_str());
         let (_, _, again) = run_seed(seed, Some(m));
-        assert_eq!(again.violation, Some(v), "{}: the repro differs", m.name());
+        assert_eq!(
+            again.violation,
+            Some(v),
+            "{}: the repro differs",
+            m.as_str()
+        );
     }
 }
 

@@ -19,8 +19,9 @@ What it does, on purpose:
 With --omit todo.attempt (any field path of the claim answer) it leaves that field out of every
 claim answer: a server that does not honour the contract.
 
-With --old it is a server from before SPEC-0034: claim_next, heartbeat, complete and fail declare
-none of require_fence, claimant, lease_token, summary, artifact, and release is not advertised.
+With --old it is a server from before the attempt-history arguments: claim_next, heartbeat,
+complete and fail declare none of require_fence, claimant, lease_token, summary, artifact, and
+release is not advertised.
 
 Todos come from a JSON file (--todos): a list of {"id", "title", "max_attempts"?, "payload"?,
 "kind"?, "source"?, "queue"?, "conflict_on_heartbeat"?}; `conflict_on_heartbeat: n` answers the
@@ -68,7 +69,7 @@ TTL = {"type": "integer", "minimum": 1, "maximum": TTL_MAX}
 
 
 def tools(old: bool) -> dict[str, dict[str, Any]]:
-    """Each verb's input schema: CONTRACT.md's table, or the pre-SPEC-0034 one."""
+    """Each verb's input schema: CONTRACT.md's table, or the one before attempt history."""
     if old:
         return {
             "claim_next": schema({"queue": STRING, "lease_ttl_seconds": TTL}),
@@ -350,7 +351,7 @@ def main() -> None:
     parser.add_argument("--todos", required=True, help="JSON file: the todos to hand out")
     parser.add_argument("--log", required=True, help="JSON-lines file: every request and answer")
     parser.add_argument("--token", required=True, help="the bearer token every request must carry")
-    parser.add_argument("--old", action="store_true", help="schemas from before SPEC-0034")
+    parser.add_argument("--old", action="store_true", help="schemas from before attempt history")
     parser.add_argument("--omit", help="a claim answer field to leave out (todo.attempt)")
     args = parser.parse_args()
     log = Log(args.log)

@@ -1,6 +1,6 @@
 //! What a reload changes: the running config against the one just loaded, table by table.
 //!
-//! The daemon acts on the answer (REQ-14, REQ-17): added harnesses start; a removed harness, or
+//! The daemon acts on the answer: added harnesses start; a removed harness, or
 //! one whose attempt runs on a removed lease source, is aborted ([`ConfigDiff::aborts`]); every
 //! kept harness gets its new settings, which wait for an attempt in flight
 //! (`relay::Relay::reconfigure`); a lease source whose url, headers or credentials changed gets

@@ -173,15 +173,7 @@ pub enum SourceKind {
     Channel,
 }
 
-impl SourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SourceKind::Queue => "queue",
-            SourceKind::Cairn => "cairn",
-            SourceKind::Channel => "channel",
-        }
-    }
-}
+crate::names!(SourceKind { Queue => "queue", Cairn => "cairn", Channel => "channel" });
 
 /// A reference to a source table, shown as `queue.ci`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -275,7 +267,7 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// SPEC-0014 `catch_up`, at daemon start: the first schedule slot after the harness's newest
+    /// The trigger `catch_up`, at daemon start: the first schedule slot after the harness's newest
     /// run (`last_run_started`, from its run record) that is not after `now`, which the daemon
     /// fires once (trigger `catch_up`). `None` without `catch_up`, without a schedule, when no
     /// slot fell in between, or when the harness never ran (it owes no slot it was never
@@ -411,23 +403,11 @@ enum TableKind {
     Harness,
 }
 
+crate::names!(TableKind {
+    Queue => "queue", Cairn => "cairn", Channel => "channel", Harness => "harness",
+});
+
 impl TableKind {
-    const ALL: [TableKind; 4] = [
-        TableKind::Queue,
-        TableKind::Cairn,
-        TableKind::Channel,
-        TableKind::Harness,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            TableKind::Queue => "queue",
-            TableKind::Cairn => "cairn",
-            TableKind::Channel => "channel",
-            TableKind::Harness => "harness",
-        }
-    }
-
     fn keys(self) -> &'static [&'static str] {
         match self {
             TableKind::Queue => &[
@@ -610,7 +590,7 @@ fn collect_decls<'a>(
     };
     for (top_key, value) in top {
         let top_key = &show_key(top_key);
-        let Some(tk) = TableKind::ALL.into_iter().find(|k| k.as_str() == top_key) else {
+        let Some(tk) = TableKind::parse(top_key) else {
             let kinds = TableKind::ALL.map(TableKind::as_str);
             let message = if value.is_table() {
                 let hint = suggest(top_key, &kinds)

@@ -33,7 +33,7 @@ const QUEUE_CI: &str = r#"
 url = "https://switchboard.example.com/mcp/ci-fixer"
 "#;
 
-// --- REQ-1 -----------------------------------------------------------------------------------
+// --- lease source tables ---------------------------------------------------------------------
 
 #[test]
 fn lease_source_beside_its_channel() {
@@ -107,7 +107,7 @@ fn lease_ttl_bounds_and_defaults() {
     assert!(q.enabled);
 }
 
-// --- REQ-2 -----------------------------------------------------------------------------------
+// --- the lease key and its exclusions --------------------------------------------------------
 
 #[test]
 fn lease_on_a_resident_harness() {
@@ -194,7 +194,7 @@ fn attempt_receipt_naming_an_undeclared_cairn() {
     assert!(e.message.contains("no [cairn.*] table is declared"), "{e}");
 }
 
-// --- REQ-3 -----------------------------------------------------------------------------------
+// --- success check keys ----------------------------------------------------------------------
 
 fn leased(extra: &str) -> String {
     format!(

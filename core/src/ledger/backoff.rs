@@ -6,6 +6,7 @@
 //! todos at once spread out, while the ledger and every store compute the same instant for the
 //! same failure — which is what lets the stores be tested against the ledger.
 
+use crate::mix;
 use crate::time::{HOUR, Millis, SECOND};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,27 +42,9 @@ impl Backoff {
         if span == 0 {
             return full;
         }
-        let draw = splitmix64(self.seed ^ fnv1a(todo_id.as_bytes()) ^ u64::from(seq));
+        let draw = mix::splitmix64(self.seed ^ mix::fnv1a(todo_id.as_bytes()) ^ u64::from(seq));
         full - draw % (span + 1)
     }
-}
-
-/// FNV-1a: a stable hash of bytes (the std hasher is randomly seeded and may change).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// SplitMix64's finaliser: turns a seed into a well-mixed 64-bit value.
-pub(crate) fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

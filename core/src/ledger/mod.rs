@@ -1,15 +1,18 @@
 //! The queue ledger: todos, their attempts and fenced leases, as a pure in-memory model.
 //!
-//! This is the reference for the queue side. The lifecycle rules are the pure functions of
-//! [`transition`]; [`Ledger`] keeps todos and attempts in ordered maps and applies those
-//! transitions, and the SQLite and Postgres stores apply the very same transitions inside their
-//! transactions. Model-based tests hold the stores to the ledger, the simulator runs the ledger
+//! This is the reference for the queue side. The operations are the values of [`Op`], each
+//! answered by an [`Answer`]; the lifecycle rules are the pure functions of [`transition`]; and
+//! [`run`] applies an `Op` over a backend's [`Rows`] (read, transition, write, answer). [`Ledger`]
+//! keeps todos and attempts in ordered maps and offers them as rows, and the SQLite and Postgres
+//! stores offer theirs inside a transaction, so every backend runs the very same code. Model-based tests hold the stores to the ledger, the simulator runs the ledger
 //! as the queue server, and the fuzz targets call [`Ledger::check`] after every operation.
 //!
 //! Every operation takes `now` (milliseconds since the epoch). Nothing here draws randomness:
 //! todo ids and fence-token hashes come in as values, and the backoff jitter is seeded.
 
 mod backoff;
+mod op;
+pub mod rows;
 pub mod transition;
 mod types;
 
@@ -18,6 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 pub use backoff::Backoff;
+pub use op::{Answer, Op};
+pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
     Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
 };
@@ -236,17 +241,19 @@ impl Ledger {
         &self.cfg
     }
 
-    fn entry(&self, op: &str, id: &str) -> Result<&Entry, Error> {
-        self.todos
-            .get(id)
-            .ok_or_else(|| transition::not_found(op, id))
+    /// Applies one operation (see [`run`]). The in-memory ledger has no transaction to roll
+    /// back, but it needs none: every check precedes the writes, and a write that would break
+    /// the attempt rows is refused with nothing applied (see [`Ledger::apply_change`]).
+    pub fn apply(&mut self, op: Op) -> Result<Answer, Error> {
+        let cfg = self.cfg.clone();
+        rows::ready(run(&mut Mem(self), &cfg, op))
     }
 
     /// Applies a transition's change, as a store applies one inside its transaction.
     /// All-or-nothing: the writes are checked first, so a change that would break the attempt
     /// rows (a second open attempt, closing a closed one) is refused as an internal error with
     /// nothing applied. The simulator's canaries call it directly to plant such bugs.
-    pub fn apply(&mut self, change: Change) -> Result<Todo, Error> {
+    pub fn apply_change(&mut self, change: Change) -> Result<Todo, Error> {
         let id = change.todo.id.clone();
         let entry = self
             .todos
@@ -286,299 +293,6 @@ impl Ledger {
         Ok(entry.todo.clone())
     }
 
-    /// Runs a transition on one todo and applies its change.
-    fn transit(
-        &mut self,
-        op: &str,
-        id: &str,
-        f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
-    ) -> Result<Todo, Error> {
-        let entry = self.entry(op, id)?;
-        let change = f(&entry.todo, entry.open())?;
-        self.apply(change)
-    }
-
-    pub fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
-        let todo = new_todo(now, endpoint, new)?;
-        if self.todos.contains_key(&todo.id) {
-            return Err(Error::conflict(format!(
-                "add_todo {}: a todo with this id exists; choose another id",
-                todo.id
-            )));
-        }
-        self.order.insert((todo.created_at, todo.id.clone()));
-        self.todos.insert(
-            todo.id.clone(),
-            Entry {
-                todo: todo.clone(),
-                attempts: BTreeMap::new(),
-            },
-        );
-        Ok(todo)
-    }
-
-    /// Claims one todo by id.
-    pub fn claim(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        opts: &ClaimOpts,
-    ) -> Result<Claimed, Error> {
-        let prior_state = self.entry("claim", id)?.todo.state;
-        let cfg = self.cfg.clone();
-        let todo = self.transit("claim", id, |t, open| {
-            transition::claim(&cfg, now, t, open, actor, opts)
-        })?;
-        Ok(self.claimed(todo, prior_state == TodoState::Claimed))
-    }
-
-    /// Claims the oldest claimable todo (FIFO by creation) in the given queues, or `None`.
-    pub fn claim_next(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        opts: &ClaimOpts,
-    ) -> Result<Option<Claimed>, Error> {
-        transition::check_ttl("claim_next", opts.ttl)?;
-        let next = self
-            .order
-            .iter()
-            .map(|(_, id)| &self.todos[id].todo)
-            .find(|t| claimable(now, t, actor, queues))
-            .map(|t| t.id.clone());
-        match next {
-            Some(id) => self.claim(now, actor, &id, opts).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn claimed(&self, todo: Todo, takeover: bool) -> Claimed {
-        let entry = &self.todos[&todo.id];
-        Claimed {
-            attempt_seq: todo.attempts_total,
-            attempts_total: todo.attempts_total,
-            prior_attempts: entry
-                .attempts
-                .values()
-                .rev()
-                .filter(|a| !a.is_open())
-                .take(PRIOR_ATTEMPTS)
-                .cloned()
-                .collect(),
-            takeover,
-            todo,
-        }
-    }
-
-    pub fn heartbeat(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        ttl: Millis,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        self.transit("heartbeat", id, |t, open| {
-            transition::heartbeat(now, t, open, actor, ttl, token_hash)
-        })
-    }
-
-    pub fn complete(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        report: &Report,
-    ) -> Result<Todo, Error> {
-        let cfg = self.cfg.clone();
-        let r = self.transit("complete", id, |t, open| {
-            transition::complete(&cfg, now, t, open, actor, report)
-        });
-        self.or_replay(r, id, actor, report.token_hash, Outcome::Completed)
-    }
-
-    /// Fails the attempt. The returned todo carries `next_retry_at` and `dead_letter()`.
-    pub fn fail(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        report: &Report,
-    ) -> Result<Todo, Error> {
-        let cfg = self.cfg.clone();
-        let r = self.transit("fail", id, |t, open| {
-            transition::fail(&cfg, now, t, open, actor, report)
-        });
-        self.or_replay(r, id, actor, report.token_hash, Outcome::Failed)
-    }
-
-    pub fn release(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        summary: Option<&str>,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        let r = self.transit("release", id, |t, open| {
-            transition::release(now, t, open, actor, summary, token_hash)
-        });
-        self.or_replay(r, id, actor, token_hash, Outcome::Released)
-    }
-
-    /// A report refused as a `conflict` may be a repeat of one already applied (its answer was
-    /// lost): then it answers as the first did. See [`transition::replay`].
-    fn or_replay(
-        &self,
-        r: Result<Todo, Error>,
-        id: &str,
-        actor: &Actor,
-        token_hash: Option<TokenHash>,
-        outcome: Outcome,
-    ) -> Result<Todo, Error> {
-        r.or_else(|e| {
-            let Some(entry) = self.todos.get(id) else {
-                return Err(e);
-            };
-            let recent = entry
-                .attempts
-                .values()
-                .rev()
-                .filter(|a| !a.is_open())
-                .take(PRIOR_ATTEMPTS);
-            transition::replay(e, &entry.todo, recent, actor, token_hash, outcome)
-        })
-    }
-
-    /// The operator's manual retry.
-    pub fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        let newest = self
-            .entry("retry", id)?
-            .attempts
-            .values()
-            .next_back()
-            .cloned();
-        self.transit("retry", id, |t, _| {
-            transition::retry(now, t, newest.as_ref(), actor)
-        })
-    }
-
-    pub fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        self.transit("cancel", id, |t, open| {
-            transition::cancel(now, t, open, actor)
-        })
-    }
-
-    /// Runs `f` over every todo whose transition yields a change; returns the changed todos.
-    fn sweep(
-        &mut self,
-        f: impl Fn(&Todo, Option<&Attempt>) -> Result<Option<Change>, Error>,
-    ) -> Result<Vec<Todo>, Error> {
-        let mut changes = Vec::new();
-        for entry in self.todos.values() {
-            if let Some(c) = f(&entry.todo, entry.open())? {
-                changes.push(c);
-            }
-        }
-        changes.into_iter().map(|c| self.apply(c)).collect()
-    }
-
-    /// The reaper: closes every lapsed lease as `reaped` (requeued or dead-lettered).
-    pub fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        self.sweep(|t, open| transition::reap(now, t, open))
-    }
-
-    /// Moves failed todos whose retry is due back to pending; returns them (for the doorbell).
-    pub fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        self.sweep(|t, _| Ok(transition::requeue_due(now, t)))
-    }
-
-    /// Revokes an endpoint: its open attempts close `revoked`, its claimed todos dead-letter.
-    pub fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
-        self.sweep(|t, open| {
-            if t.endpoint == endpoint {
-                transition::revoke(now, t, open)
-            } else {
-                Ok(None)
-            }
-        })
-    }
-
-    /// A todo and its newest `attempts_limit` attempts.
-    pub fn get_todo(
-        &self,
-        actor: &Actor,
-        id: &str,
-        attempts_limit: usize,
-    ) -> Result<TodoView, Error> {
-        let entry = self.entry("get_todo", id)?;
-        if !actor.sees(&entry.todo) {
-            return Err(transition::not_found("get_todo", id));
-        }
-        Ok(TodoView {
-            todo: entry.todo.clone(),
-            attempts: entry
-                .attempts
-                .values()
-                .rev()
-                .take(attempts_limit)
-                .cloned()
-                .collect(),
-            attempts_total: entry.todo.attempts_total,
-            attempts_pruned: entry.todo.attempts_pruned,
-        })
-    }
-
-    /// Todos in the actor's scope, oldest first.
-    pub fn list_todos(&self, actor: &Actor, filter: &TodoFilter) -> Vec<Todo> {
-        self.order
-            .iter()
-            .map(|(_, id)| &self.todos[id].todo)
-            .filter(|t| actor.sees(t))
-            .filter(|t| {
-                filter
-                    .queues
-                    .as_ref()
-                    .is_none_or(|qs| qs.iter().any(|q| q == &t.queue))
-            })
-            .filter(|t| filter.state.is_none_or(|s| s == t.state))
-            .take(filter.limit)
-            .cloned()
-            .collect()
-    }
-
-    /// Deletes a todo and, with it, all its attempts.
-    pub fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error> {
-        let entry = self.entry("delete", id)?;
-        if !actor.sees(&entry.todo) {
-            return Err(transition::not_found("delete", id));
-        }
-        let key = (entry.todo.created_at, id.to_string());
-        self.order.remove(&key);
-        self.todos.remove(id);
-        Ok(())
-    }
-
-    /// Retention: deletes finished todos (done, canceled, dead letters) untouched for
-    /// `retention`, with their attempts. Returns the deleted ids.
-    pub fn purge_finished(&mut self, now: Millis, retention: Millis) -> Vec<String> {
-        let old: Vec<String> = self
-            .todos
-            .values()
-            .map(|e| &e.todo)
-            .filter(|t| purgeable(t, now, retention))
-            .map(|t| t.id.clone())
-            .collect();
-        for id in &old {
-            let created = self.todos[id].todo.created_at;
-            self.order.remove(&(created, id.clone()));
-            self.todos.remove(id);
-        }
-        old
-    }
-
     /// One todo by id, unscoped (for checkers and tests).
     pub fn todo(&self, id: &str) -> Option<&Todo> {
         self.todos.get(id).map(|e| &e.todo)
@@ -608,6 +322,118 @@ impl Ledger {
             }
             check_todo(&entry.todo, entry.attempts.values())
                 .map_err(|e| format!("todo {id}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The ledger as the rows of one transaction (see [`run`]).
+struct Mem<'a>(&'a mut Ledger);
+
+impl Mem<'_> {
+    fn loaded(&self, id: &str) -> Option<(Todo, Option<Attempt>)> {
+        self.0
+            .todos
+            .get(id)
+            .map(|e| (e.todo.clone(), e.open().cloned()))
+    }
+}
+
+impl Rows for Mem<'_> {
+    async fn load(
+        &mut self,
+        _op: &str,
+        id: &str,
+    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        Ok(self.loaded(id))
+    }
+
+    async fn next_claimable(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+        let next = self
+            .0
+            .todos()
+            .find(|t| claimable(now, t, actor, queues))
+            .map(|t| t.id.clone());
+        Ok(next.and_then(|id| self.loaded(&id)))
+    }
+
+    async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
+        let l = &mut *self.0;
+        if l.todos.contains_key(&t.id) {
+            return Ok(false);
+        }
+        l.order.insert((t.created_at, t.id.clone()));
+        l.todos.insert(
+            t.id.clone(),
+            Entry {
+                todo: t.clone(),
+                attempts: BTreeMap::new(),
+            },
+        );
+        Ok(true)
+    }
+
+    async fn write(
+        &mut self,
+        _op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error> {
+        // apply_change refuses a write that touches no open row, so each touched one.
+        self.0.apply_change(Change {
+            todo: todo.clone(),
+            writes: writes.to_vec(),
+        })?;
+        Ok(vec![1; writes.len()])
+    }
+
+    async fn attempts(
+        &mut self,
+        _op: &str,
+        id: &str,
+        which: Newest,
+    ) -> Result<Vec<Attempt>, Error> {
+        let all = self.0.todos.get(id).map(|e| &e.attempts);
+        Ok(all
+            .into_iter()
+            .flat_map(|a| a.values().rev())
+            .filter(|a| !which.closed_only || !a.is_open())
+            .take(which.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn candidates(&mut self, _sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
+        // Every id: the transitions decide (see `Sweep`).
+        Ok(self.0.todos.keys().cloned().collect())
+    }
+
+    async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
+        Ok(self
+            .0
+            .todos()
+            .filter(|t| actor.sees(t))
+            .filter(|t| {
+                filter
+                    .queues
+                    .as_ref()
+                    .is_none_or(|qs| qs.iter().any(|q| q == &t.queue))
+            })
+            .filter(|t| filter.state.is_none_or(|s| s == t.state))
+            .take(filter.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn delete(&mut self, _op: &str, id: &str) -> Result<(), Error> {
+        let l = &mut *self.0;
+        if let Some(e) = l.todos.remove(id) {
+            l.order.remove(&(e.todo.created_at, e.todo.id));
         }
         Ok(())
     }

@@ -17,8 +17,9 @@
 //!   and clears `result` and `next_retry_at`, and never touches `attempts_total`.
 //! - Cancel is allowed from `pending`, `claimed` and `failed`.
 //! - A fenced report is idempotent: repeated under the same lease token after it was applied
-//!   (its answer was lost on the way back), it answers the todo as it is now and changes
-//!   nothing ([`replay`]). Without a fence a repeat cannot be told from a stranger's report, so
+//!   (its answer was lost on the way back), it answers what the first report answered (the
+//!   todo as that report left it, even if it has moved on since) and changes nothing
+//!   ([`replay`]). Without a fence a repeat cannot be told from a stranger's report, so
 //!   it answers `conflict`.
 
 use serde_json::Value;
@@ -549,36 +550,63 @@ pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<C
 
 /// The answer to a report its transition refused with `refused`: when the refusal is a
 /// `conflict` and the report repeats one the caller already made (its answer was lost), the
-/// answer is the todo as it is now (it may have moved on: retried, claimed by someone else)
-/// and nothing changes; otherwise the refusal stands. A repeat is recognised when one of the
-/// todo's recent closed attempts (`recent`; the newest [`super::PRIOR_ATTEMPTS`] are enough: a
-/// holder stops repeating at its lease deadline) was closed with `outcome` under this same
-/// lease token, by this same endpoint.
+/// answer is what the first report answered, and nothing changes; otherwise the refusal stands.
+/// A repeat is recognised when one of the todo's recent closed attempts (`recent`; the newest
+/// [`super::PRIOR_ATTEMPTS`] are enough: a holder stops repeating at its lease deadline) was
+/// closed with `outcome` under this same lease token, by this same endpoint. `result` is the
+/// repeated report's result.
+#[allow(clippy::too_many_arguments)]
 pub fn replay<'a>(
+    cfg: &LedgerConfig,
     refused: Error,
     todo: &Todo,
     recent: impl IntoIterator<Item = &'a Attempt>,
     actor: &Actor,
     token_hash: Option<TokenHash>,
     outcome: Outcome,
+    result: Option<&Value>,
 ) -> Result<Todo, Error> {
     let Actor::Endpoint { endpoint, .. } = actor else {
         return Err(refused);
     };
-    let repeat = refused.code == crate::ErrorCode::Conflict
-        && token_hash.is_some()
-        && actor.sees(todo)
-        && recent
-            .into_iter()
-            .find(|a| a.lease_token_hash == token_hash)
-            .is_some_and(|a| {
-                a.outcome == Some(outcome) && a.claimer_endpoint.as_ref() == Some(endpoint)
-            });
-    if repeat {
-        Ok(todo.clone())
-    } else {
-        Err(refused)
+    if refused.code != crate::ErrorCode::Conflict || token_hash.is_none() || !actor.sees(todo) {
+        return Err(refused);
     }
+    let closed = recent
+        .into_iter()
+        .find(|a| a.lease_token_hash == token_hash)
+        .filter(|a| a.outcome == Some(outcome) && a.claimer_endpoint.as_ref() == Some(endpoint));
+    match closed {
+        Some(a) => Ok(as_reported(cfg, todo, a, result)),
+        None => Err(refused),
+    }
+}
+
+/// The todo as the report that closed `a` left it, rebuilt from the attempt: the todo may have
+/// moved on since (an operator's retry or cancel, a requeue, another claim), and the repeat must
+/// answer what the first report did (a dead letter stays one). The transitions above are the
+/// rules this mirrors: the lease is dropped at the close, a fail's retry is `backoff` after it.
+fn as_reported(cfg: &LedgerConfig, todo: &Todo, a: &Attempt, result: Option<&Value>) -> Todo {
+    let ended = a.ended_at.unwrap_or(a.claimed_at);
+    let mut t = todo.clone();
+    let state = match a.outcome {
+        Some(Outcome::Completed) => TodoState::Done,
+        Some(Outcome::Released) => TodoState::Pending,
+        _ => TodoState::Failed,
+    };
+    unlease(&mut t, state, ended);
+    t.attempts_total = a.seq;
+    t.claimed_at = Some(a.claimed_at);
+    t.attempt = a.attempt;
+    t.next_retry_at = None;
+    match a.outcome {
+        Some(Outcome::Released) => t.attempt = a.attempt.saturating_sub(1),
+        _ => t.result = result.cloned(),
+    }
+    if a.disposition == Some(Disposition::RetryScheduled) {
+        t.next_retry_at = Some(ended + cfg.backoff.delay(&t.id, a.seq, a.attempt));
+    }
+    t
 }
 
 /// Moves a failed todo whose retry is due back to pending. Ends no lease, writes no attempt.

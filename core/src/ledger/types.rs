@@ -58,35 +58,16 @@ pub enum ClaimerKind {
     Owner,
 }
 
-macro_rules! names {
-    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
-        impl $ty {
-            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $name),* }
-            }
-            pub fn parse(s: &str) -> Option<$ty> {
-                match s { $($name => Some($ty::$variant),)* _ => None }
-            }
-        }
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-names!(TodoState { Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done", Canceled => "canceled" });
-names!(Outcome {
+crate::names!(TodoState { Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done", Canceled => "canceled" });
+crate::names!(Outcome {
     Completed => "completed", Failed => "failed", Released => "released",
     LeaseExpired => "lease_expired", Reaped => "reaped", Canceled => "canceled", Revoked => "revoked",
 });
-names!(Disposition {
+crate::names!(Disposition {
     Done => "done", RetryScheduled => "retry_scheduled", Requeued => "requeued",
     DeadLettered => "dead_lettered", Canceled => "canceled",
 });
-names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
+crate::names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
 
 impl Outcome {
     /// An attempt died when its lease lapsed; every other outcome was reported or decided.

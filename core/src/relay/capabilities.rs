@@ -1,6 +1,6 @@
-//! REQ-19: is this lease source's server one relay can work with? Read from the input schemas
+//! Is this lease source's server one relay can work with? Read from the input schemas
 //! of its tools/list answer, never from a version string: the schemas forbid unknown
-//! properties, so what they declare is exactly what the server accepts. Doctor (REQ-21) uses
+//! properties, so what they declare is exactly what the server accepts. `relay doctor` uses
 //! the same answer.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,8 +41,8 @@ impl Capabilities {
         self.missing.is_empty()
     }
 
-    /// What a server with exactly the contract's SPEC-0034 surface answers (tests and drivers
-    /// use it).
+    /// What a server with exactly the contract's surface, attempt-history arguments included,
+    /// answers (tests and drivers use it).
     pub fn full(release_advertised: bool) -> Capabilities {
         Capabilities {
             missing: Vec::new(),
@@ -121,12 +121,12 @@ pub fn check_capabilities(tools_list: &Value) -> Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::relay::{spec_0034_tools, tools_list};
+    use crate::testing::relay::{contract_tools, tools_list};
 
     #[test]
-    fn the_spec_0034_surface_is_supported() {
+    fn the_full_contract_surface_is_supported() {
         assert_eq!(
-            check_capabilities(&spec_0034_tools()),
+            check_capabilities(&contract_tools()),
             Capabilities::full(true)
         );
     }
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn the_declared_arguments_are_kept_per_verb() {
-        let mut list = spec_0034_tools();
+        let mut list = contract_tools();
         list["tools"][3]["inputSchema"]["properties"]["retryable"] = serde_json::json!({});
         assert_eq!(list["tools"][3]["name"], "fail");
         let caps = check_capabilities(&list);

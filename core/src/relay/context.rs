@@ -1,4 +1,4 @@
-//! What an attempt's process is given (REQ-5, REQ-6): its claimant label, its files, the
+//! What an attempt's process is given once claimed: its claimant label, its files, the
 //! context file's JSON and the relay variables. None of it ever holds the lease token: the
 //! functions here never see one.
 
@@ -98,7 +98,7 @@ pub fn context_file_bytes(
     bytes
 }
 
-/// The REQ-6 variables; they override the daemon's environment and env_file.
+/// The relay variables; they override the daemon's environment and env_file.
 pub fn relay_env(claim: &ClaimedTodo, files: &RunFiles) -> Vec<(String, String)> {
     [
         ("HARNESS_TODO_ID", claim.todo_id.clone()),

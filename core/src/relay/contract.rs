@@ -23,7 +23,7 @@
 //! - `fail`: `dead_letter` is a dead letter only when it is the JSON `true`; `next_retry_at` is
 //!   read when it is a string. A fail answer without `dead_letter` is an accepted fail that is
 //!   not a dead letter (`relay_outcome = failed`): the server has closed the attempt, so sending
-//!   it again could only be refused as a late report, and REQ-16 forbids inferring a dead letter
+//!   it again could only be refused as a late report, and a dead letter is never inferred
 //!   from `state` or attempt counts.
 //!
 //! Nothing here quotes a value from an answer in an error: a mistyped field might hold a token.
@@ -45,7 +45,7 @@ use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, Report
 use crate::wire::{ClaimNextArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs};
 
 /// The contract table's "Arguments sent", per verb: what every server honouring it accepts
-/// (the † ones are checked at initialize, REQ-19). Anything else is an extension.
+/// (the † ones are checked at initialize). Anything else is an extension.
 pub const ARGUMENTS: [(&str, &[&str]); 5] = [
     (
         "claim_next",

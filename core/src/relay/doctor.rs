@@ -1,4 +1,4 @@
-//! `relay doctor` (REQ-21): what is wrong with the lease sources and their bindings, as rows.
+//! `relay doctor`: what is wrong with the lease sources and their bindings, as rows.
 //! The daemon asks each source for its tools/list; everything decided about the answer is here.
 
 use serde::Serialize;
@@ -16,16 +16,7 @@ pub enum Level {
     Fail,
 }
 
-impl Level {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Notice => "notice",
-            Level::Warn => "warn",
-            Level::Fail => "fail",
-        }
-    }
-}
+crate::names!(Level { Ok => "ok", Notice => "notice", Warn => "warn", Fail => "fail" });
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Row {

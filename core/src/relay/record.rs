@@ -1,12 +1,12 @@
-//! Run records and events of a leased harness (REQ-20), and the restart reconciliation
-//! (REQ-15). A record never carries a summary, a payload, a header value or a lease token: none
-//! of its fields can hold one.
+//! Run records and events of a leased harness, and the reconciliation after a restart. A record
+//! never carries a summary, a payload, a header value or a lease token: none of its fields can
+//! hold one.
 
 use serde::{Deserialize, Serialize};
 
 use crate::time::{Millis, rfc3339};
 
-/// How a run ended, as SPEC-0008 records it.
+/// How a run ended, as every run's record (leased or not) says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
@@ -48,19 +48,11 @@ pub enum RelayOutcome {
     NoWork,
 }
 
-impl RelayOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RelayOutcome::Completed => "completed",
-            RelayOutcome::Failed => "failed",
-            RelayOutcome::Released => "released",
-            RelayOutcome::LeaseLost => "lease_lost",
-            RelayOutcome::ReportLost => "report_lost",
-            RelayOutcome::DeadLettered => "dead_lettered",
-            RelayOutcome::NoWork => "no_work",
-        }
-    }
-}
+crate::names!(RelayOutcome {
+    Completed => "completed", Failed => "failed", Released => "released",
+    LeaseLost => "lease_lost", ReportLost => "report_lost", DeadLettered => "dead_lettered",
+    NoWork => "no_work",
+});
 
 /// One run of a leased harness. Written when the claim is sent (`running`), again when it is
 /// answered, and once more when the run ends; a skipped firing is written once.
@@ -118,7 +110,7 @@ impl RunRecord {
     }
 }
 
-/// REQ-15: a record a crashed daemon left `running` becomes `interrupted`. Nothing else
+/// After a restart, a record a crashed daemon left `running` becomes `interrupted`. Nothing else
 /// changes — in particular no relay outcome is invented, because no call is made for it: the
 /// lease lapses and the server records the attempt as having died. Other records pass through.
 pub fn reconcile_interrupted(mut record: RunRecord, now: Millis) -> RunRecord {
@@ -129,7 +121,7 @@ pub fn reconcile_interrupted(mut record: RunRecord, now: Millis) -> RunRecord {
     record
 }
 
-/// The events of a leased harness (REQ-20), as `relay events` prints them: each names its harness
+/// The events of a leased harness, as `relay events` prints them: each names its harness
 /// and run. A run that claims starts with `run_started`; every run ends with exactly one
 /// `run_finished`, or `run_skipped` when the firing started nothing (admission refused it, or the
 /// claim found no work or failed) — so a skipped firing is one `run_skipped` alone. The relay_*

@@ -1,4 +1,4 @@
-//! The attempt summary (REQ-11), the artifact choice (REQ-12) and the receipt text (REQ-13):
+//! The attempt summary, the artifact choice and the receipt text:
 //! pure functions the machine calls and the driver may reuse.
 
 use serde_json::Value;
@@ -72,12 +72,12 @@ pub fn first_line(
     line
 }
 
-/// The summary of an attempt the daemon ended without a verdict (REQ-14).
+/// The summary of an attempt the daemon ended without a verdict (an abort).
 pub fn abort_summary(attempt: u32, max_attempts: u32, reason_words: &str) -> String {
     format!("attempt {attempt}/{max_attempts} · stopped: {reason_words}")
 }
 
-/// The summary sent when the check passed before the spawn (REQ-9).
+/// The summary sent when the check passed before the spawn (`success_check_before`).
 pub const ALREADY_SATISFIED: &str = "success_check passed before spawn";
 
 /// What the agent's summary file said.
@@ -160,7 +160,7 @@ pub fn last_lines(output: &[u8], lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// The REQ-11 summary: the three parts redacted, joined by newlines, and capped at
+/// The attempt summary: the three parts redacted, joined by newlines, and capped at
 /// [`SUMMARY_MAX_BYTES`] by cutting the check output (keeping its end), then the agent's text
 /// (keeping its start), and the first line only when it alone is too long.
 pub fn compose_summary(
@@ -229,7 +229,7 @@ pub fn cap_parts(p1: &str, p2: Option<&str>, p3: Option<&str>, max: usize) -> St
     )
 }
 
-/// REQ-12: at most one handle for a report: the agent's when it has the shape of one (an
+/// The artifact: at most one handle for a report: the agent's when it has the shape of one (an
 /// `mcp://cairn/<id>` handle or an https URL of at most 512 bytes), else the receipt's, else
 /// none. A handle dropped for its shape, or because it carries a credential (it would reach
 /// the server and the run record), comes back as a run-log warning that never repeats it.

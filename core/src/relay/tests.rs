@@ -1,6 +1,6 @@
-//! One test per relay-spec scenario from REQ-4 to REQ-24, named after it, plus the property
-//! tests whose bodies live in `crate::testing::relay`. Times are explicit; commands are
-//! asserted exactly where the scenario is about them.
+//! One test per scenario of the worker's lease behaviour (admission to error handling), named
+//! after what it checks, plus the property tests whose bodies live in `crate::testing::relay`.
+//! Times are explicit; commands are asserted exactly where the scenario is about them.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::ErrorCode;
 use crate::ledger::{Ledger, LedgerConfig, NewTodo};
+use crate::testing::Queue;
 use crate::testing::relay::*;
 use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339};
 
@@ -110,7 +111,7 @@ fn var(env: &[(String, String)], name: &str) -> Option<String> {
     env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
 }
 
-// ---- REQ-4: admission before claim ------------------------------------------------------------
+// ---- admission before claim -------------------------------------------------------------------
 
 #[test]
 fn firing_during_a_run() {
@@ -188,7 +189,7 @@ fn a_disabled_harness_or_lease_source_claims_nothing() {
     );
 }
 
-// ---- REQ-5: claim ---------------------------------------------------------------------------
+// ---- claim ----------------------------------------------------------------------------------
 
 #[test]
 fn claimed_and_spawned() {
@@ -359,7 +360,7 @@ fn a_claim_without_a_fence_is_refused() {
     );
 }
 
-// ---- REQ-6: context file and environment -----------------------------------------------------
+// ---- context file and environment ------------------------------------------------------------
 
 #[test]
 fn second_attempt_sees_the_first() {
@@ -478,11 +479,11 @@ fn the_token_stays_out() {
         }
         assert!(!rendered(&c).contains(TOKEN), "token in {}", rendered(&c));
     }
-    // The event file is the driver's (SPEC-0014); the daemon's e2e test must check that file,
-    // the run log and the real process environment for the token's bytes.
+    // The event file is the driver's (as for an unleased triggered run); the daemon's e2e test
+    // must check that file, the run log and the real process environment for the token's bytes.
 }
 
-// ---- REQ-7: heartbeats ----------------------------------------------------------------------
+// ---- heartbeats -----------------------------------------------------------------------------
 
 #[test]
 fn a_long_run_keeps_its_lease() {
@@ -541,7 +542,7 @@ fn the_lease_deadline_counts_from_the_send_time() {
     );
 }
 
-// ---- REQ-8: lease loss ----------------------------------------------------------------------
+// ---- lease loss -----------------------------------------------------------------------------
 
 #[test]
 fn taken_over() {
@@ -665,7 +666,7 @@ fn a_wall_clock_step_moves_no_deadline() {
     }
 }
 
-// ---- REQ-9: verdict -------------------------------------------------------------------------
+// ---- verdict --------------------------------------------------------------------------------
 
 #[test]
 fn the_world_disagrees_with_the_agent() {
@@ -896,7 +897,7 @@ fn a_red_check_before_the_spawn_proceeds_to_the_work() {
     );
 }
 
-// ---- REQ-10: report -------------------------------------------------------------------------
+// ---- report ---------------------------------------------------------------------------------
 
 #[test]
 fn report_retried_through_a_blip() {
@@ -1027,7 +1028,7 @@ fn a_report_answered_conflict_is_lease_loss() {
     );
 }
 
-// ---- REQ-11: summary ------------------------------------------------------------------------
+// ---- summary --------------------------------------------------------------------------------
 
 #[test]
 fn the_agent_explains_itself() {
@@ -1073,7 +1074,7 @@ fn a_long_summary_is_capped_keeping_the_first_line() {
     );
 }
 
-// ---- REQ-12: artifact -----------------------------------------------------------------------
+// ---- artifact -------------------------------------------------------------------------------
 
 #[test]
 fn malformed_handle() {
@@ -1090,7 +1091,7 @@ fn malformed_handle() {
     );
 }
 
-// ---- REQ-13: receipts -----------------------------------------------------------------------
+// ---- receipts -------------------------------------------------------------------------------
 
 fn with_receipt() -> HarnessSettings {
     let mut s = settings();
@@ -1161,7 +1162,7 @@ fn cairn_down() {
     );
 }
 
-// ---- REQ-14: aborts -------------------------------------------------------------------------
+// ---- aborts ---------------------------------------------------------------------------------
 
 #[test]
 fn daemon_shutdown_with_release_granted() {
@@ -1227,7 +1228,7 @@ fn a_stop_while_claiming_releases_the_claim_at_once() {
     assert_eq!(the_report(&cmds).0, ReportVerb::Release);
 }
 
-// ---- REQ-15: restart ------------------------------------------------------------------------
+// ---- restart --------------------------------------------------------------------------------
 
 #[test]
 fn crash_mid_attempt() {
@@ -1255,7 +1256,7 @@ fn crash_mid_attempt() {
     assert_eq!(count(&fresh.commands(), is_report), 0);
 }
 
-// ---- REQ-16: dead letter --------------------------------------------------------------------
+// ---- dead letter ----------------------------------------------------------------------------
 
 #[test]
 fn last_attempt_fails() {
@@ -1298,7 +1299,7 @@ fn a_dead_letter_is_never_inferred() {
     );
 }
 
-// ---- REQ-17 / REQ-18: lease client session, credentials ---------------------------------------
+// ---- lease client session, credentials --------------------------------------------------------
 
 #[test]
 fn never_a_ring_target() {
@@ -1360,7 +1361,7 @@ fn doctor_output() {
     assert!(format!("{:?}", LeaseToken::new(TOKEN)) == "LeaseToken(<redacted>)");
 }
 
-// ---- REQ-19: capabilities -------------------------------------------------------------------
+// ---- capabilities ---------------------------------------------------------------------------
 
 fn predating_tools() -> Value {
     tools_list(&[
@@ -1399,7 +1400,7 @@ fn a_server_that_predates_attempt_history() {
 fn the_server_is_upgraded() {
     let mut d = Driver::with_capabilities(settings(), check_capabilities(&predating_tools()));
     d.fire();
-    let upgraded = check_capabilities(&spec_0034_tools());
+    let upgraded = check_capabilities(&contract_tools());
     assert_eq!(upgraded, Capabilities::full(true), "the doctor row clears");
     d.input(Input::CapabilitiesKnown(upgraded));
     let cmds = d.fire();
@@ -1429,7 +1430,7 @@ fn a_claim_waits_for_the_capability_check_of_a_new_session() {
 
 #[test]
 fn schema_declares_the_fence() {
-    let caps = check_capabilities(&spec_0034_tools());
+    let caps = check_capabilities(&contract_tools());
     let mut d = Driver::with_capabilities(settings(), caps);
     d.start(claim_1());
     d.advance(5 * MINUTE);
@@ -1443,7 +1444,7 @@ fn schema_declares_the_fence() {
     );
 }
 
-// ---- REQ-20: records ------------------------------------------------------------------------
+// ---- records --------------------------------------------------------------------------------
 
 #[test]
 fn a_failed_attempts_record() {
@@ -1473,7 +1474,7 @@ fn a_failed_attempts_record() {
     }
 }
 
-// ---- REQ-21: visibility ---------------------------------------------------------------------
+// ---- visibility -----------------------------------------------------------------------------
 
 #[test]
 fn doctor_on_a_read_only_endpoint() {
@@ -1486,7 +1487,7 @@ fn doctor_on_a_read_only_endpoint() {
     assert!(!caps.supported());
 }
 
-// ---- REQ-22: pools --------------------------------------------------------------------------
+// ---- pools ----------------------------------------------------------------------------------
 
 #[test]
 fn three_workers_two_todos() {
@@ -1567,7 +1568,7 @@ fn three_workers_two_todos() {
     );
 }
 
-// ---- REQ-23: concurrency ----------------------------------------------------------------------
+// ---- concurrency ------------------------------------------------------------------------------
 
 #[test]
 fn no_leaked_heartbeat() {
@@ -1585,7 +1586,7 @@ fn no_leaked_heartbeat() {
     assert_eq!(d.advance(24 * 60 * MINUTE), []);
 }
 
-// ---- REQ-24: error handling -----------------------------------------------------------------
+// ---- error handling -------------------------------------------------------------------------
 
 #[test]
 fn a_conflict_is_not_a_transport_error() {
@@ -1599,7 +1600,7 @@ fn a_conflict_is_not_a_transport_error() {
         request,
         error: conflict(),
     });
-    assert!(cmds.iter().any(is_term), "REQ-8 at once");
+    assert!(cmds.iter().any(is_term), "lease loss at once");
     assert!(!matches!(
         d.relay.poll_timeout(),
         Some((_, TimerReason::Heartbeat))
@@ -1699,7 +1700,7 @@ proptest! {
     }
 }
 
-// ---- REQ-20: events -------------------------------------------------------------------------
+// ---- events ---------------------------------------------------------------------------------
 
 fn events(cmds: &[Command]) -> Vec<&Event> {
     cmds.iter()
@@ -1845,7 +1846,7 @@ proptest! {
     }
 }
 
-// ---- REQ-14: reload and operator stop -------------------------------------------------------
+// ---- reload and operator stop ---------------------------------------------------------------
 
 #[test]
 fn a_reload_waits_for_the_attempt_in_flight_and_applies_at_its_close() {

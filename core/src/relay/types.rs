@@ -41,7 +41,7 @@ pub struct HarnessSettings {
     /// The prompt's bytes, written to the process's stdin.
     pub prompt: Option<Vec<u8>>,
     pub workdir: String,
-    /// SPEC-0008's run timeout.
+    /// The run timeout every run has, leased or not.
     pub timeout: Option<Millis>,
     pub kill_grace: Millis,
     pub on_overlap: OnOverlap,
@@ -140,7 +140,7 @@ impl LeaseError {
         }
     }
 
-    /// The server says this lease is not ours (any more): REQ-8 lease loss.
+    /// The server says this lease is not ours (any more): lease loss.
     pub fn is_lease_loss(&self) -> bool {
         matches!(
             self,
@@ -201,7 +201,7 @@ impl ExitStatus {
     }
 }
 
-/// Why the daemon ends an attempt without a verdict on the work (REQ-14).
+/// Why the daemon ends an attempt without a verdict on the work (an abort).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
@@ -318,13 +318,39 @@ pub enum ReportVerb {
     Release,
 }
 
+// The tool's name.
+crate::names!(ReportVerb { Complete => "complete", Fail => "fail", Release => "release" });
+
 impl ReportVerb {
-    /// The tool's name.
-    pub fn as_str(self) -> &'static str {
+    /// The ledger operation this report is: `release` takes the report's summary and fence.
+    pub fn op(
+        self,
+        now: crate::Millis,
+        actor: crate::ledger::Actor,
+        id: String,
+        report: crate::ledger::Report,
+    ) -> crate::ledger::Op {
+        use crate::ledger::Op;
         match self {
-            ReportVerb::Complete => "complete",
-            ReportVerb::Fail => "fail",
-            ReportVerb::Release => "release",
+            ReportVerb::Complete => Op::Complete {
+                now,
+                actor,
+                id,
+                report,
+            },
+            ReportVerb::Fail => Op::Fail {
+                now,
+                actor,
+                id,
+                report,
+            },
+            ReportVerb::Release => Op::Release {
+                now,
+                actor,
+                id,
+                summary: report.summary,
+                token_hash: report.token_hash,
+            },
         }
     }
 }
@@ -336,7 +362,7 @@ pub enum Signal {
 }
 
 /// The environment of a spawned process or check, in layers. The driver starts from the
-/// daemon's environment, sets `env_file` over it, then `relay` over that: the REQ-6 variables
+/// daemon's environment, sets `env_file` over it, then `relay` over that: the relay variables
 /// win over same-named variables from both. [`ProcessEnv::merged`] does exactly that.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ProcessEnv {
@@ -412,7 +438,7 @@ pub enum Command {
         path: String,
         bytes: Vec<u8>,
     },
-    /// The driver adds the SPEC-0014 run-context variables and writes the event file, as for
+    /// The driver adds the triggered run's context variables and writes the event file, as for
     /// an unleased run; `summary_file` must not exist yet.
     Spawn {
         run_id: u64,
@@ -502,7 +528,7 @@ pub enum TimerReason {
     LeaseDeadline,
     /// The next heartbeat, or a heartbeat retry after a transport failure.
     Heartbeat,
-    /// SPEC-0008's run timeout stops the agent.
+    /// The run timeout stops the agent.
     AgentTimeout,
     /// SIGTERM went unanswered for the grace period: SIGKILL.
     KillGrace,

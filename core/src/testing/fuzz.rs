@@ -22,7 +22,7 @@ pub fn wire_decode(data: &[u8]) {
         Ok(call) => assert_eq!(call.tool(), tool),
         Err(e) => {
             assert_eq!(e.code, ErrorCode::Invalid, "{e}");
-            assert!(e.message.starts_with(tool.name()), "{e}");
+            assert!(e.message.starts_with(tool.as_str()), "{e}");
         }
     }
 }
@@ -117,7 +117,7 @@ pub fn config_parse(bytes: &[u8]) {
     config_parse_never_panics(&String::from_utf8_lossy(bytes));
 }
 
-/// `summary_compose`: arbitrary agent text, check output and secret into the REQ-11 summary.
+/// `summary_compose`: arbitrary agent text, check output and secret into the attempt summary.
 /// It is valid UTF-8 of at most 2048 bytes, starts with the daemon's first line, and carries
 /// no secret value.
 pub fn summary_compose(bytes: &[u8]) -> Result<(), String> {

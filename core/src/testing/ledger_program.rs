@@ -7,11 +7,10 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Attempt, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, Todo, TodoFilter, TokenHash,
+    Actor, Answer, Attempt, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Report, Todo,
+    TodoFilter, TokenHash,
 };
 use crate::time::{MINUTE, Millis, SECOND};
-
-use super::Queue;
 
 /// Endpoints, todo ids, queues and tokens are drawn from small sets so that operations collide:
 /// the interesting cases are two claimers on one todo, a stale token, a foreign id.
@@ -20,150 +19,140 @@ const QUEUES: [&str; 2] = ["q1", "q2"];
 const TODOS: u8 = 6;
 const TOKENS: u8 = 4;
 
-/// One operation on the queue side, as the property test and the fuzz target generate it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Op {
-    /// Let time pass.
-    Advance(Millis),
-    Add {
-        endpoint: u8,
-        todo: u8,
-        queue: u8,
-        max_attempts: u32,
-    },
-    ClaimNext {
-        actor: u8,
-        queue: Option<u8>,
-        ttl: Millis,
-        /// `Some(n)`: a fenced claim whose token is `tok-n`.
-        token: Option<u8>,
-    },
-    Claim {
-        actor: u8,
-        todo: u8,
-        ttl: Millis,
-        token: Option<u8>,
-    },
-    Heartbeat {
-        actor: u8,
-        todo: u8,
-        ttl: Millis,
-        token: Option<u8>,
-    },
-    Complete {
-        actor: u8,
-        todo: u8,
-        token: Option<u8>,
-        summary_len: u16,
-    },
-    Fail {
-        actor: u8,
-        todo: u8,
-        token: Option<u8>,
-        summary_len: u16,
-    },
-    Release {
-        actor: u8,
-        todo: u8,
-        token: Option<u8>,
-    },
-    Reap,
-    RequeueDue,
-    Retry {
-        todo: u8,
-    },
-    Cancel {
-        todo: u8,
-    },
-    Revoke {
-        endpoint: u8,
-    },
-    Get {
-        actor: u8,
-        todo: u8,
-        limit: u8,
-    },
-    List {
-        actor: u8,
-    },
-    Delete {
-        todo: u8,
-    },
-    Purge {
-        retention: Millis,
-    },
-}
+/// Where a decoded program's clock starts (ms since the epoch).
+pub const PROGRAM_START: Millis = 1_790_000_000_000;
 
-/// Decodes bytes positionally into operations; every byte string is a valid program.
+/// Decodes bytes positionally into ledger operations from [`PROGRAM_START`]; every byte string
+/// is a valid program. Some tags only let time pass: they move the `now` of what follows.
 pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
     let mut it = bytes.iter().copied();
     let mut ops = Vec::new();
+    let mut now = PROGRAM_START;
     let mut next = || it.next();
     while let Some(tag) = next() {
         let mut b = || next().unwrap_or(0);
         // The actor: 0 and 1 are endpoints, 2 is the operator.
-        let actor = |x: u8| x % 3;
+        let actor = |x: u8| actor_of(x % 3);
         let ttl = |x: u8| Millis::from(x % 8 + 1) * 30 * SECOND;
-        let token = |x: u8| (!x.is_multiple_of(TOKENS + 1)).then_some(x % (TOKENS + 1));
+        let token = |x: u8| token_hash((!x.is_multiple_of(TOKENS + 1)).then_some(x % (TOKENS + 1)));
+        let report = |actor: u8, token: Option<TokenHash>, len: u16| Report {
+            result: Some(json!({"by": actor})),
+            summary: summary(len),
+            artifact: (len % 5 == 1).then(|| "mcp://cairn/x1".to_string()),
+            token_hash: token,
+        };
         let op = match tag % 17 {
-            0 => Op::Advance(Millis::from(b()) * 5 * SECOND),
-            1 => Op::Add {
-                endpoint: b() % 2,
-                todo: b() % TODOS,
-                queue: b() % 2,
-                max_attempts: u32::from(b() % 4 + 1),
-            },
-            2 => Op::ClaimNext {
-                actor: actor(b()),
-                queue: {
-                    let q = b();
-                    (q % 3 != 0).then_some(q % 2)
-                },
-                ttl: ttl(b()),
-                token: token(b()),
-            },
+            0 => {
+                now += Millis::from(b()) * 5 * SECOND;
+                continue;
+            }
+            1 => {
+                let (endpoint, todo, queue) = (b() % 2, b() % TODOS, b() % 2);
+                Op::AddTodo {
+                    now,
+                    endpoint: ENDPOINTS[usize::from(endpoint)].into(),
+                    new: NewTodo {
+                        id: todo_id(todo),
+                        queue: QUEUES[usize::from(queue)].into(),
+                        title: format!("todo {todo}"),
+                        max_attempts: Some(u32::from(b() % 4 + 1)),
+                        payload: Some(json!({"n": todo})),
+                        ..NewTodo::default()
+                    },
+                }
+            }
+            2 => {
+                let a = b();
+                let q = b();
+                Op::ClaimNext {
+                    now,
+                    actor: actor(a),
+                    queues: (q % 3 != 0).then(|| vec![QUEUES[usize::from(q % 2)].to_string()]),
+                    opts: ClaimOpts {
+                        ttl: ttl(b()),
+                        claimant: Some(format!("claimer-{}\u{0}\u{1b}[0m🦀", a % 3)),
+                        token_hash: token(b()),
+                    },
+                }
+            }
             3 => Op::Claim {
+                now,
                 actor: actor(b()),
-                todo: b() % TODOS,
-                ttl: ttl(b()),
-                token: token(b()),
+                id: todo_id(b() % TODOS),
+                opts: ClaimOpts {
+                    ttl: ttl(b()),
+                    claimant: None,
+                    token_hash: token(b()),
+                },
             },
             4 => Op::Heartbeat {
+                now,
                 actor: actor(b()),
-                todo: b() % TODOS,
+                id: todo_id(b() % TODOS),
                 ttl: ttl(b()),
-                token: token(b()),
+                token_hash: token(b()),
             },
-            5 => Op::Complete {
-                actor: actor(b()),
-                todo: b() % TODOS,
-                token: token(b()),
-                summary_len: u16::from(b()) * 12,
-            },
-            6 => Op::Fail {
-                actor: actor(b()),
-                todo: b() % TODOS,
-                token: token(b()),
-                summary_len: u16::from(b()) * 12,
-            },
+            5 | 6 => {
+                let (a, id, tok) = (b() % 3, todo_id(b() % TODOS), token(b()));
+                let report = report(a, tok, u16::from(b()) * 12);
+                let actor = actor_of(a);
+                if tag % 17 == 5 {
+                    Op::Complete {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    }
+                } else {
+                    Op::Fail {
+                        now,
+                        actor,
+                        id,
+                        report,
+                    }
+                }
+            }
             7 => Op::Release {
+                now,
                 actor: actor(b()),
-                todo: b() % TODOS,
-                token: token(b()),
+                id: todo_id(b() % TODOS),
+                summary: Some("released".into()),
+                token_hash: token(b()),
             },
-            8 => Op::Reap,
-            9 => Op::RequeueDue,
-            10 => Op::Retry { todo: b() % TODOS },
-            11 => Op::Cancel { todo: b() % TODOS },
-            12 => Op::Revoke { endpoint: b() % 2 },
-            13 => Op::Get {
+            8 => Op::Reap { now },
+            9 => Op::RequeueDue { now },
+            10 => Op::Retry {
+                now,
+                actor: Actor::Operator,
+                id: todo_id(b() % TODOS),
+            },
+            11 => Op::Cancel {
+                now,
+                actor: Actor::Operator,
+                id: todo_id(b() % TODOS),
+            },
+            12 => Op::RevokeEndpoint {
+                now,
+                endpoint: ENDPOINTS[usize::from(b() % 2)].into(),
+            },
+            13 => Op::GetTodo {
                 actor: actor(b()),
-                todo: b() % TODOS,
-                limit: b() % 8,
+                id: todo_id(b() % TODOS),
+                attempts_limit: usize::from(b() % 8),
             },
-            14 => Op::List { actor: actor(b()) },
-            15 => Op::Delete { todo: b() % TODOS },
-            _ => Op::Purge {
+            14 => Op::ListTodos {
+                actor: actor(b()),
+                filter: TodoFilter {
+                    limit: 100,
+                    ..TodoFilter::default()
+                },
+            },
+            15 => Op::DeleteTodo {
+                actor: Actor::Operator,
+                id: todo_id(b() % TODOS),
+            },
+            _ => Op::PurgeFinished {
+                now,
                 retention: Millis::from(b()) * MINUTE,
             },
         };
@@ -220,146 +209,29 @@ fn attempt_obs(a: &Attempt) -> Value {
     })
 }
 
-/// Applies one operation to the ledger at `now` and says what it answered. `Advance` is the
-/// caller's business (it moves `now`) and answers `null`.
-pub fn apply_op<Q: Queue>(l: &mut Q, now: Millis, op: &Op) -> Observation {
-    let todos =
-        |r: Result<Vec<Todo>, Error>| r.map(|ts| Value::Array(ts.iter().map(todo_obs).collect()));
-    let r = match op {
-        Op::Advance(_) => Ok(Value::Null),
-        Op::Add {
-            endpoint,
-            todo,
-            queue,
-            max_attempts,
-        } => l
-            .add_todo(
-                now,
-                ENDPOINTS[usize::from(*endpoint)],
-                NewTodo {
-                    id: todo_id(*todo),
-                    queue: QUEUES[usize::from(*queue)].into(),
-                    title: format!("todo {todo}"),
-                    max_attempts: Some(*max_attempts),
-                    payload: Some(json!({"n": todo})),
-                    ..NewTodo::default()
-                },
-            )
-            .map(|t| todo_obs(&t)),
-        Op::ClaimNext {
-            actor,
-            queue,
-            ttl,
-            token,
-        } => {
-            let queues = queue.map(|q| vec![QUEUES[usize::from(q)].to_string()]);
-            let opts = ClaimOpts {
-                ttl: *ttl,
-                claimant: Some(format!("claimer-{actor}\u{0}\u{1b}[0m🦀")),
-                token_hash: token_hash(*token),
-            };
-            l.claim_next(now, &actor_of(*actor), queues.as_deref(), &opts)
-                .map(|c| match c {
-                    None => json!({"empty": true}),
-                    Some(c) => json!({
-                        "todo": todo_obs(&c.todo), "seq": c.attempt_seq, "takeover": c.takeover,
-                        "prior": c.prior_attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
-                    }),
-                })
-        }
-        Op::Claim {
-            actor,
-            todo,
-            ttl,
-            token,
-        } => {
-            let opts = ClaimOpts {
-                ttl: *ttl,
-                claimant: None,
-                token_hash: token_hash(*token),
-            };
-            l.claim(now, &actor_of(*actor), &todo_id(*todo), &opts)
-                .map(|c| json!({"todo": todo_obs(&c.todo), "takeover": c.takeover}))
-        }
-        Op::Heartbeat {
-            actor,
-            todo,
-            ttl,
-            token,
-        } => l
-            .heartbeat(
-                now,
-                &actor_of(*actor),
-                &todo_id(*todo),
-                *ttl,
-                token_hash(*token),
-            )
-            .map(|t| todo_obs(&t)),
-        Op::Complete {
-            actor,
-            todo,
-            token,
-            summary_len,
-        }
-        | Op::Fail {
-            actor,
-            todo,
-            token,
-            summary_len,
-        } => {
-            let report = Report {
-                result: Some(json!({"by": actor})),
-                summary: summary(*summary_len),
-                artifact: (*summary_len % 5 == 1).then(|| "mcp://cairn/x1".to_string()),
-                token_hash: token_hash(*token),
-            };
-            let (a, id) = (actor_of(*actor), todo_id(*todo));
-            if matches!(op, Op::Complete { .. }) {
-                l.complete(now, &a, &id, &report)
-            } else {
-                l.fail(now, &a, &id, &report)
-            }
-            .map(|t| todo_obs(&t))
-        }
-        Op::Release { actor, todo, token } => l
-            .release(
-                now,
-                &actor_of(*actor),
-                &todo_id(*todo),
-                Some("released"),
-                token_hash(*token),
-            )
-            .map(|t| todo_obs(&t)),
-        Op::Reap => todos(l.reap(now)),
-        Op::RequeueDue => todos(l.requeue_due(now)),
-        Op::Retry { todo } => l
-            .retry(now, &Actor::Operator, &todo_id(*todo))
-            .map(|t| todo_obs(&t)),
-        Op::Cancel { todo } => l
-            .cancel(now, &Actor::Operator, &todo_id(*todo))
-            .map(|t| todo_obs(&t)),
-        Op::Revoke { endpoint } => todos(l.revoke_endpoint(now, ENDPOINTS[usize::from(*endpoint)])),
-        Op::Get { actor, todo, limit } => l
-            .get_todo(&actor_of(*actor), &todo_id(*todo), usize::from(*limit))
-            .map(|v| {
-                json!({
-                    "todo": todo_obs(&v.todo),
-                    "attempts": v.attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
-                })
+fn claimed_obs(c: &Claimed) -> Value {
+    json!({
+        "todo": todo_obs(&c.todo), "seq": c.attempt_seq, "takeover": c.takeover,
+        "prior": c.prior_attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
+    })
+}
+
+/// What an operation answered, as an observation.
+pub fn observe(answer: Result<Answer, Error>) -> Observation {
+    answer
+        .map(|a| match a {
+            Answer::Todo(t) => todo_obs(&t),
+            Answer::Claimed(c) | Answer::Next(Some(c)) => claimed_obs(&c),
+            Answer::Next(None) => json!({"empty": true}),
+            Answer::Todos(ts) => Value::Array(ts.iter().map(todo_obs).collect()),
+            Answer::View(v) => json!({
+                "todo": todo_obs(&v.todo),
+                "attempts": v.attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
             }),
-        Op::List { actor } => todos(l.list_todos(
-            &actor_of(*actor),
-            &TodoFilter {
-                limit: 100,
-                ..TodoFilter::default()
-            },
-        )),
-        Op::Delete { todo } => l
-            .delete_todo(&Actor::Operator, &todo_id(*todo))
-            .map(|()| Value::Null),
-        Op::Purge { retention } => l.purge_finished(now, *retention).map(|ids| json!(ids)),
-    };
-    r.map_err(|e| e.code)
+            Answer::Ids(ids) => json!(ids),
+            Answer::Deleted => Value::Null,
+        })
+        .map_err(|e| e.code)
 }
 
 /// Runs the operations from a fixed start time, checking after every step:
@@ -372,14 +244,10 @@ pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
         attempts_cap: 4,
         ..LedgerConfig::default()
     });
-    let mut now: Millis = 1_790_000_000_000;
     let mut closed: BTreeMap<(String, u32), Attempt> = BTreeMap::new();
     let mut totals: BTreeMap<String, u32> = BTreeMap::new();
-    for (step, op) in decode_ops(bytes).iter().enumerate() {
-        if let Op::Advance(d) = op {
-            now += d;
-        }
-        let obs = apply_op(&mut l, now, op);
+    for (step, op) in decode_ops(bytes).into_iter().enumerate() {
+        let obs = observe(l.apply(op.clone()));
         if obs == Err(ErrorCode::Internal) {
             return Err(format!("step {step}: {op:?} answered internal"));
         }

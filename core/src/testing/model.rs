@@ -1,141 +1,161 @@
-//! The queue side's operations as one trait, so that the ledger and both stores can be driven
-//! by the same program and their answers compared.
+//! The queue side as one trait over [`Op`], so that the ledger and both stores can be driven by
+//! the same program and their answers compared, and so that hand-written tests can call an
+//! operation by name.
 
 use crate::error::Error;
 use crate::ledger::{
-    Actor, ClaimOpts, Claimed, Ledger, NewTodo, Report, Todo, TodoFilter, TodoView, TokenHash,
+    Actor, Answer, ClaimOpts, Claimed, Ledger, NewTodo, Op, Report, Todo, TodoFilter, TodoView,
+    TokenHash,
 };
 use crate::time::Millis;
 
-/// The queue side's operations, as the ledger offers them. The stores implement it too (in
-/// their tests, blocking on each call), so one random program can drive both and their answers
-/// can be compared: that is the model-based test that holds every store to the ledger.
-#[allow(missing_docs)]
+/// Anything that applies an [`Op`]: the ledger answers at once, a store (in its tests) with a
+/// future. The one required method is [`Queue::call`]; the named calls below are conveniences
+/// for tests, each building its `Op` and taking its answer's shape, nothing else.
 pub trait Queue {
-    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error>;
-    fn claim(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        opts: &ClaimOpts,
-    ) -> Result<Claimed, Error>;
+    /// What a call gives back: the result itself, or a future of it.
+    type Out<T: 'static>;
+
+    /// Applies `op` and takes the answer's shape with `shape` (an [`Answer`] accessor).
+    fn call<T: 'static>(&mut self, op: Op, shape: fn(Answer) -> Result<T, Error>) -> Self::Out<T>;
+
+    /// Applies `op` and hands back the whole answer.
+    fn apply_op(&mut self, op: Op) -> Self::Out<Answer> {
+        self.call(op, Ok)
+    }
+
+    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Self::Out<Todo> {
+        let endpoint = endpoint.into();
+        self.call(Op::AddTodo { now, endpoint, new }, Answer::todo)
+    }
+    fn claim(&mut self, now: Millis, a: &Actor, id: &str, o: &ClaimOpts) -> Self::Out<Claimed> {
+        let op = Op::Claim {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            opts: o.clone(),
+        };
+        self.call(op, Answer::claimed)
+    }
     fn claim_next(
         &mut self,
         now: Millis,
-        actor: &Actor,
+        a: &Actor,
         queues: Option<&[String]>,
-        opts: &ClaimOpts,
-    ) -> Result<Option<Claimed>, Error>;
+        o: &ClaimOpts,
+    ) -> Self::Out<Option<Claimed>> {
+        let op = Op::ClaimNext {
+            now,
+            actor: a.clone(),
+            queues: queues.map(<[String]>::to_vec),
+            opts: o.clone(),
+        };
+        self.call(op, Answer::next)
+    }
     fn heartbeat(
         &mut self,
         now: Millis,
-        actor: &Actor,
+        a: &Actor,
         id: &str,
         ttl: Millis,
         token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error>;
-    fn complete(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report)
-    -> Result<Todo, Error>;
-    fn fail(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report) -> Result<Todo, Error>;
+    ) -> Self::Out<Todo> {
+        let (actor, id) = (a.clone(), id.into());
+        let op = Op::Heartbeat {
+            ttl,
+            token_hash,
+            now,
+            actor,
+            id,
+        };
+        self.call(op, Answer::todo)
+    }
+    fn complete(&mut self, now: Millis, a: &Actor, id: &str, r: &Report) -> Self::Out<Todo> {
+        let op = Op::Complete {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            report: r.clone(),
+        };
+        self.call(op, Answer::todo)
+    }
+    fn fail(&mut self, now: Millis, a: &Actor, id: &str, r: &Report) -> Self::Out<Todo> {
+        let (actor, id, report) = (a.clone(), id.into(), r.clone());
+        self.call(
+            Op::Fail {
+                now,
+                actor,
+                id,
+                report,
+            },
+            Answer::todo,
+        )
+    }
     fn release(
         &mut self,
         now: Millis,
-        actor: &Actor,
+        a: &Actor,
         id: &str,
         summary: Option<&str>,
         token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error>;
-    fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error>;
-    fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error>;
-    fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error>;
-    fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error>;
-    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error>;
-    fn get_todo(&mut self, actor: &Actor, id: &str, limit: usize) -> Result<TodoView, Error>;
-    fn list_todos(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error>;
-    fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error>;
-    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Result<Vec<String>, Error>;
+    ) -> Self::Out<Todo> {
+        let op = Op::Release {
+            now,
+            actor: a.clone(),
+            id: id.into(),
+            summary: summary.map(str::to_string),
+            token_hash,
+        };
+        self.call(op, Answer::todo)
+    }
+    fn retry(&mut self, now: Millis, a: &Actor, id: &str) -> Self::Out<Todo> {
+        let (actor, id) = (a.clone(), id.into());
+        self.call(Op::Retry { now, actor, id }, Answer::todo)
+    }
+    fn cancel(&mut self, now: Millis, a: &Actor, id: &str) -> Self::Out<Todo> {
+        let (actor, id) = (a.clone(), id.into());
+        self.call(Op::Cancel { now, actor, id }, Answer::todo)
+    }
+    fn reap(&mut self, now: Millis) -> Self::Out<Vec<Todo>> {
+        self.call(Op::Reap { now }, Answer::todos)
+    }
+    fn requeue_due(&mut self, now: Millis) -> Self::Out<Vec<Todo>> {
+        self.call(Op::RequeueDue { now }, Answer::todos)
+    }
+    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Self::Out<Vec<Todo>> {
+        let endpoint = endpoint.into();
+        self.call(Op::RevokeEndpoint { now, endpoint }, Answer::todos)
+    }
+    fn get_todo(&mut self, a: &Actor, id: &str, attempts_limit: usize) -> Self::Out<TodoView> {
+        let (actor, id) = (a.clone(), id.into());
+        let op = Op::GetTodo {
+            actor,
+            id,
+            attempts_limit,
+        };
+        self.call(op, Answer::view)
+    }
+    fn list_todos(&mut self, a: &Actor, filter: &TodoFilter) -> Self::Out<Vec<Todo>> {
+        let (actor, filter) = (a.clone(), filter.clone());
+        self.call(Op::ListTodos { actor, filter }, Answer::todos)
+    }
+    fn delete_todo(&mut self, a: &Actor, id: &str) -> Self::Out<()> {
+        let (actor, id) = (a.clone(), id.into());
+        self.call(Op::DeleteTodo { actor, id }, Answer::deleted)
+    }
+    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Self::Out<Vec<String>> {
+        self.call(Op::PurgeFinished { now, retention }, Answer::ids)
+    }
 }
 
 impl Queue for Ledger {
-    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
-        Ledger::add_todo(self, now, endpoint, new)
-    }
-    fn claim(
+    type Out<T: 'static> = Result<T, Error>;
+
+    fn call<T: 'static>(
         &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        opts: &ClaimOpts,
-    ) -> Result<Claimed, Error> {
-        Ledger::claim(self, now, actor, id, opts)
-    }
-    fn claim_next(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        opts: &ClaimOpts,
-    ) -> Result<Option<Claimed>, Error> {
-        Ledger::claim_next(self, now, actor, queues, opts)
-    }
-    fn heartbeat(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        ttl: Millis,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        Ledger::heartbeat(self, now, actor, id, ttl, token_hash)
-    }
-    fn complete(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        r: &Report,
-    ) -> Result<Todo, Error> {
-        Ledger::complete(self, now, actor, id, r)
-    }
-    fn fail(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report) -> Result<Todo, Error> {
-        Ledger::fail(self, now, actor, id, r)
-    }
-    fn release(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        summary: Option<&str>,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        Ledger::release(self, now, actor, id, summary, token_hash)
-    }
-    fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        Ledger::retry(self, now, actor, id)
-    }
-    fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        Ledger::cancel(self, now, actor, id)
-    }
-    fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        Ledger::reap(self, now)
-    }
-    fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        Ledger::requeue_due(self, now)
-    }
-    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
-        Ledger::revoke_endpoint(self, now, endpoint)
-    }
-    fn get_todo(&mut self, actor: &Actor, id: &str, limit: usize) -> Result<TodoView, Error> {
-        Ledger::get_todo(self, actor, id, limit)
-    }
-    fn list_todos(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        Ok(Ledger::list_todos(self, actor, filter))
-    }
-    fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error> {
-        Ledger::delete_todo(self, actor, id)
-    }
-    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Result<Vec<String>, Error> {
-        Ok(Ledger::purge_finished(self, now, retention))
+        op: Op,
+        shape: fn(Answer) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.apply(op).and_then(shape)
     }
 }

@@ -212,37 +212,13 @@ pub enum ToolCall {
     AddTodo(AddTodoArgs),
 }
 
+crate::names!(Tool {
+    ClaimNext => "claim_next", Claim => "claim", Heartbeat => "heartbeat",
+    Complete => "complete", Fail => "fail", Release => "release",
+    GetTodo => "get_todo", ListTodos => "list_todos", AddTodo => "add_todo",
+});
+
 impl Tool {
-    pub const ALL: [Tool; 9] = [
-        Tool::ClaimNext,
-        Tool::Claim,
-        Tool::Heartbeat,
-        Tool::Complete,
-        Tool::Fail,
-        Tool::Release,
-        Tool::GetTodo,
-        Tool::ListTodos,
-        Tool::AddTodo,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tool::ClaimNext => "claim_next",
-            Tool::Claim => "claim",
-            Tool::Heartbeat => "heartbeat",
-            Tool::Complete => "complete",
-            Tool::Fail => "fail",
-            Tool::Release => "release",
-            Tool::GetTodo => "get_todo",
-            Tool::ListTodos => "list_todos",
-            Tool::AddTodo => "add_todo",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Tool> {
-        Tool::ALL.into_iter().find(|t| t.name() == name)
-    }
-
     pub fn description(self) -> &'static str {
         match self {
             Tool::ClaimNext => {
@@ -297,7 +273,7 @@ impl Tool {
         if !args.is_object() {
             return Err(Error::invalid(format!(
                 "{}: arguments must be a JSON object",
-                self.name()
+                self.as_str()
             )));
         }
         let call = match self {
@@ -332,7 +308,7 @@ pub fn tools_for(granted: &BTreeSet<Tool>) -> Vec<Tool> {
 pub fn tools_list(tools: &[Tool]) -> Value {
     json!({
         "tools": tools.iter().map(|t| json!({
-            "name": t.name(),
+            "name": t.as_str(),
             "description": t.description(),
             "inputSchema": t.input_schema(),
         })).collect::<Vec<_>>()
@@ -408,7 +384,7 @@ fn args_of<T: DeserializeOwned>(tool: Tool, args: Value) -> Result<T, Error> {
         };
         Error::invalid(format!(
             "{}:{at} {}; see the tool's inputSchema in tools/list",
-            tool.name(),
+            tool.as_str(),
             e.inner()
         ))
     })
@@ -440,7 +416,7 @@ impl ToolCall {
 
     /// The numeric bounds the schemas declare, enforced (serde checks only types).
     fn check_bounds(&self) -> Result<(), Error> {
-        let name = self.tool().name();
+        let name = self.tool().as_str();
         let ttl = |v: Option<u64>| in_range(name, "lease_ttl_seconds", v, LEASE_TTL_MAX_SECS);
         match self {
             ToolCall::ClaimNext(a) => ttl(a.lease_ttl_seconds),

@@ -5,6 +5,7 @@ use serde_json::json;
 use super::*;
 use crate::error::ErrorCode;
 use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report};
+use crate::testing::Queue;
 
 #[test]
 fn the_tools_list_document() {
@@ -15,9 +16,9 @@ fn the_tools_list_document() {
 fn every_tool_schema_is_a_closed_object() {
     for t in Tool::ALL {
         let s = t.input_schema();
-        assert_eq!(s["type"], "object", "{}", t.name());
-        assert_eq!(s["additionalProperties"], false, "{}", t.name());
-        assert!(s["properties"].is_object(), "{}", t.name());
+        assert_eq!(s["type"], "object", "{}", t.as_str());
+        assert_eq!(s["additionalProperties"], false, "{}", t.as_str());
+        assert!(s["properties"].is_object(), "{}", t.as_str());
     }
 }
 
@@ -41,7 +42,7 @@ fn the_schema_declares_exactly_what_the_decoder_accepts() {
         let props = schema["properties"].as_object().unwrap();
         let full: Map<String, Value> = props.iter().map(|(k, p)| (k.clone(), sample(p))).collect();
         t.decode(Some(&Value::Object(full.clone())))
-            .unwrap_or_else(|e| panic!("{}: every declared argument must decode: {e}", t.name()));
+            .unwrap_or_else(|e| panic!("{}: every declared argument must decode: {e}", t.as_str()));
         let required: Vec<&str> = schema["required"]
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
@@ -51,14 +52,14 @@ fn the_schema_declares_exactly_what_the_decoder_accepts() {
             missing.remove(*r);
             let e = t.decode(Some(&Value::Object(missing))).unwrap_err();
             assert_eq!(e.code, ErrorCode::Invalid);
-            assert!(e.message.contains(r), "{}: {e}", t.name());
+            assert!(e.message.contains(r), "{}: {e}", t.as_str());
         }
         let mut extra = full.clone();
         extra.insert("surprise".into(), json!(1));
         let e = t.decode(Some(&Value::Object(extra))).unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(
-            e.message.contains("surprise") && e.message.contains(t.name()),
+            e.message.contains("surprise") && e.message.contains(t.as_str()),
             "{e}"
         );
     }

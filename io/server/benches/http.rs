@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_core::ledger::{
-    Actor, ClaimOpts, LedgerConfig, NewTodo, Report, TodoFilter, TodoState, TokenHash,
+    Actor, Answer, ClaimOpts, LedgerConfig, NewTodo, Op, Report, TodoFilter, TodoState, TokenHash,
 };
 use relay_core::time::SECOND;
 use relay_core::time::WallClock;
@@ -275,10 +275,10 @@ async fn preload(store: &Store, endpoint: &str, n: usize) {
         tasks.push(tokio::spawn(async move {
             for i in (w..n).step_by(writers) {
                 store
-                    .add_todo(
-                        SystemClock.now(),
-                        &endpoint,
-                        NewTodo {
+                    .apply(Op::AddTodo {
+                        now: SystemClock.now(),
+                        endpoint: endpoint.clone(),
+                        new: NewTodo {
                             id: format!("td_{endpoint}_{i:06}"),
                             queue: QUEUE.into(),
                             title: format!("bench {i}"),
@@ -289,7 +289,7 @@ async fn preload(store: &Store, endpoint: &str, n: usize) {
                             max_attempts: None,
                             assignee: None,
                         },
-                    )
+                    })
                     .await
                     .expect("add a todo");
             }
@@ -302,28 +302,18 @@ async fn preload(store: &Store, endpoint: &str, n: usize) {
 
 /// Every todo a client completed is `done`, and as many as the clients counted.
 async fn check_done(store: &Store, endpoint: &str, cycles: u64) {
-    let done = store
-        .list_todos(
-            &Actor::endpoint(endpoint),
-            &TodoFilter {
-                queues: None,
-                state: Some(TodoState::Done),
-                limit: usize::MAX,
-            },
-        )
-        .await
-        .expect("list done todos");
-    let claimed = store
-        .list_todos(
-            &Actor::endpoint(endpoint),
-            &TodoFilter {
-                queues: None,
-                state: Some(TodoState::Claimed),
-                limit: usize::MAX,
-            },
-        )
-        .await
-        .expect("list claimed todos");
+    let list = |state| Op::ListTodos {
+        actor: Actor::endpoint(endpoint),
+        filter: TodoFilter {
+            queues: None,
+            state: Some(state),
+            limit: usize::MAX,
+        },
+    };
+    let done = store.apply(list(TodoState::Done)).await;
+    let done = done.and_then(Answer::todos).expect("list done todos");
+    let claimed = store.apply(list(TodoState::Claimed)).await;
+    let claimed = claimed.and_then(Answer::todos).expect("list claimed todos");
     assert_eq!(
         done.len() as u64,
         cycles,
@@ -497,18 +487,29 @@ async fn direct(store: &Store, clients: usize, run_for: Duration) -> Figures {
                     claimant: None,
                     token_hash: Some(token),
                 };
+                let claim = Op::ClaimNext {
+                    now: SystemClock.now(),
+                    actor: actor.clone(),
+                    queues: Some(queues.clone()),
+                    opts,
+                };
                 let got = store
-                    .claim_next(SystemClock.now(), &actor, Some(&queues), &opts)
+                    .apply(claim)
                     .await
+                    .and_then(Answer::next)
                     .expect("claim_next")
                     .expect("a todo to claim (the queue ran dry: preload more)");
                 t.claim.push(c0.elapsed());
                 let id = got.todo.id;
                 let h0 = Instant::now();
-                store
-                    .heartbeat(SystemClock.now(), &actor, &id, TTL, Some(token))
-                    .await
-                    .expect("heartbeat");
+                let hb = Op::Heartbeat {
+                    now: SystemClock.now(),
+                    actor: actor.clone(),
+                    id: id.clone(),
+                    ttl: TTL,
+                    token_hash: Some(token),
+                };
+                store.apply(hb).await.expect("heartbeat");
                 t.heartbeat.push(h0.elapsed());
                 let k0 = Instant::now();
                 let report = Report {
@@ -516,10 +517,14 @@ async fn direct(store: &Store, clients: usize, run_for: Duration) -> Figures {
                     token_hash: Some(token),
                     ..Report::default()
                 };
-                let done = store
-                    .complete(SystemClock.now(), &actor, &id, &report)
-                    .await
-                    .expect("complete");
+                let (now, actor) = (SystemClock.now(), actor.clone());
+                let done = store.apply(Op::Complete {
+                    now,
+                    actor,
+                    id,
+                    report,
+                });
+                let done = done.await.and_then(Answer::todo).expect("complete");
                 t.complete.push(k0.elapsed());
                 assert_eq!(done.state, TodoState::Done);
                 t.cycle.push(c0.elapsed());

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use relay_core::ledger::{Actor, ClaimOpts, LedgerConfig, Report, TokenHash};
+use relay_core::ledger::{Actor, Answer, ClaimOpts, LedgerConfig, Op, Report, TokenHash};
 use relay_core::time::SECOND;
 use relay_server::store::Store;
 use serde_json::json;
@@ -80,6 +80,27 @@ fn main() {
     }
 }
 
+/// A fenced heartbeat by `actor`.
+fn heartbeat(now: u64, actor: &Actor, id: &str, token: TokenHash) -> Op {
+    Op::Heartbeat {
+        now,
+        actor: actor.clone(),
+        id: id.into(),
+        ttl: TTL,
+        token_hash: Some(token),
+    }
+}
+
+fn complete(now: u64, actor: &Actor, id: &str, report: Report) -> Op {
+    let (actor, id) = (actor.clone(), id.to_string());
+    Op::Complete {
+        now,
+        actor,
+        id,
+        report,
+    }
+}
+
 fn rate(n: u64, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
@@ -120,17 +141,23 @@ async fn run(db: &Db) {
             claimant: Some("bench".into()),
             token_hash: Some(token),
         };
+        let (actor, queues) = (actor.clone(), Some(queues.clone()));
+        let claim = Op::ClaimNext {
+            now,
+            actor: actor.clone(),
+            queues,
+            opts,
+        };
         let c = store
-            .claim_next(now, &actor, Some(&queues), &opts)
+            .apply(claim)
             .await
+            .and_then(Answer::next)
             .expect("claim_next")
             .expect("a todo to claim");
         per_op[0] += t.elapsed();
         let t = Instant::now();
-        store
-            .heartbeat(now, &actor, &c.todo.id, TTL, Some(token))
-            .await
-            .expect("heartbeat");
+        let heartbeat = heartbeat(now, &actor, &c.todo.id, token);
+        store.apply(heartbeat).await.expect("heartbeat");
         per_op[1] += t.elapsed();
         let t = Instant::now();
         let report = Report {
@@ -139,10 +166,8 @@ async fn run(db: &Db) {
             token_hash: Some(token),
             ..Report::default()
         };
-        store
-            .complete(now, &actor, &c.todo.id, &report)
-            .await
-            .expect("complete");
+        let complete = complete(now, &actor, &c.todo.id, report);
+        store.apply(complete).await.expect("complete");
         per_op[2] += t.elapsed();
         a_n += 1;
     }
@@ -219,9 +244,16 @@ async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
                     claimant: None,
                     token_hash: Some(token),
                 };
+                let claim = Op::ClaimNext {
+                    now,
+                    actor: actor.clone(),
+                    queues: Some(queues.clone()),
+                    opts,
+                };
                 let Some(c) = store
-                    .claim_next(now, &actor, Some(&queues), &opts)
+                    .apply(claim)
                     .await
+                    .and_then(Answer::next)
                     .expect("claim_next")
                 else {
                     break;
@@ -230,19 +262,15 @@ async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
                 if held.lock().unwrap().insert(id.clone(), w).is_some() {
                     counts.lock().unwrap().1 += 1;
                 }
-                store
-                    .heartbeat(now, &actor, &id, TTL, Some(token))
-                    .await
-                    .expect("heartbeat");
+                let hb = heartbeat(now, &actor, &id, token);
+                store.apply(hb).await.expect("heartbeat");
                 held.lock().unwrap().remove(&id);
                 let report = Report {
                     token_hash: Some(token),
                     ..Report::default()
                 };
-                store
-                    .complete(now, &actor, &id, &report)
-                    .await
-                    .expect("complete");
+                let done = complete(now, &actor, &id, report);
+                store.apply(done).await.expect("complete");
                 counts.lock().unwrap().0 += 1;
             }
         }));

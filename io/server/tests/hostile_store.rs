@@ -12,7 +12,7 @@ mod db;
 
 use db::Db;
 use harness::{BOUND, Harness, T0, next_event, pg_schema};
-use relay_core::ledger::{LedgerConfig, NewTodo};
+use relay_core::ledger::{LedgerConfig, NewTodo, Op};
 use serde_json::{Value, json};
 
 /// More pending todos than the old scan's window (10 000).
@@ -148,16 +148,16 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
         h.server.doorbell_once(h.now()).await.unwrap();
         // `relay todo add` writes the store directly, as here.
         h.store
-            .add_todo(
-                h.now(),
-                "worker",
-                NewTodo {
+            .apply(Op::AddTodo {
+                now: h.now(),
+                endpoint: "worker".into(),
+                new: NewTodo {
                     id: "td_late".into(),
                     queue: "work".into(),
                     title: "behind the backlog".into(),
                     ..NewTodo::default()
                 },
-            )
+            })
             .await
             .unwrap();
         h.server.doorbell_once(h.now()).await.unwrap();

@@ -10,7 +10,7 @@
 mod harness;
 
 use harness::{BOUND, Harness, Mcp, T0};
-use relay_core::ledger::{Actor, LedgerConfig, TodoFilter, TodoView};
+use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView};
 use relay_server::server::ServerConfig;
 use relay_server::store::Store;
 use serde_json::{Value, json};
@@ -57,22 +57,28 @@ async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> 
 async fn snapshot(h: &Harness) -> Vec<TodoView> {
     let all = h
         .store
-        .list_todos(
-            &Actor::Operator,
-            &TodoFilter {
+        .apply(Op::ListTodos {
+            actor: Actor::Operator,
+            filter: TodoFilter {
                 queues: None,
                 state: None,
                 limit: 10_000,
             },
-        )
+        })
         .await
+        .and_then(Answer::todos)
         .unwrap();
     let mut out = Vec::new();
     for t in all {
         out.push(
             h.store
-                .get_todo(&Actor::Operator, &t.id, 1000)
+                .apply(Op::GetTodo {
+                    actor: Actor::Operator,
+                    id: t.id,
+                    attempts_limit: 1000,
+                })
                 .await
+                .and_then(Answer::view)
                 .unwrap(),
         );
     }
@@ -593,16 +599,16 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     h.clock.advance(61_000);
     h.server.doorbell_once(h.now()).await.unwrap();
     h.store
-        .add_todo(
-            h.now(),
-            "ci",
-            relay_core::ledger::NewTodo {
+        .apply(Op::AddTodo {
+            now: h.now(),
+            endpoint: "ci".into(),
+            new: relay_core::ledger::NewTodo {
                 id: "td_cli".into(),
                 queue: "q3".into(),
                 title: "from the cli".into(),
                 ..Default::default()
             },
-        )
+        })
         .await
         .unwrap();
     h.server.doorbell_once(h.now()).await.unwrap();

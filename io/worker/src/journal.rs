@@ -8,8 +8,8 @@
 //! <state>/runs/<harness>/<run_id>.json     one run record (RunRecord as JSON), mode 0600
 //! <state>/runs/<harness>/last_run_id       the highest run id ever recorded for the harness
 //! <jobs>/<harness>/<run_id>.log            the run log (stdout and stderr, check output, warnings)
-//! <jobs>/<harness>/<run_id>.relay.json     the REQ-6 context file     (relay_core::relay::run_files)
-//! <jobs>/<harness>/<run_id>.summary        the attempt summary file   (relay_core::relay::run_files)
+//! <jobs>/<harness>/<run_id>.relay.json     the context file          (relay_core::relay::run_files)
+//! <jobs>/<harness>/<run_id>.summary        the attempt summary file  (relay_core::relay::run_files)
 //! ```
 //!
 //! `<jobs>` is `<state>/jobs` unless [`Journal::open_with_jobs_dir`] says otherwise; it is what
@@ -26,7 +26,7 @@
 //! # What is never here
 //!
 //! A run record has no field that can hold a lease token, a summary, a payload or a header
-//! value (REQ-18, REQ-20); the journal writes records and nothing else. The one file that holds
+//! value; the journal writes records and nothing else. The one file that holds
 //! a todo's payload is the context file, which the runner writes, which [`Journal::reconcile`]
 //! removes for interrupted runs and [`Journal::prune`] removes with its run.
 //!
@@ -366,7 +366,7 @@ impl Journal {
         Ok(pruned)
     }
 
-    /// REQ-15, after a restart: every record left `running` becomes `interrupted` through
+    /// After a restart: every record left `running` becomes `interrupted` through
     /// [`reconcile_interrupted`] and is written back, and its context file is removed. Nothing
     /// else happens: no lease call, no other file. Returns the reconciled records. Call it
     /// once, holding [`Journal::lock`], before any machine starts.

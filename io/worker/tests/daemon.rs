@@ -1,4 +1,4 @@
-//! The daemon in process against a real server: REQ-23's "no leaked task" — after 100 attempts
+//! The daemon in process against a real server: no leaked task — after 100 attempts
 //! the daemon's runtime holds as many tasks as before them.
 
 #[path = "support/inproc.rs"]

@@ -20,7 +20,7 @@ use axum::response::Response;
 use relay_core::Millis;
 use relay_core::config::{Secret, parse_env_file};
 use relay_core::ledger::{
-    Actor, Attempt, LedgerConfig, NewTodo, Outcome, TodoState, TodoView, TokenHash,
+    Actor, Answer, Attempt, LedgerConfig, NewTodo, Op, Outcome, TodoState, TodoView, TokenHash,
 };
 use relay_core::relay::{
     Command, ExitStatus, Input, LeaseError, Relay, RelayOutcome, ReportVerb, RunOutcome, RunRecord,
@@ -124,17 +124,17 @@ fn ledger(rt: &tokio::runtime::Runtime, max_attempts: u32) -> Store {
             .await
             .expect("endpoint");
         store
-            .add_todo(
-                t0(),
-                "e1",
-                NewTodo {
+            .apply(Op::AddTodo {
+                now: t0(),
+                endpoint: "e1".into(),
+                new: NewTodo {
                     id: TODO.into(),
                     queue: "ci".into(),
                     title: "CI red on main".into(),
                     max_attempts: Some(max_attempts),
                     ..NewTodo::default()
                 },
-            )
+            })
             .await
             .expect("todo");
         store
@@ -142,7 +142,13 @@ fn ledger(rt: &tokio::runtime::Runtime, max_attempts: u32) -> Store {
 }
 
 fn todo_view(rt: &tokio::runtime::Runtime, store: &Store) -> TodoView {
-    rt.block_on(store.get_todo(&Actor::Operator, TODO, 100))
+    let get = Op::GetTodo {
+        actor: Actor::Operator,
+        id: TODO.into(),
+        attempts_limit: 100,
+    };
+    rt.block_on(store.apply(get))
+        .and_then(Answer::view)
         .expect("the todo")
 }
 

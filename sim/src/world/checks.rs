@@ -54,15 +54,7 @@ impl World {
         use relay_core::ledger::Disposition as D;
         let agrees = match outcome {
             RelayOutcome::Completed => got.0 == Some(Outcome::Completed),
-            RelayOutcome::Failed => {
-                got == (Some(Outcome::Failed), Some(D::RetryScheduled))
-                    // A known gap, found by the fuzzer: a fail that dead-lettered, whose answer
-                    // was lost, is answered on its repeat with the todo as it is now; when an
-                    // operator canceled or retried the dead letter in between, that answer says
-                    // no dead letter and the relay records `failed`.
-                    || got == (Some(Outcome::Failed), Some(D::DeadLettered))
-                        && self.ledger.todo(&run.todo).is_some_and(|t| !t.dead_letter())
-            }
+            RelayOutcome::Failed => got == (Some(Outcome::Failed), Some(D::RetryScheduled)),
             RelayOutcome::DeadLettered => got == (Some(Outcome::Failed), Some(D::DeadLettered)),
             RelayOutcome::Released => got.0 == Some(Outcome::Released),
             // The relay lost the lease: no report of its own closed the attempt.

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use relay_core::ErrorCode;
-use relay_core::ledger::{Actor, Attempt, Ledger, LedgerConfig, NewTodo};
+use relay_core::ledger::{self, Actor, Attempt, Ledger, LedgerConfig, NewTodo, Op};
 use relay_core::relay::{
     Capabilities, ClaimedTodo, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     ReportVerb, RequestId, SuccessCheck, reconcile_interrupted,
@@ -483,7 +483,8 @@ impl World {
                 self.schedule(self.now + self.o.reaper_every, Ev::Reap);
             }
             Ev::Requeue => {
-                match self.ledger.requeue_due(self.now) {
+                let requeue = Op::RequeueDue { now: self.now };
+                match self.ledger.apply(requeue).and_then(ledger::Answer::todos) {
                     Ok(moved) if !moved.is_empty() => {
                         self.touched.extend(moved.into_iter().map(|t| t.id));
                         self.ring();
@@ -580,7 +581,12 @@ impl World {
                     max_attempts: Some(self.o.max_attempts),
                     ..NewTodo::default()
                 };
-                match self.ledger.add_todo(self.now, ENDPOINT, new) {
+                let add = Op::AddTodo {
+                    now: self.now,
+                    endpoint: ENDPOINT.into(),
+                    new,
+                };
+                match self.ledger.apply(add) {
                     Ok(_) => {
                         self.touched.insert(id.clone());
                         self.added.insert(id);
@@ -591,13 +597,15 @@ impl World {
             }
             Work::Cancel(n) if !self.healed => {
                 self.touched.insert(todo_id(n));
-                if self.ledger.cancel(self.now, &op, &todo_id(n)).is_ok() {
+                let (now, actor, id) = (self.now, op.clone(), todo_id(n));
+                if self.ledger.apply(Op::Cancel { now, actor, id }).is_ok() {
                     self.count("operator_cancel");
                 }
             }
             Work::Retry(n) if !self.healed => {
                 self.touched.insert(todo_id(n));
-                if self.ledger.retry(self.now, &op, &todo_id(n)).is_ok() {
+                let (now, actor, id) = (self.now, op.clone(), todo_id(n));
+                if self.ledger.apply(Op::Retry { now, actor, id }).is_ok() {
                     self.count("operator_retry");
                     self.ring();
                 }

@@ -2,9 +2,9 @@
 
 use relay_core::ErrorCode;
 use relay_core::ledger::{
-    Actor, Attempt, ClaimOpts, Report, Todo, TodoState, TokenHash, transition,
+    self, Actor, Attempt, ClaimOpts, Op, Report, Todo, TodoState, TokenHash, transition,
 };
-use relay_core::relay::{ClaimAnswer, LeaseToken, ReportVerb, decode_claim};
+use relay_core::relay::{ClaimAnswer, LeaseToken, decode_claim};
 use relay_core::wire::ClaimOut;
 
 use crate::options::Mutation;
@@ -22,7 +22,11 @@ impl World {
                 (t.clone(), open.cloned())
             })
             .collect();
-        match self.ledger.reap(self.now) {
+        match self
+            .ledger
+            .apply(Op::Reap { now: self.now })
+            .and_then(ledger::Answer::todos)
+        {
             Ok(reaped) => {
                 for t in &reaped {
                     self.touched.insert(t.id.clone());
@@ -30,7 +34,7 @@ impl World {
                     if self.o.mutation == Some(Mutation::ReaperClosesTwice)
                         && let Some((old, open)) = before.iter().find(|(b, _)| b.id == t.id)
                         && let Ok(Some(change)) = transition::reap(self.now, old, open.as_ref())
-                        && let Err(e) = self.ledger.apply(change)
+                        && let Err(e) = self.ledger.apply_change(change)
                     {
                         self.violate(Kind::Correctness, "closed_once", e.to_string());
                     }
@@ -65,8 +69,13 @@ impl World {
                     claimant: Some(claimant),
                     token_hash: token.as_deref().map(TokenHash::of),
                 };
-                let queues = [QUEUE.to_string()];
-                match self.ledger.claim_next(now, &endpoint, Some(&queues), &opts) {
+                let op = Op::ClaimNext {
+                    now,
+                    actor: endpoint,
+                    queues: Some(vec![QUEUE.to_string()]),
+                    opts,
+                };
+                match self.ledger.apply(op).and_then(ledger::Answer::next) {
                     Ok(None) => Ok(Answer::Empty),
                     Ok(Some(c)) => {
                         self.touched.insert(c.todo.id.clone());
@@ -96,7 +105,14 @@ impl World {
                 let hash = TokenHash::of(&token);
                 let stale = self.stale(&todo, hash);
                 let fence = self.fence(&todo, hash);
-                match self.ledger.heartbeat(now, &endpoint, &todo, ttl, fence) {
+                let op = Op::Heartbeat {
+                    now,
+                    actor: endpoint,
+                    id: todo.clone(),
+                    ttl,
+                    token_hash: fence,
+                };
+                match self.ledger.apply(op) {
                     Ok(_) => {
                         if stale {
                             self.violate(
@@ -130,15 +146,8 @@ impl World {
                     artifact,
                     token_hash: fence,
                 };
-                let r = match verb {
-                    ReportVerb::Complete => self.ledger.complete(now, &actor, &todo, &report),
-                    ReportVerb::Fail => self.ledger.fail(now, &actor, &todo, &report),
-                    ReportVerb::Release => {
-                        self.ledger
-                            .release(now, &actor, &todo, Some(&summary), fence)
-                    }
-                };
-                match r {
+                let op = verb.op(now, actor, todo.clone(), report);
+                match self.ledger.apply(op).and_then(ledger::Answer::todo) {
                     Ok(t) => {
                         let changed =
                             self.ledger.attempts(&todo).cloned().collect::<Vec<_>>() != before;

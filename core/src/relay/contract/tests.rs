@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, TokenHash};
 use crate::relay::RequestId;
-use crate::testing::relay::{spec_0034_tools, t0};
+use crate::testing::Queue;
+use crate::testing::relay::{contract_tools, t0};
 use crate::time::{MINUTE, SECOND};
 use crate::wire::ClaimOut;
 
@@ -299,7 +300,7 @@ fn report_answers_are_read_liberally() {
         (false, Some("2026-09-22T12:30:00Z".into()))
     );
     // No dead_letter: an accepted fail that is not a dead letter, even at the last attempt
-    // (REQ-16: never inferred from state or counts).
+    // (never inferred from state or counts).
     assert_eq!(
         fail(json!({"state": "failed", "attempt": 5, "max_attempts": 5})),
         (false, None)
@@ -409,17 +410,18 @@ fn an_extension_argument_is_sent_only_where_the_schema_declares_it() {
         m
     };
     // The contract's schemas (no retryable): the extension is dropped, the rest kept.
-    let kept = keep_declared("fail", args(), &check_caps(spec_0034_tools()));
+    let kept = keep_declared("fail", args(), &check_caps(contract_tools()));
     assert_eq!(kept.keys().collect::<Vec<_>>(), ["id", "lease_token"]);
     // A server that declares it gets it; the same argument on another verb does not.
-    let mut list = spec_0034_tools();
+    let mut list = contract_tools();
     list["tools"][3]["inputSchema"]["properties"]["retryable"] = json!({"type": "boolean"});
     let caps = check_caps(list);
     let kept = keep_declared("fail", args(), &caps);
     assert_eq!(kept.get("retryable"), Some(&json!(false)));
     let kept = keep_declared("complete", args(), &caps);
     assert!(kept.get("retryable").is_none());
-    // The contract's own arguments are never dropped (REQ-19 refuses a server without them).
+    // The contract's own arguments are never dropped (a server without them is refused at
+    // initialize).
     let kept = keep_declared("fail", args(), &Capabilities::default());
     assert_eq!(kept.keys().collect::<Vec<_>>(), ["id", "lease_token"]);
 }

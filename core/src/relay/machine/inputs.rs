@@ -106,8 +106,8 @@ impl Relay {
             return self.skip(&trigger, SkippedReason::Disabled);
         }
         if self.run.is_some() {
-            // Overlap is decided before hours (SPEC-0008's order), except that a firing outside
-            // its hours is never held: it could not have started now either.
+            // Overlap is decided before hours (as for an unleased run), except that a firing
+            // outside its hours is never held: it could not have started now either.
             return match self.settings.on_overlap {
                 OnOverlap::Skip => self.skip(&trigger, SkippedReason::Overlap),
                 OnOverlap::Queue if !within_hours => {
@@ -327,7 +327,7 @@ impl Relay {
                     self.send_report();
                 }
             }
-            // Straight to REQ-8: a conflict never enters the transport retry path.
+            // Straight to lease loss: a conflict never enters the transport retry path.
             Some(error) if error.is_lease_loss() => self.lose_lease(now),
             Some(LeaseError::Transport) => {
                 lease.heartbeat_failures += 1;
@@ -507,7 +507,7 @@ impl Relay {
         };
         match answer {
             Ok(dead_letter) => {
-                // A dead letter is read from the answer alone, never inferred (REQ-16).
+                // A dead letter is read from the answer alone, never inferred from state or counts.
                 let relay_outcome = match report.verb {
                     ReportVerb::Complete => RelayOutcome::Completed,
                     ReportVerb::Fail if dead_letter => RelayOutcome::DeadLettered,

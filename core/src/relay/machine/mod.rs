@@ -17,7 +17,7 @@ use crate::time::{Millis, Now, SECOND, rfc3339};
 mod inputs;
 mod steps;
 
-/// A receipt upload may hold the report back this long, no longer (REQ-13).
+/// A receipt upload may hold the report back this long, no longer (the receipt's upload bound).
 pub const RECEIPT_TIMEOUT: Millis = 30 * SECOND;
 /// The first retry of a heartbeat or report after a transport failure waits about this long;
 /// each further failure doubles it, up to the heartbeat interval.
@@ -47,7 +47,7 @@ pub enum ContractError {
     NoCheck { run_id: u64, input: &'static str },
 }
 
-/// Whether the lease source may be claimed on (REQ-19).
+/// Whether the lease source may be claimed on (its tool schemas declare what relay needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceState {
@@ -58,7 +58,7 @@ pub enum SourceState {
     Unsupported,
 }
 
-/// What `harness describe` shows of a relay (REQ-21). Holds no token and no secret.
+/// What `harness describe` shows of a relay. Holds no token and no secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Describe {
     pub harness: String,
@@ -79,19 +79,11 @@ pub struct AttemptView {
     pub lease_deadline: Option<String>,
 }
 
-/// A small seeded generator for retry jitter (splitmix64): core draws no randomness of its own.
+/// A small seeded generator for retry jitter: core draws no randomness of its own.
 #[derive(Clone, Debug)]
-struct Jitter(u64);
+struct Jitter(crate::mix::SplitMix64);
 
 impl Jitter {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     /// A delay after `failures` consecutive failures: doubling from [`RETRY_BASE`], never more
     /// than `cap`, drawn from its upper half so that retries of many relays spread out.
     fn backoff(&mut self, failures: u32, cap: Millis) -> Millis {
@@ -100,7 +92,7 @@ impl Jitter {
             .min(cap)
             .max(1);
         let half = full / 2;
-        half + self.next() % (full - half + 1)
+        half + self.0.next_u64() % (full - half + 1)
     }
 }
 
@@ -290,7 +282,7 @@ impl Relay {
     pub fn new(settings: HarnessSettings, seed: u64, first_run_id: u64) -> Relay {
         Relay {
             settings,
-            jitter: Jitter(seed),
+            jitter: Jitter(crate::mix::SplitMix64::new(seed)),
             next_run_id: first_run_id,
             next_request: 1,
             source: SourceState::Unverified,
@@ -307,7 +299,7 @@ impl Relay {
         &self.settings
     }
 
-    /// A reload's settings for this harness (REQ-14): an attempt in flight goes on under the
+    /// A reload's settings for this harness: an attempt in flight goes on under the
     /// settings it started with, and the new ones apply once it has closed (before a held
     /// firing starts). Settings equal to the current ones drop any that were waiting. A new
     /// lease source makes the source unverified again: its capabilities are another server's.
@@ -453,7 +445,7 @@ fn claiming(attempt: &mut Option<Run>, request: RequestId) -> Option<&mut Run> {
         .filter(|a| matches!(a.phase, Phase::Claiming { request: r } if r == request))
 }
 
-/// REQ-10's result object. Summary and artifact are not in it: they travel only as the
+/// The report's result object. Summary and artifact are not in it: they travel only as the
 /// report's own arguments.
 fn result_json(
     s: &HarnessSettings,

@@ -75,7 +75,7 @@ impl Relay {
         })
     }
 
-    /// REQ-6: the context file, then the process.
+    /// The context file, then the process.
     pub(super) fn spawn(&mut self) {
         let Some(env) = self.relay_process_env(None) else {
             return;
@@ -131,7 +131,7 @@ impl Relay {
         });
     }
 
-    /// SPEC-0008's stop: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
+    /// The stop of any run: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
     pub(super) fn stop_process(&mut self, now: Millis) {
         let Some(a) = self.run.as_mut() else {
             return;
@@ -252,7 +252,7 @@ impl Relay {
         }
     }
 
-    /// REQ-9's verdict after the agent (and the check): compose the summary, then the receipt
+    /// The verdict after the agent (and the check): compose the summary, then the receipt
     /// or the report.
     pub(super) fn verdict(&mut self, now: Millis, success: bool, reason: &str) {
         let s = &self.settings;
@@ -322,7 +322,7 @@ impl Relay {
         self.receipt_or_report(now);
     }
 
-    /// REQ-9 `success_check_before`: the world is already as the todo wants it.
+    /// `success_check_before` passed: the world is already as the todo wants it.
     pub(super) fn already_satisfied(&mut self, now: Millis) {
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
@@ -350,7 +350,7 @@ impl Relay {
         self.receipt_or_report(now);
     }
 
-    /// REQ-13: a receipt when one is configured and the agent named no artifact.
+    /// A receipt when one is configured and the agent named no artifact.
     pub(super) fn receipt_or_report(&mut self, now: Millis) {
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
@@ -378,7 +378,7 @@ impl Relay {
         a.phase = Phase::Receipt { request, until };
     }
 
-    /// REQ-14: the process and check are gone; release (or fail) the lease with the reason.
+    /// An abort: the process and check are gone; release (or fail) the lease with the reason.
     pub(super) fn try_abort_report(&mut self) {
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
@@ -441,7 +441,7 @@ impl Relay {
         };
     }
 
-    /// REQ-8 (and REQ-10's report_lost): from here on nothing more goes to the lease source.
+    /// Lease loss (and a report lost): from here on nothing more goes to the lease source.
     pub(super) fn lose_lease(&mut self, now: Millis) {
         let Some(a) = self.run.as_mut() else {
             return;
@@ -496,7 +496,7 @@ impl Relay {
         self.commands.push_back(Command::Emit { event });
         self.commands
             .push_back(Command::WriteRunRecord { record: a.record });
-        // A reload's settings wait for the attempt that ran under the old ones (REQ-14).
+        // A reload's settings wait for the attempt that ran under the old ones.
         if let Some(settings) = self.pending.take() {
             self.apply_settings(settings);
         }

@@ -4,11 +4,11 @@
 use serde_json::{Value, json};
 
 use crate::error::ErrorCode;
-use crate::ledger::{Actor, ClaimOpts, Ledger, Report, TokenHash};
+use crate::ledger::{Actor, Answer, ClaimOpts, Ledger, Op, Report, TokenHash};
 use crate::relay::{
     Capabilities, ClaimAnswer, ClaimedTodo, Command, ContractError, Describe, ExitStatus,
-    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, ReportVerb, RequestId,
-    RunRecord, SuccessCheck, decode_claim,
+    HarnessSettings, Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord,
+    SuccessCheck, decode_claim,
 };
 use crate::time::{MINUTE, Millis, Now, SECOND, parse_rfc3339, rfc3339};
 use crate::wire::ClaimOut;
@@ -90,8 +90,9 @@ pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
     json!({ "tools": tools })
 }
 
-/// The drain verbs with every argument SPEC-0034 adds, release included.
-pub fn spec_0034_tools() -> Value {
+/// The drain verbs with every argument the contract adds (attempt history, fence, summary and
+/// artifact), release included.
+pub fn contract_tools() -> Value {
     let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
     verbs.push(("list_todos", &["queue", "state", "limit"]));
     tools_list(&verbs)
@@ -163,7 +164,7 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// A relay at [`t0`] whose lease source advertises SPEC-0034 with release.
+    /// A relay at [`t0`] whose lease source advertises the whole contract, release included.
     pub fn new(settings: HarnessSettings) -> Driver {
         Self::with_capabilities(settings, Capabilities::full(true))
     }
@@ -396,10 +397,13 @@ impl LedgerSource {
                     token_hash: Some(TokenHash::of(&token)),
                 };
                 let queues = queue.clone().map(|q| vec![q]);
-                match self
-                    .ledger
-                    .claim_next(now, &actor, queues.as_deref(), &opts)
-                {
+                let op = Op::ClaimNext {
+                    now,
+                    actor,
+                    queues,
+                    opts,
+                };
+                match self.ledger.apply(op).and_then(Answer::next) {
                     Ok(None) => Input::ClaimEmpty { request: *request },
                     Err(e) => Input::ClaimFailed {
                         request: *request,
@@ -428,7 +432,15 @@ impl LedgerSource {
             } => {
                 let hash = Some(TokenHash::of(lease_token.expose()));
                 let ttl = lease_ttl_seconds * SECOND;
-                match self.ledger.heartbeat(now, &actor, todo_id, ttl, hash) {
+                let id = todo_id.clone();
+                let op = Op::Heartbeat {
+                    now,
+                    actor,
+                    id,
+                    ttl,
+                    token_hash: hash,
+                };
+                match self.ledger.apply(op) {
                     Ok(_) => Input::HeartbeatOk { request: *request },
                     Err(e) => Input::HeartbeatFailed {
                         request: *request,
@@ -453,15 +465,8 @@ impl LedgerSource {
                     artifact: artifact.clone(),
                     token_hash: hash,
                 };
-                let answer = match verb {
-                    ReportVerb::Complete => self.ledger.complete(now, &actor, todo_id, &report),
-                    ReportVerb::Fail => self.ledger.fail(now, &actor, todo_id, &report),
-                    ReportVerb::Release => {
-                        self.ledger
-                            .release(now, &actor, todo_id, Some(summary), hash)
-                    }
-                };
-                match answer {
+                let op = verb.op(now, actor, todo_id.clone(), report);
+                match self.ledger.apply(op).and_then(Answer::todo) {
                     Ok(todo) => Input::ReportAnswered {
                         request: *request,
                         dead_letter: todo.dead_letter(),

@@ -46,7 +46,7 @@ use base64::Engine as _;
 use rand::SeedableRng as _;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::TodoState;
+use relay_core::ledger::{Op, TodoState};
 use relay_core::wire::LeaseToken;
 use tokio::sync::{mpsc, watch};
 
@@ -532,7 +532,7 @@ impl Server {
     /// The reaper's sweep at `now`: closes every lapsed lease as `reaped` and rings the doorbell
     /// for the todos it made claimable again. Returns the changed todos.
     pub async fn reap_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
-        let reaped = self.inner.store.reap(now).await?;
+        let reaped = self.inner.store.apply(Op::Reap { now }).await?.todos()?;
         for t in &reaped {
             let disposition = if t.state == TodoState::Pending {
                 relay_core::ledger::Disposition::Requeued
@@ -551,7 +551,8 @@ impl Server {
     /// The due-retry sweep at `now`: moves failed todos whose retry is due back to pending, and
     /// rings for each (cleared from the gate first, so the ring is never swallowed).
     pub async fn requeue_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
-        let requeued = self.inner.store.requeue_due(now).await?;
+        let requeued = self.inner.store.apply(Op::RequeueDue { now });
+        let requeued = requeued.await?.todos()?;
         for t in &requeued {
             tracing::info!(todo = %t.id, endpoint = %t.endpoint, "re-queued a due retry");
             self.ring_todo(t, Offer::Requeued);

@@ -10,7 +10,7 @@ use std::time::Instant;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use relay_core::ledger::{
-    Actor, ClaimOpts, Claimed, Disposition, NewTodo, Outcome, Report, TodoFilter,
+    Actor, Answer, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, TodoFilter,
 };
 use relay_core::wire::{
     self, ClaimOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool, ToolCall, lease_ttl_ms,
@@ -205,17 +205,18 @@ pub(crate) async fn handle(
                 Ok(_) => "ok",
                 Err(e) => e.code.as_str(),
             };
-            server.inner.metrics.tool_call(tool.name(), code);
+            server.inner.metrics.tool_call(tool.as_str(), code);
             // Successful calls at debug: under load one line per call costs more than it tells.
             if answer.is_ok() {
-                tracing::debug!(endpoint = %endpoint.name, tool = tool.name(), "tools/call ok");
+                tracing::debug!(endpoint = %endpoint.name, tool = tool.as_str(), "tools/call ok");
             } else {
-                tracing::info!(endpoint = %endpoint.name, tool = tool.name(), result = code, "tools/call refused");
+                tracing::info!(endpoint = %endpoint.name, tool = tool.as_str(), result = code, "tools/call refused");
             }
             match answer {
                 Ok(v) => ok(id, wire::call_result(&v, false)),
                 Err(e) if e.code == ErrorCode::Internal => {
-                    let context = format!("endpoint {} tools/call {}", endpoint.name, tool.name());
+                    let context =
+                        format!("endpoint {} tools/call {}", endpoint.name, tool.as_str());
                     err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
                 }
                 Err(e) => {
@@ -372,18 +373,29 @@ impl Server {
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
-                let claimed = store
-                    .claim_next(self.now(), &actor, queues.as_deref(), &opts)
-                    .await;
+                let op = Op::ClaimNext {
+                    now: self.now(),
+                    actor,
+                    queues,
+                    opts,
+                };
+                let claimed = store.apply(op).await;
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
-                match claimed? {
+                match claimed?.next()? {
                     None => to_value(&ClaimOut::empty()),
                     Some(c) => self.claimed(&c, token),
                 }
             }
             ToolCall::Claim(a) => {
                 if endpoint.queues.is_some() {
-                    let view = store.get_todo(&actor, &a.id, 1).await.map_err(|e| {
+                    let (actor, id) = (actor.clone(), a.id.clone());
+                    let get = Op::GetTodo {
+                        actor,
+                        id,
+                        attempts_limit: 1,
+                    };
+                    let view = store.apply(get).await.and_then(Answer::view);
+                    let view = view.map_err(|e| {
                         if e.code == ErrorCode::NotFound {
                             relay_core::ledger::transition::not_found("claim", &a.id)
                         } else {
@@ -397,32 +409,52 @@ impl Server {
                 let (opts, token) =
                     self.claim_opts(a.require_fence, a.lease_ttl_seconds, a.claimant)?;
                 let started = Instant::now();
-                let claimed = store.claim(self.now(), &actor, &a.id, &opts).await;
+                let (now, id) = (self.now(), a.id);
+                let claimed = store.apply(Op::Claim {
+                    now,
+                    actor,
+                    id,
+                    opts,
+                });
+                let claimed = claimed.await;
                 m.claim_latency.observe(started.elapsed().as_secs_f64());
-                self.claimed(&claimed?, token)
+                self.claimed(&claimed?.claimed()?, token)
             }
             ToolCall::Heartbeat(a) => {
-                let t = store
-                    .heartbeat(
-                        self.now(),
-                        &actor,
-                        &a.id,
-                        lease_ttl_ms(a.lease_ttl_seconds),
-                        a.lease_token.as_ref().map(|t| t.hash()),
-                    )
-                    .await?;
+                let op = Op::Heartbeat {
+                    now: self.now(),
+                    actor,
+                    id: a.id,
+                    ttl: lease_ttl_ms(a.lease_ttl_seconds),
+                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.heartbeats.inc();
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Complete(a) => {
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let t = store.complete(self.now(), &actor, &a.id, &report).await?;
+                let (now, id) = (self.now(), a.id);
+                let op = Op::Complete {
+                    now,
+                    actor,
+                    id,
+                    report,
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.closed(Outcome::Completed, Disposition::Done);
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Fail(a) => {
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let t = store.fail(self.now(), &actor, &a.id, &report).await?;
+                let (now, id) = (self.now(), a.id);
+                let op = Op::Fail {
+                    now,
+                    actor,
+                    id,
+                    report,
+                };
+                let t = store.apply(op).await?.todo()?;
                 let disposition = if t.dead_letter() {
                     Disposition::DeadLettered
                 } else {
@@ -432,22 +464,27 @@ impl Server {
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::Release(a) => {
-                let t = store
-                    .release(
-                        self.now(),
-                        &actor,
-                        &a.id,
-                        a.summary.as_deref(),
-                        a.lease_token.as_ref().map(|t| t.hash()),
-                    )
-                    .await?;
+                let op = Op::Release {
+                    now: self.now(),
+                    actor,
+                    id: a.id,
+                    summary: a.summary,
+                    token_hash: a.lease_token.as_ref().map(|t| t.hash()),
+                };
+                let t = store.apply(op).await?.todo()?;
                 m.closed(Outcome::Released, Disposition::Requeued);
                 self.ring_todo(&t, Offer::Requeued);
                 to_value(&TodoOut::from(&t))
             }
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
-                let view = store.get_todo(&actor, &a.id, limit).await?;
+                let id = a.id.clone();
+                let op = Op::GetTodo {
+                    actor,
+                    id,
+                    attempts_limit: limit,
+                };
+                let view = store.apply(op).await?.view()?;
                 if !queue_granted(endpoint, &view.todo.queue) {
                     // What the endpoint cannot enumerate does not exist for it.
                     return Err(relay_core::ledger::transition::not_found("get_todo", &a.id));
@@ -467,7 +504,8 @@ impl Server {
                     state: a.state,
                     limit: a.limit.unwrap_or(wire::LIST_LIMIT_DEFAULT) as usize,
                 };
-                let todos = store.list_todos(&actor, &filter).await?;
+                let todos = store.apply(Op::ListTodos { actor, filter });
+                let todos = todos.await?.todos()?;
                 to_value(&ListTodosOut {
                     todos: todos.iter().map(TodoOut::from).collect(),
                 })
@@ -477,23 +515,22 @@ impl Server {
                     return Err(queue_forbidden("add_todo", &a.queue));
                 }
                 let id = format!("td_{}", self.random_hex::<10>()?);
-                let t = store
-                    .add_todo(
-                        self.now(),
-                        &endpoint.name,
-                        NewTodo {
-                            id,
-                            queue: a.queue,
-                            title: a.title,
-                            kind: a.kind,
-                            source: a.source,
-                            payload: a.payload,
-                            work_order: a.work_order,
-                            max_attempts: a.max_attempts,
-                            assignee: a.assignee,
-                        },
-                    )
-                    .await?;
+                let op = Op::AddTodo {
+                    now: self.now(),
+                    endpoint: endpoint.name.clone(),
+                    new: NewTodo {
+                        id,
+                        queue: a.queue,
+                        title: a.title,
+                        kind: a.kind,
+                        source: a.source,
+                        payload: a.payload,
+                        work_order: a.work_order,
+                        max_attempts: a.max_attempts,
+                        assignee: a.assignee,
+                    },
+                };
+                let t = store.apply(op).await?.todo()?;
                 self.ring_todo(&t, Offer::Fresh);
                 to_value(&TodoOut::from(&t))
             }

@@ -13,10 +13,14 @@
 //!    row is an internal error: an attempt closes exactly once), `PruneThrough` deletes closed
 //!    attempts at or below the floor.
 //!
-//! That sequence is written once, in `ops`, generic over a small transaction trait that each
-//! backend implements. SQL mirrors only what must run in the database: which todo `claim_next`
-//! takes (the `claimable` rule, commented where it appears), the sweeps' candidate filters, the
-//! schema's constraints. The model-based tests hold both stores to the in-memory ledger.
+//! That sequence is written once, in [`relay_core::ledger::run`], which applies a
+//! [`ledger::Op`](relay_core::ledger::Op) over the rows a backend offers
+//! ([`relay_core::ledger::Rows`]); [`Store::apply`] runs it inside one transaction, and each
+//! backend's transaction implements the rows with its own SQL. The row values and the
+//! statements both dialects share are in `rows`. SQL mirrors only what must run in the
+//! database: which todo `claim_next` takes (the `claimable` rule, commented where it appears),
+//! the sweeps' candidate filters, the schema's constraints. The model-based tests hold both
+//! stores to the in-memory ledger.
 //!
 //! # Values
 //!
@@ -42,9 +46,7 @@ mod tests;
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{
-    Actor, ClaimOpts, Claimed, LedgerConfig, NewTodo, Report, Todo, TodoFilter, TodoView, TokenHash,
-};
+use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -185,21 +187,21 @@ impl DbUrl {
     }
 }
 
-/// Runs one operation in one transaction on whichever backend this is. `$kind` is `Write` or
-/// `Read`; the body is an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
-/// futures never wait: see `sqlite::ready`), the Postgres arm awaits a pooled connection.
+/// Runs one operation in one transaction on whichever backend this is. `$kind` is a `TxKind`;
+/// the body is `ledger::run` or an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
+/// futures never wait: see `ledger::rows::ready`), the Postgres arm awaits a pooled connection.
 macro_rules! run {
-    ($store:expr, $kind:ident, $op:expr, $subject:expr, |$tx:ident| $body:expr) => {
+    ($store:expr, $kind:expr, $op:expr, $subject:expr, |$tx:ident| $body:expr) => {
         match $store {
             Store::Sqlite(s) => {
-                s.run(ops::TxKind::$kind, $op, $subject, move |$tx| {
-                    sqlite::ready($body)
+                s.run($kind, $op, $subject, move |$tx| {
+                    relay_core::ledger::rows::ready($body)
                 })
                 .await
             }
             Store::Postgres(p) => {
                 let mut client = p.client($op).await?;
-                let mut pg_tx = p.begin(&mut client, ops::TxKind::$kind, $op).await?;
+                let mut pg_tx = p.begin(&mut client, $kind, $op).await?;
                 let result = {
                     let $tx = &mut pg_tx;
                     $body.await
@@ -232,213 +234,21 @@ impl Store {
         self.config().clone()
     }
 
-    pub async fn add_todo(&self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
-        let endpoint = endpoint.to_string();
-        let subject = new.id.clone();
-        run!(self, Write, "add_todo", subject, |tx| ops::add_todo(
-            tx, now, &endpoint, new
-        ))
-    }
-
-    /// Claims one todo by id.
-    pub async fn claim(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        opts: &ClaimOpts,
-    ) -> Result<Claimed, Error> {
-        let (cfg, actor, id, opts) = (self.cfg(), actor.clone(), id.to_string(), opts.clone());
-        let subject = id.clone();
-        run!(self, Write, "claim", subject, |tx| ops::claim(
-            tx, &cfg, now, &actor, &id, &opts
-        ))
-    }
-
-    /// Claims the oldest claimable todo (by creation, then id) in the given queues, or `None`.
-    pub async fn claim_next(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        opts: &ClaimOpts,
-    ) -> Result<Option<Claimed>, Error> {
-        let (cfg, actor, opts) = (self.cfg(), actor.clone(), opts.clone());
-        let queues = queues.map(<[String]>::to_vec);
-        let subject = format!("(next for {})", actor.owner());
-        run!(self, Write, "claim_next", subject, |tx| ops::claim_next(
-            tx,
-            &cfg,
-            now,
-            &actor,
-            queues.as_deref(),
-            &opts
-        ))
-    }
-
-    pub async fn heartbeat(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        ttl: Millis,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let subject = id.clone();
-        run!(self, Write, "heartbeat", subject, |tx| ops::heartbeat(
-            tx, now, &actor, &id, ttl, token_hash
-        ))
-    }
-
-    pub async fn complete(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        report: &Report,
-    ) -> Result<Todo, Error> {
-        let (cfg, actor, id, report) = (self.cfg(), actor.clone(), id.to_string(), report.clone());
-        let subject = id.clone();
-        run!(self, Write, "complete", subject, |tx| ops::complete(
-            tx, &cfg, now, &actor, &id, &report
-        ))
-    }
-
-    /// Fails the attempt; the answer carries `next_retry_at` and `dead_letter()`.
-    pub async fn fail(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        report: &Report,
-    ) -> Result<Todo, Error> {
-        let (cfg, actor, id, report) = (self.cfg(), actor.clone(), id.to_string(), report.clone());
-        let subject = id.clone();
-        run!(self, Write, "fail", subject, |tx| ops::fail(
-            tx, &cfg, now, &actor, &id, &report
-        ))
-    }
-
-    pub async fn release(
-        &self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        summary: Option<&str>,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let summary = summary.map(str::to_string);
-        let subject = id.clone();
-        run!(self, Write, "release", subject, |tx| ops::release(
-            tx,
-            now,
-            &actor,
-            &id,
-            summary.as_deref(),
-            token_hash
-        ))
-    }
-
-    /// The operator's manual retry.
-    pub async fn retry(&self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let subject = id.clone();
-        run!(self, Write, "retry", subject, |tx| ops::retry(
-            tx, now, &actor, &id
-        ))
-    }
-
-    pub async fn cancel(&self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let subject = id.clone();
-        run!(self, Write, "cancel", subject, |tx| ops::cancel(
-            tx, now, &actor, &id
-        ))
-    }
-
-    /// The reaper: closes every lapsed lease as `reaped`. Returns the changed todos by id.
-    pub async fn reap(&self, now: Millis) -> Result<Vec<Todo>, Error> {
-        run!(
-            self,
-            Write,
-            "reap",
-            String::from("(sweep)"),
-            |tx| ops::reap(tx, now)
-        )
-    }
-
-    /// Moves failed todos whose retry is due back to pending; returns them (for the doorbell).
-    pub async fn requeue_due(&self, now: Millis) -> Result<Vec<Todo>, Error> {
-        run!(self, Write, "requeue_due", String::from("(sweep)"), |tx| {
-            ops::requeue_due(tx, now)
-        })
-    }
-
-    /// Closes the endpoint's open attempts as `revoked` and dead-letters its claimed todos. (The
-    /// endpoint row itself is marked by [`Store::endpoint_revoke`], which also does this.)
-    pub async fn revoke_endpoint(&self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
-        let endpoint = endpoint.to_string();
-        let subject = format!("(endpoint {endpoint})");
-        run!(self, Write, "revoke", subject, |tx| ops::revoke_todos(
-            tx, now, &endpoint
-        ))
-    }
-
-    /// A todo and its newest `attempts_limit` attempts (newest first, the open one included).
-    pub async fn get_todo(
-        &self,
-        actor: &Actor,
-        id: &str,
-        attempts_limit: usize,
-    ) -> Result<TodoView, Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let subject = id.clone();
-        run!(self, Read, "get_todo", subject, |tx| ops::get_todo(
-            tx,
-            &actor,
-            &id,
-            attempts_limit
-        ))
-    }
-
-    /// Todos in the actor's scope, oldest first.
-    pub async fn list_todos(&self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        let (actor, filter) = (actor.clone(), filter.clone());
-        run!(self, Read, "list_todos", String::from("(list)"), |tx| {
-            ops::list_todos(tx, &actor, &filter)
-        })
+    /// Applies one ledger operation in one transaction (see `relay_core::ledger::run`).
+    pub async fn apply(&self, op: Op) -> Result<Answer, Error> {
+        let (cfg, kind, name, subject) =
+            (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
+        run!(self, kind, name, subject, |tx| ledger::run(tx, &cfg, op))
     }
 
     /// How many todos are in each state, by state name (states with none are absent).
     pub async fn count_by_state(&self) -> Result<Vec<(String, u64)>, Error> {
-        run!(self, Read, "count todos", String::from("(all)"), |tx| {
-            ops::count_by_state(tx)
-        })
-    }
-
-    /// Deletes a todo and (by cascade) its attempts.
-    pub async fn delete_todo(&self, actor: &Actor, id: &str) -> Result<(), Error> {
-        let (actor, id) = (actor.clone(), id.to_string());
-        let subject = id.clone();
-        run!(self, Write, "delete", subject, |tx| ops::delete_todo(
-            tx, &actor, &id
-        ))
-    }
-
-    /// Retention: deletes finished todos untouched for `retention`; returns their ids.
-    pub async fn purge_finished(
-        &self,
-        now: Millis,
-        retention: Millis,
-    ) -> Result<Vec<String>, Error> {
         run!(
             self,
-            Write,
-            "purge_finished",
-            String::from("(sweep)"),
-            |tx| ops::purge_finished(tx, now, retention)
+            ops::TxKind::Read,
+            "count todos",
+            String::from("(all)"),
+            |tx| ops::count_by_state(tx)
         )
     }
 
@@ -462,16 +272,20 @@ impl Store {
     /// Vends an endpoint. `conflict` when the name is taken.
     pub async fn endpoint_create(&self, now: Millis, new: NewEndpoint) -> Result<Endpoint, Error> {
         let subject = new.name.clone();
-        run!(self, Write, "endpoint create", subject, |tx| {
+        run!(self, ops::TxKind::Write, "endpoint create", subject, |tx| {
             ops::endpoint_create(tx, now, new)
         })
     }
 
     /// Every endpoint, by name.
     pub async fn endpoint_list(&self) -> Result<Vec<Endpoint>, Error> {
-        run!(self, Read, "endpoint list", String::from("(all)"), |tx| {
-            ops::endpoint_list(tx)
-        })
+        run!(
+            self,
+            ops::TxKind::Read,
+            "endpoint list",
+            String::from("(all)"),
+            |tx| ops::endpoint_list(tx)
+        )
     }
 
     /// Whether a write transaction can start within `timeout` (for `/healthz`): `Err` when the
@@ -483,7 +297,7 @@ impl Store {
                 let probe = async {
                     run!(
                         self,
-                        Write,
+                        ops::TxKind::Write,
                         "healthz",
                         String::from("(write probe)"),
                         |tx| ops::endpoint_get(tx, "")
@@ -504,9 +318,9 @@ impl Store {
     pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
         let name = name.to_string();
         let subject = name.clone();
-        run!(self, Read, "endpoint get", subject, |tx| ops::endpoint_get(
-            tx, &name
-        ))
+        run!(self, ops::TxKind::Read, "endpoint get", subject, |tx| {
+            ops::endpoint_get(tx, &name)
+        })
     }
 
     /// Revokes an endpoint in one transaction: marks the row and runs [`Store::revoke_endpoint`].
@@ -516,10 +330,10 @@ impl Store {
         now: Millis,
         name: &str,
     ) -> Result<(Endpoint, Vec<Todo>), Error> {
-        let name = name.to_string();
+        let (cfg, name) = (self.cfg(), name.to_string());
         let subject = name.clone();
-        run!(self, Write, "endpoint revoke", subject, |tx| {
-            ops::endpoint_revoke(tx, now, &name)
+        run!(self, ops::TxKind::Write, "endpoint revoke", subject, |tx| {
+            ops::endpoint_revoke(tx, &cfg, now, &name)
         })
     }
 }

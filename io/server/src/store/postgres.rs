@@ -16,15 +16,17 @@ use std::sync::LazyLock;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, LedgerConfig, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Endpoint;
 #[cfg(test)]
 use super::ops;
-use super::ops::{Sweep, Tx, TxKind};
-use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::ops::{Tx, TxKind};
+use super::rows::{self, ENDPOINT_COLS, Val, ms};
 use super::{PendingChange, PendingPage};
 
 /// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
@@ -598,32 +600,46 @@ impl PgTx<'_> {
     }
 }
 
+/// Values as Postgres binds them: counts as the `integer` the tables store.
+fn pg_vals(op: &str, vals: Vec<Val>) -> Result<Vec<Box<dyn ToSql + Sync + Send>>, Error> {
+    vals.into_iter()
+        .map(|v| -> Result<Box<dyn ToSql + Sync + Send>, Error> {
+            Ok(match v {
+                Val::Text(t) => Box::new(t),
+                Val::Count(n) => Box::new(n32(op, n)?),
+                Val::Big(n) => Box::new(n),
+                Val::Bool(b) => Box::new(b),
+                Val::Bytes(b) => Box::new(b),
+                Val::Texts(t) => Box::new(t),
+            })
+        })
+        .collect()
+}
+
 impl PgTx<'_> {
+    /// Runs one statement with the values bound in order; the rows it changed.
+    async fn exec(&self, op: &str, subject: &str, sql: &str, vals: Vec<Val>) -> Result<u64, Error> {
+        let vals = pg_vals(op, vals)?;
+        let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
+        self.execute(op, subject, sql, &args).await
+    }
+
+    /// Runs one query with the values bound in order.
+    async fn query_vals(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        let vals = pg_vals(op, vals)?;
+        let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
+        self.query(op, subject, sql, &args).await
+    }
+
     async fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
-        let n = self
-            .execute(
-                op,
-                &t.id,
-                "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5,
-                     attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8,
-                     next_retry_at = $9, result = $10, updated_at = $11
-                 WHERE id = $1",
-                &[
-                    &t.id,
-                    &t.state.as_str(),
-                    &t.owner,
-                    &n32(op, t.attempt)?,
-                    &n32(op, t.attempts_total)?,
-                    &n32(op, t.attempts_pruned)?,
-                    &opt_ms(op, t.lease_expires_at)?,
-                    &opt_ms(op, t.claimed_at)?,
-                    &opt_ms(op, t.next_retry_at)?,
-                    &json_text(&t.result),
-                    &ms(op, t.updated_at)?,
-                ],
-            )
-            .await?;
-        if n != 1 {
+        let vals = rows::todo_update(op, t)?;
+        if self.exec(op, &t.id, &SQL.update_todo, vals).await? != 1 {
             return Err(Error::internal(format!(
                 "{op} {}: the todo row vanished inside its transaction",
                 t.id
@@ -631,71 +647,16 @@ impl PgTx<'_> {
         }
         Ok(())
     }
+
     async fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            &SQL.insert_attempt,
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &n32(op, a.attempt)?,
-                &a.claimer_kind.as_str(),
-                &a.claimer_endpoint,
-                &a.claimer_session,
-                &a.owner,
-                &a.claimant,
-                &ms(op, a.claimed_at)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-                &a.lease_token_hash.map(|h| h.0.to_vec()),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-    async fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        self.execute(
-            op,
-            &a.todo_id,
-            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4,
-                 ended_at = $5, outcome = $6, disposition = $7, summary = $8,
-                 summary_truncated = $9, artifact = $10
-             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL",
-            &[
-                &a.todo_id,
-                &n32(op, a.seq)?,
-                &opt_ms(op, a.last_heartbeat_at)?,
-                &ms(op, a.lease_expires_at)?,
-                &opt_ms(op, a.ended_at)?,
-                &a.outcome.map(|o| o.as_str()),
-                &a.disposition.map(|d| d.as_str()),
-                &a.summary,
-                &a.summary_truncated,
-                &a.artifact,
-            ],
-        )
-        .await
-    }
-    async fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        self.execute(
-            op,
-            id,
-            "DELETE FROM todo_attempts WHERE todo_id = $1 AND seq <= $2 AND ended_at IS NOT NULL",
-            &[&id, &n32(op, through)?],
-        )
-        .await?;
-        Ok(())
+        let vals = rows::attempt_row(op, a)?;
+        self.exec(op, &a.todo_id, &SQL.insert_attempt, vals)
+            .await
+            .map(drop)
     }
 }
 
-impl Tx for PgTx<'_> {
+impl Rows for PgTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
         // `FOR UPDATE` that waited for another transaction returns the row's newest version but
@@ -728,38 +689,9 @@ impl Tx for PgTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let now = ms(op, now)?;
-        let owner = actor.owner();
-        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&now, &owner];
-        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
-        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
-        let scope = match actor {
-            Actor::Endpoint { endpoint, .. } => {
-                args.push(endpoint);
-                "t.endpoint = $3".to_string()
-            }
-            Actor::Operator => "true".to_string(),
-        };
-        let queue_list: &[String];
-        let queue_filter = match queues {
-            None => "true".to_string(),
-            Some(qs) => {
-                queue_list = qs;
-                args.push(&queue_list);
-                format!("t.queue = ANY(${})", args.len())
-            }
-        };
-        let sql = format!(
-            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = $2)
-               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
-               AND (t.state = 'pending'
-                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1)
-                        AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= $1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED",
-            SQL.todo_select
-        );
-        let rs = self.query(op, &subject, &sql, &args).await?;
+        let lock = " FOR UPDATE SKIP LOCKED";
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, lock)?;
+        let rs = self.query_vals(op, &subject, &sql, args).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };
@@ -773,37 +705,8 @@ impl Tx for PgTx<'_> {
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
-        let n = self
-            .execute(
-                op,
-                &t.id,
-                &SQL.insert_todo,
-                &[
-                    &t.id,
-                    &t.endpoint,
-                    &t.queue,
-                    &t.title,
-                    &t.kind,
-                    &t.source,
-                    &json_text(&t.payload),
-                    &json_text(&t.work_order),
-                    &t.assignee,
-                    &t.state.as_str(),
-                    &t.owner,
-                    &n32(op, t.attempt)?,
-                    &n32(op, t.max_attempts)?,
-                    &n32(op, t.attempts_total)?,
-                    &n32(op, t.attempts_pruned)?,
-                    &opt_ms(op, t.lease_expires_at)?,
-                    &opt_ms(op, t.claimed_at)?,
-                    &opt_ms(op, t.next_retry_at)?,
-                    &json_text(&t.result),
-                    &ms(op, t.created_at)?,
-                    &ms(op, t.updated_at)?,
-                ],
-            )
-            .await?;
-        Ok(n == 1)
+        let vals = rows::todo_row(op, t)?;
+        Ok(self.exec(op, &t.id, &SQL.insert_todo, vals).await? == 1)
     }
 
     async fn write(
@@ -820,8 +723,15 @@ impl Tx for PgTx<'_> {
         let attempts = writes.iter().map(|w| async move {
             match w {
                 AttemptWrite::Open(a) => this.insert_attempt_row(op, a).await.map(|()| 1),
-                AttemptWrite::Update(a) => this.update_open_attempt(op, a).await,
-                AttemptWrite::PruneThrough(n) => this.prune(op, &todo.id, *n).await.map(|()| 0),
+                AttemptWrite::Update(a) => {
+                    let vals = rows::attempt_update(op, a)?;
+                    this.exec(op, &a.todo_id, &SQL.update_open_attempt, vals)
+                        .await
+                }
+                AttemptWrite::PruneThrough(n) => {
+                    let vals = vec![Val::Text(Some(todo.id.clone())), Val::Count(*n)];
+                    this.exec(op, &todo.id, &SQL.prune, vals).await.map(|_| 0)
+                }
             }
         });
         let (_, rows) =
@@ -830,31 +740,9 @@ impl Tx for PgTx<'_> {
         Ok(rows)
     }
 
-    #[cfg(test)]
-    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.insert_attempt_row(op, a).await
-    }
-
-    async fn attempts(
-        &mut self,
-        op: &str,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> Result<Vec<Attempt>, Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rs = self
-            .query(
-                op,
-                id,
-                if closed_only {
-                    &SQL.closed_attempts
-                } else {
-                    &SQL.attempts
-                },
-                &[&id, &limit],
-            )
-            .await?;
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error> {
+        let (sql, vals) = SQL.attempts_query(id, which);
+        let rs = self.query_vals(op, id, sql, vals).await?;
         let mut out = Vec::with_capacity(rs.len());
         for row in &rs {
             out.extend(rows::attempt(row, 0)?);
@@ -864,87 +752,20 @@ impl Tx for PgTx<'_> {
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
-        let rs = match sweep {
-            // mirrors transition::reap; rows a claimer holds are skipped (it is closing them)
-            Sweep::Reap { now } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE state = 'claimed'
-                       AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
-                     ORDER BY id FOR UPDATE SKIP LOCKED",
-                    &[&ms(op, now)?],
-                )
-                .await?
-            }
-            // mirrors transition::requeue_due
-            Sweep::RequeueDue { now } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= $1
-                       AND attempt < max_attempts ORDER BY id FOR UPDATE SKIP LOCKED",
-                    &[&ms(op, now)?],
-                )
-                .await?
-            }
-            // mirrors transition::revoke; waits for held rows: a revocation misses none
-            Sweep::Revoke { endpoint } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE endpoint = $1 AND state = 'claimed'
-                     ORDER BY id FOR UPDATE",
-                    &[&endpoint],
-                )
-                .await?
-            }
-            // mirrors ledger::purgeable
-            Sweep::Purge { cutoff } => {
-                self.query(
-                    op,
-                    "",
-                    "SELECT id FROM todos WHERE updated_at <= $1 AND state IN ('done', 'canceled', 'failed')
-                   AND (state IN ('done', 'canceled')
-                       OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id FOR UPDATE",
-                    &[&ms(op, cutoff)?],
-                )
-                .await?
-            }
+        // Rows a claimer holds are skipped by the reaper and the requeue (it is closing them);
+        // a revocation and a purge wait for them, so that they miss none.
+        let lock = match sweep {
+            Sweep::Reap { .. } | Sweep::RequeueDue { .. } => " FOR UPDATE SKIP LOCKED",
+            Sweep::Revoke { .. } | Sweep::Purge { .. } => " FOR UPDATE",
         };
+        let (sql, arg) = SQL.sweep(op, sweep)?;
+        let rs = self.query_vals(op, "", &(sql + lock), vec![arg]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        let op = "list_todos";
-        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
-        let mut clauses: Vec<String> = Vec::new();
-        if let Actor::Endpoint { endpoint, .. } = actor {
-            args.push(endpoint);
-            clauses.push(format!("t.endpoint = ${}", args.len()));
-        }
-        let state = filter.state.map(|s| s.as_str());
-        if let Some(s) = &state {
-            args.push(s);
-            clauses.push(format!("t.state = ${}", args.len()));
-        }
-        if let Some(qs) = &filter.queues {
-            args.push(qs);
-            clauses.push(format!("t.queue = ANY(${})", args.len()));
-        }
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        args.push(&limit);
-        let sql = format!(
-            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ${}",
-            SQL.todo_select,
-            if clauses.is_empty() {
-                "true".to_string()
-            } else {
-                clauses.join(" AND ")
-            },
-            args.len()
-        );
-        let rs = self.query(op, "", &sql, &args).await?;
+        let (sql, args) = SQL.list(actor, filter);
+        let rs = self.query_vals("list_todos", "", &sql, args).await?;
         rs.iter().map(|r| rows::todo(r, 0)).collect()
     }
 
@@ -953,28 +774,18 @@ impl Tx for PgTx<'_> {
             .await?;
         Ok(())
     }
+}
+
+impl Tx for PgTx<'_> {
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a).await
+    }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
         let op = "endpoint create";
-        let n = self
-            .execute(
-                op,
-                &e.name,
-                &format!(
-                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ($1, $2, $3, $4, $5, $6)
-                     ON CONFLICT (name) DO NOTHING"
-                ),
-                &[
-                    &e.name,
-                    &e.token_hash.0.to_vec(),
-                    &list_text(&e.verbs),
-                    &e.queues.as_deref().map(list_text),
-                    &ms(op, e.created_at)?,
-                    &opt_ms(op, e.revoked_at)?,
-                ],
-            )
-            .await?;
-        Ok(n == 1)
+        let vals = rows::endpoint_row(op, e)?;
+        Ok(self.exec(op, &e.name, &SQL.insert_endpoint, vals).await? == 1)
     }
 
     async fn endpoint(&mut self, name: &str, lock: bool) -> Result<Option<Endpoint>, Error> {

@@ -2,7 +2,10 @@
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+use relay_core::ledger::{
+    Actor, Attempt, ClaimerKind, Disposition, Newest, Outcome, Sweep, Todo, TodoFilter, TodoState,
+    TokenHash,
+};
 use serde_json::Value;
 
 use super::Endpoint;
@@ -67,6 +70,7 @@ pub(crate) fn select_list(alias: &str, cols: &[&str]) -> String {
 /// The statements both backends share, written once; `mark` is the dialect's parameter sign
 /// (`?` for SQLite's `?1`, `$` for Postgres's `$1`).
 pub(crate) struct Shared {
+    mark: char,
     /// `SELECT <todo columns> FROM todos t`, to which each query adds its WHERE.
     pub todo_select: String,
     /// The todo's open attempt.
@@ -78,6 +82,13 @@ pub(crate) struct Shared {
     /// every use.
     pub attempts: String,
     pub closed_attempts: String,
+    /// The columns of [`todo_update`].
+    pub update_todo: String,
+    /// The columns of [`attempt_update`], while the attempt is open.
+    pub update_open_attempt: String,
+    /// Closed attempts of a todo at or below a seq.
+    pub prune: String,
+    pub insert_endpoint: String,
 }
 
 /// The doorbell scan's query: pending rows numbered in (`after`, `horizon`], only the columns a
@@ -122,6 +133,7 @@ impl Shared {
             )
         };
         Shared {
+            mark,
             todo_select: format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)),
             open_attempt: format!(
                 "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1 AND a.ended_at IS NULL",
@@ -139,7 +151,332 @@ impl Shared {
             ),
             attempts: attempts(""),
             closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
+            update_todo: format!(
+                "UPDATE todos SET {} WHERE id = {mark}1",
+                set_list(
+                    mark,
+                    &todo_updated().map(|i| TODO_COLS[i]).collect::<Vec<_>>(),
+                    2
+                )
+            ),
+            update_open_attempt: format!(
+                "UPDATE todo_attempts SET {} \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NULL",
+                set_list(mark, &ATTEMPT_COLS[ATTEMPT_REWRITTEN], 3)
+            ),
+            prune: format!(
+                "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
+                 AND ended_at IS NOT NULL"
+            ),
+            insert_endpoint: format!(
+                "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ({}) ON CONFLICT (name) DO NOTHING",
+                placeholders(mark, 6)
+            ),
         }
+    }
+}
+
+/// A value bound to a statement parameter, as both backends bind it; each maps these to its own
+/// types (Postgres stores counts as `integer`, times as `bigint`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Val {
+    Text(Option<String>),
+    /// A count or seq (an `integer` column).
+    Count(u32),
+    /// A time in ms, or another `bigint`.
+    Big(Option<i64>),
+    Bool(bool),
+    Bytes(Option<Vec<u8>>),
+    /// A text array (Postgres only: SQLite binds a list one placeholder per entry).
+    Texts(Vec<String>),
+}
+
+fn text(v: &Option<String>) -> Val {
+    Val::Text(v.clone())
+}
+
+fn label(v: Option<&str>) -> Val {
+    Val::Text(v.map(str::to_string))
+}
+
+fn time(op: &str, v: Millis) -> Result<Val, Error> {
+    Ok(Val::Big(Some(ms(op, v)?)))
+}
+
+fn opt_time(op: &str, v: Option<Millis>) -> Result<Val, Error> {
+    Ok(Val::Big(opt_ms(op, v)?))
+}
+
+/// A todo row's values in [`TODO_COLS`] order, for [`Shared::insert_todo`].
+pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&t.id)),
+        label(Some(&t.endpoint)),
+        label(Some(&t.queue)),
+        label(Some(&t.title)),
+        text(&t.kind),
+        text(&t.source),
+        Val::Text(json_text(&t.payload)),
+        Val::Text(json_text(&t.work_order)),
+        text(&t.assignee),
+        label(Some(t.state.as_str())),
+        text(&t.owner),
+        Val::Count(t.attempt),
+        Val::Count(t.max_attempts),
+        Val::Count(t.attempts_total),
+        Val::Count(t.attempts_pruned),
+        opt_time(op, t.lease_expires_at)?,
+        opt_time(op, t.claimed_at)?,
+        opt_time(op, t.next_retry_at)?,
+        Val::Text(json_text(&t.result)),
+        time(op, t.created_at)?,
+        time(op, t.updated_at)?,
+    ])
+}
+
+/// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
+pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&a.todo_id)),
+        Val::Count(a.seq),
+        Val::Count(a.attempt),
+        label(Some(a.claimer_kind.as_str())),
+        text(&a.claimer_endpoint),
+        text(&a.claimer_session),
+        label(Some(&a.owner)),
+        text(&a.claimant),
+        time(op, a.claimed_at)?,
+        opt_time(op, a.last_heartbeat_at)?,
+        time(op, a.lease_expires_at)?,
+        opt_time(op, a.ended_at)?,
+        label(a.outcome.map(Outcome::as_str)),
+        label(a.disposition.map(Disposition::as_str)),
+        text(&a.summary),
+        Val::Bool(a.summary_truncated),
+        text(&a.artifact),
+        Val::Bytes(a.lease_token_hash.map(|h| h.0.to_vec())),
+    ])
+}
+
+/// The todo columns no transition changes (the store refuses a change to them, see
+/// `ledger::run`); an update rewrites every other column, keyed by `id`.
+const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
+                          max_attempts created_at";
+
+/// The positions in [`TODO_COLS`] of the columns an update rewrites.
+fn todo_updated() -> impl Iterator<Item = usize> {
+    (0..TODO_COLS.len()).filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
+}
+
+/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `artifact` of
+/// [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
+const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..17;
+
+/// `col = ?n, …` for `cols`, numbered from `from`.
+fn set_list(mark: char, cols: &[&str], from: usize) -> String {
+    cols.iter()
+        .zip(from..)
+        .map(|(c, i)| format!("{c} = {mark}{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The values of [`Shared::update_todo`]: the id, then the rewritten columns.
+pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
+    let row = todo_row(op, t)?;
+    Ok(std::iter::once(0)
+        .chain(todo_updated())
+        .map(|i| row[i].clone())
+        .collect())
+}
+
+/// The values of [`Shared::update_open_attempt`].
+pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    let mut row = attempt_row(op, a)?;
+    row.truncate(ATTEMPT_REWRITTEN.end);
+    row.drain(2..ATTEMPT_REWRITTEN.start);
+    Ok(row)
+}
+
+/// An endpoint row's values in [`ENDPOINT_COLS`] order, for [`Shared::insert_endpoint`].
+pub(crate) fn endpoint_row(op: &str, e: &Endpoint) -> Result<Vec<Val>, Error> {
+    Ok(vec![
+        label(Some(&e.name)),
+        Val::Bytes(Some(e.token_hash.0.to_vec())),
+        Val::Text(Some(list_text(&e.verbs))),
+        Val::Text(e.queues.as_deref().map(list_text)),
+        time(op, e.created_at)?,
+        opt_time(op, e.revoked_at)?,
+    ])
+}
+
+impl Shared {
+    /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
+    pub(crate) fn next_claimable(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
+        let mut q = Query::new(self.mark);
+        let now = q.bind(time(op, now)?);
+        let owner = q.bind(label(Some(actor.owner())));
+        let scope = match actor {
+            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
+            // after every use, which cost more than the query; the cast keeps the index usable
+            // without that.
+            Actor::Endpoint { endpoint, .. } if q.sqlite() => {
+                format!(
+                    "t.endpoint = CAST({} AS TEXT)",
+                    q.bind(label(Some(endpoint)))
+                )
+            }
+            Actor::Endpoint { endpoint, .. } => {
+                format!("t.endpoint = {}", q.bind(label(Some(endpoint))))
+            }
+            Actor::Operator => q.always().into(),
+        };
+        let queues = match queues {
+            None => q.always().into(),
+            Some(qs) => q.queue_in(qs),
+        };
+        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
+        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        let sql = format!(
+            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
+               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
+               AND (t.state = 'pending'
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
+                        AND t.attempt < t.max_attempts)
+                    OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT 1{lock}",
+            self.todo_select
+        );
+        Ok((sql, q.vals))
+    }
+
+    /// A todo's attempts newest first, as `which` says.
+    pub(crate) fn attempts_query(&self, id: &str, which: Newest) -> (&str, Vec<Val>) {
+        let sql = if which.closed_only {
+            &self.closed_attempts
+        } else {
+            &self.attempts
+        };
+        let limit = Val::Big(Some(i64::try_from(which.limit).unwrap_or(i64::MAX)));
+        (sql, vec![label(Some(id)), limit])
+    }
+
+    /// `list_todos`' query and parameters.
+    pub(crate) fn list(&self, actor: &Actor, filter: &TodoFilter) -> (String, Vec<Val>) {
+        let mut q = Query::new(self.mark);
+        let mut clauses = Vec::new();
+        if let Actor::Endpoint { endpoint, .. } = actor {
+            clauses.push(format!("t.endpoint = {}", q.bind(label(Some(endpoint)))));
+        }
+        if let Some(s) = filter.state {
+            clauses.push(format!("t.state = {}", q.bind(label(Some(s.as_str())))));
+        }
+        if let Some(qs) = &filter.queues {
+            clauses.push(q.queue_in(qs));
+        }
+        let which = if clauses.is_empty() {
+            q.always().to_string()
+        } else {
+            clauses.join(" AND ")
+        };
+        let limit = q.bind(Val::Big(Some(
+            i64::try_from(filter.limit).unwrap_or(i64::MAX),
+        )));
+        let sql = format!(
+            "{} WHERE {which} ORDER BY t.created_at, t.id LIMIT {limit}",
+            self.todo_select
+        );
+        (sql, q.vals)
+    }
+
+    /// A sweep's candidate query (ids in id order, before the dialect's lock clause) and its
+    /// one parameter.
+    pub(crate) fn sweep(&self, op: &str, sweep: Sweep<'_>) -> Result<(String, Val), Error> {
+        let m = self.mark;
+        Ok(match sweep {
+            // mirrors transition::reap
+            Sweep::Reap { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'claimed'
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1) ORDER BY id"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::requeue_due
+            Sweep::RequeueDue { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts ORDER BY id"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::revoke
+            Sweep::Revoke { endpoint } => (
+                format!(
+                    "SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed' ORDER BY id"
+                ),
+                label(Some(endpoint)),
+            ),
+            // mirrors ledger::purgeable
+            Sweep::Purge { cutoff } => (
+                format!(
+                    "SELECT id FROM todos WHERE updated_at <= {m}1
+                       AND state IN ('done', 'canceled', 'failed')
+                       AND (state IN ('done', 'canceled')
+                            OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id"
+                ),
+                time(op, cutoff)?,
+            ),
+        })
+    }
+}
+
+/// A statement's parameters as its clauses bind them, in the dialect of `mark`.
+struct Query {
+    mark: char,
+    vals: Vec<Val>,
+}
+
+impl Query {
+    fn new(mark: char) -> Query {
+        Query {
+            mark,
+            vals: Vec::new(),
+        }
+    }
+
+    fn sqlite(&self) -> bool {
+        self.mark == '?'
+    }
+
+    /// Binds `v`; its placeholder.
+    fn bind(&mut self, v: Val) -> String {
+        self.vals.push(v);
+        format!("{}{}", self.mark, self.vals.len())
+    }
+
+    /// A clause that holds for every row.
+    fn always(&self) -> &'static str {
+        if self.sqlite() { "1" } else { "true" }
+    }
+
+    /// `t.queue` is one of `qs` (none: no row).
+    fn queue_in(&mut self, qs: &[String]) -> String {
+        if !self.sqlite() {
+            return format!("t.queue = ANY({})", self.bind(Val::Texts(qs.to_vec())));
+        }
+        if qs.is_empty() {
+            return "0".into();
+        }
+        let marks: Vec<String> = qs.iter().map(|q| self.bind(label(Some(q)))).collect();
+        format!("t.queue IN ({})", marks.join(", "))
     }
 }
 
@@ -341,4 +678,29 @@ pub(crate) fn json_text(v: &Option<Value>) -> Option<String> {
 /// A string list as JSON text.
 pub(crate) fn list_text(v: &[String]) -> String {
     Value::from(v.to_vec()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shared;
+
+    /// The update statements, derived from the column lists, rewrite exactly the columns a
+    /// transition may change.
+    #[test]
+    fn update_statements_rewrite_what_transitions_change() {
+        let sql = Shared::new('$');
+        assert_eq!(
+            sql.update_todo,
+            "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5, \
+             attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8, next_retry_at = $9, \
+             result = $10, updated_at = $11 WHERE id = $1"
+        );
+        assert_eq!(
+            sql.update_open_attempt,
+            "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4, \
+             ended_at = $5, outcome = $6, disposition = $7, summary = $8, \
+             summary_truncated = $9, artifact = $10 \
+             WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL"
+        );
+    }
 }

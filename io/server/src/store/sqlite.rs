@@ -10,22 +10,21 @@
 //! Durability: `synchronous = NORMAL` in WAL mode. A committed operation survives a crash of the
 //! process; a power loss may lose the last transactions, never corrupt the file.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
-use std::task::{Context, Poll, Waker};
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, LedgerConfig, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, LedgerConfig, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Endpoint;
 #[cfg(test)]
 use super::ops;
-use super::ops::{Sweep, Tx, TxKind};
-use super::rows::{self, ENDPOINT_COLS, json_text, list_text, ms, opt_ms};
+use super::ops::{Tx, TxKind};
+use super::rows::{self, ENDPOINT_COLS, Val, ms};
 use super::{PendingChange, PendingPage};
 
 /// The numbered migrations, applied in order, each recorded in `schema_migrations`.
@@ -485,19 +484,9 @@ impl SqliteStore {
     pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
         let subject = a.todo_id.clone();
         self.run(TxKind::Write, "plant", subject, move |tx| {
-            ready(ops::plant_attempt(tx, &a))
+            relay_core::ledger::rows::ready(ops::plant_attempt(tx, &a))
         })
         .await
-    }
-}
-
-/// Drives a future that never waits to its end. The SQLite transaction's methods are `async`
-/// only to share `ops` with Postgres; their bodies are synchronous, so one poll completes them.
-pub(crate) fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => unreachable!("a SQLite operation never waits"),
     }
 }
 
@@ -573,41 +562,63 @@ impl SqliteTx<'_> {
     }
 }
 
-/// `?n, ?n+1, …` for a list bound one value per placeholder.
-fn placeholders(from: usize, n: usize) -> String {
-    (from..from + n)
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+impl rusqlite::ToSql for Val {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value as Sql, ValueRef};
+        Ok(match self {
+            Val::Text(Some(s)) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+            Val::Bytes(Some(b)) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
+            Val::Text(None) | Val::Big(None) | Val::Bytes(None) => ToSqlOutput::Owned(Sql::Null),
+            Val::Count(n) => ToSqlOutput::Owned(Sql::Integer(i64::from(*n))),
+            Val::Big(Some(n)) => ToSqlOutput::Owned(Sql::Integer(*n)),
+            Val::Bool(b) => ToSqlOutput::Owned(Sql::Integer(i64::from(*b))),
+            Val::Texts(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite binds a list one placeholder per entry".into(),
+                ));
+            }
+        })
+    }
 }
 
 impl SqliteTx<'_> {
-    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+    /// Runs one statement with the values bound in order; the rows it changed.
+    fn exec(&self, op: &str, subject: &str, sql: &str, vals: &[Val]) -> Result<u64, Error> {
         let mut st = self
             .c
-            .prepare_cached(
-                "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5,
-                     attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8,
-                     next_retry_at = ?9, result = ?10, updated_at = ?11
-                 WHERE id = ?1",
-            )
-            .map_err(|e| sql_err(op, &t.id, e))?;
+            .prepare_cached(sql)
+            .map_err(|e| sql_err(op, subject, e))?;
         let n = st
-            .execute(params![
-                t.id,
-                t.state.as_str(),
-                t.owner,
-                t.attempt,
-                t.attempts_total,
-                t.attempts_pruned,
-                opt_ms(op, t.lease_expires_at)?,
-                opt_ms(op, t.claimed_at)?,
-                opt_ms(op, t.next_retry_at)?,
-                json_text(&t.result),
-                ms(op, t.updated_at)?,
-            ])
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        if n != 1 {
+            .execute(rusqlite::params_from_iter(vals))
+            .map_err(|e| sql_err(op, subject, e))?;
+        Ok(n as u64)
+    }
+
+    /// Runs one query with the values bound in order, each row through `f`.
+    fn rows<T>(
+        &self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: &[Val],
+        mut f: impl FnMut(&rusqlite::Row<'_>) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error> {
+        let mut st = self
+            .c
+            .prepare_cached(sql)
+            .map_err(|e| sql_err(op, subject, e))?;
+        let mut rs = st
+            .query(rusqlite::params_from_iter(vals))
+            .map_err(|e| sql_err(op, subject, e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rs.next().map_err(|e| sql_err(op, subject, e))? {
+            out.push(f(row)?);
+        }
+        Ok(out)
+    }
+
+    fn update_todo(&self, op: &str, t: &Todo) -> Result<(), Error> {
+        if self.exec(op, &t.id, &SQL.update_todo, &rows::todo_update(op, t)?)? != 1 {
             return Err(Error::internal(format!(
                 "{op} {}: the todo row vanished inside its transaction",
                 t.id
@@ -615,74 +626,15 @@ impl SqliteTx<'_> {
         }
         Ok(())
     }
+
     fn insert_attempt_row(&self, op: &str, a: &Attempt) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(&SQL.insert_attempt)
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        st.execute(params![
-            a.todo_id,
-            a.seq,
-            a.attempt,
-            a.claimer_kind.as_str(),
-            a.claimer_endpoint,
-            a.claimer_session,
-            a.owner,
-            a.claimant,
-            ms(op, a.claimed_at)?,
-            opt_ms(op, a.last_heartbeat_at)?,
-            ms(op, a.lease_expires_at)?,
-            opt_ms(op, a.ended_at)?,
-            a.outcome.map(|o| o.as_str()),
-            a.disposition.map(|d| d.as_str()),
-            a.summary,
-            a.summary_truncated,
-            a.artifact,
-            a.lease_token_hash.map(|h| h.0.to_vec()),
-        ])
-        .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(())
-    }
-    fn update_open_attempt(&self, op: &str, a: &Attempt) -> Result<u64, Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "UPDATE todo_attempts SET last_heartbeat_at = ?3, lease_expires_at = ?4,
-                     ended_at = ?5, outcome = ?6, disposition = ?7, summary = ?8,
-                     summary_truncated = ?9, artifact = ?10
-                 WHERE todo_id = ?1 AND seq = ?2 AND ended_at IS NULL",
-            )
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        let n = st
-            .execute(params![
-                a.todo_id,
-                a.seq,
-                opt_ms(op, a.last_heartbeat_at)?,
-                ms(op, a.lease_expires_at)?,
-                opt_ms(op, a.ended_at)?,
-                a.outcome.map(|o| o.as_str()),
-                a.disposition.map(|d| d.as_str()),
-                a.summary,
-                a.summary_truncated,
-                a.artifact,
-            ])
-            .map_err(|e| sql_err(op, &a.todo_id, e))?;
-        Ok(n as u64)
-    }
-    fn prune(&self, op: &str, id: &str, through: u32) -> Result<(), Error> {
-        let mut st = self
-            .c
-            .prepare_cached(
-                "DELETE FROM todo_attempts WHERE todo_id = ?1 AND seq <= ?2 AND ended_at IS NOT NULL",
-            )
-            .map_err(|e| sql_err(op, id, e))?;
-        st.execute(params![id, through])
-            .map_err(|e| sql_err(op, id, e))?;
-        Ok(())
+        let vals = rows::attempt_row(op, a)?;
+        self.exec(op, &a.todo_id, &SQL.insert_attempt, &vals)
+            .map(drop)
     }
 }
 
-impl Tx for SqliteTx<'_> {
+impl Rows for SqliteTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let mut st = self
             .c
@@ -704,50 +656,13 @@ impl Tx for SqliteTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-        let now = ms(op, now)?;
-        let owner = actor.owner();
-        args.push(&now);
-        args.push(&owner);
-        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
-        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
-        let scope = match actor {
-            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
-            // after every use, which cost more than the query; the cast keeps the index usable
-            // without that.
-            Actor::Endpoint { endpoint, .. } => {
-                args.push(endpoint);
-                "t.endpoint = CAST(?3 AS TEXT)"
-            }
-            Actor::Operator => "1",
-        };
-        let queue_filter = match queues {
-            None => "1".to_string(),
-            Some([]) => "0".to_string(),
-            Some(qs) => {
-                let from = args.len() + 1;
-                for q in qs {
-                    args.push(q);
-                }
-                format!("t.queue IN ({})", placeholders(from, qs.len()))
-            }
-        };
-        let sql = format!(
-            "{} WHERE {scope} AND {queue_filter} AND (t.assignee IS NULL OR t.assignee = ?2)
-               AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
-               AND (t.state = 'pending'
-                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= ?1)
-                        AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= ?1 AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1",
-            SQL.todo_select
-        );
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, "")?;
         let mut st = self
             .c
             .prepare_cached(&sql)
             .map_err(|e| sql_err(op, &subject, e))?;
         let rs = st
-            .query(args.as_slice())
+            .query(rusqlite::params_from_iter(&args))
             .map_err(|e| sql_err(op, &subject, e))?;
         let Some(todo) = first_todo(op, &subject, rs)? else {
             return Ok(None);
@@ -759,36 +674,8 @@ impl Tx for SqliteTx<'_> {
 
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
-        let mut st = self
-            .c
-            .prepare_cached(&SQL.insert_todo)
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        let n = st
-            .execute(params![
-                t.id,
-                t.endpoint,
-                t.queue,
-                t.title,
-                t.kind,
-                t.source,
-                json_text(&t.payload),
-                json_text(&t.work_order),
-                t.assignee,
-                t.state.as_str(),
-                t.owner,
-                t.attempt,
-                t.max_attempts,
-                t.attempts_total,
-                t.attempts_pruned,
-                opt_ms(op, t.lease_expires_at)?,
-                opt_ms(op, t.claimed_at)?,
-                opt_ms(op, t.next_retry_at)?,
-                json_text(&t.result),
-                ms(op, t.created_at)?,
-                ms(op, t.updated_at)?,
-            ])
-            .map_err(|e| sql_err(op, &t.id, e))?;
-        Ok(n == 1)
+        let vals = rows::todo_row(op, t)?;
+        Ok(self.exec(op, &t.id, &SQL.insert_todo, &vals)? == 1)
     }
 
     async fn write(
@@ -804,126 +691,36 @@ impl Tx for SqliteTx<'_> {
         for w in writes {
             rows.push(match w {
                 AttemptWrite::Open(a) => self.insert_attempt_row(op, a).map(|()| 1)?,
-                AttemptWrite::Update(a) => self.update_open_attempt(op, a)?,
-                AttemptWrite::PruneThrough(n) => self.prune(op, &todo.id, *n).map(|()| 0)?,
+                AttemptWrite::Update(a) => {
+                    let vals = rows::attempt_update(op, a)?;
+                    self.exec(op, &a.todo_id, &SQL.update_open_attempt, &vals)?
+                }
+                AttemptWrite::PruneThrough(n) => {
+                    let vals = [Val::Text(Some(todo.id.clone())), Val::Count(*n)];
+                    self.exec(op, &todo.id, &SQL.prune, &vals).map(|_| 0)?
+                }
             });
         }
         Ok(rows)
     }
 
-    #[cfg(test)]
-    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
-        self.insert_attempt_row(op, a)
-    }
-
-    async fn attempts(
-        &mut self,
-        op: &str,
-        id: &str,
-        closed_only: bool,
-        limit: usize,
-    ) -> Result<Vec<Attempt>, Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut st = self
-            .c
-            .prepare_cached(if closed_only {
-                &SQL.closed_attempts
-            } else {
-                &SQL.attempts
-            })
-            .map_err(|e| sql_err(op, id, e))?;
-        let mut rs = st
-            .query(params![id, limit])
-            .map_err(|e| sql_err(op, id, e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? {
-            out.extend(rows::attempt(row, 0)?);
-        }
-        Ok(out)
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error> {
+        let (sql, vals) = SQL.attempts_query(id, which);
+        let rows = self.rows(op, id, sql, &vals, |r| rows::attempt(r, 0))?;
+        Ok(rows.into_iter().flatten().collect())
     }
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
-        let (sql, arg): (&str, Box<dyn rusqlite::ToSql>) = match sweep {
-            // mirrors transition::reap
-            Sweep::Reap { now } => (
-                "SELECT id FROM todos WHERE state = 'claimed'
-                   AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY id",
-                Box::new(ms(op, now)?),
-            ),
-            // mirrors transition::requeue_due
-            Sweep::RequeueDue { now } => (
-                "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= ?1
-                   AND attempt < max_attempts ORDER BY id",
-                Box::new(ms(op, now)?),
-            ),
-            // mirrors transition::revoke
-            Sweep::Revoke { endpoint } => (
-                "SELECT id FROM todos WHERE endpoint = ?1 AND state = 'claimed' ORDER BY id",
-                Box::new(endpoint.to_string()),
-            ),
-            // mirrors ledger::purgeable
-            Sweep::Purge { cutoff } => (
-                "SELECT id FROM todos WHERE updated_at <= ?1 AND state IN ('done', 'canceled', 'failed')
-                   AND (state IN ('done', 'canceled')
-                   OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id",
-                Box::new(ms(op, cutoff)?),
-            ),
-        };
-        let mut st = self.c.prepare_cached(sql).map_err(|e| sql_err(op, "", e))?;
-        let ids = st
-            .query_map([arg], |r| r.get::<_, String>(0))
-            .and_then(Iterator::collect)
-            .map_err(|e| sql_err(op, "", e))?;
-        Ok(ids)
+        let (sql, arg) = SQL.sweep(op, sweep)?;
+        self.rows(op, "", &sql, &[arg], |r| {
+            r.get(0).map_err(|e| sql_err(op, "", e))
+        })
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        let op = "list_todos";
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-        let mut clauses: Vec<String> = Vec::new();
-        if let Actor::Endpoint { endpoint, .. } = actor {
-            args.push(endpoint);
-            clauses.push(format!("t.endpoint = ?{}", args.len()));
-        }
-        let state = filter.state.map(|s| s.as_str());
-        if let Some(s) = &state {
-            args.push(s);
-            clauses.push(format!("t.state = ?{}", args.len()));
-        }
-        if let Some(qs) = &filter.queues {
-            let from = args.len() + 1;
-            for q in qs {
-                args.push(q);
-            }
-            clauses.push(if qs.is_empty() {
-                "0".into()
-            } else {
-                format!("t.queue IN ({})", placeholders(from, qs.len()))
-            });
-        }
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        args.push(&limit);
-        let sql = format!(
-            "{} WHERE {} ORDER BY t.created_at, t.id LIMIT ?{}",
-            SQL.todo_select,
-            if clauses.is_empty() {
-                "1".to_string()
-            } else {
-                clauses.join(" AND ")
-            },
-            args.len()
-        );
-        let mut st = self
-            .c
-            .prepare_cached(&sql)
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query(args.as_slice()).map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            out.push(rows::todo(row, 0)?);
-        }
-        Ok(out)
+        let (sql, args) = SQL.list(actor, filter);
+        self.rows("list_todos", "", &sql, &args, |r| rows::todo(r, 0))
     }
 
     async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error> {
@@ -934,27 +731,18 @@ impl Tx for SqliteTx<'_> {
         st.execute(params![id]).map_err(|e| sql_err(op, id, e))?;
         Ok(())
     }
+}
+
+impl Tx for SqliteTx<'_> {
+    #[cfg(test)]
+    async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
+        self.insert_attempt_row(op, a)
+    }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
         let op = "endpoint create";
-        let n = self
-            .c
-            .execute(
-                &format!(
-                    "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                     ON CONFLICT (name) DO NOTHING"
-                ),
-                params![
-                    e.name,
-                    e.token_hash.0.to_vec(),
-                    list_text(&e.verbs),
-                    e.queues.as_deref().map(list_text),
-                    ms(op, e.created_at)?,
-                    opt_ms(op, e.revoked_at)?,
-                ],
-            )
-            .map_err(|err| sql_err(op, &e.name, err))?;
-        Ok(n == 1)
+        let vals = rows::endpoint_row(op, e)?;
+        Ok(self.exec(op, &e.name, &SQL.insert_endpoint, &vals)? == 1)
     }
 
     async fn endpoint(&mut self, name: &str, _lock: bool) -> Result<Option<Endpoint>, Error> {
@@ -972,34 +760,17 @@ impl Tx for SqliteTx<'_> {
 
     async fn count_by_state(&mut self) -> Result<Vec<(String, u64)>, Error> {
         let op = "count todos";
-        let mut st = self
-            .c
-            .prepare_cached("SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state")
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            let state: String = row.get(0).map_err(|e| sql_err(op, "", e))?;
-            let n: i64 = row.get(1).map_err(|e| sql_err(op, "", e))?;
-            out.push((state, u64::try_from(n).unwrap_or(0)));
-        }
-        Ok(out)
+        let sql = "SELECT state, COUNT(*) FROM todos GROUP BY state ORDER BY state";
+        self.rows(op, "", sql, &[], |r| {
+            let state: String = r.get(0).map_err(|e| sql_err(op, "", e))?;
+            let n: i64 = r.get(1).map_err(|e| sql_err(op, "", e))?;
+            Ok((state, u64::try_from(n).unwrap_or(0)))
+        })
     }
 
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error> {
-        let op = "endpoint list";
-        let mut st = self
-            .c
-            .prepare_cached(&format!(
-                "SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name"
-            ))
-            .map_err(|e| sql_err(op, "", e))?;
-        let mut rs = st.query([]).map_err(|e| sql_err(op, "", e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rs.next().map_err(|e| sql_err(op, "", e))? {
-            out.push(rows::endpoint(row)?);
-        }
-        Ok(out)
+        let sql = format!("SELECT {ENDPOINT_COLS} FROM endpoints ORDER BY name");
+        self.rows("endpoint list", "", &sql, &[], |r| rows::endpoint(r))
     }
 
     async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error> {

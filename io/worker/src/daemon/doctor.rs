@@ -1,4 +1,4 @@
-//! `relay doctor` (REQ-21): the rows of `relay_core::relay::doctor` for the lease sources a
+//! `relay doctor`: the rows of `relay_core::relay::doctor` for the lease sources a
 //! config binds, from the daemon's own clients or, with no daemon running, from clients made
 //! here for the purpose. Either way each source's client opens a session when it has none
 //! (initialize, then tools/list) and its tool list is judged the same way.

@@ -1,4 +1,4 @@
-//! The daemon's events (REQ-20) for `relay events`: the machines' [`Event`]s as JSON lines, a
+//! The daemon's events for `relay events`: the machines' [`Event`]s as JSON lines, a
 //! bounded ring of the recent ones and a broadcast to followers.
 //!
 //! The actor only ever pushes: a follower's channel is a bounded broadcast, so a follower that

@@ -1,4 +1,4 @@
-//! The daemon's Prometheus metrics (REQ-21): attempts by relay outcome, heartbeat failures.
+//! The daemon's Prometheus metrics: attempts by relay outcome, heartbeat failures.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

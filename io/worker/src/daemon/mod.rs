@@ -1,7 +1,7 @@
 //! The relay daemon: one actor that owns a [`Relay`] machine per leased harness and executes
 //! their commands.
 //!
-//! # Shape (REQ-23)
+//! # Shape
 //!
 //! The actor is a single task. It never awaits the network, a process or an upload: every lease
 //! call, process wait, success check and receipt upload runs in a task of its own and posts its
@@ -11,7 +11,7 @@
 //! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
-//! # Reload (REQ-14, REQ-17)
+//! # Reload
 //!
 //! SIGHUP and `relay reload` read the config again through [`load::prepare`], the loader of a
 //! start, on a blocking task; a config that does not load changes nothing. What changed is
@@ -223,8 +223,9 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Loads the config, locks and reconciles the state dir (REQ-15), builds a machine per
-    /// leased harness and starts the lease sessions, doorbells and the control socket.
+    /// Loads the config, locks and reconciles the state dir (runs a crash left open), builds a
+    /// machine per leased harness and starts the lease sessions, doorbells and the control
+    /// socket.
     pub async fn start(opts: DaemonOptions) -> Result<(Daemon, DaemonHandle), String> {
         let state_dir = std::path::absolute(&opts.state_dir).unwrap_or(opts.state_dir.clone());
         // A config that does not load leaves no trace: it is read before the state dir is made.
@@ -344,10 +345,12 @@ impl Daemon {
         let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
         let now = self.clock.now();
         self.metrics.harness(name);
+        // Each harness its own jitter stream from the one seed.
+        let seed = self.seed ^ relay_core::mix::fnv1a(name.as_bytes());
         self.slots.insert(
             name.to_string(),
             Slot {
-                relay: Relay::new(settings, self.seed ^ fnv(name), first),
+                relay: Relay::new(settings, seed, first),
                 next_fire: harness.schedule.as_ref().map(|s| s.next_after(now)),
                 harness,
                 source,
@@ -367,7 +370,7 @@ impl Daemon {
         Ok(())
     }
 
-    /// SPEC-0014 `catch_up`, at start: a schedule slot passed since the harness's newest run
+    /// The trigger `catch_up`, at start: a schedule slot passed since the harness's newest run
     /// is fired once, when its source's session has been checked (a firing before that would
     /// only be skipped as unsupported).
     fn owe_catch_up(&mut self, name: &str, now: Millis) {
@@ -683,7 +686,7 @@ impl Daemon {
             return; // a client a reload replaced
         }
         let input = match news {
-            // The client has logged the one ERROR of an unsupported initialize (REQ-19).
+            // The client has logged the one ERROR of an unsupported initialize.
             SessionNews::Known(caps) => {
                 s.caps = Some(caps.clone());
                 Input::CapabilitiesKnown(caps)
@@ -1265,11 +1268,4 @@ fn record_writer(
         }
     });
     (tx, task)
-}
-
-/// A stable 64-bit hash of a name, to give each harness its own jitter stream from one seed.
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
 }

@@ -1,5 +1,6 @@
 //! [`LeaseClient`]: one MCP session per lease source, used for `tools/list` and `tools/call`
-//! only (REQ-17), with the REQ-19 capability check on every (re-)initialize.
+//! only, with the capability check (do the tool schemas declare what relay needs?) on every
+//! (re-)initialize.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use super::transport::Transport;
 const MAX_TOOLS_PAGES: usize = 64;
 
 /// The [`LeaseError::Other`] code of a call refused locally because the source's server lacks
-/// the SPEC-0034 arguments (REQ-19): nothing was sent.
+/// the attempt-history arguments (fence, summary and artifact, release): nothing was sent.
 pub const UNSUPPORTED: &str = "lease_source_unsupported";
 /// The [`LeaseError::Other`] code of an HTTP 401 or 403: the credential is wrong.
 pub const UNAUTHORIZED: &str = "unauthorized";
@@ -47,7 +48,7 @@ impl SessionNews {
     }
 }
 
-/// A lease-source error wrapped with the source and the operation (REQ-24). `kind` is what the
+/// A lease-source error wrapped with the source and the operation. `kind` is what the
 /// attempt logic branches on; the text says what was wrong and what to do, and never holds a
 /// header value or a lease token (server text is redacted before it is quoted).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -130,8 +131,8 @@ struct State {
 /// - HTTP 401/403 → `Other("unauthorized")`: the credential is wrong, retrying cannot help;
 /// - other HTTP statuses → `Other("http_<status>")`; a JSON-RPC error object →
 ///   `Other("rpc_error")`;
-/// - a source whose server lacks the SPEC-0034 arguments → `Other("lease_source_unsupported")`
-///   without sending the call.
+/// - a source whose server lacks the attempt-history arguments (fence, summary and artifact,
+///   release) → `Other("lease_source_unsupported")` without sending the call.
 pub struct LeaseClient {
     ep: Endpoint,
     state: Mutex<State>,
@@ -281,7 +282,7 @@ impl LeaseClient {
     }
 
     /// A new session: `initialize`, `notifications/initialized`, `tools/list` (every page),
-    /// then the REQ-19 check. Replaces any current session. The daemon hands the answer to
+    /// then the capability check. Replaces any current session. The daemon hands the answer to
     /// every harness bound to the source as `Input::CapabilitiesKnown`.
     pub async fn initialize(&self) -> Result<Capabilities, LeaseCallError> {
         let _init = self.init.lock().await;
@@ -347,7 +348,7 @@ impl LeaseClient {
         )))
     }
 
-    /// The server's whole tool list, as `{"tools": [...]}`, for `relay doctor` (REQ-21), which
+    /// The server's whole tool list, as `{"tools": [...]}`, for `relay doctor`, which
     /// names missing verbs and arguments from it. Opens a session when there is none, and
     /// re-initializes once when the server expired it (the news comes back with the list).
     pub async fn tools_list(&self) -> Result<ToolsList, LeaseCallError> {

@@ -7,11 +7,11 @@
 //! - [`LeaseClient`] turns the relay machine's `SendClaimNext`, `SendHeartbeat` and `SendReport`
 //!   commands into `tools/call`s and their answers into the machine's inputs
 //!   ([`LeaseClient::execute`]), on a session used for `tools/list` and `tools/call` only. It
-//!   checks the server's tool schemas on every (re-)initialize (REQ-19) and re-initializes once
+//!   checks the server's tool schemas on every (re-)initialize and re-initializes once
 //!   when the server expires the session, reporting both as [`SessionNews`].
 //! - [`DoorbellListener`] holds the one GET notification stream of a channel source and forwards
 //!   its notifications; it calls no tools.
-//! - [`ReceiptClient`] uploads attempt receipts (REQ-13); the upload's shape is in [`receipt`].
+//! - [`ReceiptClient`] uploads attempt receipts; the upload's shape is in [`receipt`].
 //!
 //! # What these clients never do
 //!

@@ -1,4 +1,4 @@
-//! [`ReceiptClient`]: the attempt receipt upload to a `[cairn.<name>]` source (REQ-13).
+//! [`ReceiptClient`]: the attempt receipt upload to a `[cairn.<name>]` source.
 //!
 //! # The upload
 //!

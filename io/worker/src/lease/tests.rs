@@ -629,7 +629,7 @@ async fn answers_that_only_say_success_need_no_json() {
         accepted(2)
     );
     // A fail answer without dead_letter is accepted and is not a dead letter, whatever the
-    // attempt counts say (REQ-16).
+    // attempt counts say.
     assert_eq!(
         run(&client, report_cmd(3, ReportVerb::Fail)).await.input,
         accepted(3)

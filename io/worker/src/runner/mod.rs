@@ -32,7 +32,7 @@
 //! [`spawn_agent`] and [`run_check`] start the child and return at once; they never wait for it.
 //! The one task each needs is the one the caller starts with `deliver` (or the future `wait`
 //! returns): it ends when the child has been reaped and its input delivered, so an attempt leaves
-//! no task behind (REQ-23). Dropping an `Agent` or a `Check` (or its `wait` future) before the
+//! no task behind. Dropping an `Agent` or a `Check` (or its `wait` future) before the
 //! child is reaped SIGKILLs the whole group.
 //!
 //! Every function must be called inside a tokio runtime.

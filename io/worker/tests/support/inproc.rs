@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use relay_core::ledger::{Actor, LedgerConfig, NewTodo, TodoFilter, TodoState, TokenHash};
+use relay_core::ledger::{
+    Actor, Answer, LedgerConfig, NewTodo, Op, TodoFilter, TodoState, TokenHash,
+};
 use relay_core::time::WallClock;
 use relay_server::server::{Server, ServerConfig, new_bearer_token};
 use relay_server::store::{NewEndpoint, Store};
@@ -133,10 +135,10 @@ impl System {
         for _ in 0..n {
             let todo = self
                 .store
-                .add_todo(
-                    SystemClock.now(),
-                    "work",
-                    NewTodo {
+                .apply(Op::AddTodo {
+                    now: SystemClock.now(),
+                    endpoint: "work".into(),
+                    new: NewTodo {
                         id: relay_server::server::new_todo_id().expect("id"),
                         queue: "work".into(),
                         title: "t".into(),
@@ -147,8 +149,9 @@ impl System {
                         max_attempts: Some(3),
                         assignee: None,
                     },
-                )
+                })
                 .await
+                .and_then(Answer::todo)
                 .expect("add");
             ids.push(todo.id);
         }
@@ -158,15 +161,16 @@ impl System {
     /// How many todos are done.
     pub async fn done(&self) -> usize {
         self.store
-            .list_todos(
-                &Actor::Operator,
-                &TodoFilter {
+            .apply(Op::ListTodos {
+                actor: Actor::Operator,
+                filter: TodoFilter {
                     queues: None,
                     state: Some(TodoState::Done),
                     limit: 100_000,
                 },
-            )
+            })
             .await
+            .and_then(Answer::todos)
             .expect("list")
             .len()
     }

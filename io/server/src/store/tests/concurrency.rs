@@ -8,6 +8,7 @@ use relay_core::ErrorCode;
 use relay_core::ledger::{
     Actor, Attempt, ClaimerKind, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
 };
+use relay_core::testing::Queue;
 use relay_core::time::SECOND;
 
 use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, on_both_stores, opts};
@@ -18,7 +19,7 @@ const TODOS: usize = 48;
 
 /// 16 claimers on one queue: a todo is never held by two at once, every claim's fence token is
 /// the holder's own, and the attempt rows afterwards satisfy `check_todo`.
-async fn sixteen_claimers(store: Store) {
+async fn sixteen_claimers(mut store: Store) {
     for i in 0..TODOS {
         store
             .add_todo(T0 + i as u64, "e1", new_todo(&format!("td_{i:02}"), "q"))
@@ -30,7 +31,7 @@ async fn sixteen_claimers(store: Store) {
     let doubles: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut tasks = Vec::new();
     for c in 0..CLAIMERS {
-        let (store, held, doubles) = (store.clone(), held.clone(), doubles.clone());
+        let (mut store, held, doubles) = (store.clone(), held.clone(), doubles.clone());
         tasks.push(tokio::spawn(async move {
             let actor = Actor::endpoint("e1");
             let queues = vec!["q".to_string()];
@@ -98,7 +99,7 @@ fn sixteen_claimers_never_share_a_todo() {
 
 /// The reaper and a taker race for one lapsed lease, many times: the dead attempt is closed
 /// exactly once, by whichever got the row first, and the other sees nothing to do.
-async fn reaper_races_takeover(store: Store) {
+async fn reaper_races_takeover(mut store: Store) {
     let rounds = 60;
     let holder = Actor::endpoint("e1");
     for r in 0..rounds {
@@ -113,7 +114,7 @@ async fn reaper_races_takeover(store: Store) {
             .unwrap();
         // The lease lapsed at T0 + 30 s.
         let now = T0 + 60 * SECOND;
-        let (s1, s2) = (store.clone(), store.clone());
+        let (mut s1, mut s2) = (store.clone(), store.clone());
         let reaper = tokio::spawn(async move { s1.reap(now).await.unwrap() });
         let taker = tokio::spawn(async move {
             s2.claim_next(
@@ -193,7 +194,7 @@ fn second_open(id: &str) -> Attempt {
 /// A second open attempt is refused by the database (SQLite: the partial unique index at the
 /// insert; Postgres: the deferred exclusion constraint at commit), as an internal error naming
 /// the todo, and nothing of it is kept.
-async fn planted_second_open_attempt(store: Store) {
+async fn planted_second_open_attempt(mut store: Store) {
     let id = "td_planted";
     store.add_todo(T0, "e1", new_todo(id, "q")).await.unwrap();
     store
@@ -234,8 +235,8 @@ fn postgres_checks_one_open_attempt_at_commit() {
         return;
     };
     multi_thread().block_on(async {
-        let store = schema.open(LedgerConfig::default()).await;
-        let Store::Postgres(p) = &store else {
+        let mut store = schema.open(LedgerConfig::default()).await;
+        let Store::Postgres(p) = store.clone() else {
             unreachable!()
         };
         store

@@ -4,6 +4,7 @@ use relay_core::ErrorCode;
 use relay_core::ledger::{
     Actor, LedgerConfig, NewTodo, Outcome, Report, TodoFilter, TodoState, TokenHash, check_todo,
 };
+use relay_core::testing::Queue;
 use relay_core::time::{HOUR, SECOND};
 use serde_json::json;
 
@@ -14,7 +15,7 @@ use crate::store::{DB_URL_FORMS, DbUrl, NewEndpoint, PgStore, SqliteStore, Store
 
 // ---- retention ------------------------------------------------------------------------------
 
-async fn retention(store: Store) {
+async fn retention(mut store: Store) {
     let e1 = Actor::endpoint("e1");
     // The cap (4) keeps the newest attempts and counts what it pruned.
     store
@@ -99,7 +100,7 @@ fn retention_cascades_caps_and_purges() {
 
 const SHAPED: &str = "x'); DROP TABLE todos; --";
 
-async fn injection_shaped_values(store: Store) {
+async fn injection_shaped_values(mut store: Store) {
     let e1 = Actor::endpoint("e1");
     let new = NewTodo {
         id: "td_inject".into(),
@@ -203,7 +204,7 @@ fn injection_shaped_values_are_stored_verbatim() {
 
 // ---- endpoints ------------------------------------------------------------------------------
 
-async fn endpoints(store: Store) {
+async fn endpoints(mut store: Store) {
     let hash = TokenHash::of("s3cret-bearer-token");
     let new = |name: &str| NewEndpoint {
         name: name.into(),
@@ -331,7 +332,7 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
     let url = format!("sqlite:{}", path.display());
     let e1 = Actor::endpoint("e1");
     let before = rt.block_on(async {
-        let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
+        let mut store = Store::open(&url, LedgerConfig::default()).await.unwrap();
         store
             .add_todo(T0, "e1", new_todo("td_1", "q"))
             .await
@@ -364,7 +365,7 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
         vec![1, 2, 3, 4]
     );
     rt.block_on(async {
-        let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
+        let mut store = Store::open(&url, LedgerConfig::default()).await.unwrap();
         let after = store.get_todo(&Actor::Operator, "td_1", 10).await.unwrap();
         assert_eq!(after, before);
         assert!(store.endpoint_get("e1").await.unwrap().is_some());
@@ -383,7 +384,7 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
 
 /// Claimed todos from before attempt history (0001) get one open `migrated` attempt each when
 /// 0002 runs, and the todos then go on through the ordinary transitions.
-async fn backfill(store: Store) {
+async fn backfill(mut store: Store) {
     match &store {
         Store::Sqlite(s) => {
             s.with_conn(|c| {
@@ -484,7 +485,7 @@ fn the_attempts_migration_backfills_leases_in_flight() {
 
 // ---- counting (the server's /metrics) -------------------------------------------------------
 
-async fn counts(store: Store) {
+async fn counts(mut store: Store) {
     assert_eq!(store.count_by_state().await.unwrap(), vec![]);
     let e1 = Actor::endpoint("e1");
     for id in ["a", "b", "c"] {

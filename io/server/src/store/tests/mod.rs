@@ -13,9 +13,11 @@ mod text;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use std::future::Future;
+use std::pin::Pin;
+
 use relay_core::ledger::{
-    Actor, Attempt, ClaimOpts, Claimed, LedgerConfig, NewTodo, Report, Todo, TodoFilter, TodoView,
-    TokenHash,
+    Actor, Answer, Attempt, ClaimOpts, LedgerConfig, NewTodo, Op, Report, Todo, TokenHash,
 };
 use relay_core::testing::Queue;
 use relay_core::time::SECOND;
@@ -195,9 +197,15 @@ pub(super) async fn raw_batch(store: &Store, sql: &'static str) {
 
 /// Every attempt of a todo, oldest first, as the operator sees them.
 pub(super) async fn all_attempts(store: &Store, id: &str) -> (Todo, Vec<Attempt>) {
+    let get = Op::GetTodo {
+        actor: Actor::Operator,
+        id: id.into(),
+        attempts_limit: usize::MAX,
+    };
     let v = store
-        .get_todo(&Actor::Operator, id, usize::MAX)
+        .apply(get)
         .await
+        .and_then(Answer::view)
         .expect("get_todo");
     let mut a = v.attempts;
     a.reverse();
@@ -228,88 +236,20 @@ pub(super) struct Blocking<'r> {
 }
 
 impl Queue for Blocking<'_> {
-    fn add_todo(&mut self, now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error> {
-        self.rt.block_on(self.store.add_todo(now, endpoint, new))
+    type Out<T: 'static> = Result<T, Error>;
+
+    fn call<T: 'static>(&mut self, op: Op, shape: fn(Answer) -> Result<T, Error>) -> Self::Out<T> {
+        self.rt.block_on(self.store.apply(op)).and_then(shape)
     }
-    fn claim(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        opts: &ClaimOpts,
-    ) -> Result<Claimed, Error> {
-        self.rt.block_on(self.store.claim(now, actor, id, opts))
-    }
-    fn claim_next(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        opts: &ClaimOpts,
-    ) -> Result<Option<Claimed>, Error> {
-        self.rt
-            .block_on(self.store.claim_next(now, actor, queues, opts))
-    }
-    fn heartbeat(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        ttl: Millis,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        self.rt
-            .block_on(self.store.heartbeat(now, actor, id, ttl, token_hash))
-    }
-    fn complete(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        r: &Report,
-    ) -> Result<Todo, Error> {
-        self.rt.block_on(self.store.complete(now, actor, id, r))
-    }
-    fn fail(&mut self, now: Millis, actor: &Actor, id: &str, r: &Report) -> Result<Todo, Error> {
-        self.rt.block_on(self.store.fail(now, actor, id, r))
-    }
-    fn release(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        id: &str,
-        summary: Option<&str>,
-        token_hash: Option<TokenHash>,
-    ) -> Result<Todo, Error> {
-        self.rt
-            .block_on(self.store.release(now, actor, id, summary, token_hash))
-    }
-    fn retry(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        self.rt.block_on(self.store.retry(now, actor, id))
-    }
-    fn cancel(&mut self, now: Millis, actor: &Actor, id: &str) -> Result<Todo, Error> {
-        self.rt.block_on(self.store.cancel(now, actor, id))
-    }
-    fn reap(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        self.rt.block_on(self.store.reap(now))
-    }
-    fn requeue_due(&mut self, now: Millis) -> Result<Vec<Todo>, Error> {
-        self.rt.block_on(self.store.requeue_due(now))
-    }
-    fn revoke_endpoint(&mut self, now: Millis, endpoint: &str) -> Result<Vec<Todo>, Error> {
-        self.rt.block_on(self.store.revoke_endpoint(now, endpoint))
-    }
-    fn get_todo(&mut self, actor: &Actor, id: &str, limit: usize) -> Result<TodoView, Error> {
-        self.rt.block_on(self.store.get_todo(actor, id, limit))
-    }
-    fn list_todos(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
-        self.rt.block_on(self.store.list_todos(actor, filter))
-    }
-    fn delete_todo(&mut self, actor: &Actor, id: &str) -> Result<(), Error> {
-        self.rt.block_on(self.store.delete_todo(actor, id))
-    }
-    fn purge_finished(&mut self, now: Millis, retention: Millis) -> Result<Vec<String>, Error> {
-        self.rt.block_on(self.store.purge_finished(now, retention))
+}
+
+/// The async tests call the store by name too.
+impl Queue for Store {
+    type Out<T: 'static> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
+
+    fn call<T: 'static>(&mut self, op: Op, shape: fn(Answer) -> Result<T, Error>) -> Self::Out<T> {
+        let store = self.clone();
+        Box::pin(async move { store.apply(op).await.and_then(shape) })
     }
 }
 
@@ -321,8 +261,22 @@ fn store_futures_are_send() {
     let store = rt.block_on(sqlite_memory(cfg()));
     let actor = Actor::endpoint("e1");
     let o = opts(30, None);
-    send(&store.claim_next(T0, &actor, None, &o));
-    send(&store.complete(T0, &actor, "x", &Report::default()));
+    send(&store.apply(Op::ClaimNext {
+        now: T0,
+        actor: actor.clone(),
+        queues: None,
+        opts: o,
+    }));
+    send(&store.apply(Op::Complete {
+        now: T0,
+        actor: actor.clone(),
+        id: "x".into(),
+        report: Report::default(),
+    }));
     send(&store.endpoint_revoke(T0, "e1"));
-    send(&store.get_todo(&actor, "x", 5));
+    send(&store.apply(Op::GetTodo {
+        actor,
+        id: "x".into(),
+        attempts_limit: 5,
+    }));
 }

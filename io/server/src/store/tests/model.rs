@@ -6,20 +6,16 @@ use proptest::collection::vec;
 use proptest::prelude::any;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use relay_core::ledger::{Actor, Ledger, TodoFilter, check_todo};
-use relay_core::testing::{Op, Queue, apply_op, decode_ops};
+use relay_core::testing::{Queue, decode_ops, observe};
 
-use super::{Blocking, PgSchema, T0, cfg, current_thread, sqlite_memory};
+use super::{Blocking, PgSchema, cfg, current_thread, sqlite_memory};
 
 /// Runs one program on a fresh ledger and on `store` (which must be empty).
 fn same_as_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<(), String> {
     let mut ledger = Ledger::new(cfg());
-    let mut now = T0;
-    for (step, op) in decode_ops(bytes).iter().enumerate() {
-        if let Op::Advance(d) = op {
-            now += d;
-        }
-        let want = apply_op(&mut ledger, now, op);
-        let got = apply_op(store, now, op);
+    for (step, op) in decode_ops(bytes).into_iter().enumerate() {
+        let want = observe(ledger.apply(op.clone()));
+        let got = observe(store.apply_op(op.clone()));
         if want != got {
             return Err(format!(
                 "step {step}: {op:?}\n  ledger: {want:?}\n  store:  {got:?}"

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use relay_core::ledger::{Actor, NewTodo};
+use relay_core::ledger::{Actor, NewTodo, Op};
+use relay_core::testing::Queue;
 use serde_json::json;
 
 use super::{PgSchema, T0, cfg, new_todo, on_both_stores, opts};
@@ -14,7 +15,7 @@ fn big_payload() -> serde_json::Value {
     json!({"blob": "x".repeat(60 * 1024)})
 }
 
-async fn scan_reads_only_what_a_ring_needs(store: Store) {
+async fn scan_reads_only_what_a_ring_needs(mut store: Store) {
     let first = store.pending_since(None, 100).await.unwrap();
     assert!(
         first.changes.is_empty(),
@@ -91,8 +92,8 @@ fn postgres_scan_never_steps_over_a_change_in_flight() {
         return;
     };
     super::multi_thread().block_on(async {
-        let store = schema.open(cfg()).await;
-        let Store::Postgres(pg) = &store else {
+        let mut store = schema.open(cfg()).await;
+        let Store::Postgres(pg) = store.clone() else {
             unreachable!()
         };
         let start = store.pending_since(None, 100).await.unwrap().watermark;
@@ -102,9 +103,12 @@ fn postgres_scan_never_steps_over_a_change_in_flight() {
             .begin(&mut slow, crate::store::ops::TxKind::Write, "test")
             .await
             .unwrap();
-        crate::store::ops::add_todo(&mut tx, T0, "e1", new_todo("td_slow", "q"))
-            .await
-            .unwrap();
+        let add = Op::AddTodo {
+            now: T0,
+            endpoint: "e1".into(),
+            new: new_todo("td_slow", "q"),
+        };
+        relay_core::ledger::run(&mut tx, &cfg(), add).await.unwrap();
         // … while a later writer commits a higher number.
         store
             .add_todo(T0, "e1", new_todo("td_fast", "q"))

@@ -3,6 +3,7 @@
 
 use relay_core::ErrorCode;
 use relay_core::ledger::{Actor, Report, TodoFilter};
+use relay_core::testing::Queue;
 
 use super::{T0, all_attempts, cfg, new_todo, on_both_stores, opts};
 use crate::store::Store;
@@ -11,7 +12,7 @@ use crate::store::Store;
 const HOSTILE: &str = "ok\u{0}\u{1b}[2J\u{7}\tdone\n🦀";
 const CLEANED: &str = "ok[2J\tdone\n🦀";
 
-async fn reports_with_nul_close_their_attempts(store: Store) {
+async fn reports_with_nul_close_their_attempts(mut store: Store) {
     let e1 = Actor::endpoint("e1");
     for (i, verb) in ["complete", "fail", "release"].iter().enumerate() {
         let id = format!("td_{i}");
@@ -45,7 +46,7 @@ fn a_summary_with_nul_and_controls_is_cleaned_and_closes_the_attempt() {
     );
 }
 
-async fn nul_in_ids_and_queue_filters(store: Store) {
+async fn nul_in_ids_and_queue_filters(mut store: Store) {
     let e1 = Actor::endpoint("e1");
     store
         .add_todo(T0, "e1", new_todo("td_1", "q"))

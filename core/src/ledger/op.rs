@@ -1,0 +1,228 @@
+//! The queue side's operations, as values: one [`Op`] per request, one [`Answer`] per result.
+//!
+//! This is the operation list, written once. The in-memory [`Ledger`](super::Ledger) and both
+//! SQL stores apply an `Op` (see [`run`](super::run)), the MCP server builds one from a tool
+//! call's arguments, the simulator's queue server and the model tests send them, and the fuzz
+//! program decodes bytes into them. Adding an operation is a variant here, its arm in `run`, and
+//! whatever speaks it on the wire.
+//!
+//! An `Op` owns its arguments, so it can be sent to a blocking thread or kept in a test's log.
+//! `now` travels in the operations whose rules read the time; the actor in those that are scoped
+//! to one. Neither `Op` nor `Answer` prints a secret: fences and tokens are only ever
+//! [`TokenHash`]es, whose `Debug` shows two bytes.
+
+use super::{Actor, ClaimOpts, Claimed, NewTodo, Report, Todo, TodoFilter, TodoView, TokenHash};
+use crate::error::Error;
+use crate::time::Millis;
+
+/// One operation on the queue ledger.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Adds a todo owned by `endpoint`. Answers [`Answer::Todo`]; `conflict` when the id is taken.
+    AddTodo {
+        now: Millis,
+        endpoint: String,
+        new: NewTodo,
+    },
+    /// Claims one todo by id. Answers [`Answer::Claimed`].
+    Claim {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        opts: ClaimOpts,
+    },
+    /// Claims the oldest claimable todo (by creation, then id) in `queues` (`None`: any).
+    /// Answers [`Answer::Next`].
+    ClaimNext {
+        now: Millis,
+        actor: Actor,
+        queues: Option<Vec<String>>,
+        opts: ClaimOpts,
+    },
+    /// Extends the lease to `now + ttl`. Answers [`Answer::Todo`].
+    Heartbeat {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        ttl: Millis,
+        token_hash: Option<TokenHash>,
+    },
+    /// Completes the attempt. Answers [`Answer::Todo`].
+    Complete {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        report: Report,
+    },
+    /// Fails the attempt; the answered todo carries `next_retry_at` and `dead_letter()`.
+    Fail {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        report: Report,
+    },
+    /// Gives the todo back unworked. Answers [`Answer::Todo`].
+    Release {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        summary: Option<String>,
+        token_hash: Option<TokenHash>,
+    },
+    /// The operator's manual retry. Answers [`Answer::Todo`].
+    Retry {
+        now: Millis,
+        actor: Actor,
+        id: String,
+    },
+    /// Answers [`Answer::Todo`].
+    Cancel {
+        now: Millis,
+        actor: Actor,
+        id: String,
+    },
+    /// The reaper: closes every lapsed lease as `reaped`. Answers [`Answer::Todos`], the changed
+    /// ones in id order.
+    Reap { now: Millis },
+    /// Moves failed todos whose retry is due back to pending. Answers [`Answer::Todos`].
+    RequeueDue { now: Millis },
+    /// The endpoint's open attempts close `revoked`, its claimed todos dead-letter. Answers
+    /// [`Answer::Todos`]. (The endpoint row is the store's business.)
+    RevokeEndpoint { now: Millis, endpoint: String },
+    /// A todo and its newest `attempts_limit` attempts. Answers [`Answer::View`].
+    GetTodo {
+        actor: Actor,
+        id: String,
+        attempts_limit: usize,
+    },
+    /// Todos in the actor's scope, oldest first. Answers [`Answer::Todos`].
+    ListTodos { actor: Actor, filter: TodoFilter },
+    /// Deletes a todo and its attempts. Answers [`Answer::Deleted`].
+    DeleteTodo { actor: Actor, id: String },
+    /// Retention: deletes finished todos untouched for `retention`. Answers [`Answer::Ids`].
+    PurgeFinished { now: Millis, retention: Millis },
+}
+
+impl Op {
+    /// The operation's name, as errors and logs spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::AddTodo { .. } => "add_todo",
+            Op::Claim { .. } => "claim",
+            Op::ClaimNext { .. } => "claim_next",
+            Op::Heartbeat { .. } => "heartbeat",
+            Op::Complete { .. } => "complete",
+            Op::Fail { .. } => "fail",
+            Op::Release { .. } => "release",
+            Op::Retry { .. } => "retry",
+            Op::Cancel { .. } => "cancel",
+            Op::Reap { .. } => "reap",
+            Op::RequeueDue { .. } => "requeue_due",
+            Op::RevokeEndpoint { .. } => "revoke",
+            Op::GetTodo { .. } => "get_todo",
+            Op::ListTodos { .. } => "list_todos",
+            Op::DeleteTodo { .. } => "delete",
+            Op::PurgeFinished { .. } => "purge_finished",
+        }
+    }
+
+    /// What the operation is about, for an error's subject: the todo id, or what it ranges over.
+    pub fn subject(&self) -> String {
+        match self {
+            Op::AddTodo { new, .. } => new.id.clone(),
+            Op::Claim { id, .. }
+            | Op::Heartbeat { id, .. }
+            | Op::Complete { id, .. }
+            | Op::Fail { id, .. }
+            | Op::Release { id, .. }
+            | Op::Retry { id, .. }
+            | Op::Cancel { id, .. }
+            | Op::GetTodo { id, .. }
+            | Op::DeleteTodo { id, .. } => id.clone(),
+            Op::ClaimNext { actor, .. } => format!("(next for {})", actor.owner()),
+            Op::Reap { .. } | Op::RequeueDue { .. } | Op::PurgeFinished { .. } => "(sweep)".into(),
+            Op::RevokeEndpoint { endpoint, .. } => format!("(endpoint {endpoint})"),
+            Op::ListTodos { .. } => "(list)".into(),
+        }
+    }
+
+    /// Whether the operation may write (a store takes its write lock up front) or only reads.
+    pub fn writes(&self) -> bool {
+        !matches!(self, Op::GetTodo { .. } | Op::ListTodos { .. })
+    }
+}
+
+/// What an [`Op`] answers, one variant per shape. Each `Op` documents the one it answers; the
+/// accessors take that shape out (another one is an internal error: a bug, not a refusal).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// add_todo, heartbeat, complete, fail, release, retry, cancel.
+    Todo(Todo),
+    /// claim.
+    Claimed(Claimed),
+    /// claim_next: `None` when nothing is claimable.
+    Next(Option<Claimed>),
+    /// reap, requeue_due, revoke, list_todos.
+    Todos(Vec<Todo>),
+    /// get_todo.
+    View(TodoView),
+    /// purge_finished: the deleted ids.
+    Ids(Vec<String>),
+    /// delete.
+    Deleted,
+}
+
+/// An accessor per shape: `Ok` with the value, or an internal error naming both shapes.
+macro_rules! shapes {
+    ($($(#[$doc:meta])* $fn:ident: $variant:ident($ty:ty);)*) => {
+        impl Answer {
+            $(
+                $(#[$doc])*
+                pub fn $fn(self) -> Result<$ty, Error> {
+                    match self {
+                        Answer::$variant(v) => Ok(v),
+                        other => Err(other.mismatch(stringify!($variant))),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+shapes! {
+    /// The todo of a single-todo operation.
+    todo: Todo(Todo);
+    /// The claim of a `claim`.
+    claimed: Claimed(Claimed);
+    /// The claim (or none) of a `claim_next`.
+    next: Next(Option<Claimed>);
+    /// The todos of a sweep or a list.
+    todos: Todos(Vec<Todo>);
+    /// The view of a `get_todo`.
+    view: View(TodoView);
+    /// The ids a purge deleted.
+    ids: Ids(Vec<String>);
+}
+
+impl Answer {
+    /// `Ok` for the answer of a `delete`.
+    pub fn deleted(self) -> Result<(), Error> {
+        match self {
+            Answer::Deleted => Ok(()),
+            other => Err(other.mismatch("Deleted")),
+        }
+    }
+
+    fn mismatch(&self, wanted: &str) -> Error {
+        let got = match self {
+            Answer::Todo(_) => "Todo",
+            Answer::Claimed(_) => "Claimed",
+            Answer::Next(_) => "Next",
+            Answer::Todos(_) => "Todos",
+            Answer::View(_) => "View",
+            Answer::Ids(_) => "Ids",
+            Answer::Deleted => "Deleted",
+        };
+        Error::internal(format!("the ledger answered {got} where {wanted} was due"))
+    }
+}

@@ -1,0 +1,481 @@
+//! How an [`Op`] is applied, once for every backend: read the rows, call the transition, write
+//! its [`Change`], assemble the answer.
+//!
+//! A backend offers [`Rows`]: what one transaction can read and write (a todo with its open
+//! attempt, its attempts, the oldest claimable todo, a sweep's candidates). The in-memory
+//! [`Ledger`](super::Ledger) implements it over its maps; each SQL store over its transaction,
+//! with its own SQL. Everything between the rows and the rules is here: the duplicate-id
+//! conflict, the scope checks, the takeover flag and the [`Claimed`] assembly, the replay of a
+//! repeated report, and holding every `Update` to exactly one open row.
+//!
+//! The methods of [`Rows`] are `async` so that a Postgres transaction can await its round trips;
+//! the ledger's and SQLite's never wait, and [`ready`] drives them to their end in one poll.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use super::op::{Answer, Op};
+use super::transition::{self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig};
+use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash};
+use super::{Claimed, NewTodo, PRIOR_ATTEMPTS, TodoFilter, TodoView};
+use crate::error::Error;
+use crate::time::Millis;
+
+/// Which rows a sweep looks at. A backend may answer more than the filter says (the in-memory
+/// ledger answers every id): each candidate's transition still decides, and one that yields
+/// nothing is skipped. SQL filters mirror the transitions' preconditions so as to read few rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sweep<'a> {
+    /// mirrors transition::reap: claimed with a lapsed lease.
+    Reap { now: Millis },
+    /// mirrors transition::requeue_due: failed, retry due, attempts left.
+    RequeueDue { now: Millis },
+    /// mirrors transition::revoke (scoped to one endpoint): claimed.
+    Revoke { endpoint: &'a str },
+    /// mirrors ledger::purgeable: finished, untouched since `cutoff`.
+    Purge { cutoff: Millis },
+}
+
+/// Which of a todo's attempts [`Rows::attempts`] reads: the newest `limit`, all or only closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Newest {
+    pub closed_only: bool,
+    pub limit: usize,
+}
+
+impl Newest {
+    /// The newest `limit` attempts, the open one included.
+    pub fn all(limit: usize) -> Newest {
+        Newest {
+            closed_only: false,
+            limit,
+        }
+    }
+
+    /// The newest `limit` closed attempts.
+    pub fn closed(limit: usize) -> Newest {
+        Newest {
+            closed_only: true,
+            limit,
+        }
+    }
+}
+
+/// What a backend offers inside one transaction. Reads of a todo in a writing transaction lock
+/// its row until commit; a failed operation's writes are rolled back by the caller.
+// Not `Send`-bounded: SQLite's transaction is not `Sync`, and every caller names a concrete
+// backend, whose futures are as `Send` as their bodies.
+#[allow(async_fn_in_trait)]
+pub trait Rows {
+    /// The todo and its open attempt, the row locked for the rest of the transaction.
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
+    /// The first claimable todo by (created_at, id) with its open attempt, locked (Postgres skips
+    /// rows other transactions hold). `queues` holds only valid queue names.
+    async fn next_claimable(
+        &mut self,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+    ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
+    /// Inserts a todo; `false` when the id is taken.
+    async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error>;
+    /// Writes a change: the columns of the todo a transition may change, then each attempt
+    /// write in order (`Open` inserts, `Update` rewrites the attempt only while it is open,
+    /// `PruneThrough` deletes closed attempts at or below the floor). Returns the rows each
+    /// attempt write touched, so that [`run`] can hold `Update` to exactly one.
+    async fn write(
+        &mut self,
+        op: &str,
+        todo: &Todo,
+        writes: &[AttemptWrite],
+    ) -> Result<Vec<u64>, Error>;
+    /// A todo's attempts newest first, as `which` says.
+    async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error>;
+    /// Candidate ids of a sweep, in id order, locked.
+    async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error>;
+    /// Todos in the actor's scope matching the filter (valid queue names only), oldest first.
+    async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error>;
+    /// Deletes a todo and its attempts.
+    async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error>;
+}
+
+/// Applies one operation inside the backend's transaction. See the module doc.
+pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<Answer, Error> {
+    match op {
+        Op::AddTodo { now, endpoint, new } => {
+            add_todo(rows, now, &endpoint, new).await.map(Answer::Todo)
+        }
+        Op::Claim {
+            now,
+            actor,
+            id,
+            opts,
+        } => {
+            let (todo, open) = load(rows, "claim", &id).await?;
+            claim(rows, cfg, now, &actor, todo, open, &opts)
+                .await
+                .map(Answer::Claimed)
+        }
+        Op::ClaimNext {
+            now,
+            actor,
+            queues,
+            opts,
+        } => {
+            transition::check_ttl("claim_next", opts.ttl)?;
+            let queues = queues.as_deref().map(super::storable_queue_filter);
+            let next = match rows.next_claimable(now, &actor, queues.as_deref()).await? {
+                Some((todo, open)) => Some(claim(rows, cfg, now, &actor, todo, open, &opts).await?),
+                None => None,
+            };
+            Ok(Answer::Next(next))
+        }
+        Op::Heartbeat {
+            now,
+            actor,
+            id,
+            ttl,
+            token_hash,
+        } => transit(rows, "heartbeat", &id, |t, open| {
+            transition::heartbeat(now, t, open, &actor, ttl, token_hash)
+        })
+        .await
+        .map(Answer::Todo),
+        Op::Complete {
+            now,
+            ref actor,
+            ref id,
+            ref report,
+        }
+        | Op::Fail {
+            now,
+            ref actor,
+            ref id,
+            ref report,
+        } => {
+            let (name, outcome, f) = if matches!(op, Op::Complete { .. }) {
+                (
+                    "complete",
+                    Outcome::Completed,
+                    transition::complete as ReportFn,
+                )
+            } else {
+                ("fail", Outcome::Failed, transition::fail as ReportFn)
+            };
+            let fence = (report.token_hash, report.result.as_ref());
+            reported(rows, cfg, name, id, actor, fence, outcome, |t, open| {
+                f(cfg, now, t, open, actor, report)
+            })
+            .await
+        }
+        Op::Release {
+            now,
+            actor,
+            id,
+            summary,
+            token_hash,
+        } => {
+            reported(
+                rows,
+                cfg,
+                "release",
+                &id,
+                &actor,
+                (token_hash, None),
+                Outcome::Released,
+                |t, open| transition::release(now, t, open, &actor, summary.as_deref(), token_hash),
+            )
+            .await
+        }
+        Op::Retry { now, actor, id } => {
+            let (todo, _) = load(rows, "retry", &id).await?;
+            let newest = rows.attempts("retry", &id, Newest::all(1)).await?;
+            let change = transition::retry(now, &todo, newest.first(), &actor)?;
+            write(rows, "retry", &todo, change).await.map(Answer::Todo)
+        }
+        Op::Cancel { now, actor, id } => transit(rows, "cancel", &id, |t, open| {
+            transition::cancel(now, t, open, &actor)
+        })
+        .await
+        .map(Answer::Todo),
+        Op::Reap { now } => sweep(rows, "reap", Sweep::Reap { now }, |t, open| {
+            transition::reap(now, t, open)
+        })
+        .await
+        .map(Answer::Todos),
+        Op::RequeueDue { now } => sweep(rows, "requeue_due", Sweep::RequeueDue { now }, |t, _| {
+            Ok(transition::requeue_due(now, t))
+        })
+        .await
+        .map(Answer::Todos),
+        Op::RevokeEndpoint { now, endpoint } => {
+            let which = Sweep::Revoke {
+                endpoint: &endpoint,
+            };
+            sweep(rows, "revoke", which, |t, open| {
+                if t.endpoint == endpoint {
+                    transition::revoke(now, t, open)
+                } else {
+                    Ok(None)
+                }
+            })
+            .await
+            .map(Answer::Todos)
+        }
+        Op::GetTodo {
+            actor,
+            id,
+            attempts_limit,
+        } => {
+            let todo = load_scoped(rows, "get_todo", &actor, &id).await?;
+            let attempts = rows
+                .attempts("get_todo", &id, Newest::all(attempts_limit))
+                .await?;
+            Ok(Answer::View(TodoView {
+                attempts_total: todo.attempts_total,
+                attempts_pruned: todo.attempts_pruned,
+                todo,
+                attempts,
+            }))
+        }
+        Op::ListTodos { actor, filter } => {
+            let filter = TodoFilter {
+                queues: filter.queues.as_deref().map(super::storable_queue_filter),
+                ..filter
+            };
+            rows.list(&actor, &filter).await.map(Answer::Todos)
+        }
+        Op::DeleteTodo { actor, id } => {
+            load_scoped(rows, "delete", &actor, &id).await?;
+            rows.delete("delete", &id).await.map(|()| Answer::Deleted)
+        }
+        Op::PurgeFinished { now, retention } => {
+            purge_finished(rows, now, retention).await.map(Answer::Ids)
+        }
+    }
+}
+
+/// The shape of the transitions of a report that carries a result (complete, fail).
+type ReportFn = fn(
+    &LedgerConfig,
+    Millis,
+    &Todo,
+    Option<&Attempt>,
+    &Actor,
+    &super::Report,
+) -> Result<Change, Error>;
+
+/// Writes a transition's change. Updates close exactly once: an `Update` that finds no open row
+/// is an internal error, and the caller's transaction rolls back.
+async fn write<R: Rows>(
+    rows: &mut R,
+    op: &str,
+    before: &Todo,
+    change: Change,
+) -> Result<Todo, Error> {
+    let t = &change.todo;
+    // A store writes only what transitions change; a transition that changed anything else
+    // would be silently lost, so refuse it loudly instead.
+    let same = t.id == before.id
+        && t.endpoint == before.endpoint
+        && t.queue == before.queue
+        && t.title == before.title
+        && t.kind == before.kind
+        && t.source == before.source
+        && t.assignee == before.assignee
+        && t.max_attempts == before.max_attempts
+        && t.created_at == before.created_at
+        && t.payload == before.payload
+        && t.work_order == before.work_order;
+    if !same {
+        return Err(Error::internal(format!(
+            "{op} {}: the transition changed a column the store does not write",
+            t.id
+        )));
+    }
+    let touched = rows.write(op, t, &change.writes).await?;
+    for (w, n) in change.writes.iter().zip(touched) {
+        if let AttemptWrite::Update(a) = w
+            && n != 1
+        {
+            return Err(Error::internal(format!(
+                "{op} {}: attempt {} is not open; an attempt closes exactly once",
+                t.id, a.seq
+            )));
+        }
+    }
+    Ok(change.todo)
+}
+
+async fn load<R: Rows>(rows: &mut R, op: &str, id: &str) -> Result<(Todo, Option<Attempt>), Error> {
+    // A string that is no todo id names no todo, whatever a store would make of it.
+    if !super::valid_todo_id(id) {
+        return Err(transition::not_found(op, id));
+    }
+    rows.load(op, id)
+        .await?
+        .ok_or_else(|| transition::not_found(op, id))
+}
+
+/// The todo, when it is in the actor's scope; outside it, it does not exist.
+async fn load_scoped<R: Rows>(
+    rows: &mut R,
+    op: &str,
+    actor: &Actor,
+    id: &str,
+) -> Result<Todo, Error> {
+    let (todo, _) = load(rows, op, id).await?;
+    if actor.sees(&todo) {
+        Ok(todo)
+    } else {
+        Err(transition::not_found(op, id))
+    }
+}
+
+/// Reads the todo, runs the transition, writes its change.
+async fn transit<R: Rows>(
+    rows: &mut R,
+    op: &str,
+    id: &str,
+    f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
+) -> Result<Todo, Error> {
+    let (todo, open) = load(rows, op, id).await?;
+    let change = f(&todo, open.as_ref())?;
+    write(rows, op, &todo, change).await
+}
+
+/// A report: its transition, or, when that is refused as a conflict, the answer to a repeat of
+/// a report already applied under the same lease token (see `transition::replay`). `fence` is
+/// the report's token hash and result.
+#[allow(clippy::too_many_arguments)]
+async fn reported<R: Rows>(
+    rows: &mut R,
+    cfg: &LedgerConfig,
+    op: &str,
+    id: &str,
+    actor: &Actor,
+    (token_hash, result): (Option<TokenHash>, Option<&serde_json::Value>),
+    outcome: Outcome,
+    f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
+) -> Result<Answer, Error> {
+    let (todo, open) = load(rows, op, id).await?;
+    let todo = match f(&todo, open.as_ref()) {
+        Ok(change) => write(rows, op, &todo, change).await?,
+        Err(refused) => {
+            let recent = rows
+                .attempts(op, id, Newest::closed(PRIOR_ATTEMPTS))
+                .await?;
+            let replay = transition::replay;
+            replay(
+                cfg, refused, &todo, &recent, actor, token_hash, outcome, result,
+            )?
+        }
+    };
+    Ok(Answer::Todo(todo))
+}
+
+async fn add_todo<R: Rows>(
+    rows: &mut R,
+    now: Millis,
+    endpoint: &str,
+    new: NewTodo,
+) -> Result<Todo, Error> {
+    let todo = super::new_todo(now, endpoint, new)?;
+    if rows.insert_todo(&todo).await? {
+        Ok(todo)
+    } else {
+        Err(Error::conflict(format!(
+            "add_todo {}: a todo with this id exists; choose another id",
+            todo.id
+        )))
+    }
+}
+
+/// Claims a loaded todo and assembles the answer: a claim of a claimed todo is a takeover, and
+/// the answer carries the newest closed attempts.
+async fn claim<R: Rows>(
+    rows: &mut R,
+    cfg: &LedgerConfig,
+    now: Millis,
+    actor: &Actor,
+    todo: Todo,
+    open: Option<Attempt>,
+    opts: &ClaimOpts,
+) -> Result<Claimed, Error> {
+    let op = "claim";
+    let takeover = todo.state == TodoState::Claimed;
+    let change = transition::claim(cfg, now, &todo, open.as_ref(), actor, opts)?;
+    let todo = write(rows, op, &todo, change).await?;
+    // The kept attempts are seqs pruned+1 ..= total and only the newest is open (check_todo), so
+    // when the new attempt is the only one kept there is no closed one to read.
+    let prior_attempts = if todo.attempts_total > todo.attempts_pruned + 1 {
+        rows.attempts(op, &todo.id, Newest::closed(PRIOR_ATTEMPTS))
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok(Claimed {
+        attempt_seq: todo.attempts_total,
+        attempts_total: todo.attempts_total,
+        prior_attempts,
+        takeover,
+        todo,
+    })
+}
+
+/// Applies `f` to every candidate of the sweep; rows whose transition yields `None` are skipped.
+async fn sweep<R: Rows>(
+    rows: &mut R,
+    op: &str,
+    which: Sweep<'_>,
+    f: impl Fn(&Todo, Option<&Attempt>) -> Result<Option<Change>, Error>,
+) -> Result<Vec<Todo>, Error> {
+    let mut changed = Vec::new();
+    for id in rows.candidates(which).await? {
+        // A candidate deleted meanwhile is simply gone.
+        let Some((todo, open)) = rows.load(op, &id).await? else {
+            continue;
+        };
+        if let Some(change) = f(&todo, open.as_ref())? {
+            changed.push(write(rows, op, &todo, change).await?);
+        }
+    }
+    Ok(changed)
+}
+
+async fn purge_finished<R: Rows>(
+    rows: &mut R,
+    now: Millis,
+    retention: Millis,
+) -> Result<Vec<String>, Error> {
+    let op = "purge_finished";
+    // Nothing can be older than the epoch: a retention longer than `now` purges nothing.
+    let Some(cutoff) = now.checked_sub(retention) else {
+        return Ok(Vec::new());
+    };
+    let mut purged = Vec::new();
+    for id in rows.candidates(Sweep::Purge { cutoff }).await? {
+        let Some((todo, _)) = rows.load(op, &id).await? else {
+            continue;
+        };
+        if super::purgeable(&todo, now, retention) {
+            rows.delete(op, &id).await?;
+            purged.push(id);
+        }
+    }
+    Ok(purged)
+}
+
+/// Drives a future that never waits to its end: [`run`] over rows whose methods complete at
+/// once (the in-memory ledger's, SQLite's on its blocking thread).
+///
+/// # Panics
+/// When the future does wait: such rows belong on an executor.
+pub fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("ledger::ready: the rows waited; run them on an executor"),
+    }
+}
