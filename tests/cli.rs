@@ -3,7 +3,7 @@
 use std::process::Command;
 
 mod common;
-use common::{relay, run_db, temp_dir};
+use common::{relay, run_db, serve, temp_dir, todo_add};
 
 #[test]
 fn unknown_command_is_one_clear_line_on_stderr_and_nonzero() {
@@ -210,69 +210,21 @@ fn endpoint_and_todo_commands_round_trip_on_sqlite() {
     );
 
     // todo add / list / show / cancel / retry.
-    let (code, id, err) = run_db(
+    let (code, id, err) = todo_add(
         &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "ci",
-            "--queue",
-            "ci",
-            "--title",
-            "fix the build",
-            "--payload",
-            r#"{"pr": 7}"#,
-            "--max-attempts",
-            "3",
-        ],
+        "ci",
+        "ci",
+        "fix the build",
+        &["--payload", r#"{"pr": 7}"#, "--max-attempts", "3"],
     );
     assert_eq!(code, 0, "{err}");
     let id = id.trim().to_string();
     assert!(id.starts_with("td_"), "{id}");
-    let (code, _, err) = run_db(
-        &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "ci",
-            "--queue",
-            "elsewhere",
-            "--title",
-            "x",
-        ],
-    );
+    let (code, _, err) = todo_add(&db, "ci", "elsewhere", "x", &[]);
     one_line_error(code, &err, "not granted");
-    let (code, _, err) = run_db(
-        &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "ci",
-            "--queue",
-            "ci",
-            "--title",
-            "x",
-            "--payload",
-            "{",
-        ],
-    );
+    let (code, _, err) = todo_add(&db, "ci", "ci", "x", &["--payload", "{"]);
     one_line_error(code, &err, "--payload");
-    let (code, _, err) = run_db(
-        &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "nobody",
-            "--queue",
-            "ci",
-            "--title",
-            "x",
-        ],
-    );
+    let (code, _, err) = todo_add(&db, "nobody", "ci", "x", &[]);
     one_line_error(code, &err, "relay endpoint list");
 
     let (code, out, _) = run_db(&db, &["todo", "list", "--json", "--endpoint", "ci"]);
@@ -356,7 +308,6 @@ fn http(
 
 #[test]
 fn serve_prints_its_address_serves_mcp_and_stops_gracefully_on_sigterm() {
-    use std::io::BufRead;
     let dir = temp_dir("serve");
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let (_, token, _) = run_db(
@@ -364,35 +315,13 @@ fn serve_prints_its_address_serves_mcp_and_stops_gracefully_on_sigterm() {
         &["endpoint", "create", "ci", "--verbs", "claim_next,complete"],
     );
     let token = token.trim().to_string();
-    let (_, id, _) = run_db(
-        &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "ci",
-            "--queue",
-            "ci",
-            "--title",
-            "t",
-        ],
-    );
+    let (_, id, _) = todo_add(&db, "ci", "ci", "t", &[]);
     let id = id.trim().to_string();
 
-    let mut child = relay()
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RELAY_DB", &db)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
+    let (child, base) = serve("127.0.0.1:0", &db, &[], std::process::Stdio::piped());
+    let addr = base
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("listening on {base:?}"))
         .to_string();
     assert!(!addr.ends_with(":0"), "{addr}");
 

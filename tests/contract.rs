@@ -10,7 +10,6 @@
 //!
 //! Waiting: as in tests/daemon.rs, every wait polls something observable with a generous bound.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -68,17 +67,11 @@ impl Standin {
             .args(flags)
             .stderr(stderr);
         let mut child = cmd.spawn().expect("start the stand-in");
-        let mut first = String::new();
         // Ends at the ready line, or at EOF when the stand-in dies (its stderr says why).
-        let _ = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first);
-        let url = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                let err = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
-                panic!("the stand-in did not start: {first:?}\n{err}")
-            })
-            .to_string();
+        let url = listening_on(&mut child).unwrap_or_else(|first| {
+            let err = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+            panic!("the stand-in did not start: {first:?}\n{err}")
+        });
         assert!(url.starts_with("http://127.0.0.1:"), "{url}");
         Standin {
             _proc: Proc(child),
@@ -179,27 +172,8 @@ impl Setup {
         std::fs::write(p("token.env"), format!("TOKEN={BEARER}\n")).expect("env");
         let env = format!("OUT={}\nCALLS={}\n", out.display(), standin.log.display());
         std::fs::write(p("agent.env"), env).expect("env");
-        let config = format!(
-            r#"
-[queue.q]
-url = "{url}/mcp"
-env_file = "token.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-queue = "work"
-lease_ttl = "1m"
-heartbeat_interval = "1s"
-
-[harness.w1]
-command = ["sh", "agent.sh"]
-env_file = "agent.env"
-lease = "queue.q"
-success_check = ["sh", "check.sh"]
-success_check_interval = "1s"
-kill_grace = "2s"
-schedule = "@every 1s"
-"#,
-            url = standin.url
-        );
+        let config = queue_table(&format!("{}/mcp", standin.url), "1s")
+            + &harness_table("w1", r#"schedule = "@every 1s""#);
         std::fs::write(p("harness.toml"), config).expect("config");
         let daemon = Daemon::start(dir.path(), &p("harness.toml"));
         Setup {

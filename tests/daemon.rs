@@ -36,21 +36,7 @@ impl Server {
             .append(true)
             .open(dir.join("server.log"))
             .expect("server log");
-        let mut child = Command::new(relay_bin())
-            .args(["serve", "--listen", listen, "--db", &db])
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start relay serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("read the listening line");
-        let url = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_string();
+        let (child, url) = serve(listen, &db, &[], log.into());
         Server {
             proc: Some(Proc(child)),
             url,
@@ -90,20 +76,10 @@ impl Server {
     }
 
     fn add(&self, endpoint: &str, title: &str, max_attempts: u32) -> String {
-        self.cli(&[
-            "todo",
-            "add",
-            "--endpoint",
-            endpoint,
-            "--queue",
-            "work",
-            "--title",
-            title,
-            "--max-attempts",
-            &max_attempts.to_string(),
-        ])
-        .trim()
-        .to_string()
+        let n = max_attempts.to_string();
+        let (code, id, err) = todo_add(&self.db, endpoint, "work", title, &["--max-attempts", &n]);
+        assert_eq!(code, 0, "relay todo add failed: {err}");
+        id.trim().to_string()
     }
 
     /// `relay todo show ID --json`.
@@ -270,36 +246,13 @@ impl Setup {
     /// A config with `workers` leased harnesses on the server (or on `url` when given).
     fn config(&self, url: Option<&str>, workers: usize, extra: &str, trigger: &str) -> PathBuf {
         let base = url.unwrap_or(&self.server.url).trim_end_matches('/');
-        let mut text = format!(
-            r#"
-[queue.q]
-url = "{base}/mcp/{ep}"
-env_file = "token.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-queue = "work"
-lease_ttl = "1m"
-heartbeat_interval = "20s"
-
-[channel.bell]
-url = "{base}/mcp/{ep}"
-env_file = "token.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-"#,
-            ep = self.endpoint
-        );
+        let url = format!("{base}/mcp/{}", self.endpoint);
+        let mut text = queue_table(&url, "20s");
+        text.push_str(&server_table("channel.bell", &url, "token.env", "TOKEN"));
         for n in 1..=workers {
-            text.push_str(&format!(
-                r#"
-[harness.w{n}]
-command = ["sh", "agent.sh"]
-env_file = "agent.env"
-lease = "queue.q"
-success_check = ["sh", "check.sh"]
-success_check_interval = "1s"
-kill_grace = "2s"
-{trigger}
-{extra}
-"#
+            text.push_str(&harness_table(
+                &format!("w{n}"),
+                &format!("{trigger}\n{extra}"),
             ));
         }
         let path = self.path().join("harness.toml");
@@ -312,6 +265,36 @@ kill_grace = "2s"
         wait_for("the agent to start", Duration::from_secs(60), || {
             line_in(&self.out.join(format!("started.{id}")))
         });
+    }
+
+    /// One harness firing every second (with `extra` settings), a todo `title` with
+    /// `max_attempts` for it, and the daemon started on them (the config is `harness.toml`):
+    /// the todo's id and the daemon.
+    fn daemon_every_second(&self, extra: &str, title: &str, max_attempts: u32) -> (String, Daemon) {
+        let config = self.config(None, 1, extra, r#"schedule = "@every 1s""#);
+        let id = self.server.add(&self.endpoint, title, max_attempts);
+        (id, Daemon::start(self.path(), &config))
+    }
+
+    /// As `daemon_every_second` with every run kept, once the todo's agent has started.
+    fn agent_started_every_second(&self, title: &str) -> (String, Daemon) {
+        let (id, d) = self.daemon_every_second("keep_runs = 1000", title, 3);
+        self.wait_started(&id);
+        (id, d)
+    }
+
+    /// Waits (within a minute) for todo `id` to be done.
+    fn wait_done(&self, what: &str, id: &str) {
+        wait_for(what, Duration::from_secs(60), || {
+            (self.server.state(id) == "done").then_some(())
+        });
+    }
+
+    /// Waits for the agent of todo `id` to get its SIGTERM: the line it wrote then.
+    fn wait_stopped(&self, id: &str, bound: Duration) -> String {
+        wait_for("the agent to be stopped", bound, || {
+            line_in(&self.out.join(format!("term.{id}")))
+        })
     }
 
     fn ran(&self, id: &str) -> bool {
@@ -329,21 +312,18 @@ kill_grace = "2s"
         let config = self.path().join("ro.toml");
         std::fs::write(
             &config,
-            format!(
-                r#"
-[queue.ro]
-url = "{}/mcp/ro"
-env_file = "ro.env"
-headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-
+            server_table(
+                "queue.ro",
+                &format!("{}/mcp/ro", self.server.url),
+                "ro.env",
+                "TOKEN",
+            ) + r#"
 [harness.reader]
 command = ["sh", "agent.sh"]
 env_file = "agent.env"
 schedule = "@daily"
 lease = "queue.ro"
 "#,
-                self.server.url
-            ),
         )
         .expect("config");
         (config, token)
@@ -352,9 +332,7 @@ lease = "queue.ro"
     /// The 'hang' agent of todo `id` got its SIGTERM within a second of `deadline` (ms), by the
     /// time the agent itself read.
     fn stopped_within_a_second_of(&self, id: &str, deadline: u64) {
-        let term = wait_for("the agent to be stopped", Duration::from_secs(120), || {
-            line_in(&self.out.join(format!("term.{id}")))
-        });
+        let term = self.wait_stopped(id, Duration::from_secs(120));
         let term_ms: u64 = term.trim().parse::<u64>().expect("nanoseconds") / 1_000_000;
         assert!(
             term_ms + 50 >= deadline && term_ms <= deadline + 1000,
@@ -371,9 +349,7 @@ fn a_success_completes_and_the_token_stays_out_of_every_file_log_env_and_record(
     let config = s.config(Some(&tapped), 1, "", r#"schedule = "@every 1s""#);
     let id = s.server.add(&s.endpoint, "fix it", 3);
     let mut d = Daemon::start(s.path(), &config);
-    wait_for("the todo to complete", Duration::from_secs(60), || {
-        (s.server.state(&id) == "done").then_some(())
-    });
+    s.wait_done("the todo to complete", &id);
     d.stop();
     let tokens = tap.tokens();
     assert!(!tokens.is_empty(), "the tap saw no lease token");
@@ -416,12 +392,8 @@ fn a_success_completes_and_the_token_stays_out_of_every_file_log_env_and_record(
 #[test]
 fn a_check_that_exits_75_is_run_again_until_it_decides() {
     let s = Setup::new();
-    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "wait for it", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    wait_for("the todo to complete", Duration::from_secs(60), || {
-        (s.server.state(&id) == "done").then_some(())
-    });
+    let (id, mut d) = s.daemon_every_second("", "wait for it", 3);
+    s.wait_done("the todo to complete", &id);
     d.stop();
     let checks = std::fs::read_to_string(s.out.join(format!("check.{id}"))).expect("check log");
     assert_eq!(
@@ -435,17 +407,8 @@ fn a_check_that_exits_75_is_run_again_until_it_decides() {
 #[test]
 fn an_already_green_check_completes_without_spawning() {
     let s = Setup::new();
-    let config = s.config(
-        None,
-        1,
-        "success_check_before = true",
-        r#"schedule = "@every 1s""#,
-    );
-    let id = s.server.add(&s.endpoint, "already green", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    wait_for("the todo to complete", Duration::from_secs(60), || {
-        (s.server.state(&id) == "done").then_some(())
-    });
+    let (id, mut d) = s.daemon_every_second("success_check_before = true", "already green", 3);
+    s.wait_done("the todo to complete", &id);
     d.stop();
     assert!(
         !s.ran(&id),
@@ -459,9 +422,7 @@ fn an_already_green_check_completes_without_spawning() {
 #[test]
 fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
     let s = Setup::new();
-    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "fail always", 1);
-    let mut d = Daemon::start(s.path(), &config);
+    let (id, mut d) = s.daemon_every_second("", "fail always", 1);
     wait_for("the dead letter", Duration::from_secs(60), || {
         let t = s.server.show(&id);
         (t["todo"]["state"] == "failed" && t["todo"]["dead_letter"] == true).then_some(())
@@ -497,9 +458,7 @@ fn a_canceled_todo_loses_its_lease_and_the_process_is_stopped() {
     let mut d = Daemon::start(s.path(), &config);
     s.wait_started(&id);
     s.server.cli(&["todo", "cancel", &id]);
-    wait_for("the agent to be stopped", Duration::from_secs(30), || {
-        line_in(&s.out.join(format!("term.{id}")))
-    });
+    s.wait_stopped(&id, Duration::from_secs(30));
     let run = d.closed_run("w1", &id);
     d.stop();
     assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
@@ -547,9 +506,7 @@ fn three_workers_two_todos_one_doorbell() {
 #[test]
 fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afresh() {
     let s = Setup::new();
-    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "hang then fine", 3);
-    let mut d = Daemon::start(s.path(), &config);
+    let (id, mut d) = s.daemon_every_second("", "hang then fine", 3);
     s.wait_started(&id);
     d.kill9();
     // The orphaned agent is nobody's now; end it so that only the lease decides what happens.
@@ -590,10 +547,7 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
 fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_deadline() {
     let mut s = Setup::new();
     // Every second's firing is recorded (skipped: the server is gone); keep them all.
-    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "hang on", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    s.wait_started(&id);
+    let (id, mut d) = s.agent_started_every_second("hang on");
     // The server goes away: every heartbeat from now on fails, so the lease deadline the daemon
     // shows now is the one it acts on.
     s.server.stop();
@@ -767,14 +721,11 @@ fn a_failed_attempt_uploads_a_receipt_and_the_fail_carries_its_handle() {
         r#"schedule = "@every 1s""#,
     );
     let mut text = std::fs::read_to_string(&config).expect("config");
-    text.push_str(&format!(
-        r#"
-[cairn.main]
-url = "{}"
-env_file = "cairn.env"
-headers = {{ Authorization = "Bearer ${{CAIRN_TOKEN}}" }}
-"#,
-        cairn.url
+    text.push_str(&server_table(
+        "cairn.main",
+        &cairn.url,
+        "cairn.env",
+        "CAIRN_TOKEN",
     ));
     std::fs::write(&config, text).expect("config");
     let id = s.server.add(&s.endpoint, "fail once", 1);
@@ -816,9 +767,7 @@ fn the_daemon_exports_attempts_by_outcome_as_prometheus_metrics() {
     let addr = format!("127.0.0.1:{port}");
     let id = s.server.add(&s.endpoint, "count me", 3);
     let mut d = Daemon::start_with(s.path(), &config, &["--metrics-listen", &addr]);
-    wait_for("the todo to complete", Duration::from_secs(60), || {
-        (s.server.state(&id) == "done").then_some(())
-    });
+    s.wait_done("the todo to complete", &id);
     let text = wait_for("the counter", Duration::from_secs(30), || {
         let mut conn = TcpStream::connect(&addr).ok()?;
         write!(
@@ -841,20 +790,14 @@ fn the_daemon_exports_attempts_by_outcome_as_prometheus_metrics() {
 #[test]
 fn a_restarted_server_forgets_the_session_and_the_daemon_initializes_again() {
     let mut s = Setup::new();
-    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
-    let first = s.server.add(&s.endpoint, "before", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    wait_for("the first todo", Duration::from_secs(60), || {
-        (s.server.state(&first) == "done").then_some(())
-    });
+    let (first, mut d) = s.daemon_every_second("keep_runs = 1000", "before", 3);
+    s.wait_done("the first todo", &first);
     // Same address, same store; the sessions were in the old process's memory.
     let listen = s.server.url.trim_start_matches("http://").to_string();
     s.server.stop();
     s.server = Server::start_on(s.path(), &listen);
     let second = s.server.add(&s.endpoint, "after", 3);
-    wait_for("the second todo", Duration::from_secs(60), || {
-        (s.server.state(&second) == "done").then_some(())
-    });
+    s.wait_done("the second todo", &second);
     d.stop();
     assert_eq!(s.server.attempts(&second).len(), 1);
 }
@@ -902,22 +845,6 @@ impl Daemon {
                 .then_some(())
         });
     }
-}
-
-/// A leased harness table like the ones `Setup::config` writes.
-fn harness_table(name: &str, extra: &str) -> String {
-    format!(
-        r#"
-[harness.{name}]
-command = ["sh", "agent.sh"]
-env_file = "agent.env"
-lease = "queue.q"
-success_check = ["sh", "check.sh"]
-success_check_interval = "1s"
-kill_grace = "2s"
-{extra}
-"#
-    )
 }
 
 #[test]
@@ -978,18 +905,13 @@ fn reload_a_broken_dropin_changes_nothing_and_a_fixed_one_starts_its_harness() {
 #[test]
 fn reload_removing_a_harness_releases_its_attempt_naming_the_reason() {
     let s = Setup::new();
-    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "hang around", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    s.wait_started(&id);
+    let (id, mut d) = s.agent_started_every_second("hang around");
     // The same sources, no harness.
     s.config(None, 0, "", "");
     let (ok, out) = d.cli(&["reload"]);
     assert!(ok, "{out}");
     assert!(out.contains("harness w1 removed: its run"), "{out}");
-    wait_for("the agent to be stopped", Duration::from_secs(30), || {
-        line_in(&s.out.join(format!("term.{id}")))
-    });
+    s.wait_stopped(&id, Duration::from_secs(30));
     let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "released", "{run}");
     assert_eq!(run["outcome"], "cancelled", "{run}");
@@ -1019,9 +941,8 @@ fn reload_changing_a_harness_lets_its_attempt_run_on_under_the_old_config() {
         "echo v2 > \"$OUT/v2.$HARNESS_TODO_ID\"\nexec sh agent.sh\n",
     )
     .expect("agent2");
-    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
-    let first = s.server.add(&s.endpoint, "gate one", 3);
-    let mut d = Daemon::start(s.path(), &config);
+    let (first, mut d) = s.daemon_every_second("keep_runs = 1000", "gate one", 3);
+    let config = s.path().join("harness.toml");
     wait_for("the first agent to start", Duration::from_secs(60), || {
         line_in(&s.out.join(format!("started.{first}")))
     });
@@ -1061,10 +982,7 @@ fn reload_changing_a_harness_lets_its_attempt_run_on_under_the_old_config() {
 #[test]
 fn stop_ends_the_attempt_as_an_operator_stop_and_the_schedule_claims_again() {
     let s = Setup::new();
-    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
-    let id = s.server.add(&s.endpoint, "hang in there", 3);
-    let mut d = Daemon::start(s.path(), &config);
-    s.wait_started(&id);
+    let (id, mut d) = s.agent_started_every_second("hang in there");
     std::fs::remove_file(s.out.join(format!("started.{id}"))).expect("reset");
     let (ok, out) = d.cli(&["stop", "w1"]);
     assert!(ok, "{out}");
@@ -1072,9 +990,7 @@ fn stop_ends_the_attempt_as_an_operator_stop_and_the_schedule_claims_again() {
         out.contains("stopping w1: run") && out.contains(&id),
         "{out}"
     );
-    wait_for("the agent to be stopped", Duration::from_secs(30), || {
-        line_in(&s.out.join(format!("term.{id}")))
-    });
+    s.wait_stopped(&id, Duration::from_secs(30));
     let run = d.closed_run("w1", &id);
     assert_eq!(run["relay_outcome"], "released", "{run}");
     let attempts = s.server.attempts(&id);

@@ -5,7 +5,7 @@
 use std::process::Command;
 
 mod common;
-use common::{relay, run_db, temp_dir};
+use common::{relay, run_db, temp_dir, todo_add};
 
 /// No raw terminal control or bidi override in text meant for a terminal.
 fn assert_inert(what: &str, text: &str) {
@@ -22,21 +22,8 @@ fn operator_text_output_escapes_controls_and_bidi_and_json_stays_exact() {
     assert_eq!(code, 0, "{err}");
     // Titles refuse C0 controls already; the bidi override and the line separator got through.
     let title = "fix the \u{202e}build\u{2028}now";
-    let (code, id, err) = run_db(
-        &db,
-        &[
-            "todo",
-            "add",
-            "--endpoint",
-            "ci",
-            "--queue",
-            "ci",
-            "--title",
-            title,
-            "--payload",
-            "{\"note\": \"\u{202e}evil\u{2028}\"}",
-        ],
-    );
+    let payload = "{\"note\": \"\u{202e}evil\u{2028}\"}";
+    let (code, id, err) = todo_add(&db, "ci", "ci", title, &["--payload", payload]);
     assert_eq!(code, 0, "{err}");
     let id = id.trim().to_string();
     let (code, list, err) = run_db(&db, &["todo", "list"]);
@@ -60,24 +47,7 @@ fn operator_text_output_escapes_controls_and_bidi_and_json_stays_exact() {
 /// Starts `relay serve` with `args` on a free loopback port; the child and its ready line's
 /// address (`scheme://host:port`).
 fn serve(db: &str, args: &[&str]) -> (std::process::Child, String) {
-    use std::io::BufRead as _;
-    let mut child = relay()
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RELAY_DB", db)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    let base = first
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    (child, base)
+    common::serve("127.0.0.1:0", db, args, std::process::Stdio::null())
 }
 
 /// Waits (bounded) for the child to exit; its exit code.

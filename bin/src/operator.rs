@@ -140,7 +140,8 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(|e| Error::internal(format!("cannot start the async runtime: {e}")))
 }
 
-async fn open(db: &DbOpt) -> Result<Store, Error> {
+/// The store `--db` / `RELAY_DB` names; an error says where the name came from.
+pub async fn open(db: &DbOpt) -> Result<Store, Error> {
     Store::open(&db.db, LedgerConfig::default())
         .await
         .map_err(|e| {

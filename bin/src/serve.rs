@@ -18,12 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Error;
-use relay_core::ledger::LedgerConfig;
 use relay_server::clock::SystemClock;
 use relay_server::server::{Server, ServerConfig};
-use relay_server::store::Store;
 
-use crate::operator::{DEFAULT_DB, DbOpt, fail, runtime};
+use crate::operator::{DbOpt, fail, open, runtime};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,17 +107,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
         (Some(cert), Some(key)) => Some(relay_server::server::tls_acceptor(cert, key)?),
         _ => None,
     };
-    let store = Store::open(&db.db, LedgerConfig::default())
-        .await
-        .map_err(|e| {
-            Error::new(
-                e.code,
-                format!(
-                    "{} (store from --db / RELAY_DB; default {DEFAULT_DB})",
-                    e.message
-                ),
-            )
-        })?;
+    let store = open(db).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| {

@@ -19,6 +19,7 @@ use relay_core::ledger::{
 };
 use relay_core::time::SECOND;
 use relay_core::time::WallClock;
+use relay_core::wire::Tool;
 use relay_server::server::{Server, ServerConfig, new_bearer_token};
 use relay_server::store::{NewEndpoint, Store};
 use relay_worker::clock::SystemClock;
@@ -34,17 +35,6 @@ pub struct Args {
 
 const ENDPOINT: &str = "quickstart";
 const QUEUE: &str = "samples";
-const VERBS: [&str; 9] = [
-    "claim_next",
-    "claim",
-    "heartbeat",
-    "complete",
-    "fail",
-    "release",
-    "get_todo",
-    "list_todos",
-    "add_todo",
-];
 
 struct Sample {
     title: &'static str,
@@ -228,7 +218,8 @@ async fn up(dir: &Path) -> Result<(), String> {
             NewEndpoint {
                 name: ENDPOINT.into(),
                 token_hash: TokenHash::of(&token),
-                verbs: VERBS.map(String::from).to_vec(),
+                // The quick start grants every tool.
+                verbs: Tool::ALL.iter().map(|t| t.as_str().to_string()).collect(),
                 queues: Some(vec![QUEUE.to_string()]),
             },
         )

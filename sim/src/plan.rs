@@ -85,16 +85,14 @@ impl Plan {
         let f = &o.faults;
         let relay = |p: &mut Rng| p.below(o.relays as u64) as usize;
         let count = |p: &mut Rng| p.range(1, 1 + o.safety / (30 * MINUTE));
+        // When a fault of one relay starts, then which relay: drawn in this order after the
+        // fault's own size, so that a seed keeps drawing the plan it always drew.
+        let at_relay = |p: &mut Rng| (p.below(o.safety), relay(p));
         if f.partitions {
             for _ in 0..count(&mut p) {
                 let len = p.range(5 * SECOND, 3 * o.lease_ttl);
-                plan.faults.push((
-                    p.below(o.safety),
-                    Fault::Partition {
-                        relay: relay(&mut p),
-                        len,
-                    },
-                ));
+                let (at, relay) = at_relay(&mut p);
+                plan.faults.push((at, Fault::Partition { relay, len }));
             }
         }
         if f.outages {
@@ -106,26 +104,16 @@ impl Plan {
         if f.crashes {
             for _ in 0..count(&mut p) {
                 let down = p.range(SECOND, 2 * o.lease_ttl);
-                plan.faults.push((
-                    p.below(o.safety),
-                    Fault::Crash {
-                        relay: relay(&mut p),
-                        down,
-                    },
-                ));
+                let (at, relay) = at_relay(&mut p);
+                plan.faults.push((at, Fault::Crash { relay, down }));
             }
         }
         if f.pauses {
             for _ in 0..count(&mut p) {
                 // Longer than the lease: the worker wakes up stale.
                 let len = p.range(o.lease_ttl + SECOND, 3 * o.lease_ttl);
-                plan.faults.push((
-                    p.below(o.safety),
-                    Fault::Pause {
-                        relay: relay(&mut p),
-                        len,
-                    },
-                ));
+                let (at, relay) = at_relay(&mut p);
+                plan.faults.push((at, Fault::Pause { relay, len }));
             }
         }
         if f.wall_steps {
@@ -134,13 +122,8 @@ impl Plan {
                 // clock would keep an agent running long after another took its todo over.
                 let by = p.range(SECOND, 2 * o.lease_ttl) as i64;
                 let by = if p.chance(600) { -by } else { by };
-                plan.faults.push((
-                    p.below(o.safety),
-                    Fault::WallStep {
-                        relay: relay(&mut p),
-                        by,
-                    },
-                ));
+                let (at, relay) = at_relay(&mut p);
+                plan.faults.push((at, Fault::WallStep { relay, by }));
             }
         }
         plan.work.sort_by_key(|(at, _)| *at);

@@ -9,6 +9,90 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Reads a child's first stdout line, its ready line `listening on ADDR`: the address, or
+/// the line as it was (empty when the child died first).
+pub fn listening_on(child: &mut Child) -> Result<String, String> {
+    use std::io::BufRead as _;
+    let mut first = String::new();
+    let _ =
+        std::io::BufReader::new(child.stdout.take().expect("a piped stdout")).read_line(&mut first);
+    match first.trim().strip_prefix("listening on ") {
+        Some(addr) => Ok(addr.to_string()),
+        None => Err(first),
+    }
+}
+
+/// Starts `relay serve --listen LISTEN ARGS` on the store `db` (as `RELAY_DB`), its stderr to
+/// `stderr`: the child and its ready line's address (`scheme://host:port`).
+pub fn serve(listen: &str, db: &str, args: &[&str], stderr: Stdio) -> (Child, String) {
+    let mut child = relay()
+        .args(["serve", "--listen", listen])
+        .args(args)
+        .env("RELAY_DB", db)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start relay serve");
+    let base = listening_on(&mut child).unwrap_or_else(|first| panic!("first line: {first:?}"));
+    (child, base)
+}
+
+/// `relay todo add --endpoint E --queue Q --title T EXTRA` on the store `db`: as `run_db`.
+pub fn todo_add(
+    db: &str,
+    endpoint: &str,
+    queue: &str,
+    title: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let add = [
+        "todo",
+        "add",
+        "--endpoint",
+        endpoint,
+        "--queue",
+        queue,
+        "--title",
+        title,
+    ];
+    run_db(db, &[&add[..], extra].concat())
+}
+
+/// A config table `[table]` naming an MCP server at `url`, its bearer token the variable `var`
+/// of `env_file`.
+pub fn server_table(table: &str, url: &str, env_file: &str, var: &str) -> String {
+    format!(
+        "\n[{table}]\nurl = \"{url}\"\nenv_file = \"{env_file}\"\n\
+         headers = {{ Authorization = \"Bearer ${{{var}}}\" }}\n"
+    )
+}
+
+/// The lease source `queue.q` the end-to-end configs use: queue `work` at `url`, the bearer
+/// token from `token.env`'s `TOKEN`.
+pub fn queue_table(url: &str, heartbeat_interval: &str) -> String {
+    server_table("queue.q", url, "token.env", "TOKEN")
+        + &format!(
+            "queue = \"work\"\nlease_ttl = \"1m\"\nheartbeat_interval = \"{heartbeat_interval}\"\n"
+        )
+}
+
+/// A harness leased on `queue.q`: `agent.sh` checked by `check.sh`, its environment from
+/// `agent.env`, then `extra` (its trigger, for one).
+pub fn harness_table(name: &str, extra: &str) -> String {
+    format!(
+        r#"
+[harness.{name}]
+command = ["sh", "agent.sh"]
+env_file = "agent.env"
+lease = "queue.q"
+success_check = ["sh", "check.sh"]
+success_check_interval = "1s"
+kill_grace = "2s"
+{extra}
+"#
+    )
+}
+
 /// The real `relay` binary, as a command to add arguments to.
 pub fn relay() -> Command {
     Command::new(relay_bin())

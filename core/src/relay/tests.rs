@@ -18,6 +18,13 @@ fn claim_1() -> ClaimedTodo {
     claimed("td_1", 1, 5, Some(TOKEN))
 }
 
+/// A driver on the default settings whose first run holds `claim_1`.
+fn running() -> Driver {
+    let mut d = Driver::new(settings());
+    d.start(claim_1());
+    d
+}
+
 fn at(s: &str) -> Millis {
     parse_rfc3339(s).unwrap_or_else(|| panic!("bad time {s}"))
 }
@@ -108,8 +115,7 @@ fn var(env: &[(String, String)], name: &str) -> Option<String> {
 
 #[test]
 fn firing_during_a_run() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let cmds = d.fire();
     assert_eq!(
         cmds,
@@ -481,8 +487,7 @@ fn the_token_stays_out() {
 
 #[test]
 fn a_long_run_keeps_its_lease() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let start = d.now;
     d.advance(40 * MINUTE);
     let beats: Vec<(Millis, Command)> = d
@@ -541,8 +546,7 @@ fn the_lease_deadline_counts_from_the_send_time() {
 
 #[test]
 fn taken_over() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.auto_heartbeat = AutoHeartbeat::Reply(Err(conflict()));
     let cmds = d.advance(MINUTE);
     let run_id = d.run_id();
@@ -572,8 +576,7 @@ fn taken_over() {
 /// nothing is sent on a lease that is already gone.
 #[test]
 fn a_host_waking_after_its_lease_sends_nothing_and_stops_at_once() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.now += 3 * settings().lease_ttl; // the host was frozen
     let cmds = d.input(Input::TimerFired);
     assert_eq!(count(&cmds, is_heartbeat), 0, "{cmds:?}");
@@ -898,8 +901,7 @@ fn a_red_check_before_the_spawn_proceeds_to_the_work() {
 
 #[test]
 fn report_retried_through_a_blip() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.advance(12 * MINUTE + 4 * SECOND);
     let (verb, _, _, result) = the_report(&d.exit(1, None));
     assert_eq!(verb, ReportVerb::Fail);
@@ -933,8 +935,7 @@ fn report_retried_through_a_blip() {
 #[test]
 fn a_heartbeat_refused_while_the_report_is_out_lets_the_report_decide() {
     // The report is in flight when the refusal arrives: its answer decides.
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.auto_heartbeat = AutoHeartbeat::Off;
     d.exit(0, None);
     d.advance(MINUTE);
@@ -960,8 +961,7 @@ fn a_heartbeat_refused_while_the_report_is_out_lets_the_report_decide() {
 
     // The report is waiting for a retry: it goes again at once, and a refusal of the report
     // itself is the lost lease.
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.auto_heartbeat = AutoHeartbeat::Off;
     d.exit(0, None);
     d.advance(MINUTE);
@@ -989,8 +989,7 @@ fn a_heartbeat_refused_while_the_report_is_out_lets_the_report_decide() {
 
 #[test]
 fn a_report_not_accepted_by_the_deadline_is_lost() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.exit(1, None);
     d.auto_heartbeat = AutoHeartbeat::Reply(Err(LeaseError::Transport));
     let mut log = Vec::new();
@@ -1015,8 +1014,7 @@ fn a_report_not_accepted_by_the_deadline_is_lost() {
 
 #[test]
 fn a_report_answered_conflict_is_lease_loss() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.exit(0, None);
     let cmds = d.report_failed(conflict());
     let record = &records(&cmds)[0];
@@ -1034,8 +1032,7 @@ fn a_report_answered_conflict_is_lease_loss() {
 
 #[test]
 fn the_agent_explains_itself() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.advance(16 * MINUTE);
     let file = br#"{"summary": "bumped the fixture; flaky test remains", "artifact": "mcp://cairn/Ab12Cd34"}"#;
     let (_, summary, artifact, result) = the_report(&d.exit(0, Some(file)));
@@ -1054,8 +1051,7 @@ fn the_agent_explains_itself() {
 #[test]
 fn a_token_in_the_agents_summary() {
     let github = "ghp_16C7e42F292c6912E7710c838347Ae178B4a";
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let text = format!("pushed with {github}; also {HEADER_SECRET} and {ENV_FILE_SECRET}");
     let (_, summary, _, _) = the_report(&d.exit(1, Some(text.as_bytes())));
     assert!(summary.contains("pushed with ghp_[REDACTED]; also [REDACTED] and [REDACTED]"));
@@ -1082,8 +1078,7 @@ fn a_long_summary_is_capped_keeping_the_first_line() {
 
 #[test]
 fn malformed_handle() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let cmds = d.exit(
         1,
         Some(br#"{"summary": "done", "artifact": "file:///etc/passwd"}"#),
@@ -1237,8 +1232,7 @@ fn a_stop_while_claiming_releases_the_claim_at_once() {
 
 #[test]
 fn crash_mid_attempt() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.advance(3 * MINUTE);
     let left = d.last_record();
     assert_eq!(left.outcome, RunOutcome::Running);
@@ -1343,8 +1337,7 @@ fn never_a_ring_target() {
 fn doctor_output() {
     // Machine half of `harness describe fixer` during an attempt; the daemon's e2e test must
     // check the rendered text and the protocol frame too.
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let d = running();
     let view = d.describe();
     assert_eq!(view.lease, "queue.ci");
     let attempt = view.attempt.clone().unwrap_or_else(|| panic!("no attempt"));
@@ -1629,8 +1622,7 @@ fn a_conflict_is_not_a_transport_error() {
 
 #[test]
 fn stale_answers_are_ignored_and_unknown_ones_refused() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.exit(0, None);
     d.report_ok(false);
     let request = d.last_request(is_heartbeat_or_report);
@@ -1673,38 +1665,28 @@ fn is_heartbeat_or_report(c: &Command) -> bool {
 
 // ---- Properties (bodies in crate::testing::relay) ------------------------------------------
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+/// Each property as a test of its own, over the same kind of input.
+macro_rules! relay_properties {
+    ($($name:ident => $body:ident),* $(,)?) => {
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            $(
+                #[test]
+                fn $name(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+                    $body(&bytes).map_err(TestCaseError::fail)?;
+                }
+            )*
+        }
+    };
+}
 
-    #[test]
-    fn prop_no_lease_call_before_admission(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_admission_before_lease_calls(&bytes).map_err(TestCaseError::fail)?;
-    }
-
-    #[test]
-    fn prop_silent_after_lease_loss(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_silent_after_lease_loss(&bytes).map_err(TestCaseError::fail)?;
-    }
-
-    #[test]
-    fn prop_nothing_after_close(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_nothing_after_close(&bytes).map_err(TestCaseError::fail)?;
-    }
-
-    #[test]
-    fn prop_token_only_in_lease_calls(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_token_stays_in_lease_calls(&bytes).map_err(TestCaseError::fail)?;
-    }
-
-    #[test]
-    fn prop_one_relay_outcome_per_claim(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_one_outcome_per_claim(&bytes).map_err(TestCaseError::fail)?;
-    }
-
-    #[test]
-    fn prop_wall_clock_moves_no_deadline(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-        relay_wall_clock_moves_no_deadline(&bytes).map_err(TestCaseError::fail)?;
-    }
+relay_properties! {
+    prop_no_lease_call_before_admission => relay_admission_before_lease_calls,
+    prop_silent_after_lease_loss => relay_silent_after_lease_loss,
+    prop_nothing_after_close => relay_nothing_after_close,
+    prop_token_only_in_lease_calls => relay_token_stays_in_lease_calls,
+    prop_one_relay_outcome_per_claim => relay_one_outcome_per_claim,
+    prop_wall_clock_moves_no_deadline => relay_wall_clock_moves_no_deadline,
 }
 
 proptest! {
@@ -1738,8 +1720,7 @@ fn event_name(e: &Event) -> String {
 
 #[test]
 fn an_attempt_emits_its_events_in_order_and_none_holds_a_secret() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.exit(0, Some(br#"{"summary":"fixed the flaky test"}"#));
     d.report_ok(false);
     let cmds = d.commands();
@@ -1792,8 +1773,7 @@ fn an_attempt_emits_its_events_in_order_and_none_holds_a_secret() {
 
 #[test]
 fn a_skipped_firing_is_one_run_skipped_with_its_reason() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let cmds = d.fire();
     assert_eq!(
         events(&cmds),
@@ -1812,8 +1792,7 @@ fn a_skipped_firing_is_one_run_skipped_with_its_reason() {
 
 #[test]
 fn a_lost_lease_ends_with_run_finished_after_relay_lease_lost() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.auto_heartbeat = AutoHeartbeat::Reply(Err(conflict()));
     d.advance(MINUTE);
     d.exit(-15, None);
@@ -1871,8 +1850,7 @@ proptest! {
 
 #[test]
 fn a_reload_waits_for_the_attempt_in_flight_and_applies_at_its_close() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let mut new = settings();
     new.lease_ttl = 2 * MINUTE;
     new.argv = vec!["codex".into()];
@@ -1929,8 +1907,7 @@ fn a_reload_without_an_attempt_applies_at_once_and_a_revert_drops_the_waiting_se
     );
     assert_eq!(d.relay.reconfigure(new), Reconfigured::Unchanged);
 
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     let mut new = settings();
     new.argv = vec!["other".into()];
     assert_eq!(
@@ -2023,8 +2000,7 @@ fn an_operator_stop_ends_the_attempt_and_a_later_firing_claims_again() {
 
 #[test]
 fn a_stop_once_the_verdict_is_known_changes_nothing() {
-    let mut d = Driver::new(settings());
-    d.start(claim_1());
+    let mut d = running();
     d.exit(0, None);
     assert!(!d.relay.stop_would_abort(), "the complete is out");
     assert_eq!(

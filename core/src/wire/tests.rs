@@ -126,12 +126,8 @@ fn get_todo_is_implied_by_list_todos_and_release_never_is() {
     assert!(!tools_for(&all_but_release).contains(&Tool::Release));
 }
 
-#[test]
-fn claim_answers_have_the_contract_shape() {
-    assert_eq!(
-        serde_json::to_value(ClaimOut::empty()).unwrap(),
-        json!({"empty": true})
-    );
+/// A ledger holding `td_1` of endpoint `e` (queue `ci`), and when it was added.
+fn one_todo() -> (Ledger, u64) {
     let mut l = Ledger::new(LedgerConfig::default());
     let t0 = 1_790_000_000_000;
     l.add_todo(
@@ -145,6 +141,16 @@ fn claim_answers_have_the_contract_shape() {
         },
     )
     .unwrap();
+    (l, t0)
+}
+
+#[test]
+fn claim_answers_have_the_contract_shape() {
+    assert_eq!(
+        serde_json::to_value(ClaimOut::empty()).unwrap(),
+        json!({"empty": true})
+    );
+    let (mut l, t0) = one_todo();
     let actor = Actor::endpoint("e");
     let opts = ClaimOpts {
         ttl: 300_000,
@@ -240,19 +246,7 @@ mod properties {
 #[test]
 fn a_claim_answer_decodes_into_what_the_relay_machine_takes() {
     use crate::relay::{ClaimAnswer, decode_claim};
-    let mut l = Ledger::new(LedgerConfig::default());
-    let t0 = 1_790_000_000_000;
-    l.add_todo(
-        t0,
-        "e",
-        NewTodo {
-            id: "td_1".into(),
-            queue: "ci".into(),
-            title: "fix".into(),
-            ..NewTodo::default()
-        },
-    )
-    .unwrap();
+    let (mut l, t0) = one_todo();
     let actor = Actor::endpoint("e");
     let opts = ClaimOpts {
         ttl: 60_000,

@@ -24,6 +24,11 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
+#[path = "../tests/support/db.rs"]
+mod db;
+#[path = "../tests/support/pg_schema.rs"]
+mod pg_schema;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +39,10 @@ use relay_core::time::SECOND;
 use relay_core::time::WallClock;
 use relay_server::clock::SystemClock;
 use relay_server::server::{Server, ServerConfig};
-use relay_server::store::{NewEndpoint, PgStore, Store};
+use relay_server::store::{NewEndpoint, Store};
 use serde_json::{Value, json};
+
+use db::Db;
 
 const QUEUE: &str = "q";
 const HTTP_ENDPOINT: &str = "bench-http";
@@ -76,25 +83,10 @@ fn args() -> Args {
     out
 }
 
-enum Db {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        url: String,
-    },
-    Postgres {
-        url: String,
-        schema: String,
-    },
-}
-
 fn main() {
     let args = args();
     let db = match args.db.as_deref() {
-        None => {
-            let dir = tempfile::tempdir().expect("a temp dir");
-            let url = format!("sqlite:{}", dir.path().join("bench.db").display());
-            Db::Sqlite { _dir: dir, url }
-        }
+        None => Db::sqlite_temp("bench.db"),
         Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
             url: u.to_string(),
             schema: format!("bench_http_{}", std::process::id()),
@@ -112,15 +104,8 @@ fn main() {
         .expect("a tokio runtime");
     rt.block_on(run(&db, &args));
     if let Db::Postgres { url, schema } = &db {
-        rt.block_on(async {
-            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(conn);
-            c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .await
-                .expect("drop the bench schema");
-        });
+        rt.block_on(pg_schema::drop_now(url, schema))
+            .expect("drop the bench schema");
     }
 }
 
@@ -174,19 +159,10 @@ struct Figures {
 
 async fn run(db: &Db, args: &Args) {
     let cfg = LedgerConfig::default();
-    let (store, name) = match db {
-        Db::Sqlite { url, .. } => (
-            Store::open(url, cfg).await.expect("open the store"),
-            format!("sqlite, temp file ({url})"),
-        ),
-        Db::Postgres { url, schema } => (
-            Store::Postgres(
-                PgStore::open_in_schema(url, schema, cfg)
-                    .await
-                    .expect("open the store"),
-            ),
-            format!("postgres, schema {schema}"),
-        ),
+    let store = db.open(cfg).await;
+    let name = match db {
+        Db::Sqlite { path, .. } => format!("sqlite, temp file ({})", Db::sqlite_url(path)),
+        Db::Postgres { schema, .. } => format!("postgres, schema {schema}"),
     };
     println!(
         "relay HTTP benchmark: {name}; {} clients, {} s per figure, {} todos preloaded per figure",

@@ -20,29 +20,25 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
+#[path = "../tests/support/db.rs"]
+mod db;
+#[path = "../tests/support/pg_schema.rs"]
+mod pg_schema;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use relay_core::ledger::{Actor, Answer, ClaimOpts, LedgerConfig, Op, Report, TokenHash};
 use relay_core::time::SECOND;
-use relay_server::store::{PgStore, Store};
+use relay_server::store::Store;
 use serde_json::json;
+
+use db::Db;
 
 const T0: u64 = 1_790_000_000_000;
 const RUN: Duration = Duration::from_secs(2);
 const TTL: u64 = 300 * SECOND;
-
-enum Db {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: std::path::PathBuf,
-    },
-    Postgres {
-        url: String,
-        schema: String,
-    },
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -60,11 +56,7 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     let db = match url.as_deref() {
-        None => {
-            let dir = tempfile::tempdir().expect("a temp dir");
-            let path = dir.path().join("bench.db");
-            Db::Sqlite { _dir: dir, path }
-        }
+        None => Db::sqlite_temp("bench.db"),
         Some(u) if u.starts_with("sqlite:") && u != "sqlite::memory:" => {
             let dir = tempfile::tempdir().expect("a temp dir");
             Db::Sqlite {
@@ -83,15 +75,8 @@ fn main() {
     };
     rt.block_on(run(&db));
     if let Db::Postgres { url, schema } = &db {
-        rt.block_on(async {
-            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(conn);
-            c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .await
-                .expect("drop the bench schema");
-        });
+        rt.block_on(pg_schema::drop_now(url, schema))
+            .expect("drop the bench schema");
     }
 }
 
@@ -122,16 +107,7 @@ fn rate(n: u64, d: Duration) -> f64 {
 
 async fn run(db: &Db) {
     let cfg = LedgerConfig::default();
-    let store = match db {
-        Db::Sqlite { path, .. } => Store::open(&format!("sqlite:{}", path.display()), cfg)
-            .await
-            .expect("open the store"),
-        Db::Postgres { url, schema } => Store::Postgres(
-            PgStore::open_in_schema(url, schema, cfg)
-                .await
-                .expect("open the store"),
-        ),
-    };
+    let store = db.open(cfg).await;
     let raw = Raw::connect(db).await;
     let (name, preload) = match db {
         Db::Sqlite { path, .. } => (

@@ -6,82 +6,41 @@
 //! is for an observable event (a close, an answer, `serve` returning) under a 10 s failure
 //! bound, never a sleep.
 
-use std::net::SocketAddr;
+#[path = "support/harness.rs"]
+mod harness;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use relay_core::ledger::{LedgerConfig, TokenHash};
-use relay_core::time::ManualClock;
-use relay_server::server::{Server, ServerConfig};
-use relay_server::store::{NewEndpoint, Store};
+use harness::{BOUND, Harness};
+use relay_core::ledger::LedgerConfig;
+use relay_server::server::ServerConfig;
+use relay_server::store::Store;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-const T0: u64 = 1_790_000_000_000;
-const BOUND: Duration = Duration::from_secs(10);
 /// Long enough never to fire during a test that is about another limit.
 const LONG: Duration = Duration::from_secs(600);
 
-struct Running {
-    addr: SocketAddr,
-    store: Store,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
 /// The full `serve` (accept loop, timeouts, caps) on a loopback port, SQLite in memory.
-async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Running {
+async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Harness {
     let store = Store::open("sqlite::memory:", LedgerConfig::default())
         .await
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut config = ServerConfig::for_listen(addr);
-    config.header_read_timeout = LONG;
-    config.idle_timeout = LONG;
-    config.body_timeout = LONG;
-    config.shutdown_grace = LONG;
-    tweak(&mut config);
-    let server = Server::new(
-        store.clone(),
-        Arc::new(ManualClock::new(T0)),
-        config,
-        Some(3),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(async move {
-        server
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    Running {
-        addr,
-        store,
-        stop: Some(stop),
-        served,
-    }
+    let config = |c: &mut ServerConfig| {
+        c.header_read_timeout = LONG;
+        c.idle_timeout = LONG;
+        c.body_timeout = LONG;
+        c.shutdown_grace = LONG;
+        tweak(c);
+    };
+    Harness::start_on(store, 3, config, true).await
 }
 
-impl Running {
-    async fn endpoint(&self, name: &str) -> String {
-        let token = relay_server::server::new_bearer_token().unwrap();
-        self.store
-            .endpoint_create(
-                T0,
-                NewEndpoint {
-                    name: name.into(),
-                    token_hash: TokenHash::of(&token),
-                    verbs: vec!["claim_next".into(), "list_todos".into()],
-                    queues: None,
-                },
-            )
-            .await
-            .unwrap();
-        token
-    }
+/// The verbs every endpoint of these tests is granted.
+const VERBS: &[&str] = &["claim_next", "list_todos"];
 
+impl Harness {
     async fn connect(&self) -> TcpStream {
         TcpStream::connect(self.addr).await.unwrap()
     }
@@ -103,14 +62,6 @@ impl Running {
             body.len()
         ))
         .await
-    }
-
-    async fn stop_and_wait(&mut self) -> std::io::Result<()> {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(BOUND, &mut self.served)
-            .await
-            .expect("serve returned within the bound after shutdown")
-            .unwrap()
     }
 }
 
@@ -208,7 +159,7 @@ async fn a_silent_connection_and_an_idle_keep_alive_are_closed() {
 #[tokio::test]
 async fn a_body_that_does_not_arrive_is_answered_408() {
     let r = start(|c| c.body_timeout = Duration::from_millis(300)).await;
-    let token = r.endpoint("ep").await;
+    let token = r.endpoint("ep", VERBS, None).await;
     let mut s = r.connect().await;
     s.write_all(
         format!(
@@ -267,8 +218,8 @@ async fn sessions_are_capped_per_endpoint_and_in_total() {
         c.max_sessions = 3;
     })
     .await;
-    let a = r.endpoint("a").await;
-    let b = r.endpoint("b").await;
+    let a = r.endpoint("a", VERBS, None).await;
+    let b = r.endpoint("b", VERBS, None).await;
     for _ in 0..2 {
         let ok = r.initialize("a", &a).await;
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
@@ -288,7 +239,7 @@ async fn sessions_are_capped_per_endpoint_and_in_total() {
 #[tokio::test]
 async fn doorbell_streams_are_capped() {
     let r = start(|c| c.max_streams = 1).await;
-    let token = r.endpoint("ep").await;
+    let token = r.endpoint("ep", VERBS, None).await;
     let open = |session: String| {
         format!(
             "GET /mcp/ep HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
@@ -395,31 +346,10 @@ async fn metrics_and_healthz_refuse_a_foreign_host() {
 }
 
 /// The full `serve` on a SQLite file in `dir`.
-async fn start_on_file(dir: &std::path::Path) -> Running {
+async fn start_on_file(dir: &std::path::Path) -> Harness {
     let url = format!("sqlite:{}", dir.join("relay.db").display());
     let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = Server::new(
-        store.clone(),
-        Arc::new(ManualClock::new(T0)),
-        ServerConfig::for_listen(addr),
-        Some(3),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(async move {
-        server
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    Running {
-        addr,
-        store,
-        stop: Some(stop),
-        served,
-    }
+    Harness::start_on(store, 3, |_| {}, true).await
 }
 
 #[tokio::test]
@@ -442,7 +372,7 @@ async fn the_sqlite_file_and_its_wal_and_shm_are_private() {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let r = start_on_file(dir.path()).await;
-    r.endpoint("ep").await;
+    r.endpoint("ep", VERBS, None).await;
     for name in ["relay.db", "relay.db-wal", "relay.db-shm"] {
         let mode = std::fs::metadata(dir.path().join(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"))

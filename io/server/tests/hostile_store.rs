@@ -4,51 +4,28 @@
 //! Time is a `ManualClock`; the sweeps are driven by hand; waits carry a timeout only as a
 //! failure bound.
 
-#[path = "support/pg_schema.rs"]
-mod pg_schema;
+#[path = "support/harness.rs"]
+mod harness;
 
-use std::sync::Arc;
-use std::time::Duration;
+#[path = "support/db.rs"]
+mod db;
 
-use relay_core::Millis;
-use relay_core::ledger::{LedgerConfig, NewTodo, Op, TokenHash};
-use relay_core::time::ManualClock;
-use relay_server::server::{Server, ServerConfig};
-use relay_server::store::{NewEndpoint, Store};
+use db::Db;
+use harness::{BOUND, Harness, T0, next_event, pg_schema};
+use relay_core::ledger::{LedgerConfig, NewTodo, Op};
 use serde_json::{Value, json};
-
-const T0: Millis = 1_790_000_000_000;
-const BOUND: Duration = Duration::from_secs(10);
 
 /// More pending todos than the old scan's window (10 000).
 const BACKLOG: i64 = 10_001;
 
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
-
 /// One store to run on, and how to plant rows in it with raw SQL (so that a 10 001-todo backlog
 /// takes one statement, not 10 001 transactions).
-enum Backend {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: std::path::PathBuf,
-    },
-    Postgres {
-        url: String,
-        schema: String,
-    },
-}
-
-impl Backend {
-    fn all() -> Vec<Backend> {
+impl Db {
+    fn all() -> Vec<Db> {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("relay.db");
-        let mut v = vec![Backend::Sqlite { _dir: dir, path }];
+        let mut v = vec![Db::sqlite_temp("relay.db")];
         match std::env::var("RELAY_TEST_POSTGRES") {
-            Ok(url) if !url.is_empty() => v.push(Backend::Postgres {
+            Ok(url) if !url.is_empty() => v.push(Db::Postgres {
                 url,
                 schema: format!(
                     "hs_{}_{}",
@@ -67,34 +44,11 @@ impl Backend {
         v
     }
 
-    fn name(&self) -> &'static str {
-        match self {
-            Backend::Sqlite { .. } => "sqlite",
-            Backend::Postgres { .. } => "postgres",
-        }
-    }
-
-    async fn open(&self) -> Store {
-        match self {
-            Backend::Sqlite { path, .. } => Store::open(
-                &format!("sqlite:{}", path.display()),
-                LedgerConfig::default(),
-            )
-            .await
-            .unwrap(),
-            Backend::Postgres { url, schema } => Store::Postgres(
-                relay_server::store::PgStore::open_in_schema(url, schema, LedgerConfig::default())
-                    .await
-                    .unwrap(),
-            ),
-        }
-    }
-
     /// `n` pending todos of `endpoint` in queue `backlog`, created before `T0`, ids `bk_<i>`.
     async fn plant_backlog(&self, endpoint: &str, n: i64) {
         let cols = "id, endpoint, queue, title, state, max_attempts, created_at, updated_at";
         match self {
-            Backend::Sqlite { path, .. } => {
+            Db::Sqlite { path, .. } => {
                 let c = rusqlite::Connection::open(path).unwrap();
                 c.busy_timeout(BOUND).unwrap();
                 c.execute(
@@ -108,7 +62,7 @@ impl Backend {
                 )
                 .unwrap();
             }
-            Backend::Postgres { url, schema } => {
+            Db::Postgres { url, schema } => {
                 let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .unwrap();
@@ -132,9 +86,9 @@ impl Backend {
     }
 }
 
-impl Drop for Backend {
+impl Drop for Db {
     fn drop(&mut self) {
-        let Backend::Postgres { url, schema } = self else {
+        let Db::Postgres { url, schema } = self else {
             return;
         };
         let (url, name) = (url.clone(), schema.clone());
@@ -142,144 +96,53 @@ impl Drop for Backend {
     }
 }
 
-struct Harness {
-    base: String,
-    server: Server,
-    clock: ManualClock,
-    store: Store,
-    http: reqwest::Client,
-    _served: tokio::task::JoinHandle<std::io::Result<()>>,
+/// The router only (no background loops) over a store on `db`: the test drives the sweeps.
+async fn start(db: &Db) -> Harness {
+    let store = db.open(LedgerConfig::default()).await;
+    Harness::start_on(store, 13, |_| {}, false).await
 }
 
-impl Harness {
-    /// The router only (no background loops): the test drives the sweeps.
-    async fn start(store: Store) -> Harness {
-        let clock = ManualClock::new(T0);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let config = ServerConfig::for_listen(addr);
-        let server = Server::new(store.clone(), Arc::new(clock.clone()), config, Some(13));
-        let router = server.router();
-        let served = tokio::spawn(async move { axum::serve(listener, router).await });
-        Harness {
-            base: format!("http://{addr}"),
-            server,
-            clock,
-            store,
-            http: client(),
-            _served: served,
-        }
-    }
-
-    fn now(&self) -> Millis {
-        use relay_core::time::WallClock;
-        self.clock.now()
-    }
-
-    async fn endpoint(&self, name: &str, verbs: &[&str]) -> String {
-        let token = relay_server::server::new_bearer_token().unwrap();
-        self.store
-            .endpoint_create(
-                T0,
-                NewEndpoint {
-                    name: name.into(),
-                    token_hash: TokenHash::of(&token),
-                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                    queues: None,
-                },
-            )
-            .await
-            .unwrap();
-        token
-    }
-
-    /// An initialized session of `name` and its open doorbell stream.
-    async fn doorbell(&self, name: &str, token: &str) -> reqwest::Response {
-        let url = format!("{}/mcp/{name}", self.base);
-        let post = |body: Value, session: Option<String>| {
-            let mut r = self
-                .http
-                .post(&url)
-                .bearer_auth(token)
-                .header("accept", "application/json, text/event-stream")
-                .header("content-type", "application/json")
-                .body(body.to_string());
-            if let Some(s) = session {
-                r = r.header("mcp-session-id", s);
-            }
-            r.send()
-        };
-        let init = post(
-            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"}}}),
-            None,
-        )
-        .await
-        .unwrap();
-        assert_eq!(init.status(), 200);
-        let session = init.headers()["mcp-session-id"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        let n = post(
-            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-            Some(session.clone()),
-        )
-        .await
-        .unwrap();
-        assert_eq!(n.status(), 202);
-        let stream = self
-            .http
-            .get(&url)
-            .bearer_auth(token)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", session)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(stream.status(), 200);
-        stream
-    }
+/// An initialized session of `name` on `h` and its open doorbell stream.
+async fn doorbell(h: &Harness, name: &str, token: &str) -> reqwest::Response {
+    let mut c = h.mcp(name, token);
+    c.init().await;
+    c.stream().await
 }
 
-/// The next `data:` message of an SSE response, or `None` when none comes within `within`.
-async fn next_event(
-    resp: &mut reqwest::Response,
-    buf: &mut String,
-    within: Duration,
-) -> Option<Value> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let data: String = event
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(str::trim_start)
-                .collect();
-            if data.is_empty() {
-                continue; // a keep-alive comment
-            }
-            return Some(serde_json::from_str(&data).unwrap());
-        }
-        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.ok()?;
-        let chunk = chunk.unwrap().expect("the stream is open");
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
+/// A JSON-RPC `tools/call` on a fresh session of `name`: the whole answer.
+async fn call(h: &Harness, name: &str, token: &str, tool: &str, args: Value) -> Value {
+    let mut c = h.mcp(name, token);
+    c.init().await;
+    c.rpc("tools/call", json!({"name": tool, "arguments": args}))
+        .await
+        .1
+}
+
+/// Adds a todo to queue `q` as endpoint `name`: its id.
+async fn add_todo(h: &Harness, name: &str, token: &str) -> Value {
+    let added = call(
+        h,
+        name,
+        token,
+        "add_todo",
+        json!({"queue": "q", "title": "t"}),
+    )
+    .await;
+    added["result"]["structuredContent"]["id"].clone()
 }
 
 /// Issue 13, why 5: the scan read the oldest 10 000 pending todos of the whole store, so a todo
 /// added out of process behind 10 001 older ones (of another endpoint) never rang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
-    for backend in Backend::all() {
-        let store = backend.open().await;
-        let h = Harness::start(store).await;
-        h.endpoint("bulk", &["add_todo"]).await;
-        let token = h.endpoint("worker", &["claim_next", "complete"]).await;
+    for backend in Db::all() {
+        let h = start(&backend).await;
+        h.endpoint("bulk", &["add_todo"], None).await;
+        let token = h
+            .endpoint("worker", &["claim_next", "complete"], None)
+            .await;
         backend.plant_backlog("bulk", BACKLOG).await;
-        let mut stream = h.doorbell("worker", &token).await;
+        let mut stream = doorbell(&h, "worker", &token).await;
         let mut buf = String::new();
         // The first scan only learns where it stands.
         h.server.doorbell_once(h.now()).await.unwrap();
@@ -315,75 +178,25 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
     }
 }
 
-impl Harness {
-    /// A JSON-RPC `tools/call` on a fresh session of `name`: the whole answer.
-    async fn call(&self, name: &str, token: &str, tool: &str, args: Value) -> Value {
-        let url = format!("{}/mcp/{name}", self.base);
-        let post = |body: Value, session: Option<String>| {
-            let mut r = self
-                .http
-                .post(&url)
-                .bearer_auth(token)
-                .header("accept", "application/json, text/event-stream")
-                .header("content-type", "application/json")
-                .body(body.to_string());
-            if let Some(s) = session {
-                r = r.header("mcp-session-id", s);
-            }
-            r.send()
-        };
-        let init = post(
-            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"}}}),
-            None,
-        )
-        .await
-        .unwrap();
-        let session = init.headers()["mcp-session-id"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        post(
-            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-            Some(session.clone()),
-        )
-        .await
-        .unwrap();
-        let r = post(
-            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": tool, "arguments": args}}),
-            Some(session),
-        )
-        .await
-        .unwrap();
-        r.json().await.unwrap()
-    }
-}
-
 /// Issue 13, why 8: `result` was unbounded (a 1 MB result made `get_todo` answer 2 MB). It is
 /// bounded like `payload`: above 64 KiB the report is `invalid`, naming `result`, and changes
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_above_64_kib_is_invalid_naming_it() {
-    for backend in Backend::all() {
-        let h = Harness::start(backend.open().await).await;
+    for backend in Db::all() {
+        let h = start(&backend).await;
         let token = h
             .endpoint(
                 "w",
                 &["add_todo", "claim_next", "complete", "fail", "list_todos"],
+                None,
             )
             .await;
-        let added = h
-            .call("w", &token, "add_todo", json!({"queue": "q", "title": "t"}))
-            .await;
-        let id = added["result"]["structuredContent"]["id"].clone();
-        h.call("w", &token, "claim_next", json!({})).await;
+        let id = add_todo(&h, "w", &token).await;
+        call(&h, "w", &token, "claim_next", json!({})).await;
         let big = json!({"blob": "x".repeat(65 * 1024)});
         for verb in ["complete", "fail"] {
-            let r = h
-                .call("w", &token, verb, json!({"id": id, "result": big}))
-                .await;
+            let r = call(&h, "w", &token, verb, json!({"id": id, "result": big})).await;
             let out = &r["result"];
             assert_eq!(out["isError"], true, "{}: {verb}: {r}", backend.name());
             assert_eq!(out["structuredContent"]["error"]["code"], "invalid");
@@ -392,7 +205,7 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
                 .unwrap();
             assert!(msg.contains("result"), "{msg}");
         }
-        let view = h.call("w", &token, "get_todo", json!({"id": id})).await;
+        let view = call(&h, "w", &token, "get_todo", json!({"id": id})).await;
         assert_eq!(
             view["result"]["structuredContent"]["todo"]["state"],
             "claimed",
@@ -402,14 +215,14 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
         // Exactly at the bound it is accepted.
         let at_bound = json!({"b": "x".repeat(64 * 1024 - 8)});
         assert_eq!(at_bound.to_string().len(), 64 * 1024);
-        let r = h
-            .call(
-                "w",
-                &token,
-                "complete",
-                json!({"id": id, "result": at_bound}),
-            )
-            .await;
+        let r = call(
+            &h,
+            "w",
+            &token,
+            "complete",
+            json!({"id": id, "result": at_bound}),
+        )
+        .await;
         assert_eq!(r["result"]["isError"], false, "{r}");
     }
 }
@@ -418,16 +231,13 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
 /// table names). They answer one generic sentence with an error id now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internal_error_shows_an_error_id_and_no_store_text() {
-    for backend in Backend::all() {
-        let h = Harness::start(backend.open().await).await;
-        let token = h.endpoint("w", &["add_todo", "list_todos"]).await;
-        let added = h
-            .call("w", &token, "add_todo", json!({"queue": "q", "title": "t"}))
-            .await;
-        let id = added["result"]["structuredContent"]["id"].clone();
+    for backend in Db::all() {
+        let h = start(&backend).await;
+        let token = h.endpoint("w", &["add_todo", "list_todos"], None).await;
+        let id = add_todo(&h, "w", &token).await;
         // Break the store under the server: the attempts table is gone.
         backend.raw("DROP TABLE todo_attempts").await;
-        let r = h.call("w", &token, "get_todo", json!({"id": id})).await;
+        let r = call(&h, "w", &token, "get_todo", json!({"id": id})).await;
         assert_eq!(r["error"]["code"], -32603, "{}: {r}", backend.name());
         let msg = r["error"]["message"].as_str().unwrap();
         assert!(msg.contains("error id err_"), "{msg}");
@@ -449,16 +259,16 @@ async fn an_internal_error_shows_an_error_id_and_no_store_text() {
     }
 }
 
-impl Backend {
+impl Db {
     /// Runs one constant statement on the store's database.
     async fn raw(&self, sql: &str) {
         match self {
-            Backend::Sqlite { path, .. } => {
+            Db::Sqlite { path, .. } => {
                 let c = rusqlite::Connection::open(path).unwrap();
                 c.busy_timeout(BOUND).unwrap();
                 c.execute_batch(sql).unwrap();
             }
-            Backend::Postgres { url, schema } => {
+            Db::Postgres { url, schema } => {
                 let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .unwrap();

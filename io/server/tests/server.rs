@@ -6,40 +6,14 @@
 //! `open_store`). Time is a `ManualClock`; nothing sleeps to synchronise. Waits on streams and watches carry a
 //! timeout only as a failure bound.
 
-#[path = "support/pg_schema.rs"]
-mod pg_schema;
+#[path = "support/harness.rs"]
+mod harness;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use relay_core::Millis;
-use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView, TokenHash};
-use relay_core::time::ManualClock;
-use relay_server::server::{Server, ServerConfig};
-use relay_server::store::{NewEndpoint, Store};
+use harness::{BOUND, Harness, Mcp, T0};
+use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView};
+use relay_server::server::ServerConfig;
+use relay_server::store::Store;
 use serde_json::{Value, json};
-
-const T0: Millis = 1_790_000_000_000;
-const BOUND: Duration = Duration::from_secs(10);
-
-/// reqwest is built with `rustls-no-provider`: plain http needs no TLS, but building a client
-/// still wants a process-wide provider, so install ring's (a second install is a no-op).
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
-
-struct Harness {
-    base: String,
-    server: Server,
-    clock: ManualClock,
-    store: Store,
-    http: reqwest::Client,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-    /// The Postgres schema this test ran in, dropped with the harness.
-    pg_schema: Option<(String, String)>,
-}
 
 /// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
 /// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
@@ -66,115 +40,49 @@ async fn open_store() -> (Store, Option<(String, String)>) {
     (store, None)
 }
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        let Some((url, name)) = self.pg_schema.take() else {
-            return;
-        };
-        pg_schema::drop_schema(url, name);
-    }
+/// Serves only the router (no background loops): tests drive the sweeps by hand.
+async fn start() -> Harness {
+    start_with(|_| {}, false).await
 }
 
-impl Harness {
-    /// Serves only the router (no background loops): tests drive the sweeps by hand.
-    async fn start() -> Harness {
-        Self::start_with(|_| {}, false).await
-    }
+/// SQLite in memory, or Postgres (see `open_store`), dropped with the harness.
+async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
+    let (store, pg_schema) = open_store().await;
+    let mut h = Harness::start_on(store, 7, tweak, full_serve).await;
+    h.pg_schema = pg_schema;
+    h
+}
 
-    async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
-        let (store, pg_schema) = open_store().await;
-        let clock = ManualClock::new(T0);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut config = ServerConfig::for_listen(addr);
-        tweak(&mut config);
-        let server = Server::new(store.clone(), Arc::new(clock.clone()), config, Some(7));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        let served = if full_serve {
-            let s = server.clone();
-            tokio::spawn(async move { s.serve(listener, shutdown).await })
-        } else {
-            let router = server.router();
-            tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            })
-        };
-        Harness {
-            base: format!("http://{addr}"),
-            server,
-            clock,
-            store,
-            http: client(),
-            stop: Some(stop),
-            served: Some(served),
-            pg_schema,
-        }
+/// Every todo with its whole attempt timeline: what "nothing changed" compares.
+async fn snapshot(h: &Harness) -> Vec<TodoView> {
+    let all = h
+        .store
+        .apply(Op::ListTodos {
+            actor: Actor::Operator,
+            filter: TodoFilter {
+                queues: None,
+                state: None,
+                limit: 10_000,
+            },
+        })
+        .await
+        .and_then(Answer::todos)
+        .unwrap();
+    let mut out = Vec::new();
+    for t in all {
+        out.push(
+            h.store
+                .apply(Op::GetTodo {
+                    actor: Actor::Operator,
+                    id: t.id,
+                    attempts_limit: 1000,
+                })
+                .await
+                .and_then(Answer::view)
+                .unwrap(),
+        );
     }
-
-    /// Vends an endpoint in the store; answers its bearer token.
-    async fn endpoint(&self, name: &str, verbs: &[&str], queues: Option<&[&str]>) -> String {
-        let token = relay_server::server::new_bearer_token().unwrap();
-        self.store
-            .endpoint_create(
-                T0,
-                NewEndpoint {
-                    name: name.into(),
-                    token_hash: TokenHash::of(&token),
-                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                    queues: queues.map(|qs| qs.iter().map(|q| q.to_string()).collect()),
-                },
-            )
-            .await
-            .unwrap();
-        token
-    }
-
-    fn mcp(&self, name: &str, token: &str) -> Mcp {
-        Mcp {
-            http: self.http.clone(),
-            url: format!("{}/mcp/{name}", self.base),
-            token: token.to_string(),
-            session: None,
-            next_id: 1,
-        }
-    }
-
-    /// Every todo with its whole attempt timeline: what "nothing changed" compares.
-    async fn snapshot(&self) -> Vec<TodoView> {
-        let all = self
-            .store
-            .apply(Op::ListTodos {
-                actor: Actor::Operator,
-                filter: TodoFilter {
-                    queues: None,
-                    state: None,
-                    limit: 10_000,
-                },
-            })
-            .await
-            .and_then(Answer::todos)
-            .unwrap();
-        let mut out = Vec::new();
-        for t in all {
-            out.push(
-                self.store
-                    .apply(Op::GetTodo {
-                        actor: Actor::Operator,
-                        id: t.id,
-                        attempts_limit: 1000,
-                    })
-                    .await
-                    .and_then(Answer::view)
-                    .unwrap(),
-            );
-        }
-        out
-    }
+    out
 }
 
 const ALL_VERBS: &[&str] = &[
@@ -188,94 +96,6 @@ const ALL_VERBS: &[&str] = &[
     "add_todo",
 ];
 
-struct Mcp {
-    http: reqwest::Client,
-    url: String,
-    token: String,
-    session: Option<String>,
-    next_id: u64,
-}
-
-impl Mcp {
-    fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
-        let mut r = self
-            .http
-            .request(method, &self.url)
-            .bearer_auth(&self.token)
-            .header("accept", "application/json, text/event-stream");
-        if let Some(s) = &self.session {
-            r = r.header("mcp-session-id", s);
-        }
-        r
-    }
-
-    async fn post_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
-        self.request(reqwest::Method::POST)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn rpc(&mut self, method: &str, params: Value) -> (u16, Value) {
-        let id = self.next_id;
-        self.next_id += 1;
-        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let r = self.post_raw(body.to_string()).await;
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
-
-    async fn init(&mut self) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}});
-        let r = self.post_raw(body.to_string()).await;
-        assert_eq!(r.status(), 200);
-        self.session = Some(r.headers()["mcp-session-id"].to_str().unwrap().to_string());
-        let v: Value = r.json().await.unwrap();
-        let n = self
-            .post_raw(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string())
-            .await;
-        assert_eq!(n.status(), 202);
-        v
-    }
-
-    /// A tools/call: the result object (with `isError`).
-    async fn call(&mut self, tool: &str, args: Value) -> Value {
-        let (status, v) = self
-            .rpc("tools/call", json!({"name": tool, "arguments": args}))
-            .await;
-        assert_eq!(status, 200, "{v}");
-        let result = v["result"].clone();
-        assert!(result.is_object(), "{v}");
-        // The same JSON as text content and as structuredContent.
-        let text: Value =
-            serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
-        assert_eq!(text, result["structuredContent"]);
-        result
-    }
-
-    async fn ok(&mut self, tool: &str, args: Value) -> Value {
-        let r = self.call(tool, args).await;
-        assert_eq!(r["isError"], false, "{tool}: {r}");
-        r["structuredContent"].clone()
-    }
-
-    /// Calls and expects a tool error with `code`; answers its message.
-    async fn fails(&mut self, tool: &str, args: Value, code: &str) -> String {
-        let r = self.call(tool, args).await;
-        assert_eq!(r["isError"], true, "{tool}: {r}");
-        assert_eq!(r["structuredContent"]["error"]["code"], code, "{r}");
-        r["structuredContent"]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    }
-}
-
 fn tool_names(list: &Value) -> Vec<String> {
     list["result"]["tools"]
         .as_array()
@@ -287,7 +107,7 @@ fn tool_names(list: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn every_tool_works_over_http() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
     let init = c.init().await;
@@ -412,7 +232,7 @@ async fn every_tool_works_over_http() {
 
 #[tokio::test]
 async fn every_error_code_is_a_tool_error_and_changes_nothing() {
-    let h = Harness::start().await;
+    let h = start().await;
     let a = h.endpoint("a", ALL_VERBS, Some(&["qa"])).await;
     let b = h.endpoint("b", ALL_VERBS, None).await;
     let mut ca = h.mcp("a", &a);
@@ -435,7 +255,7 @@ async fn every_error_code_is_a_tool_error_and_changes_nothing() {
         .ok("claim", json!({"id": mine, "require_fence": true}))
         .await;
     assert!(claim["lease_token"].is_string());
-    let before = h.snapshot().await;
+    let before = snapshot(&h).await;
 
     // conflict: a wrong lease token (the same answer as "not the owner").
     let m = ca
@@ -503,15 +323,15 @@ async fn every_error_code_is_a_tool_error_and_changes_nothing() {
     ca.fails("complete", json!({"id": mine, "result": [1]}), "invalid")
         .await;
 
-    assert_eq!(h.snapshot().await, before, "nothing changed");
+    assert_eq!(snapshot(&h).await, before, "nothing changed");
 }
 
 #[tokio::test]
 async fn a_wrong_token_unknown_or_revoked_endpoint_is_401() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let other = h.endpoint("other", ALL_VERBS, None).await;
-    let before = h.snapshot().await;
+    let before = snapshot(&h).await;
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18"}})
     .to_string();
@@ -554,12 +374,12 @@ async fn a_wrong_token_unknown_or_revoked_endpoint_is_401() {
         0,
         "the sweep ends a revoked endpoint's sessions"
     );
-    assert_eq!(h.snapshot().await, before);
+    assert_eq!(snapshot(&h).await, before);
 }
 
 #[tokio::test]
 async fn an_ungranted_verb_is_neither_listed_nor_callable() {
-    let h = Harness::start().await;
+    let h = start().await;
     let reader = h.endpoint("reader", &["list_todos"], None).await;
     let worker = h
         .endpoint("worker", &["claim_next", "complete", "add_todo"], None)
@@ -572,13 +392,13 @@ async fn an_ungranted_verb_is_neither_listed_nor_callable() {
         vec!["get_todo", "list_todos"],
         "get_todo comes with list_todos"
     );
-    let before = h.snapshot().await;
+    let before = snapshot(&h).await;
     let m = r
         .fails("add_todo", json!({"queue": "q", "title": "x"}), "forbidden")
         .await;
     assert!(m.contains("add_todo"), "{m}");
     r.fails("claim_next", json!({}), "forbidden").await;
-    assert_eq!(h.snapshot().await, before);
+    assert_eq!(snapshot(&h).await, before);
 
     let mut w = h.mcp("worker", &worker);
     w.init().await;
@@ -599,12 +419,12 @@ async fn an_ungranted_verb_is_neither_listed_nor_callable() {
 
 #[tokio::test]
 async fn malformed_requests_are_answered_cleanly_and_change_nothing() {
-    let h = Harness::start_with(|c| c.body_limit = 4096, false).await;
+    let h = start_with(|c| c.body_limit = 4096, false).await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
     c.init().await;
     c.ok("add_todo", json!({"queue": "q", "title": "x"})).await;
-    let before = h.snapshot().await;
+    let before = snapshot(&h).await;
 
     let expect = |status: u16, code: i64| {
         move |(s, v): (u16, Value)| {
@@ -645,12 +465,12 @@ async fn malformed_requests_are_answered_cleanly_and_change_nothing() {
     assert_eq!(v["error"]["code"], -32600);
     assert!(v["error"]["message"].as_str().unwrap().contains("4096"));
 
-    assert_eq!(h.snapshot().await, before);
+    assert_eq!(snapshot(&h).await, before);
 }
 
 #[tokio::test]
 async fn sessions_are_required_bound_deletable_and_expire() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let other = h.endpoint("other", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
@@ -708,61 +528,26 @@ async fn sessions_are_required_bound_deletable_and_expire() {
     c.init().await;
     assert!(h.server.session_count() >= 1);
     h.clock.advance(31 * 60 * 1000);
-    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
     assert_eq!(h.server.session_count(), 0);
 }
 
-impl Harness {
-    fn clock_now(&self) -> Millis {
-        use relay_core::time::WallClock;
-        self.clock.now()
-    }
-}
-
-/// Reads the next `data:` message of an SSE response, bounded by a timeout.
+/// The next `data:` message of an SSE response, within the bound.
 async fn next_event(resp: &mut reqwest::Response, buf: &mut String) -> Value {
-    loop {
-        if let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let data: String = event
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(str::trim_start)
-                .collect();
-            if data.is_empty() {
-                continue; // a keep-alive comment
-            }
-            return serde_json::from_str(&data).unwrap();
-        }
-        let chunk = tokio::time::timeout(BOUND, resp.chunk())
-            .await
-            .expect("an event within the bound")
-            .unwrap()
-            .expect("the stream is open");
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
+    harness::next_event(resp, buf, BOUND)
+        .await
+        .expect("an event within the bound")
 }
 
 #[tokio::test]
 async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
     c.init().await;
-    let mut stream = c
-        .request(reqwest::Method::GET)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
+    let mut stream = c.stream().await;
     // One stream per session.
-    let second = c
-        .request(reqwest::Method::GET)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
+    let second = c.get_stream().await;
     assert_eq!(second.status(), 409);
     let mut buf = String::new();
 
@@ -780,7 +565,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     let failed = c.ok("fail", json!({"id": a})).await;
     assert!(failed["next_retry_at"].is_string());
     h.clock.advance(31_000);
-    let requeued = h.server.requeue_once(h.clock_now()).await.unwrap();
+    let requeued = h.server.requeue_once(h.now()).await.unwrap();
     assert_eq!(requeued.len(), 1);
     let ring = next_event(&mut stream, &mut buf).await;
     assert_eq!(
@@ -791,7 +576,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
 
     // When the window has passed, the owed ring goes out.
     h.clock.advance(30_000);
-    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
     let ring = next_event(&mut stream, &mut buf).await;
     assert_eq!(ring["params"]["queues"], json!(["q2"]));
 
@@ -801,7 +586,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
         .ok("claim_next", json!({"queue": "q2", "lease_ttl_seconds": 5}))
         .await;
     h.clock.advance(6_000);
-    let reaped = h.server.reap_once(h.clock_now()).await.unwrap();
+    let reaped = h.server.reap_once(h.now()).await.unwrap();
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].id, b["todo"]["id"].as_str().unwrap());
     let ring = next_event(&mut stream, &mut buf).await;
@@ -812,10 +597,10 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
 
     // A todo added outside the server (the CLI writes the store) rings via the sweep.
     h.clock.advance(61_000);
-    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
     h.store
         .apply(Op::AddTodo {
-            now: h.clock_now(),
+            now: h.now(),
             endpoint: "ci".into(),
             new: relay_core::ledger::NewTodo {
                 id: "td_cli".into(),
@@ -826,7 +611,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
         })
         .await
         .unwrap();
-    h.server.doorbell_once(h.clock_now()).await.unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
     let ring = next_event(&mut stream, &mut buf).await;
     assert_eq!(ring["params"]["queues"], json!(["q3"]));
 
@@ -843,19 +628,13 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
 #[tokio::test]
 async fn graceful_shutdown_finishes_an_in_flight_request() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut h = Harness::start_with(|_| {}, true).await;
+    let mut h = start_with(|_| {}, true).await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
     c.init().await;
     let session = c.session.clone().unwrap();
     // An open doorbell stream must not hold shutdown up.
-    let mut stream = c
-        .request(reqwest::Method::GET)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
+    let mut stream = c.stream().await;
 
     // A request whose body is still arriving when shutdown begins.
     let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
@@ -892,7 +671,7 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
         .expect("serve returns after draining")
         .unwrap()
         .unwrap();
-    assert_eq!(h.snapshot().await.len(), 1, "the in-flight add committed");
+    assert_eq!(snapshot(&h).await.len(), 1, "the in-flight add committed");
     let ended = tokio::time::timeout(BOUND, async {
         while let Ok(Some(_)) = stream.chunk().await {}
     })
@@ -904,36 +683,26 @@ async fn graceful_shutdown_finishes_an_in_flight_request() {
 
 #[tokio::test]
 async fn foreign_host_and_origin_are_refused() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let c = h.mcp("ci", &token);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18"}})
     .to_string();
-    let r = c
-        .request(reqwest::Method::POST)
-        .header("host", "evil.example")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    let r = c
-        .request(reqwest::Method::POST)
-        .header("origin", "https://evil.example")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    let r = c
-        .request(reqwest::Method::POST)
-        .header("origin", "http://localhost:3000")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    for (header, value, status) in [
+        ("host", "evil.example", 403),
+        ("origin", "https://evil.example", 403),
+        ("origin", "http://localhost:3000", 200),
+    ] {
+        let r = c
+            .request(reqwest::Method::POST)
+            .header(header, value)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{header}: {value}");
+    }
     assert_eq!(
         h.server.session_count(),
         1,
@@ -943,7 +712,7 @@ async fn foreign_host_and_origin_are_refused() {
 
 #[tokio::test]
 async fn metrics_and_healthz() {
-    let h = Harness::start().await;
+    let h = start().await;
     let token = h.endpoint("ci", ALL_VERBS, None).await;
     let mut c = h.mcp("ci", &token);
     c.init().await;
@@ -989,7 +758,7 @@ async fn metrics_and_healthz() {
 async fn a_seeded_server_issues_replayable_session_ids() {
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let h = Harness::start().await;
+        let h = start().await;
         let token = h.endpoint("ci", ALL_VERBS, None).await;
         let mut c = h.mcp("ci", &token);
         c.init().await;

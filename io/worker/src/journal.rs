@@ -532,6 +532,7 @@ mod tests {
     use relay_core::testing::relay::{Driver, claimed, settings, t0};
 
     use super::*;
+    use crate::test_files::{all_files, assert_none_holds};
 
     const TOKEN: &str = "lease-T0K3N-q3vZw-planted";
 
@@ -728,20 +729,6 @@ mod tests {
         assert_eq!(j.reconcile(now).unwrap(), [], "a second pass finds nothing");
     }
 
-    /// Every file under `dir`, recursively.
-    fn all_files(dir: &Path) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                out.extend(all_files(&path));
-            } else {
-                out.push(path);
-            }
-        }
-        out
-    }
-
     #[tokio::test]
     async fn no_file_holds_the_lease_token() {
         let dir = tempfile::tempdir().unwrap();
@@ -794,14 +781,7 @@ mod tests {
 
         let files = all_files(dir.path());
         assert!(files.len() >= 4, "{files:?}");
-        for f in files {
-            let bytes = std::fs::read(&f).unwrap();
-            assert!(
-                !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
-                "{} holds the lease token",
-                f.display()
-            );
-        }
+        assert_none_holds(&files, TOKEN);
         assert_eq!(j.next_run_id("fixer").unwrap(), first + 2);
     }
 

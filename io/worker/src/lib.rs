@@ -12,3 +12,6 @@ pub mod daemon;
 pub mod journal;
 pub mod lease;
 pub mod runner;
+
+#[cfg(test)]
+mod test_files;

@@ -478,6 +478,22 @@ fn blip_on_first_report(blip: Millis) -> Box<dyn FnMut(&Command)> {
     })
 }
 
+/// An agent exiting `agent_exit` whose first report goes out into a 20 s partition: the run,
+/// and the reports sent, asserted retried and all `verb`.
+fn through_a_blip(agent_exit: i32, verb: ReportVerb) -> (Trace, TodoView, Tap, Vec<ReportVerb>) {
+    let script = Script {
+        agent_exit,
+        agent_runs: 30 * SECOND,
+        on_command: blip_on_first_report(20 * SECOND),
+        linger: 30 * SECOND,
+    };
+    let (trace, view, tap) = run(script, Fault::None, 3);
+    let sent = trace.reports_sent();
+    assert!(sent.len() >= 2, "the report was retried: {sent:?}");
+    assert!(sent.iter().all(|v| *v == verb), "{sent:?}");
+    (trace, view, tap, sent)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The scenarios
 // ---------------------------------------------------------------------------------------------
@@ -488,17 +504,7 @@ fn blip_on_first_report(blip: Millis) -> Box<dyn FnMut(&Command)> {
 /// closed `completed`, the relay records `completed`.
 #[test]
 fn a_completion_retried_through_a_blip_is_accepted_exactly_once() {
-    let script = Script {
-        agent_exit: 0,
-        agent_runs: 30 * SECOND,
-        on_command: blip_on_first_report(20 * SECOND),
-        linger: 30 * SECOND,
-    };
-    let (trace, view, tap) = run(script, Fault::None, 3);
-
-    let sent = trace.reports_sent();
-    assert!(sent.len() >= 2, "the report was retried: {sent:?}");
-    assert!(sent.iter().all(|v| *v == ReportVerb::Complete), "{sent:?}");
+    let (trace, view, tap, sent) = through_a_blip(0, ReportVerb::Complete);
     assert_eq!(
         transport_failures(&trace, report_failure),
         sent.len() - 1,
@@ -526,17 +532,7 @@ fn a_completion_retried_through_a_blip_is_accepted_exactly_once() {
 /// retry, the relay records `failed`.
 #[test]
 fn a_failure_retried_through_a_blip_is_accepted_exactly_once() {
-    let script = Script {
-        agent_exit: 1,
-        agent_runs: 30 * SECOND,
-        on_command: blip_on_first_report(20 * SECOND),
-        linger: 30 * SECOND,
-    };
-    let (trace, view, tap) = run(script, Fault::None, 3);
-
-    let sent = trace.reports_sent();
-    assert!(sent.len() >= 2, "the report was retried: {sent:?}");
-    assert!(sent.iter().all(|v| *v == ReportVerb::Fail), "{sent:?}");
+    let (trace, view, tap, _) = through_a_blip(1, ReportVerb::Fail);
     assert_eq!(tap.calls("fail"), 1);
     assert_eq!(tap.reports(), 1);
 

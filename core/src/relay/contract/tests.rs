@@ -264,16 +264,7 @@ fn our_own_servers_full_answer_decodes() {
 }
 
 fn report(verb: ReportVerb) -> Command {
-    Command::SendReport {
-        request: RequestId(3),
-        run_id: 1,
-        verb,
-        todo_id: "td_1".into(),
-        lease_token: LeaseToken::new(TOKEN),
-        summary: "attempt 1/5 · agent failed".into(),
-        artifact: Some("mcp://cairn/Ab12".into()),
-        result: json!({"harness": {"run_id": 1}}),
-    }
+    crate::testing::relay::report_command(3, verb, TOKEN)
 }
 
 fn heartbeat() -> Command {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -255,6 +256,28 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
     }
 }
 
+/// A request to `/mcp/{name}` that passed [`admit`]: the endpoint's name and the headers. GET
+/// and DELETE take it; a POST admits itself, since it reads its body before refusing.
+struct Admitted {
+    name: String,
+    headers: HeaderMap,
+}
+
+impl FromRequestParts<Server> for Admitted {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, server: &Server) -> Result<Self, Response> {
+        let Path(name) = Path::<String>::from_request_parts(parts, server)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        admit(server, &name, &parts.headers).await?;
+        Ok(Admitted {
+            name,
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
 async fn mcp_post(
     State(server): State<Server>,
     Path(name): Path<String>,
@@ -346,14 +369,8 @@ async fn mcp_post(
     }
 }
 
-async fn mcp_get(
-    State(server): State<Server>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = admit(&server, &name, &headers).await {
-        return r;
-    }
+async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
+    let Admitted { name, headers } = admitted;
     let accepts_sse = header_str(&headers, header::ACCEPT)
         .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
     if !accepts_sse {
@@ -415,14 +432,8 @@ async fn mcp_get(
         .into_response()
 }
 
-async fn mcp_delete(
-    State(server): State<Server>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = admit(&server, &name, &headers).await {
-        return r;
-    }
+async fn mcp_delete(State(server): State<Server>, admitted: Admitted) -> Response {
+    let Admitted { name, headers } = admitted;
     let Some(session) = header_str(&headers, SESSION_HEADER) else {
         return rpc_error(
             StatusCode::BAD_REQUEST,

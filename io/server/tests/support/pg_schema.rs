@@ -1,5 +1,14 @@
-//! Drops a test's Postgres schema when the test ends (shared by `io/server/tests/server.rs` and
-//! `io/server/tests/hostile_store.rs`).
+//! Drops a test's (or a benchmark's) Postgres schema when it ends.
+#![allow(dead_code)] // the benchmarks drop theirs now, the tests on drop
+
+/// Drops schema `name` of the database at `url`, now.
+pub async fn drop_now(url: &str, name: &str) -> Result<(), tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+        .await
+}
 
 /// Drops schema `name` of the database at `url`. Runs on a thread with a runtime of its own, so
 /// that it may be called from `Drop` inside the test's runtime; errors are ignored (the schema
@@ -10,14 +19,7 @@ pub fn drop_schema(url: String, name: String) {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(async move {
-            if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                tokio::spawn(conn);
-                let _ = client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-                    .await;
-            }
-        });
+        let _ = rt.block_on(drop_now(&url, &name));
     })
     .join();
 }

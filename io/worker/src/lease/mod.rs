@@ -40,6 +40,6 @@ pub use mcp::{DEFAULT_TIMEOUT, PROTOCOL_VERSION};
 pub use receipt::{ReceiptClient, ReceiptError, compose_receipt};
 pub use sse::{SseEvent, SseParser, parse_sse};
 pub use transport::{
-    BodyStream, BoxFuture, DialedIo, HttpRequest, HttpResponse, HyperTransport, MAX_RESPONSE_BYTES,
-    ReqwestTransport, StreamResponse, Transport, TransportError,
+    Answer, BodyStream, BoxFuture, DialedIo, HttpRequest, HttpResponse, HyperTransport,
+    MAX_RESPONSE_BYTES, ReqwestTransport, Response, StreamResponse, Transport, TransportError,
 };

@@ -355,16 +355,7 @@ fn heartbeat_cmd(n: u64) -> Command {
 }
 
 fn report_cmd(n: u64, verb: ReportVerb) -> Command {
-    Command::SendReport {
-        request: RequestId(n),
-        run_id: 1,
-        verb,
-        todo_id: "td_1".into(),
-        lease_token: LeaseToken::new(TOKEN),
-        summary: "attempt 1/5 · agent failed".into(),
-        artifact: Some("mcp://cairn/Ab12".into()),
-        result: json!({"harness": {"run_id": 1}}),
-    }
+    relay_core::testing::relay::report_command(n, verb, TOKEN)
 }
 
 fn todo_out(id: &str) -> Value {

@@ -58,20 +58,32 @@ impl std::fmt::Debug for HttpRequest {
     }
 }
 
-/// A complete HTTP answer. The body may carry a lease token (a claim answer), so `Debug` shows
-/// its length only.
-#[derive(Clone)]
-pub struct HttpResponse {
+/// An HTTP answer: status, headers and a body of type `B`.
+pub struct Response<B> {
     pub status: u16,
     /// Names lower-cased.
     pub headers: Vec<(String, String)>,
-    pub body: Bytes,
+    pub body: B,
 }
 
-impl HttpResponse {
+impl<B> Response<B> {
     /// The first value of a header, by case-insensitive name.
     pub fn header(&self, name: &str) -> Option<&str> {
         find_header(&self.headers, name)
+    }
+}
+
+/// A complete HTTP answer. The body may carry a lease token (a claim answer), so `Debug` shows
+/// its length only.
+pub type HttpResponse = Response<Bytes>;
+
+impl Clone for HttpResponse {
+    fn clone(&self) -> Self {
+        Response {
+            status: self.status,
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
     }
 }
 
@@ -90,18 +102,7 @@ impl std::fmt::Debug for HttpResponse {
 pub type BodyStream = BoxStream<'static, Result<Bytes, TransportError>>;
 
 /// A streaming answer: status and headers now, the body as it comes.
-pub struct StreamResponse {
-    pub status: u16,
-    /// Names lower-cased.
-    pub headers: Vec<(String, String)>,
-    pub body: BodyStream,
-}
-
-impl StreamResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        find_header(&self.headers, name)
-    }
-}
+pub type StreamResponse = Response<BodyStream>;
 
 impl std::fmt::Debug for StreamResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -136,28 +137,32 @@ pub enum TransportError {
     Request(String),
 }
 
+/// What every call of the seam answers, later.
+pub type Answer<T> = BoxFuture<'static, Result<T, TransportError>>;
+
+/// `fut`, or `TransportError::Timeout` once `timeout` has passed.
+async fn within<T>(timeout: Duration, fut: impl Future<Output = T>) -> Result<T, TransportError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| TransportError::Timeout(timeout))
+}
+
 /// The HTTP seam: one POST, and one streaming GET for the doorbell. Object-safe; futures are
 /// `'static` so a caller can race them against a cancellation signal.
 pub trait Transport: Send + Sync + 'static {
     /// POSTs `req.body`, bounded by `req.timeout` end to end.
-    fn post(&self, req: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>>;
+    fn post(&self, req: HttpRequest) -> Answer<HttpResponse>;
 
     /// POSTs `req.body` and hands back the answer once its headers are in (bounded by
     /// `req.timeout`); the caller reads the body as it arrives and bounds that itself. An MCP
     /// server may answer a POST with an SSE stream that it closes late (or never): the client
     /// stops reading once its answer is in.
-    fn post_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>>;
+    fn post_stream(&self, req: HttpRequest) -> Answer<StreamResponse>;
 
     /// GETs `req.url` and hands back the answer once its headers are in (bounded by
     /// `req.timeout`); the body is then read without a deadline, as long as the server keeps
     /// the stream open.
-    fn get_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>>;
+    fn get_stream(&self, req: HttpRequest) -> Answer<StreamResponse>;
 }
 
 /// An error and its sources, joined: the useful part ("Connection refused") is usually deep.
@@ -250,7 +255,7 @@ fn reqwest_headers(h: &reqwest::header::HeaderMap) -> Vec<(String, String)> {
 }
 
 impl Transport for ReqwestTransport {
-    fn post(&self, req: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>> {
+    fn post(&self, req: HttpRequest) -> Answer<HttpResponse> {
         let built = self.build(reqwest::Method::POST, &req);
         let timeout = req.timeout;
         Box::pin(async move {
@@ -275,33 +280,21 @@ impl Transport for ReqwestTransport {
                     body: Bytes::from(body),
                 })
             };
-            tokio::time::timeout(timeout, work)
-                .await
-                .map_err(|_| TransportError::Timeout(timeout))?
+            within(timeout, work).await?
         })
     }
 
-    fn post_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    fn post_stream(&self, req: HttpRequest) -> Answer<StreamResponse> {
         self.stream(reqwest::Method::POST, req)
     }
 
-    fn get_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    fn get_stream(&self, req: HttpRequest) -> Answer<StreamResponse> {
         self.stream(reqwest::Method::GET, req)
     }
 }
 
 impl ReqwestTransport {
-    fn stream(
-        &self,
-        method: reqwest::Method,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    fn stream(&self, method: reqwest::Method, req: HttpRequest) -> Answer<StreamResponse> {
         let post = method == reqwest::Method::POST;
         let built = self.build(method, &req);
         let timeout = req.timeout;
@@ -310,9 +303,8 @@ impl ReqwestTransport {
             if post {
                 builder = builder.body(req.body);
             }
-            let resp = tokio::time::timeout(timeout, builder.send())
-                .await
-                .map_err(|_| TransportError::Timeout(timeout))?
+            let resp = within(timeout, builder.send())
+                .await?
                 .map_err(|e| reqwest_error(e, timeout))?;
             let status = resp.status().as_u16();
             let headers = reqwest_headers(resp.headers());
@@ -500,7 +492,7 @@ fn http_headers(h: &http::HeaderMap) -> Vec<(String, String)> {
 }
 
 impl Transport for HyperTransport {
-    fn post(&self, req: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>> {
+    fn post(&self, req: HttpRequest) -> Answer<HttpResponse> {
         let client = self.client.clone();
         let timeout = req.timeout;
         let built = HyperTransport::build(http::Method::POST, &req, req.body.clone());
@@ -527,24 +519,16 @@ impl Transport for HyperTransport {
                     body,
                 })
             };
-            tokio::time::timeout(timeout, work)
-                .await
-                .map_err(|_| TransportError::Timeout(timeout))?
+            within(timeout, work).await?
         })
     }
 
-    fn post_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    fn post_stream(&self, req: HttpRequest) -> Answer<StreamResponse> {
         let body = req.body.clone();
         self.stream(http::Method::POST, req, body)
     }
 
-    fn get_stream(
-        &self,
-        req: HttpRequest,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    fn get_stream(&self, req: HttpRequest) -> Answer<StreamResponse> {
         self.stream(http::Method::GET, req, Vec::new())
     }
 }
@@ -555,14 +539,13 @@ impl HyperTransport {
         method: http::Method,
         req: HttpRequest,
         body: Vec<u8>,
-    ) -> BoxFuture<'static, Result<StreamResponse, TransportError>> {
+    ) -> Answer<StreamResponse> {
         let client = self.client.clone();
         let timeout = req.timeout;
         let built = HyperTransport::build(method, &req, body);
         Box::pin(async move {
-            let resp = tokio::time::timeout(timeout, client.request(built?))
-                .await
-                .map_err(|_| TransportError::Timeout(timeout))?
+            let resp = within(timeout, client.request(built?))
+                .await?
                 .map_err(hyper_error)?;
             let status = resp.status().as_u16();
             let headers = http_headers(resp.headers());

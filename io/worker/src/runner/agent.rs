@@ -11,9 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::files::open_append;
 use super::group::{GroupGuard, ProcessGroup};
-use super::{
-    RunnerError, StartError, StartKind, check_workdir, child_command, exit_status, resolve_program,
-};
+use super::{RunnerError, Start, StartError, StartKind, exit_status};
 
 /// Everything [`spawn_agent`] needs: the machine's `Spawn` command plus the driver's part, the
 /// daemon's environment and the run log's path.
@@ -87,17 +85,9 @@ pub struct Agent {
 /// into `Input::SpawnFailed` with `.into()`.
 pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
     let run_id = spec.run_id;
-    let fail = |message: String| StartError {
-        run_id,
-        kind: StartKind::Agent,
-        message,
-    };
-    let argv0 = spec.argv.first().map(String::as_str).unwrap_or_default();
-    let workdir = PathBuf::from(&spec.workdir);
     let env = spec.env.merged(spec.daemon_env);
-    check_workdir(&workdir).map_err(|e| fail(format!("cannot start `{argv0}`: {e}")))?;
-    let program = resolve_program(argv0, &workdir, &env)
-        .map_err(|e| fail(format!("cannot start the agent: {e}")))?;
+    let mut start = Start::new(run_id, StartKind::Agent, &spec.argv, &spec.workdir, env)?;
+    let fail = |message: String| start.fail(message);
     let log = open_append(&spec.run_log).map_err(|e| {
         fail(format!(
             "cannot open the run log {}: {e}: check that the jobs directory is writable",
@@ -122,33 +112,21 @@ pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
         }
     }
 
-    let mut child = {
-        // Dropped at the end of this block: its copies of the log's descriptors close with it.
-        let mut cmd = child_command(&program, &spec.argv, env, &workdir);
-        cmd.stdin(if spec.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(log_err));
-        cmd.spawn().map_err(|e| {
-            fail(format!(
-                "cannot start `{argv0}` ({}) in {}: {e}",
-                program.display(),
-                workdir.display()
-            ))
-        })?
-    };
-    let Some(pid) = child.id() else {
-        return Err(fail(format!("`{argv0}` exited before its pid was known")));
-    };
-    let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
+    // The command goes with the spawn, and its copies of the log's descriptors with it.
+    let mut cmd = start.command(&spec.argv);
+    cmd.stdin(if spec.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::from(log))
+    .stderr(Stdio::from(log_err));
+    let (mut child, pid, group) = start.spawn(cmd)?;
     let stdin = match (child.stdin.take(), spec.stdin) {
         (Some(pipe), Some(bytes)) => Some((pipe, bytes)),
         _ => None,
     };
-    tracing::debug!(run_id, pid, program = %program.display(), "agent spawned");
+    tracing::debug!(run_id, pid, program = %start.program.display(), "agent spawned");
     Ok(Agent {
         run_id,
         pid,

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::files::{FILE_MODE, create_parent};
 use super::group::{GroupGuard, ProcessGroup};
-use super::{StartError, StartKind, check_workdir, child_command, exit_status, resolve_program};
+use super::{Start, StartError, StartKind, exit_status};
 
 /// How much of a check's latest output is kept for the summary.
 pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
@@ -79,52 +79,28 @@ pub struct Check {
 /// `spec.env.merged(spec.daemon_env)`. The error turns into `Input::CheckFailedToStart`.
 pub fn run_check(spec: CheckSpec) -> Result<Check, StartError> {
     let run_id = spec.run_id;
-    let fail = |message: String| StartError {
-        run_id,
-        kind: StartKind::Check,
-        message,
-    };
-    let argv0 = spec.argv.first().map(String::as_str).unwrap_or_default();
-    let workdir = PathBuf::from(&spec.workdir);
     let env = spec.env.merged(spec.daemon_env);
-    check_workdir(&workdir)
-        .map_err(|e| fail(format!("cannot start the success check `{argv0}`: {e}")))?;
-    let program = resolve_program(argv0, &workdir, &env)
-        .map_err(|e| fail(format!("cannot start the success check: {e}")))?;
+    let mut start = Start::new(run_id, StartKind::Check, &spec.argv, &spec.workdir, env)?;
     let (sender, output) = pipe::pipe()
-        .map_err(|e| fail(format!("cannot create a pipe for the success check: {e}")))?;
-    let child = {
-        // Dropped at the end of this block, and with it our copies of the pipe's write end: the
-        // read end sees EOF once the check's processes have closed theirs.
-        let out = sender
-            .into_blocking_fd()
-            .map_err(|e| fail(format!("cannot set up the success check's output: {e}")))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| fail(format!("cannot set up the success check's output: {e}")))?;
-        let mut cmd = child_command(&program, &spec.argv, env, &workdir);
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        cmd.spawn().map_err(|e| {
-            fail(format!(
-                "cannot start the success check `{argv0}` ({}) in {}: {e}",
-                program.display(),
-                workdir.display()
-            ))
-        })?
-    };
-    let Some(pid) = child.id() else {
-        return Err(fail(format!(
-            "the success check `{argv0}` exited before its pid was known"
-        )));
-    };
-    let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
-    tracing::debug!(run_id, pid, program = %program.display(), "success check started");
+        .map_err(|e| start.fail(format!("cannot create a pipe for the success check: {e}")))?;
+    // Our copies of the pipe's write end go with the spawn: the read end sees EOF once the
+    // check's processes have closed theirs.
+    let out = sender
+        .into_blocking_fd()
+        .map_err(|e| start.fail(format!("cannot set up the success check's output: {e}")))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| start.fail(format!("cannot set up the success check's output: {e}")))?;
+    let mut cmd = start.command(&spec.argv);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    let (child, pid, group) = start.spawn(cmd)?;
+    tracing::debug!(run_id, pid, program = %start.program.display(), "success check started");
     Ok(Check {
         run_id,
         pid,
-        name: argv0.to_string(),
+        name: start.argv0,
         guard: GroupGuard::new(group.clone()),
         group,
         child,

@@ -102,6 +102,102 @@ pub struct StartError {
     pub message: String,
 }
 
+impl StartKind {
+    /// How an error names the child before its `argv[0]` ("cannot start the success check `x`").
+    fn named(self) -> &'static str {
+        match self {
+            StartKind::Agent => "",
+            StartKind::Check => "the success check ",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            StartKind::Agent => "the agent",
+            StartKind::Check => "the success check",
+        }
+    }
+}
+
+/// What starting an agent or a check begins with: the workdir checked and `argv[0]` resolved
+/// in the child's own environment. Its errors name the child the same way for both.
+pub(crate) struct Start {
+    pub run_id: u64,
+    pub kind: StartKind,
+    pub argv0: String,
+    pub workdir: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub program: PathBuf,
+}
+
+impl Start {
+    pub fn new(
+        run_id: u64,
+        kind: StartKind,
+        argv: &[String],
+        workdir: &str,
+        env: Vec<(String, String)>,
+    ) -> Result<Start, StartError> {
+        let argv0 = argv.first().cloned().unwrap_or_default();
+        let workdir = PathBuf::from(workdir);
+        let fail = |message| StartError {
+            run_id,
+            kind,
+            message,
+        };
+        let named = kind.named();
+        check_workdir(&workdir).map_err(|e| fail(format!("cannot start {named}`{argv0}`: {e}")))?;
+        let program = resolve_program(&argv0, &workdir, &env)
+            .map_err(|e| fail(format!("cannot start {}: {e}", kind.what())))?;
+        Ok(Start {
+            run_id,
+            kind,
+            argv0,
+            workdir,
+            env,
+            program,
+        })
+    }
+
+    pub fn fail(&self, message: String) -> StartError {
+        StartError {
+            run_id: self.run_id,
+            kind: self.kind,
+            message,
+        }
+    }
+
+    /// The command to start (see [`child_command`]); the caller sets its stdio.
+    pub fn command(&mut self, argv: &[String]) -> tokio::process::Command {
+        child_command(
+            &self.program,
+            argv,
+            std::mem::take(&mut self.env),
+            &self.workdir,
+        )
+    }
+
+    /// Spawns `cmd`: the child, its pid and its process group.
+    pub fn spawn(
+        &self,
+        mut cmd: tokio::process::Command,
+    ) -> Result<(tokio::process::Child, u32, ProcessGroup), StartError> {
+        let (named, argv0) = (self.kind.named(), &self.argv0);
+        let child = cmd.spawn().map_err(|e| {
+            self.fail(format!(
+                "cannot start {named}`{argv0}` ({}) in {}: {e}",
+                self.program.display(),
+                self.workdir.display()
+            ))
+        })?;
+        let Some(pid) = child.id() else {
+            return Err(self.fail(format!("{named}`{argv0}` exited before its pid was known")));
+        };
+        let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
+        Ok((child, pid, group))
+    }
+}
+
 impl From<StartError> for Input {
     fn from(e: StartError) -> Input {
         match e.kind {
@@ -172,8 +268,6 @@ pub(crate) fn resolve_program(
     ))
 }
 
-/// Checks the workdir before a spawn, so that a missing one is named as such (the OS reports
-/// it as a missing program).
 /// The command both an agent and a check start with: `argv[0]` as written, exactly `env` (nothing
 /// inherited), the workdir, a process group of its own (so a signal reaches its children too), and
 /// killed if its handle is dropped. The caller sets stdin, stdout and stderr.
@@ -194,6 +288,8 @@ pub(crate) fn child_command(
     cmd
 }
 
+/// Checks the workdir before a spawn, so that a missing one is named as such (the OS reports
+/// it as a missing program).
 pub(crate) fn check_workdir(workdir: &Path) -> Result<(), String> {
     match std::fs::metadata(workdir) {
         Ok(m) if m.is_dir() => Ok(()),

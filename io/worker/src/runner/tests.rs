@@ -89,38 +89,74 @@ fn check(dir: &Path, script: &str) -> CheckSpec {
     }
 }
 
+/// Writes `text` as what the run log `log` already holds.
+fn log_already_holds(log: &Path, text: &str) {
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(log, text).unwrap();
+}
+
 fn log_of(spec_log: &Path) -> String {
     std::fs::read_to_string(spec_log).unwrap_or_default()
 }
 
-async fn run_to_exit(spec: AgentSpec) -> (ExitStatus, Option<Vec<u8>>) {
-    let agent = spawn_agent(spec).expect("spawn");
-    match within("the agent to exit", agent.wait()).await {
-        Input::ProcessExited {
-            run_id,
-            exit,
-            summary_file,
-        } => {
-            assert_eq!(run_id, 7);
-            (exit, summary_file)
+/// The one input a child's `wait` yields (bounded): an exit, and run 7's.
+async fn exit_of_run_7(what: &str, wait: impl std::future::Future<Output = Input>) -> Input {
+    let input = within(what, wait).await;
+    match &input {
+        Input::ProcessExited { run_id, .. } | Input::CheckExited { run_id, .. } => {
+            assert_eq!(*run_id, 7);
         }
         other => panic!("unexpected {other:?}"),
     }
+    input
+}
+
+async fn run_to_exit(spec: AgentSpec) -> (ExitStatus, Option<Vec<u8>>) {
+    let agent = spawn_agent(spec).expect("spawn");
+    let input = exit_of_run_7("the agent to exit", agent.wait()).await;
+    let Input::ProcessExited {
+        exit, summary_file, ..
+    } = input
+    else {
+        panic!("an agent ended in {input:?}");
+    };
+    (exit, summary_file)
 }
 
 async fn check_to_exit(spec: CheckSpec) -> (ExitStatus, Vec<u8>) {
     let check = run_check(spec).expect("start the check");
-    match within("the check to exit", check.wait()).await {
-        Input::CheckExited {
-            run_id,
-            exit,
-            output_tail,
-        } => {
-            assert_eq!(run_id, 7);
-            (exit, output_tail)
-        }
-        other => panic!("unexpected {other:?}"),
-    }
+    let input = exit_of_run_7("the check to exit", check.wait()).await;
+    let Input::CheckExited {
+        exit, output_tail, ..
+    } = input
+    else {
+        panic!("a check ended in {input:?}");
+    };
+    (exit, output_tail)
+}
+
+/// An agent that starts a long sleep in the background and waits for it; the file where it
+/// writes the sleep's pid.
+fn with_a_grandchild(dir: &Path) -> (AgentSpec, PathBuf) {
+    let pidfile = dir.join("grandchild.pid");
+    let spec = sh(
+        dir,
+        &format!("sleep 1000 & echo $! > {}; wait", pidfile.display()),
+    );
+    (spec, pidfile)
+}
+
+/// The grandchild's pid, once the agent has written it.
+async fn grandchild_pid(pidfile: &Path) -> i32 {
+    until("the grandchild's pid", || {
+        std::fs::read_to_string(pidfile).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
+    std::fs::read_to_string(pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Whether `pid` is gone (or a zombie nobody reaped yet, which runs nothing any more).
@@ -188,8 +224,7 @@ async fn without_a_prompt_stdin_is_empty_and_the_log_is_appended_to() {
     let dir = tempfile::tempdir().unwrap();
     let spec = sh(dir.path(), "echo before; cat; echo after");
     let log = spec.run_log.clone();
-    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
-    std::fs::write(&log, "earlier line\n").unwrap();
+    log_already_holds(&log, "earlier line\n");
     let (exit, _) = run_to_exit(spec).await;
     assert_eq!(exit, ExitStatus::Code(0));
     assert_eq!(log_of(&log), "earlier line\nbefore\nafter\n");
@@ -281,23 +316,11 @@ async fn term_is_ignored_by_a_trapping_process_and_kill_ends_it() {
 #[tokio::test]
 async fn a_grandchild_dies_with_the_group() {
     let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("grandchild.pid");
-    let spec = sh(
-        dir.path(),
-        &format!("sleep 1000 & echo $! > {}; wait", pidfile.display()),
-    );
+    let (spec, pidfile) = with_a_grandchild(dir.path());
     let agent = spawn_agent(spec).expect("spawn");
     let group = agent.group();
     let wait = agent.wait();
-    until("the grandchild's pid", || {
-        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))
-    })
-    .await;
-    let grandchild: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = grandchild_pid(&pidfile).await;
     assert!(!dead(grandchild));
     group.signal(Signal::Term).unwrap();
     match within("the agent to exit", wait).await {
@@ -310,22 +333,10 @@ async fn a_grandchild_dies_with_the_group() {
 #[tokio::test]
 async fn dropping_the_waiter_kills_the_group() {
     let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("grandchild.pid");
-    let spec = sh(
-        dir.path(),
-        &format!("sleep 1000 & echo $! > {}; wait", pidfile.display()),
-    );
+    let (spec, pidfile) = with_a_grandchild(dir.path());
     let agent = spawn_agent(spec).expect("spawn");
     let pid = i32::try_from(agent.pid()).unwrap();
-    until("the grandchild's pid", || {
-        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))
-    })
-    .await;
-    let grandchild: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = grandchild_pid(&pidfile).await;
     drop(agent);
     until("the agent and its grandchild to die", || {
         dead(pid) && dead(grandchild)
@@ -379,8 +390,7 @@ async fn the_check_writes_under_a_delimiter_and_keeps_a_tail() {
     let dir = tempfile::tempdir().unwrap();
     let spec = check(dir.path(), "echo one; echo two >&2; echo three; exit 4");
     let log = spec.run_log.clone();
-    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
-    std::fs::write(&log, "agent output\n").unwrap();
+    log_already_holds(&log, "agent output\n");
     let (exit, tail) = check_to_exit(spec).await;
     assert_eq!(exit, ExitStatus::Code(4));
     assert_eq!(tail, b"one\ntwo\nthree\n");
@@ -732,25 +742,7 @@ async fn a_real_attempt_keeps_the_token_out_of_files_and_processes() {
         text.contains("Fix the CI failure"),
         "the prompt reached stdin"
     );
-    let mut files = vec![];
-    let mut dirs = vec![dir.path().to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p)
-            } else {
-                files.push(p)
-            }
-        }
-    }
+    let files = crate::test_files::all_files(dir.path());
     assert!(files.len() >= 3, "{files:?}");
-    for f in files {
-        let bytes = std::fs::read(&f).unwrap();
-        assert!(
-            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
-            "{} holds the lease token",
-            f.display()
-        );
-    }
+    crate::test_files::assert_none_holds(&files, TOKEN);
 }

@@ -1,0 +1,269 @@
+//! What the queue server's HTTP tests share (`server.rs`, `hostile_http.rs`,
+//! `hostile_store.rs`): a server on a loopback port over a given store, endpoints vended in that
+//! store, an MCP session client and the SSE reader. Each test file uses a part of it.
+#![allow(dead_code)]
+
+#[path = "pg_schema.rs"]
+pub mod pg_schema;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::Millis;
+use relay_core::ledger::TokenHash;
+use relay_core::time::ManualClock;
+use relay_server::server::{Server, ServerConfig};
+use relay_server::store::{NewEndpoint, Store};
+use serde_json::{Value, json};
+
+pub const T0: Millis = 1_790_000_000_000;
+/// A failure bound on every wait, never a sleep.
+pub const BOUND: Duration = Duration::from_secs(10);
+
+/// reqwest is built with `rustls-no-provider`: plain http needs no TLS, but building a client
+/// still wants a process-wide provider, so install ring's (a second install is a no-op).
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+pub struct Harness {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub server: Server,
+    pub clock: ManualClock,
+    pub store: Store,
+    pub http: reqwest::Client,
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The Postgres schema (url, name) this test ran in, dropped with the harness.
+    pub pg_schema: Option<(String, String)>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let Some((url, name)) = self.pg_schema.take() else {
+            return;
+        };
+        pg_schema::drop_schema(url, name);
+    }
+}
+
+impl Harness {
+    /// A server over `store` on the clock `T0`, seeded with `seed`. `full_serve` runs the whole
+    /// `serve` (accept loop, timeouts, caps, background loops); otherwise only the router, and
+    /// the test drives the sweeps by hand.
+    pub async fn start_on(
+        store: Store,
+        seed: u64,
+        tweak: impl FnOnce(&mut ServerConfig),
+        full_serve: bool,
+    ) -> Harness {
+        let clock = ManualClock::new(T0);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut config = ServerConfig::for_listen(addr);
+        tweak(&mut config);
+        let server = Server::new(store.clone(), Arc::new(clock.clone()), config, Some(seed));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let served = if full_serve {
+            let s = server.clone();
+            tokio::spawn(async move { s.serve(listener, shutdown).await })
+        } else {
+            let router = server.router();
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            })
+        };
+        Harness {
+            addr,
+            base: format!("http://{addr}"),
+            server,
+            clock,
+            store,
+            http: client(),
+            stop: Some(stop),
+            served: Some(served),
+            pg_schema: None,
+        }
+    }
+
+    pub fn now(&self) -> Millis {
+        use relay_core::time::WallClock;
+        self.clock.now()
+    }
+
+    /// Vends an endpoint in the store; answers its bearer token.
+    pub async fn endpoint(&self, name: &str, verbs: &[&str], queues: Option<&[&str]>) -> String {
+        let token = relay_server::server::new_bearer_token().unwrap();
+        self.store
+            .endpoint_create(
+                T0,
+                NewEndpoint {
+                    name: name.into(),
+                    token_hash: TokenHash::of(&token),
+                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                    queues: queues.map(|qs| qs.iter().map(|q| q.to_string()).collect()),
+                },
+            )
+            .await
+            .unwrap();
+        token
+    }
+
+    /// A client of endpoint `name`, with no session yet.
+    pub fn mcp(&self, name: &str, token: &str) -> Mcp {
+        Mcp {
+            http: self.http.clone(),
+            url: format!("{}/mcp/{name}", self.base),
+            token: token.to_string(),
+            session: None,
+            next_id: 1,
+        }
+    }
+
+    /// Signals shutdown and waits (bounded) for `serve` to return.
+    pub async fn stop_and_wait(&mut self) -> std::io::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(BOUND, self.served.take().unwrap())
+            .await
+            .expect("serve returned within the bound after shutdown")
+            .unwrap()
+    }
+}
+
+pub struct Mcp {
+    pub http: reqwest::Client,
+    pub url: String,
+    pub token: String,
+    pub session: Option<String>,
+    pub next_id: u64,
+}
+
+impl Mcp {
+    pub fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .request(method, &self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream");
+        if let Some(s) = &self.session {
+            r = r.header("mcp-session-id", s);
+        }
+        r
+    }
+
+    pub async fn post_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.request(reqwest::Method::POST)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn rpc(&mut self, method: &str, params: Value) -> (u16, Value) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let r = self.post_raw(body.to_string()).await;
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    pub async fn init(&mut self) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}});
+        let r = self.post_raw(body.to_string()).await;
+        assert_eq!(r.status(), 200);
+        self.session = Some(r.headers()["mcp-session-id"].to_str().unwrap().to_string());
+        let v: Value = r.json().await.unwrap();
+        let n = self
+            .post_raw(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string())
+            .await;
+        assert_eq!(n.status(), 202);
+        v
+    }
+
+    /// A tools/call: the result object (with `isError`).
+    pub async fn call(&mut self, tool: &str, args: Value) -> Value {
+        let (status, v) = self
+            .rpc("tools/call", json!({"name": tool, "arguments": args}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let result = v["result"].clone();
+        assert!(result.is_object(), "{v}");
+        // The same JSON as text content and as structuredContent.
+        let text: Value =
+            serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(text, result["structuredContent"]);
+        result
+    }
+
+    pub async fn ok(&mut self, tool: &str, args: Value) -> Value {
+        let r = self.call(tool, args).await;
+        assert_eq!(r["isError"], false, "{tool}: {r}");
+        r["structuredContent"].clone()
+    }
+
+    /// Calls and expects a tool error with `code`; answers its message.
+    pub async fn fails(&mut self, tool: &str, args: Value, code: &str) -> String {
+        let r = self.call(tool, args).await;
+        assert_eq!(r["isError"], true, "{tool}: {r}");
+        assert_eq!(r["structuredContent"]["error"]["code"], code, "{r}");
+        r["structuredContent"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// The session's doorbell stream, asserted open.
+    pub async fn stream(&self) -> reqwest::Response {
+        let stream = self.get_stream().await;
+        assert_eq!(stream.status(), 200);
+        stream
+    }
+
+    /// A GET for the session's doorbell stream, whatever its status.
+    pub async fn get_stream(&self) -> reqwest::Response {
+        self.request(reqwest::Method::GET)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// The next `data:` message of an SSE response, or `None` when none comes within `within`.
+pub async fn next_event(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    within: Duration,
+) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let data: String = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            if data.is_empty() {
+                continue; // a keep-alive comment
+            }
+            return Some(serde_json::from_str(&data).unwrap());
+        }
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.ok()?;
+        let chunk = chunk.unwrap().expect("the stream is open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
