@@ -66,7 +66,7 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
             Level::Fail,
             format!(
                 "the server does not declare {}: relay needs a queue server with attempt history \
-                 and fenced leases (SPEC-0034); upgrade the server",
+                 and fenced leases (README: \"Against any queue server\"); upgrade the server",
                 arguments.join(", ")
             ),
         ));
@@ -159,7 +159,7 @@ mod tests {
         let rows = source_rows("queue.ci", Ok(&caps));
         let fail = rows
             .iter()
-            .find(|r| r.message.contains("SPEC-0034"))
+            .find(|r| r.message.contains("attempt history"))
             .unwrap();
         for arg in [
             "claim_next.require_fence",

@@ -199,7 +199,7 @@ fn unsupported(ep: &SourceLink, operation: &str, caps: &Capabilities) -> LeaseCa
             caps.missing.join(", ")
         ),
         hint: "relay needs a queue server with attempt history and fenced leases \
-               (SPEC-0034); upgrade the server and run `relay doctor`"
+               (README: \"Against any queue server\"); upgrade the server and run `relay doctor`"
             .to_string(),
     }
 }
@@ -305,8 +305,8 @@ impl LeaseClient {
             tracing::error!(
                 source = %self.ep.source,
                 missing = %caps.missing.join(", "),
-                "the lease source's server lacks the arguments relay needs (SPEC-0034 attempt \
-                 history); its harnesses are skipped until the server is upgraded"
+                "the lease source's server lacks the arguments relay needs (attempt history \
+                 and fenced leases); its harnesses are skipped until the server is upgraded"
             );
         }
         let mut state = self.lock();
