@@ -321,40 +321,6 @@ pub enum ReportVerb {
 // The tool's name.
 crate::names!(ReportVerb { Complete => "complete", Fail => "fail", Release => "release" });
 
-impl ReportVerb {
-    /// The ledger operation this report is: `release` takes the report's summary and fence.
-    pub fn op(
-        self,
-        now: crate::Millis,
-        actor: crate::ledger::Actor,
-        id: String,
-        report: crate::ledger::Report,
-    ) -> crate::ledger::Op {
-        use crate::ledger::Op;
-        match self {
-            ReportVerb::Complete => Op::Complete {
-                now,
-                actor,
-                id,
-                report,
-            },
-            ReportVerb::Fail => Op::Fail {
-                now,
-                actor,
-                id,
-                report,
-            },
-            ReportVerb::Release => Op::Release {
-                now,
-                actor,
-                id,
-                summary: report.summary,
-                token_hash: report.token_hash,
-            },
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {
     Term,

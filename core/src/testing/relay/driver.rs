@@ -136,11 +136,6 @@ pub fn records(cmds: &[Command]) -> Vec<&RunRecord> {
         .collect()
 }
 
-/// A Debug-and-JSON rendering of a command, for "does this byte string appear" checks.
-pub fn rendered(c: &Command) -> String {
-    crate::relay::invariants::shown(c)
-}
-
 /// How the scripted driver answers heartbeats on its own.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AutoHeartbeat {

@@ -382,25 +382,27 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
     assert_eq!(migrations_of(&path), applied, "no migration ran again");
 }
 
+/// Todos as migration 0001 left them (no attempt rows): two claimed, a failed and a pending one.
+const PRE_HISTORY_TODOS: &str =
+    "INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
+     max_attempts, lease_expires_at, claimed_at, created_at, updated_at)
+     VALUES ('m1', 'e1', 'q', 'one', 'claimed', 'e1', 1, 5, 1790000030000,
+     1790000000000, 1790000000000, 1790000000000),
+     ('m2', 'e1', 'q', 'two', 'claimed', 'operator', 3, 5, 1790000030000,
+     NULL, 1790000000000, 1790000000000),
+     ('m3', 'e1', 'q', 'three', 'failed', NULL, 2, 5, NULL, NULL,
+     1790000000000, 1790000000000),
+     ('m4', 'e1', 'q', 'four', 'pending', NULL, 0, 5, NULL, NULL,
+     1790000000000, 1790000000000);";
+
 /// Claimed todos from before attempt history (0001) get one open `migrated` attempt each when
 /// 0002 runs, and the todos then go on through the ordinary transitions.
 async fn backfill(mut store: Store) {
     match &store {
         Store::Sqlite(s) => {
             s.with_conn(|c| {
-                c.execute_batch(
-                    "INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
-                         max_attempts, lease_expires_at, claimed_at, created_at, updated_at)
-                     VALUES ('m1', 'e1', 'q', 'one', 'claimed', 'e1', 1, 5, 1790000030000,
-                             1790000000000, 1790000000000, 1790000000000),
-                            ('m2', 'e1', 'q', 'two', 'claimed', 'operator', 3, 5, 1790000030000,
-                             NULL, 1790000000000, 1790000000000),
-                            ('m3', 'e1', 'q', 'three', 'failed', NULL, 2, 5, NULL, NULL,
-                             1790000000000, 1790000000000),
-                            ('m4', 'e1', 'q', 'four', 'pending', NULL, 0, 5, NULL, NULL,
-                             1790000000000, 1790000000000);",
-                )
-                .map_err(|e| relay_core::Error::internal(e.to_string()))
+                c.execute_batch(PRE_HISTORY_TODOS)
+                    .map_err(|e| relay_core::Error::internal(e.to_string()))
             })
             .await
             .unwrap();
@@ -412,18 +414,7 @@ async fn backfill(mut store: Store) {
             p.client("test")
                 .await
                 .unwrap()
-                .batch_execute(
-                    "INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
-                         max_attempts, lease_expires_at, claimed_at, created_at, updated_at)
-                     VALUES ('m1', 'e1', 'q', 'one', 'claimed', 'e1', 1, 5, 1790000030000,
-                             1790000000000, 1790000000000, 1790000000000),
-                            ('m2', 'e1', 'q', 'two', 'claimed', 'operator', 3, 5, 1790000030000,
-                             NULL, 1790000000000, 1790000000000),
-                            ('m3', 'e1', 'q', 'three', 'failed', NULL, 2, 5, NULL, NULL,
-                             1790000000000, 1790000000000),
-                            ('m4', 'e1', 'q', 'four', 'pending', NULL, 0, 5, NULL, NULL,
-                             1790000000000, 1790000000000);",
-                )
+                .batch_execute(PRE_HISTORY_TODOS)
                 .await
                 .unwrap();
             p.migrate_to(crate::store::postgres::latest_migration())
@@ -510,4 +501,28 @@ fn todos_are_counted_by_state() {
         LedgerConfig::default(),
         counts,
     );
+}
+
+/// A file store maps no part of its database into memory: mapped pages count in the server's
+/// RSS, and reads through a 256 MiB window mapped all of it for an idle server with a large
+/// backlog. Reads go through SQLite's bounded page cache instead.
+#[test]
+fn a_sqlite_file_store_uses_no_memory_mapped_io() {
+    let rt = current_thread();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("relay.db").display());
+    rt.block_on(async {
+        let Store::Sqlite(s) = Store::open(&url, LedgerConfig::default()).await.unwrap() else {
+            panic!("a sqlite: URL opens the SQLite store");
+        };
+        // Every connection of the pool is opened by the same `connect`.
+        let mmap: i64 = s
+            .with_conn(|c| {
+                c.query_row("PRAGMA mmap_size", [], |r| r.get(0))
+                    .map_err(|e| relay_core::Error::internal(e.to_string()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(mmap, 0, "memory-mapped I/O is on");
+    });
 }
