@@ -81,6 +81,58 @@ fn a_caught_mutation_exits_one_with_a_repro_that_replays_it() {
     assert!(replay.lines().any(|l| l == violation), "{replay}");
 }
 
+/// A sweep runs seeds on several threads and reports exactly what one thread reports: the same
+/// totals, and under a mutation the same (lowest) failing seed with the same repro.
+#[test]
+fn a_sweep_on_several_threads_reports_what_one_thread_reports() {
+    // The rate is the one figure that differs.
+    let rateless = |s: &str| -> String {
+        s.lines()
+            .map(|l| match l.find(" simulated, ") {
+                Some(i) if l.contains(" seeds ok: ") => l[..i].to_string(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for extra in [&[][..], &["--mutation", "reaper-closes-twice"][..]] {
+        let mut outs = Vec::new();
+        for threads in ["1", "3"] {
+            let mut args = vec!["sim", "--seeds", "40", "--threads", threads];
+            args.extend_from_slice(extra);
+            let (code, out, err) = run(&args);
+            assert_eq!(code, if extra.is_empty() { 0 } else { 1 }, "{out}{err}");
+            outs.push(rateless(&out));
+        }
+        assert_eq!(outs[0], outs[1]);
+        assert!(outs[0].contains("counts: "), "{}", outs[0]);
+    }
+}
+
+#[test]
+fn a_sweep_can_force_the_relays_todos_and_faulted_phase_of_every_seed() {
+    let (code, out, err) = run(&[
+        "sim",
+        "--seed",
+        "3",
+        "--relays",
+        "8",
+        "--todos",
+        "40",
+        "--duration",
+        "24h",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("relays=8 todos=40 "), "{out}");
+    assert!(out.contains("safety=1d"), "{out}");
+    let (code, _, err) = run(&["sim", "--seed", "3", "--relays", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--relays"), "{err}");
+    let (code, _, err) = run(&["sim", "--seed", "3", "--duration", "soon"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--duration") && err.contains("1h30m"), "{err}");
+}
+
 #[test]
 fn check_config_accepts_a_good_file_and_names_the_key_of_a_bad_one() {
     let dir = std::env::temp_dir().join(format!("relay-cli-{}", std::process::id()));

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use relay_core::config::format_duration;
 use relay_sim::{
-    Kind, Mutation, Options, Plan, RunResult, SavedRun, run_plan, run_plan_traced, shrink,
+    Kind, Mutation, Options, Plan, RunResult, SavedRun, Shape, run_plan, run_plan_traced, shrink,
 };
 
 #[derive(clap::Args)]
@@ -39,8 +39,25 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     save_plan: Option<std::path::PathBuf>,
     /// Replay a run saved with --save-plan instead of drawing one from a seed.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "mutation"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "mutation", "relays", "todos", "duration"])]
     plan: Option<std::path::PathBuf>,
+    /// Force this many relays on every seed (1 or more).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    relays: Option<u16>,
+    /// Force this many todos on every seed.
+    #[arg(long)]
+    todos: Option<u16>,
+    /// Force the length of the faulted phase on every seed (e.g. 24h); the healed phase follows.
+    #[arg(long, value_parser = parse_phase)]
+    duration: Option<u64>,
+    /// Threads a sweep runs seeds on (default: one per core). Results are the same for any
+    /// number: each seed runs alone, and they are reported in seed order.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+}
+
+fn parse_phase(s: &str) -> Result<u64, String> {
+    relay_core::config::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn parse_mutation(s: &str) -> Result<Mutation, String> {
@@ -68,8 +85,105 @@ fn counts_line(counts: &BTreeMap<&'static str, u64>) -> String {
         .join(" ")
 }
 
+/// One seed's run: what was drawn (or loaded), what happened, and under
+/// `--check-determinism` the (trace hash, events) of the second run.
+struct Seeded {
+    options: Options,
+    plan: Plan,
+    result: RunResult,
+    again: Option<(u64, u64)>,
+}
+
+impl Args {
+    fn shape(&self) -> Shape {
+        Shape {
+            relays: self.relays.map(usize::from),
+            todos: self.todos.map(usize::from),
+            safety: self.duration,
+        }
+    }
+
+    /// Runs one seed (or the loaded plan) as the flags say.
+    fn run_one(&self, seed: u64, saved: Option<&SavedRun>) -> Seeded {
+        let (options, plan) = match saved {
+            Some(s) => (s.options.clone(), s.plan.clone()),
+            None => {
+                let options = Options::draw_shaped(seed, self.mutation, self.shape());
+                let plan = Plan::draw(&options);
+                (options, plan)
+            }
+        };
+        let result = if self.trace {
+            run_plan_traced(&options, &plan)
+        } else {
+            run_plan(&options, &plan)
+        };
+        let again = self.check_determinism.then(|| {
+            let again = run_plan(&options, &plan);
+            (again.trace_hash, again.events)
+        });
+        Seeded {
+            options,
+            plan,
+            result,
+            again,
+        }
+    }
+}
+
+/// Runs seeds `first..first + n` on `threads` threads, handing each result to `take` in seed
+/// order. Each seed's world is single-threaded and deterministic, so running several at once
+/// changes nothing but the wall time. Once `take` answers `Break`, no seed after that one starts
+/// and every result after it is dropped: a sweep reports its lowest failing seed, as run in
+/// order would.
+fn sweep(
+    args: &Args,
+    first: u64,
+    n: u64,
+    threads: usize,
+    mut take: impl FnMut(u64, Seeded) -> std::ops::ControlFlow<ExitCode>,
+) -> Option<ExitCode> {
+    use std::ops::ControlFlow;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(0);
+    let stop = AtomicU64::new(u64::MAX);
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, Seeded)>();
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, stop) = (&next, &stop);
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || i > stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if tx.send((i, args.run_one(first + i, None))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut waiting = BTreeMap::new();
+        let mut due = 0u64;
+        for (i, seeded) in rx {
+            waiting.insert(i, seeded);
+            while let Some(seeded) = waiting.remove(&due) {
+                if let ControlFlow::Break(code) = take(first + due, seeded) {
+                    stop.store(due, Ordering::Relaxed);
+                    return Some(code);
+                }
+                due += 1;
+            }
+        }
+        None
+    })
+}
+
 #[allow(clippy::print_stdout)]
 pub fn run(args: Args) -> ExitCode {
+    use std::ops::ControlFlow;
     // A sweep without --seed starts at 0, so that it is the same sweep every time; a single
     // run without --seed explores a seed drawn from the clock (and prints it).
     let first = args.seed.unwrap_or_else(|| {
@@ -105,40 +219,32 @@ pub fn run(args: Args) -> ExitCode {
         },
         None => None,
     };
-    for seed in first..first.saturating_add(n) {
-        let (options, plan) = match &saved {
-            Some(s) => (s.options.clone(), s.plan.clone()),
-            None => {
-                let options = Options::draw(seed, args.mutation);
-                let plan = Plan::draw(&options);
-                (options, plan)
-            }
-        };
-        let seed = options.seed;
+    let mut take = |seed: u64, s: Seeded| -> ControlFlow<ExitCode> {
+        let Seeded {
+            options,
+            plan,
+            result,
+            again,
+        } = s;
+        let seed = if saved.is_some() { options.seed } else { seed };
         if single {
             println!("seed {seed}");
             println!("{options}");
             println!("plan: {}", plan_line(&plan));
         }
-        let result = if args.trace {
-            run_plan_traced(&options, &plan)
-        } else {
-            run_plan(&options, &plan)
-        };
-        if args.check_determinism {
-            let again = run_plan(&options, &plan);
-            if (again.trace_hash, again.events) != (result.trace_hash, result.events) {
-                eprintln!(
-                    "relay: seed {seed} is not deterministic: trace {:#018x} after {} events, then \
-                     {:#018x} after {}; repro: {} --check-determinism",
-                    result.trace_hash,
-                    result.events,
-                    again.trace_hash,
-                    again.events,
-                    repro(seed, &args)
-                );
-                return ExitCode::from(4);
-            }
+        if let Some(again) = again
+            && again != (result.trace_hash, result.events)
+        {
+            eprintln!(
+                "relay: seed {seed} is not deterministic: trace {:#018x} after {} events, then \
+                 {:#018x} after {}; repro: {} --check-determinism",
+                result.trace_hash,
+                result.events,
+                again.0,
+                again.1,
+                repro(seed, &args)
+            );
+            return ControlFlow::Break(ExitCode::from(4));
         }
         events += result.events;
         simulated += result.sim_time;
@@ -153,12 +259,12 @@ pub fn run(args: Args) -> ExitCode {
             if let Some(b) = &bar {
                 b.abandon();
             }
-            return code;
+            return ControlFlow::Break(code);
         }
         if single && let Some(path) = &args.save_plan {
             if let Err(e) = save(path, &options, &plan) {
                 eprintln!("relay: {e}");
-                return ExitCode::from(2);
+                return ControlFlow::Break(ExitCode::from(2));
             }
             println!("saved the run to {}", path.display());
         }
@@ -175,6 +281,22 @@ pub fn run(args: Args) -> ExitCode {
                 }
             );
         }
+        ControlFlow::Continue(())
+    };
+    let stopped = if single {
+        match take(first, args.run_one(first, saved.as_ref())) {
+            ControlFlow::Break(code) => Some(code),
+            ControlFlow::Continue(()) => None,
+        }
+    } else {
+        let threads = args.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            usize::from,
+        );
+        sweep(&args, first, n, threads.max(1), take)
+    };
+    if let Some(code) = stopped {
+        return code;
     }
     if let Some(b) = &bar {
         b.finish_and_clear();

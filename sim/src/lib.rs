@@ -20,7 +20,7 @@ pub mod plan;
 pub mod rng;
 pub mod world;
 
-pub use options::{Mutation, Options};
+pub use options::{Mutation, Options, Shape};
 pub use plan::{Fault, Plan, Work};
 pub use world::{Kind, RunResult, Violation};
 

@@ -92,6 +92,16 @@ pub struct Options {
 
 /// Relay clocks drift at most this much (parts per million). The lease argument holds within
 /// `lease_ttl × MAX_DRIFT_PPM / 1e6`; the two-holder check allows exactly that.
+/// What a sweep may force on every seed's drawn options (`relay sim --relays --todos
+/// --duration`); `None` keeps the drawn value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    pub relays: Option<usize>,
+    pub todos: Option<usize>,
+    /// The faulted (safety) phase's length; the healed phase follows it.
+    pub safety: Option<Millis>,
+}
+
 pub const MAX_DRIFT_PPM: i64 = 2_000;
 
 impl Options {
@@ -153,6 +163,25 @@ impl Options {
             hours: Vec::new(),
         }
         .with_hours(seed)
+    }
+
+    /// [`Options::draw`], then the parts of the shape that `shape` forces (the hours are drawn
+    /// again for the forced number of relays).
+    pub fn draw_shaped(seed: u64, mutation: Option<Mutation>, shape: Shape) -> Options {
+        let mut o = Options::draw(seed, mutation);
+        if shape == Shape::default() {
+            return o;
+        }
+        if let Some(n) = shape.relays {
+            o.relays = n.max(1);
+        }
+        if let Some(n) = shape.todos {
+            o.todos = n;
+        }
+        if let Some(d) = shape.safety {
+            o.safety = d.max(MINUTE);
+        }
+        o.with_hours(seed)
     }
 
     /// Draws each relay's operating hours from their own stream (the other options stay as the

@@ -408,9 +408,21 @@ impl Rows for Mem<'_> {
             .collect())
     }
 
-    async fn candidates(&mut self, _sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
-        // Every id: the transitions decide (see `Sweep`).
-        Ok(self.0.todos.keys().cloned().collect())
+    async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
+        // By state alone, a superset of what SQL reads: the transitions still decide every time
+        // and owner test (see `Sweep`), while a sweep no longer loads (clones) every todo.
+        let state = |t: &Todo| match sweep {
+            Sweep::Reap { .. } | Sweep::Revoke { .. } => t.state == TodoState::Claimed,
+            Sweep::RequeueDue { .. } => t.state == TodoState::Failed,
+            Sweep::Purge { .. } => !matches!(t.state, TodoState::Pending | TodoState::Claimed),
+        };
+        Ok(self
+            .0
+            .todos
+            .iter()
+            .filter(|(_, e)| state(&e.todo))
+            .map(|(id, _)| id.clone())
+            .collect())
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {

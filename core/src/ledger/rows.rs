@@ -23,8 +23,8 @@ use crate::error::Error;
 use crate::time::Millis;
 
 /// Which rows a sweep looks at. A backend may answer more than the filter says (the in-memory
-/// ledger answers every id): each candidate's transition still decides, and one that yields
-/// nothing is skipped. SQL filters mirror the transitions' preconditions so as to read few rows.
+/// ledger filters by state alone): each candidate's transition still decides, and one that
+/// yields nothing is skipped. SQL filters mirror the transitions' preconditions so as to read few rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sweep<'a> {
     /// mirrors transition::reap: claimed with a lapsed lease.

@@ -32,6 +32,10 @@ pub struct Monitor {
     claims: BTreeMap<RequestId, u64>,
     /// Lease tokens handed to this machine, by run.
     tokens: BTreeMap<u64, String>,
+    /// The same tokens, indexed for one pass over a command's text.
+    index: TokenIndex,
+    /// The text of the command being checked (one buffer, reused).
+    text: String,
     closed: BTreeSet<u64>,
     outcomes: BTreeMap<u64, u32>,
 }
@@ -49,6 +53,7 @@ impl Monitor {
             Input::ClaimAnswered { request, claim } => {
                 if let (Some(run), Some(token)) = (self.claims.remove(request), &claim.lease_token)
                 {
+                    self.index.insert(run, token.expose());
                     self.tokens.insert(run, token.expose().to_string());
                 }
             }
@@ -69,9 +74,9 @@ impl Monitor {
             );
         }
         // The token's own `Debug` is redacted, so not even a lease call shows one as text.
-        let shown = shown(cmd);
+        show_into(cmd, &mut self.text);
         let own = self.tokens.get(&run);
-        if let Some(t) = self.tokens.values().find(|t| shown.contains(t.as_str())) {
+        if let Some(t) = self.index.find(self.text.as_bytes(), &self.tokens) {
             let whose = if own == Some(t) {
                 "its own"
             } else {
@@ -133,6 +138,60 @@ impl Monitor {
     }
 }
 
+/// The tokens a monitor knows, grouped by first byte and sorted: a command's text is scanned
+/// (memchr) for the first bytes only, and where one occurs the window is looked up by binary
+/// search among the tokens of that start, one lookup per distinct length. A long run with
+/// hundreds of claims costs no more per command than a short one.
+#[derive(Clone, Debug, Default)]
+struct TokenIndex {
+    by_first: BTreeMap<u8, Starting>,
+    /// The run of an empty token, which every text holds.
+    empty: Option<u64>,
+}
+
+/// The tokens of one first byte: their lengths, and (bytes, run) in byte order.
+#[derive(Clone, Debug, Default)]
+struct Starting {
+    lens: BTreeSet<usize>,
+    tokens: Vec<(Vec<u8>, u64)>,
+}
+
+impl TokenIndex {
+    fn insert(&mut self, run: u64, token: &str) {
+        let bytes = token.as_bytes().to_vec();
+        let Some(&first) = bytes.first() else {
+            self.empty.get_or_insert(run);
+            return;
+        };
+        let group = self.by_first.entry(first).or_default();
+        group.lens.insert(bytes.len());
+        let at = group.tokens.partition_point(|e| e.0 < bytes);
+        group.tokens.insert(at, (bytes, run));
+    }
+
+    /// A token of `tokens` that occurs in `text`.
+    fn find<'t>(&self, text: &[u8], tokens: &'t BTreeMap<u64, String>) -> Option<&'t String> {
+        if let Some(run) = self.empty {
+            return tokens.get(&run);
+        }
+        for (&b, group) in &self.by_first {
+            for at in memchr::memchr_iter(b, text) {
+                let rest = &text[at..];
+                for &len in group.lens.range(..=rest.len()) {
+                    let window = &rest[..len];
+                    if let Ok(i) = group
+                        .tokens
+                        .binary_search_by(|e| e.0.as_slice().cmp(window))
+                    {
+                        return tokens.get(&group.tokens[i].1);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
 fn breach(invariant: &'static str, detail: String) -> Result<(), Breach> {
     Err(Breach { invariant, detail })
 }
@@ -140,14 +199,34 @@ fn breach(invariant: &'static str, detail: String) -> Result<(), Breach> {
 /// Everything a command would carry out of the machine, as text: its `Debug`, and the bytes,
 /// environment, JSON and report result that `Debug` may abbreviate or redact.
 pub fn shown(c: &Command) -> String {
-    let mut text = format!("{c:?}");
+    let mut text = String::new();
+    show_into(c, &mut text);
+    text
+}
+
+/// [`shown`], written into `text` (cleared first), so that a monitor reuses one buffer.
+fn show_into(c: &Command, text: &mut String) {
+    use std::fmt::Write as _;
+    text.clear();
     match c {
-        Command::WriteContextFile { bytes, .. } => {
+        // Its `Debug` would spell every byte as a number; the bytes as text are what it shows.
+        Command::WriteContextFile {
+            run_id,
+            path,
+            bytes,
+        } => {
+            let _ = write!(text, "WriteContextFile {run_id} {path:?} ");
             text.push_str(&String::from_utf8_lossy(bytes));
+            return;
         }
+        _ => {
+            let _ = write!(text, "{c:?}");
+        }
+    }
+    match c {
         Command::Spawn { env, .. } | Command::RunCheck { env, .. } => {
             for (k, v) in env.merged([]) {
-                text.push_str(&format!(" {k}={v}"));
+                let _ = write!(text, " {k}={v}");
             }
         }
         Command::WriteRunRecord { record } => {
@@ -160,7 +239,6 @@ pub fn shown(c: &Command) -> String {
         Command::SendReport { result, .. } => text.push_str(&result.to_string()),
         _ => {}
     }
-    text
 }
 
 /// What a command writes, in words, for a breach's detail.
@@ -286,5 +364,49 @@ mod tests {
                 .invariant,
             "one_outcome_per_claim"
         );
+    }
+
+    /// The index finds exactly what a substring search for each token finds, at the start, the
+    /// end and inside a text, for tokens of several lengths (including ones that overlap).
+    #[test]
+    fn the_token_index_finds_what_a_substring_search_finds() {
+        let tokens: BTreeMap<u64, String> = [
+            (1, "tok-00ff00ff00ff00ff"),
+            (2, "tok-0123456789abcdef"),
+            (3, "abc"),
+            (4, "zzzzzz"),
+        ]
+        .into_iter()
+        .map(|(r, t)| (r, t.to_string()))
+        .collect();
+        let mut index = TokenIndex::default();
+        for (r, t) in &tokens {
+            index.insert(*r, t);
+        }
+        let mut rng = crate::mix::SplitMix64::new(7);
+        let alphabet = b"abcz0f-tok";
+        for n in 0..3_000 {
+            let len = (rng.next_u64() % 60) as usize;
+            let mut text: Vec<u8> = (0..len)
+                .map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize])
+                .collect();
+            if n % 3 == 0 {
+                let t = tokens[&(rng.next_u64() % 4 + 1)].as_bytes();
+                let at = (rng.next_u64() as usize) % (text.len() + 1);
+                text.splice(at..at, t.iter().copied());
+            }
+            let text = String::from_utf8(text).expect("ascii");
+            let naive = tokens.values().any(|t| text.contains(t.as_str()));
+            let found = index.find(text.as_bytes(), &tokens);
+            assert_eq!(found.is_some(), naive, "{text:?}");
+            if let Some(t) = found {
+                assert!(text.contains(t.as_str()), "{text:?} does not hold {t:?}");
+            }
+        }
+        // An empty token is in every text, as `contains` says.
+        let empty: BTreeMap<u64, String> = [(9, String::new())].into_iter().collect();
+        let mut index = TokenIndex::default();
+        index.insert(9, "");
+        assert_eq!(index.find(b"", &empty), Some(&String::new()));
     }
 }

@@ -200,6 +200,8 @@ pub struct World {
     gate: Gate,
     /// Every relay's harness schedule (`@every fire_every`).
     schedule_of: Schedule,
+    /// What the server offers (every relay sees the same surface); built once.
+    caps: Capabilities,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -281,6 +283,7 @@ impl World {
             since_full_check: 0,
             gate: Gate::new(doorbell::WINDOW),
             schedule_of: Schedule::Every(o.fire_every),
+            caps: Capabilities::full(o.release_granted),
             o,
         };
         for r in 0..w.hosts.len() {
@@ -374,7 +377,7 @@ impl World {
         let first = self.hosts[r].next_run_id;
         let mut relay = Relay::new(settings, seed, first);
         let now = self.hosts[r].now(self.now, self.o.mutation);
-        let caps = Capabilities::full(self.o.release_granted);
+        let caps = self.caps.clone();
         if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }

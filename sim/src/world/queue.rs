@@ -15,10 +15,12 @@ use super::*;
 
 impl World {
     pub(super) fn reap(&mut self) {
+        // The rows as they were, for the canary that closes an attempt a second time only.
+        let canary = self.o.mutation == Some(Mutation::ReaperClosesTwice);
         let before: Vec<(Todo, Option<Attempt>)> = self
             .ledger
             .todos()
-            .filter(|t| t.state == TodoState::Claimed)
+            .filter(|t| canary && t.state == TodoState::Claimed)
             .map(|t| {
                 let open = self.ledger.attempts(&t.id).last().filter(|a| a.is_open());
                 (t.clone(), open.cloned())
@@ -33,7 +35,7 @@ impl World {
                 for t in &reaped {
                     self.touched.insert(t.id.clone());
                     self.count("reaped");
-                    if self.o.mutation == Some(Mutation::ReaperClosesTwice)
+                    if canary
                         && let Some((old, open)) = before.iter().find(|(b, _)| b.id == t.id)
                         && let Ok(Some(change)) = transition::reap(self.now, old, open.as_ref())
                         && let Err(e) = self.ledger.apply_change(change)
@@ -72,7 +74,15 @@ impl World {
             (Some(t), Some(k)) => self.stale(t, TokenHash::of(k)),
             _ => false,
         };
-        let attempts = |w: &World, id: &str| w.ledger.attempts(id).cloned().collect::<Vec<_>>();
+        // What the call may have changed of the todo's attempts: every one of them when the
+        // fence is stale (any change is a breach), else how many there are and the newest (what
+        // a close changes, which the dead-letter count asks about).
+        let attempts = |w: &World, id: &str| {
+            let all = w.ledger.attempts(id);
+            let n = all.clone().count();
+            let keep = if stale { n } else { 1 };
+            (n, all.skip(n - keep.min(n)).cloned().collect::<Vec<_>>())
+        };
         let before = todo.as_deref().map(|id| attempts(self, id));
         if let Some(id) = &todo {
             self.touched.insert(id.clone());
