@@ -138,10 +138,10 @@ impl Monitor {
     }
 }
 
-/// The tokens a monitor knows, grouped by first byte and sorted: a command's text is scanned
-/// (memchr) for the first bytes only, and where one occurs the window is looked up by binary
-/// search among the tokens of that start, one lookup per distinct length. A long run with
-/// hundreds of claims costs no more per command than a short one.
+/// The tokens a monitor knows, grouped by first byte and sorted: a command's text is searched
+/// (memmem) only for what every token of a group starts with, and where that occurs the window
+/// is looked up by binary search, one lookup per distinct length. A long run with hundreds of
+/// claims costs no more per command than a short one.
 #[derive(Clone, Debug, Default)]
 struct TokenIndex {
     by_first: BTreeMap<u8, Starting>,
@@ -149,9 +149,11 @@ struct TokenIndex {
     empty: Option<u64>,
 }
 
-/// The tokens of one first byte: their lengths, and (bytes, run) in byte order.
-#[derive(Clone, Debug, Default)]
+/// The tokens of one first byte: the prefix they all share (and its searcher), their lengths,
+/// and (bytes, run) in byte order.
+#[derive(Clone, Debug)]
 struct Starting {
+    shared: memchr::memmem::Finder<'static>,
     lens: BTreeSet<usize>,
     tokens: Vec<(Vec<u8>, u64)>,
 }
@@ -163,7 +165,20 @@ impl TokenIndex {
             self.empty.get_or_insert(run);
             return;
         };
-        let group = self.by_first.entry(first).or_default();
+        let group = self.by_first.entry(first).or_insert_with(|| Starting {
+            shared: memchr::memmem::Finder::new(&bytes).into_owned(),
+            lens: BTreeSet::new(),
+            tokens: Vec::new(),
+        });
+        let shared = group.shared.needle();
+        let common = shared
+            .iter()
+            .zip(&bytes)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common < shared.len() {
+            group.shared = memchr::memmem::Finder::new(&bytes[..common]).into_owned();
+        }
         group.lens.insert(bytes.len());
         let at = group.tokens.partition_point(|e| e.0 < bytes);
         group.tokens.insert(at, (bytes, run));
@@ -174,8 +189,8 @@ impl TokenIndex {
         if let Some(run) = self.empty {
             return tokens.get(&run);
         }
-        for (&b, group) in &self.by_first {
-            for at in memchr::memchr_iter(b, text) {
+        for group in self.by_first.values() {
+            for at in group.shared.find_iter(text) {
                 let rest = &text[at..];
                 for &len in group.lens.range(..=rest.len()) {
                     let window = &rest[..len];
