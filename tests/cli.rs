@@ -121,10 +121,15 @@ fn a_sweep_can_force_the_relays_todos_and_faulted_phase_of_every_seed() {
         "40",
         "--duration",
         "24h",
+        "--all-faults",
     ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("relays=8 todos=40 "), "{out}");
     assert!(out.contains("safety=1d"), "{out}");
+    assert!(
+        out.contains("partitions=true outages=true crashes=true pauses=true"),
+        "{out}"
+    );
     let (code, _, err) = run(&["sim", "--seed", "3", "--relays", "0"]);
     assert_eq!(code, 2);
     assert!(err.contains("--relays"), "{err}");

@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     save_plan: Option<std::path::PathBuf>,
     /// Replay a run saved with --save-plan instead of drawing one from a seed.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "mutation", "relays", "todos", "duration"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "mutation", "relays", "todos", "duration", "all_faults"])]
     plan: Option<std::path::PathBuf>,
     /// Force this many relays on every seed (1 or more).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -50,6 +50,9 @@ pub struct Args {
     /// Force the length of the faulted phase on every seed (e.g. 24h); the healed phase follows.
     #[arg(long, value_parser = parse_phase)]
     duration: Option<u64>,
+    /// Turn every fault kind on for every seed (the seed still draws when and how hard).
+    #[arg(long)]
+    all_faults: bool,
     /// Threads a sweep runs seeds on (default: one per core). Results are the same for any
     /// number: each seed runs alone, and they are reported in seed order.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
@@ -100,6 +103,7 @@ impl Args {
             relays: self.relays.map(usize::from),
             todos: self.todos.map(usize::from),
             safety: self.duration,
+            all_faults: self.all_faults,
         }
     }
 

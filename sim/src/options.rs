@@ -61,6 +61,30 @@ pub struct Faults {
     pub operators: bool,
 }
 
+impl Faults {
+    /// Every kind on; a rate the seed left at 0 takes a middling value.
+    fn all_on(self) -> Faults {
+        let or = |drawn: u32, dflt| if drawn == 0 { dflt } else { drawn };
+        Faults {
+            request_loss: or(self.request_loss, 50),
+            response_loss: or(self.response_loss, 50),
+            duplicate: or(self.duplicate, 30),
+            delay_max: if self.delay_max == 0 {
+                1_000
+            } else {
+                self.delay_max
+            },
+            partitions: true,
+            outages: true,
+            crashes: true,
+            pauses: true,
+            clock_drift: true,
+            wall_steps: true,
+            operators: true,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Options {
     pub seed: u64,
@@ -100,6 +124,8 @@ pub struct Shape {
     pub todos: Option<usize>,
     /// The faulted (safety) phase's length; the healed phase follows it.
     pub safety: Option<Millis>,
+    /// Every fault kind on, whatever the seed drew.
+    pub all_faults: bool,
 }
 
 pub const MAX_DRIFT_PPM: i64 = 2_000;
@@ -157,7 +183,7 @@ impl Options {
             receipts: on(&mut r, 300),
             release_granted: on(&mut r, 700),
             safety: r.range(1, 4) * HOUR,
-            liveness_bound: 24 * HOUR,
+            liveness_bound: 0,
             faults,
             mutation,
             hours: Vec::new(),
@@ -181,21 +207,27 @@ impl Options {
         if let Some(d) = shape.safety {
             o.safety = d.max(MINUTE);
         }
+        if shape.all_faults {
+            o.faults = o.faults.all_on();
+        }
         o.with_hours(seed)
     }
 
     /// Draws each relay's operating hours from their own stream (the other options stay as the
     /// seed drew them before hours existed): for some relays, the first `on` minutes of every
     /// hour at a drawn UTC offset, so that firings fall outside the hours often while no relay
-    /// waits long enough to starve the liveness phase.
+    /// waits long enough to starve the liveness phase. Then sets the liveness bound from them.
     fn with_hours(mut self, seed: u64) -> Options {
         let mut r = Rng::stream(seed, "hours");
+        let mut minutes_open = Vec::new();
         self.hours = (0..self.relays)
             .map(|_| {
                 if !r.chance(400) {
+                    minutes_open.push(60);
                     return Vec::new();
                 }
                 let on = r.range(10, 50);
+                minutes_open.push(on);
                 let offset = r.range(0, 14 * 4) * 15;
                 let zone = format!("+{:02}:{:02}", offset / 60, offset % 60);
                 (0..24)
@@ -203,7 +235,21 @@ impl Options {
                     .collect()
             })
             .collect();
+        self.liveness_bound = self.liveness_bound_for(&minutes_open);
         self
+    }
+
+    /// How long after healing every todo must have ended: a day, or longer when the relays
+    /// cannot get through the work in a day even in the worst case (every attempt of every todo
+    /// running to its timeout, each relay working only the minutes an hour it is open). Seed
+    /// 1355 drew one relay open 27 minutes an hour for 27 todos of up to 5 attempts of 8 minutes:
+    /// about 76 hours of work, which a fixed day reported as a liveness failure.
+    fn liveness_bound_for(&self, minutes_open: &[u64]) -> Millis {
+        let attempt =
+            self.agent_timeout.unwrap_or(self.agent_max) + self.fire_every + self.lease_ttl;
+        let work = attempt * self.todos as u64 * u64::from(self.max_attempts);
+        let open_minutes_an_hour: u64 = minutes_open.iter().sum();
+        (work * 60 / open_minutes_an_hour.max(1)).max(24 * HOUR)
     }
 }
 
@@ -214,7 +260,8 @@ impl fmt::Display for Options {
         write!(
             f,
             "relays={} todos={} max_attempts={} lease_ttl={} heartbeat={} fire_every={} \
-             agent_max={} timeout={} check={} check_before={} receipts={} release={} safety={}",
+             agent_max={} timeout={} check={} check_before={} receipts={} release={} safety={} \
+             liveness={}",
             self.relays,
             self.todos,
             self.max_attempts,
@@ -228,6 +275,7 @@ impl fmt::Display for Options {
             self.receipts,
             self.release_granted,
             s(self.safety),
+            s(self.liveness_bound),
         )?;
         write!(
             f,

@@ -111,6 +111,21 @@ fn shrinking_removes_faults_and_keeps_the_violation() {
     assert_eq!(r.violation.map(|v| v.invariant), Some(v.invariant));
 }
 
+/// A seed whose relays cannot finish the work in a day even in the worst case gets a longer
+/// liveness bound: seed 1355 (one relay open 27 minutes an hour, 27 todos of up to 5 attempts of
+/// 8 minutes) failed "finishes" under the fixed day, and needs 1d4h40m.
+#[test]
+fn the_liveness_bound_covers_the_worst_case_work_of_the_drawn_relays() {
+    let (o, _, result) = run_seed(1355, None);
+    assert!(o.liveness_bound > 24 * relay_core::time::HOUR, "{o}");
+    assert!(result.violation.is_none(), "{:?}", result.violation);
+    // Seeds whose relays can get through the work in a day keep the day.
+    assert_eq!(
+        Options::draw(0, None).liveness_bound,
+        24 * relay_core::time::HOUR
+    );
+}
+
 #[test]
 fn options_are_drawn_per_seed_and_swarm() {
     let drawn: Vec<Options> = (0..64).map(|s| Options::draw(s, None)).collect();
