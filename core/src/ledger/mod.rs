@@ -227,6 +227,8 @@ pub struct Ledger {
     todos: BTreeMap<String, Entry>,
     /// FIFO order for `claim_next`: (created_at, id).
     order: BTreeSet<(Millis, String)>,
+    /// Paused queues, and since when.
+    paused: BTreeMap<String, Millis>,
 }
 
 impl Ledger {
@@ -353,11 +355,12 @@ impl Rows for Mem<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let next = self
             .0
             .todos()
-            .find(|t| claimable(now, t, actor, queues))
+            .find(|t| claimable(now, t, actor, queues) && !paused.contains(&t.queue))
             .map(|t| t.id.clone());
         Ok(next.and_then(|id| self.loaded(&id)))
     }
@@ -434,6 +437,19 @@ impl Rows for Mem<'_> {
         let l = &mut *self.0;
         if let Some(e) = l.todos.remove(id) {
             l.order.remove(&(e.todo.created_at, e.todo.id));
+        }
+        Ok(())
+    }
+
+    async fn paused_queues(&mut self) -> Result<Vec<String>, Error> {
+        Ok(self.0.paused.keys().cloned().collect())
+    }
+
+    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error> {
+        if paused {
+            self.0.paused.entry(queue.to_string()).or_insert(now);
+        } else {
+            self.0.paused.remove(queue);
         }
         Ok(())
     }

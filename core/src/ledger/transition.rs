@@ -675,6 +675,26 @@ pub fn retry(
     Ok(change)
 }
 
+/// Who may pause or resume a queue, and which names: only the operator (an endpoint is
+/// `forbidden`), and only a valid queue name (a queue need hold no todo to be paused, so that an
+/// operator can stop one before its work arrives).
+pub fn pause(actor: &Actor, queue: &str, paused: bool) -> Result<(), Error> {
+    let op = if paused { "pause" } else { "resume" };
+    if let Actor::Endpoint { endpoint, .. } = actor {
+        return Err(Error::forbidden(format!(
+            "{op} {queue}: endpoint {endpoint} may not {op} queues; only an operator may \
+             (`relay queue {op}` or the Board)"
+        )));
+    }
+    if !super::valid_queue_name(queue) {
+        return Err(Error::invalid(format!(
+            "{op}: queue {queue:?} is not a queue name (a letter or digit, then up to 63 \
+             letters, digits, '_', '-' or '.')"
+        )));
+    }
+    Ok(())
+}
+
 /// Cancels the todo; an open attempt is closed `canceled`/`canceled`.
 pub fn cancel(
     now: Millis,

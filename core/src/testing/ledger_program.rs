@@ -228,7 +228,7 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
                 "todo": todo_obs(&v.todo),
                 "attempts": v.attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
             }),
-            Answer::Ids(ids) => json!(ids),
+            Answer::Ids(ids) | Answer::Queues(ids) => json!(ids),
             Answer::Deleted => Value::Null,
         })
         .map_err(|e| e.code)

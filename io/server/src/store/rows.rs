@@ -318,6 +318,7 @@ impl Shared {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
@@ -341,6 +342,12 @@ impl Shared {
         let queues = match queues {
             None => q.always().into(),
             Some(qs) => q.queue_in(qs),
+        };
+        // mirrors ledger::run's claim_next: a paused queue is skipped.
+        let queues = if paused.is_empty() {
+            queues
+        } else {
+            format!("{queues} AND NOT ({})", q.queue_in(paused))
         };
         // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
         // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
@@ -655,6 +662,16 @@ pub(crate) fn endpoint<R: Row>(row: &R) -> Result<Endpoint, Error> {
         created_at: r.millis()?,
         revoked_at: r.opt_millis()?,
     })
+}
+
+/// A statement written with Postgres' `$N` placeholders in a dialect's own mark (SQLite takes
+/// `?N`), so that the store's own tables have one SQL text for both.
+pub(crate) fn numbered(mark: char, sql: &str) -> String {
+    if mark == '$' {
+        sql.to_string()
+    } else {
+        sql.replace('$', &mark.to_string())
+    }
 }
 
 /// A time as the `BIGINT` the tables store.
