@@ -41,6 +41,9 @@ pub fn session_live(now: Millis, expires_at: Millis, operator_revoked: bool) -> 
     now < expires_at && !operator_revoked
 }
 
+/// How long a CSRF token is, in characters (hex of a SHA-256).
+pub const CSRF_FIELD_LEN: usize = 64;
+
 /// The CSRF token of a session: derived from the session's secret, so a page of that session can
 /// carry it in its forms while a cross-site page, which cannot read the cookie, cannot make it.
 /// Nothing is stored for it. Domain-separated from the session id's own hash.
