@@ -296,3 +296,32 @@ async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
     assert_eq!(r.status(), 409);
     assert!(r.text().await.unwrap().contains("not claimed"));
 }
+
+#[tokio::test]
+async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "complete"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let added = mcp
+        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    let mut b = Board::new(&h);
+    // Without a session the stream does not open.
+    assert_eq!(b.get("/board/events").await.status(), 401);
+    b.login(&token).await;
+    let mut stream = b.get("/board/events").await;
+    assert_eq!(stream.status(), 200);
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("complete", json!({"id": id, "summary": "ok"})).await;
+    let mut buf = String::new();
+    for _ in 0..2 {
+        let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+        assert_eq!(ev.expect("an event within the bound")["id"], id.as_str());
+    }
+    assert!(buf.is_empty() || !buf.contains("data:"));
+}

@@ -652,8 +652,8 @@ async fn todo_action(
     }
 }
 
-/// The Board's live stream: an SSE event `todo` with the id of each todo this server changes.
-/// A reader that falls behind gets a `todo` event with an empty id, which reloads any page.
+/// The Board's live stream: an SSE event `todo`, data `{"id": ID}`, for each todo this server
+/// changes. A reader that fell behind gets `{"id": null}`, which reloads any page.
 async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     if let Err(r) = session(&b, &headers, false).await {
         return r;
@@ -661,12 +661,13 @@ async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     let rx = b.server.board_notices();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let id = match rx.recv().await {
-            Ok(id) => id,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => String::new(),
+            Ok(id) => Some(id),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
         };
+        let data = serde_json::json!({ "id": id }).to_string();
         Some((
-            Ok::<_, Infallible>(Event::default().event("todo").data(id)),
+            Ok::<_, Infallible>(Event::default().event("todo").data(data)),
             rx,
         ))
     });

@@ -11,7 +11,9 @@
   var es = new EventSource("/board/events");
   es.addEventListener("todo", function (ev) {
     if (busy) { return; }
-    if (onTodoPage && !shown[ev.data]) { return; }
+    var id = JSON.parse(ev.data).id;
+    // A null id: the stream fell behind, so anything may have changed.
+    if (onTodoPage && id !== null && !shown[id]) { return; }
     // Do not throw away what the operator is typing.
     var a = document.activeElement;
     if (a && (a.tagName === "INPUT" || a.tagName === "SELECT") && a.value) { return; }
