@@ -103,9 +103,11 @@ async fn secure_headers(mut r: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: under it a browser sends `Origin: null` on the Board's own form posts,
+    // which the Origin check (rightly) refuses.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.entry(header::CACHE_CONTROL)

@@ -9,6 +9,9 @@
   var onTodoPage = location.pathname.indexOf("/board/todos/") === 0;
   var busy = false;
   var es = new EventSource("/board/events");
+  // Says on the page that it is live (the browser test waits for it before it changes a todo).
+  es.addEventListener("open", function () { document.body.setAttribute("data-live", "on"); });
+  es.addEventListener("error", function () { document.body.setAttribute("data-live", "off"); });
   es.addEventListener("todo", function (ev) {
     if (busy) { return; }
     var id = JSON.parse(ev.data).id;
