@@ -303,7 +303,7 @@ async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
     };
     let op = Op::PauseQueue {
         now: now(),
-        actor: Actor::Operator,
+        actor: Actor::cli(),
         queue: queue.clone(),
         paused,
     };
@@ -506,7 +506,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 })
                 .transpose()?;
             let store = open(db).await?;
-            let actor = endpoint.map_or(Actor::Operator, Actor::endpoint);
+            let actor = endpoint.map_or(Actor::cli(), Actor::endpoint);
             let filter = TodoFilter {
                 queues: queue.map(|q| vec![q]),
                 state,
@@ -537,7 +537,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         TodoCmd::Show { id, attempts, json } => {
             let store = open(db).await?;
             let get = Op::GetTodo {
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 id: id.clone(),
                 attempts_limit: attempts,
             };
@@ -622,14 +622,14 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         }
         TodoCmd::Retry { id } => {
             let store = open(db).await?;
-            let (now, actor) = (now(), Actor::Operator);
+            let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Retry { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
         TodoCmd::Cancel { id } => {
             let store = open(db).await?;
-            let (now, actor) = (now(), Actor::Operator);
+            let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Cancel { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())

@@ -24,7 +24,8 @@ pub use backoff::Backoff;
 pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
-    Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
+    Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report,
+    claimable,
 };
 pub use types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
 
@@ -545,6 +546,12 @@ where
         if ended != a.outcome.is_some() || ended != a.disposition.is_some() {
             return Err(format!(
                 "attempt {}: ended_at, outcome and disposition must be set together",
+                a.seq
+            ));
+        }
+        if a.closed_by.is_some() && ended != a.closed_by.is_some() {
+            return Err(format!(
+                "attempt {}: closed_by is set on an open attempt",
                 a.seq
             ));
         }

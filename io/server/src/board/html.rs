@@ -379,7 +379,7 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
              <span class=\"outcome\">{}</span>{}{}</header>\
              <dl><dt>claimant</dt><dd>{}</dd><dt>claimer</dt><dd>{}{}</dd><dt>claimed</dt>\
              <dd>{}</dd><dt>last heartbeat</dt><dd>{}</dd><dt>ended</dt><dd>{}</dd>\
-             <dt>duration</dt><dd>{}</dd><dt>disposition</dt><dd>{}</dd></dl>{}{}</li>",
+             <dt>duration</dt><dd>{}</dd><dt>disposition</dt><dd>{}</dd>{}</dl>{}{}</li>",
             if died { " died" } else { "" },
             a.seq,
             a.seq,
@@ -407,6 +407,10 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
             time(a.ended_at),
             duration(a),
             esc(a.disposition.map_or("–", |d| d.as_str())),
+            a.closed_by
+                .as_deref()
+                .map(|o| format!("<dt>closed by</dt><dd class=\"closed-by\">{}</dd>", esc(o)))
+                .unwrap_or_default(),
             a.summary
                 .as_deref()
                 .map(|s| format!("<p class=\"summary\">{}</p>", esc(s)))

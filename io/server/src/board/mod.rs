@@ -1,7 +1,7 @@
 //! The Board: the operator's pages under `/board/`, served by `relay serve` on its listener.
 //!
 //! A shell, like the MCP side: it renders pages ([`html`]) and turns a button press into the
-//! same [`Op`] the CLI sends, as [`Actor::Operator`], applied through [`Store::apply`]. Who may
+//! same [`Op`] the CLI sends, as [`Actor::Operator`] under the session's operator name, applied through [`Store::apply`]. Who may
 //! open the Board, for how long, and the CSRF token a page carries are `relay_core::board`'s
 //! rules; every lifecycle rule is the ledger's.
 //!
@@ -361,7 +361,7 @@ async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
     };
     let now = b.server.now();
     let all = b.store().apply(Op::ListTodos {
-        actor: Actor::Operator,
+        actor: Actor::operator(&s.operator),
         filter: TodoFilter {
             limit: OVERVIEW_SCAN,
             ..TodoFilter::default()
@@ -472,7 +472,7 @@ async fn queue_page(
         }
     };
     let list = b.store().apply(Op::ListTodos {
-        actor: Actor::Operator,
+        actor: Actor::operator(&s.operator),
         filter: TodoFilter {
             queues: Some(vec![queue.clone()]),
             state,
@@ -535,7 +535,7 @@ async fn queue_action(
     };
     let op = Op::PauseQueue {
         now: b.server.now(),
-        actor: Actor::Operator,
+        actor: Actor::operator(&s.operator),
         queue: queue.clone(),
         paused,
     };
@@ -553,7 +553,7 @@ const TODO_ATTEMPTS: usize = 100;
 
 async fn todo_view(b: &Board, s: &Session, id: &str, error: Option<&str>) -> Response {
     let op = Op::GetTodo {
-        actor: Actor::Operator,
+        actor: Actor::operator(&s.operator),
         id: id.to_string(),
         attempts_limit: TODO_ATTEMPTS,
     };
@@ -588,8 +588,8 @@ struct ActionForm {
 }
 
 /// The operation a todo's button stands for: the very one the CLI sends, as the operator.
-fn action_op(now: relay_core::Millis, id: &str, f: &ActionForm) -> Result<Op, Error> {
-    let (actor, id) = (Actor::Operator, id.to_string());
+fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> Result<Op, Error> {
+    let (actor, id) = (Actor::operator(&s.operator), id.to_string());
     let summary = Some(f.summary.trim().to_string()).filter(|s| !s.is_empty());
     let report = Report {
         summary: summary.clone(),
@@ -638,7 +638,7 @@ async fn todo_action(
     if let Err(r) = csrf_ok(&s, &f.csrf) {
         return r;
     }
-    let op = match action_op(b.server.now(), &id, &f) {
+    let op = match action_op(b.server.now(), &s, &id, &f) {
         Ok(op) => op,
         Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
     };

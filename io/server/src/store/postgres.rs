@@ -152,7 +152,8 @@ CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
     FOR EACH ROW EXECUTE FUNCTION todos_change_seq();
 "#;
 
-/// The Board (as SQLite's 0006): operators, their sessions, the paused queues.
+/// The Board (as SQLite's 0006): operators, their sessions, the closing operator of an
+/// attempt, the paused queues.
 const MIGRATION_0006: &str = r#"
 CREATE TABLE operators (
     name       text COLLATE "C" NOT NULL PRIMARY KEY,
@@ -167,6 +168,8 @@ CREATE TABLE board_sessions (
     expires_at bigint NOT NULL
 );
 CREATE INDEX board_sessions_operator ON board_sessions (operator);
+-- Which operator closed an attempt (NULL: no operator did).
+ALTER TABLE todo_attempts ADD COLUMN closed_by text CHECK (octet_length(closed_by) <= 64);
 CREATE TABLE paused_queues (
     queue     text COLLATE "C" NOT NULL PRIMARY KEY,
     paused_at bigint NOT NULL

@@ -529,7 +529,8 @@ impl rows::Row for rusqlite::Row<'_> {
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
 /// The Board: operators (only the SHA-256 of a token), their sessions (only the SHA-256 of the
-/// cookie's secret; a revoke deletes them), and the paused queues.
+/// cookie's secret; a revoke deletes them), the operator who closed an attempt, and the paused
+/// queues.
 const MIGRATION_0006: &str = "
 CREATE TABLE operators (
     name       TEXT    NOT NULL PRIMARY KEY,
@@ -544,6 +545,8 @@ CREATE TABLE board_sessions (
     expires_at INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX board_sessions_operator ON board_sessions (operator);
+-- Which operator closed an attempt (NULL: no operator did).
+ALTER TABLE todo_attempts ADD COLUMN closed_by TEXT CHECK (length(CAST(closed_by AS BLOB)) <= 64);
 CREATE TABLE paused_queues (
     queue     TEXT    NOT NULL PRIMARY KEY,
     paused_at INTEGER NOT NULL

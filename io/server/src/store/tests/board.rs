@@ -93,14 +93,10 @@ async fn pause(mut store: Store) {
         .add_todo(T0 + 1, "e", new_todo("td_2", "docs"))
         .await
         .unwrap();
-    let paused = store
-        .pause_queue(T0 + 2, &Actor::Operator, "ci", true)
-        .await;
+    let paused = store.pause_queue(T0 + 2, &Actor::cli(), "ci", true).await;
     assert_eq!(paused.unwrap(), ["ci"]);
     // Pausing twice keeps one row.
-    let paused = store
-        .pause_queue(T0 + 2, &Actor::Operator, "ci", true)
-        .await;
+    let paused = store.pause_queue(T0 + 2, &Actor::cli(), "ci", true).await;
     assert_eq!(paused.unwrap(), ["ci"]);
     let ci = vec!["ci".to_string()];
     let next = store
@@ -114,9 +110,7 @@ async fn pause(mut store: Store) {
         .await
         .unwrap_err();
     assert_eq!(refused.code, ErrorCode::Forbidden);
-    let resumed = store
-        .pause_queue(T0 + 4, &Actor::Operator, "ci", false)
-        .await;
+    let resumed = store.pause_queue(T0 + 4, &Actor::cli(), "ci", false).await;
     assert!(resumed.unwrap().is_empty());
     let next = store.claim_next(T0 + 5, &e, None, &opts(60, None)).await;
     assert_eq!(next.unwrap().unwrap().todo.id, "td_1");

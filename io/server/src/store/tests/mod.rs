@@ -199,7 +199,7 @@ pub(super) async fn raw_batch(store: &Store, sql: &'static str) {
 /// Every attempt of a todo, oldest first, as the operator sees them.
 pub(super) async fn all_attempts(store: &Store, id: &str) -> (Todo, Vec<Attempt>) {
     let get = Op::GetTodo {
-        actor: Actor::Operator,
+        actor: Actor::cli(),
         id: id.into(),
         attempts_limit: usize::MAX,
     };
