@@ -611,6 +611,9 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 if let Some(s) = &a.summary {
                     println!("      summary: {}", esc(s));
                 }
+                if let Some(op) = &a.closed_by {
+                    println!("      closed by operator: {}", esc(op));
+                }
                 if let Some(art) = &a.artifact {
                     println!("      artifact: {}", esc(art));
                 }
