@@ -31,6 +31,8 @@ fn help_lists_the_contract_commands() {
         "up",
         "sim",
         "check-config",
+        "operator",
+        "queue",
     ] {
         assert!(text.contains(cmd), "help lacks {cmd}: {text}");
     }
@@ -226,6 +228,44 @@ fn one_line_error(code: i32, err: &str, needle: &str) {
     assert_ne!(code, 0);
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(err.contains(needle), "{needle:?} in {err}");
+}
+
+#[test]
+fn operator_and_queue_commands_round_trip_on_sqlite() {
+    let dir = temp_dir("operators");
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+    let (code, token, err) = run_db(&db, &["operator", "create", "alice"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(token.lines().count(), 1);
+    assert!(token.trim().len() >= 43, "{token}");
+    let (code, _, err) = run_db(&db, &["operator", "create", "alice"]);
+    one_line_error(code, &err, "exists");
+    let (code, _, err) = run_db(&db, &["operator", "create", "no spaces"]);
+    one_line_error(code, &err, "operator name");
+    let (code, out, _) = run_db(&db, &["operator", "list", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["operators"][0]["name"], "alice");
+    assert!(v["operators"][0]["revoked_at"].is_null());
+    // The token is shown once and never listed.
+    assert!(!out.contains(token.trim()));
+    let (code, _, err) = run_db(&db, &["operator", "revoke", "alice"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run_db(&db, &["operator", "revoke", "alice"]);
+    one_line_error(code, &err, "already revoked");
+    let (_, out, _) = run_db(&db, &["operator", "list"]);
+    assert!(out.contains("revoked"), "{out}");
+
+    let (code, out, err) = run_db(&db, &["queue", "pause", "ci"]);
+    assert_eq!((code, out.trim()), (0, "paused ci"), "{err}");
+    let (_, out, _) = run_db(&db, &["queue", "paused", "--json"]);
+    assert_eq!(out.trim(), r#"{"paused":["ci"]}"#);
+    let (code, _, err) = run_db(&db, &["queue", "pause", "bad queue"]);
+    one_line_error(code, &err, "queue");
+    let (code, out, _) = run_db(&db, &["queue", "resume", "ci"]);
+    assert_eq!((code, out.trim()), (0, "resumed ci"));
+    let (_, out, _) = run_db(&db, &["queue", "paused", "--json"]);
+    assert_eq!(out.trim(), r#"{"paused":[]}"#);
 }
 
 #[test]

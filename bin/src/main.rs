@@ -37,6 +37,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: operator::EndpointCmd,
     },
+    /// Create, list and revoke the operators who may open the Board.
+    Operator {
+        #[command(subcommand)]
+        cmd: operator::OperatorCmd,
+    },
+    /// Pause and resume queues (a paused queue answers claim_next empty).
+    Queue {
+        #[command(subcommand)]
+        cmd: operator::QueueCmd,
+    },
     /// Add, list, show, retry and cancel todos.
     Todo {
         #[command(subcommand)]
@@ -74,6 +84,8 @@ fn main() -> ExitCode {
         Cmd::Serve(args) => serve::run(&cli.db, args),
         Cmd::Endpoint { cmd } => operator::endpoint(&cli.db, cmd),
         Cmd::Todo { cmd } => operator::todo(&cli.db, cmd),
+        Cmd::Operator { cmd } => operator::operator(&cli.db, cmd),
+        Cmd::Queue { cmd } => operator::queue(&cli.db, cmd),
         Cmd::Daemon(args) => daemon::daemon(args),
         Cmd::Trigger(args) => daemon::trigger(args),
         Cmd::Describe(args) => daemon::describe(args),

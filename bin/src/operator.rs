@@ -61,6 +61,46 @@ pub enum EndpointCmd {
 }
 
 #[derive(Subcommand)]
+pub enum OperatorCmd {
+    /// Create an operator of the Board; prints its token once (only its SHA-256 is stored).
+    Create {
+        /// The operator's name, shown as who closed an attempt: letters, digits, '_', '-', '.'.
+        name: String,
+    },
+    /// List operators.
+    List {
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an operator: its token stops opening the Board and its sessions end.
+    Revoke {
+        /// The operator's name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum QueueCmd {
+    /// Pause a queue: claim_next skips it (answers empty); adds are still accepted.
+    Pause {
+        /// The queue's name.
+        queue: String,
+    },
+    /// Resume a paused queue.
+    Resume {
+        /// The queue's name.
+        queue: String,
+    },
+    /// List the paused queues.
+    Paused {
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum TodoCmd {
     /// Add a todo for an endpoint; prints the new todo's id.
     Add(AddArgs),
@@ -168,6 +208,109 @@ pub fn endpoint(db: &DbOpt, cmd: EndpointCmd) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
+}
+
+pub fn operator(db: &DbOpt, cmd: OperatorCmd) -> ExitCode {
+    match block(run_operator(db, cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+pub fn queue(db: &DbOpt, cmd: QueueCmd) -> ExitCode {
+    match block(run_queue(db, cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
+    match cmd {
+        OperatorCmd::Create { name } => {
+            relay_core::board::check_operator_name("operator create", &name)?;
+            let token = relay_server::server::new_bearer_token()?;
+            let store = open(db).await?;
+            store
+                .operator_create(now(), &name, TokenHash::of(&token))
+                .await?;
+            println!("{token}");
+            Ok(())
+        }
+        OperatorCmd::List { json } => {
+            let store = open(db).await?;
+            let all = store.operator_list().await?;
+            if json {
+                let list: Vec<Value> = all
+                    .iter()
+                    .map(|o| {
+                        json!({
+                            "name": o.name,
+                            "created_at": rfc3339(o.created_at),
+                            "revoked_at": o.revoked_at.map(rfc3339),
+                        })
+                    })
+                    .collect();
+                println!("{}", json!({ "operators": list }));
+                return Ok(());
+            }
+            if all.is_empty() {
+                println!("no operators; create one with `relay operator create NAME`");
+                return Ok(());
+            }
+            println!("{:<20} {:<8} CREATED", "NAME", "STATE");
+            for o in &all {
+                let state = if o.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{:<20} {:<8} {}",
+                    esc(&o.name),
+                    state,
+                    rfc3339(o.created_at)
+                );
+            }
+            Ok(())
+        }
+        OperatorCmd::Revoke { name } => {
+            let store = open(db).await?;
+            store.operator_revoke(now(), &name).await?;
+            println!("revoked {name}; its Board sessions ended");
+            Ok(())
+        }
+    }
+}
+
+async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
+    let store = open(db).await?;
+    let (queue, paused) = match cmd {
+        QueueCmd::Pause { queue } => (queue, true),
+        QueueCmd::Resume { queue } => (queue, false),
+        QueueCmd::Paused { json } => {
+            let paused = store.apply(Op::PausedQueues).await?.queues()?;
+            if json {
+                println!("{}", json!({ "paused": paused }));
+            } else if paused.is_empty() {
+                println!("no paused queues");
+            } else {
+                for q in &paused {
+                    println!("{}", esc(q));
+                }
+            }
+            return Ok(());
+        }
+    };
+    let op = Op::PauseQueue {
+        now: now(),
+        actor: Actor::cli(),
+        queue: queue.clone(),
+        paused,
+    };
+    store.apply(op).await?.queues()?;
+    let verb = if paused { "paused" } else { "resumed" };
+    println!("{verb} {}", esc(&queue));
+    Ok(())
 }
 
 pub fn todo(db: &DbOpt, cmd: TodoCmd) -> ExitCode {
@@ -363,7 +506,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 })
                 .transpose()?;
             let store = open(db).await?;
-            let actor = endpoint.map_or(Actor::Operator, Actor::endpoint);
+            let actor = endpoint.map_or(Actor::cli(), Actor::endpoint);
             let filter = TodoFilter {
                 queues: queue.map(|q| vec![q]),
                 state,
@@ -394,7 +537,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         TodoCmd::Show { id, attempts, json } => {
             let store = open(db).await?;
             let get = Op::GetTodo {
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 id: id.clone(),
                 attempts_limit: attempts,
             };
@@ -468,6 +611,9 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 if let Some(s) = &a.summary {
                     println!("      summary: {}", esc(s));
                 }
+                if let Some(op) = &a.closed_by {
+                    println!("      closed by operator: {}", esc(op));
+                }
                 if let Some(art) = &a.artifact {
                     println!("      artifact: {}", esc(art));
                 }
@@ -479,14 +625,14 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
         }
         TodoCmd::Retry { id } => {
             let store = open(db).await?;
-            let (now, actor) = (now(), Actor::Operator);
+            let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Retry { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
         TodoCmd::Cancel { id } => {
             let store = open(db).await?;
-            let (now, actor) = (now(), Actor::Operator);
+            let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Cancel { now, actor, id }).await?.todo()?;
             println!("{}: {}", esc(&t.id), t.state);
             Ok(())

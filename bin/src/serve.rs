@@ -72,6 +72,9 @@ pub struct Args {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Do not serve the Board (the operator's web pages under /board/).
+    #[arg(long)]
+    no_board: bool,
 }
 
 /// A duration as the config writes them ("10s", "500ms").
@@ -132,6 +135,8 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.max_sessions_per_endpoint = args.max_sessions_per_endpoint as usize;
     config.max_streams = args.max_streams as usize;
     config.shutdown_grace = args.shutdown_grace;
+    config.board = !args.no_board;
+    config.secure_cookies = tls.is_some();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let server = Server::new(store, Arc::new(SystemClock), config, None);
     println!("listening on {scheme}://{bound}");

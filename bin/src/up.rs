@@ -337,7 +337,7 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     loop {
         let todos = store
             .apply(Op::ListTodos {
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 filter: TodoFilter {
                     queues: Some(vec![QUEUE.into()]),
                     state: None,
@@ -380,7 +380,7 @@ async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
     );
     for id in ids {
         let get = Op::GetTodo {
-            actor: Actor::Operator,
+            actor: Actor::cli(),
             id: id.clone(),
             attempts_limit: 100,
         };

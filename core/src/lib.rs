@@ -10,6 +10,7 @@
 //! or as a seed. Maps are `BTreeMap`s so that iteration is deterministic. `core/clippy.toml`
 //! enforces the rule, and `io`, `sim` and `fuzz` are the drivers.
 
+pub mod board;
 pub mod bounds;
 pub mod config;
 pub mod doorbell;

@@ -24,7 +24,8 @@ pub use backoff::Backoff;
 pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
-    Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report, claimable,
+    Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report,
+    claimable,
 };
 pub use types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
 
@@ -227,6 +228,8 @@ pub struct Ledger {
     todos: BTreeMap<String, Entry>,
     /// FIFO order for `claim_next`: (created_at, id).
     order: BTreeSet<(Millis, String)>,
+    /// Paused queues, and since when.
+    paused: BTreeMap<String, Millis>,
 }
 
 impl Ledger {
@@ -353,11 +356,12 @@ impl Rows for Mem<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let next = self
             .0
             .todos()
-            .find(|t| claimable(now, t, actor, queues))
+            .find(|t| claimable(now, t, actor, queues) && !paused.contains(&t.queue))
             .map(|t| t.id.clone());
         Ok(next.and_then(|id| self.loaded(&id)))
     }
@@ -446,6 +450,19 @@ impl Rows for Mem<'_> {
         let l = &mut *self.0;
         if let Some(e) = l.todos.remove(id) {
             l.order.remove(&(e.todo.created_at, e.todo.id));
+        }
+        Ok(())
+    }
+
+    async fn paused_queues(&mut self) -> Result<Vec<String>, Error> {
+        Ok(self.0.paused.keys().cloned().collect())
+    }
+
+    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error> {
+        if paused {
+            self.0.paused.entry(queue.to_string()).or_insert(now);
+        } else {
+            self.0.paused.remove(queue);
         }
         Ok(())
     }
@@ -541,6 +558,12 @@ where
         if ended != a.outcome.is_some() || ended != a.disposition.is_some() {
             return Err(format!(
                 "attempt {}: ended_at, outcome and disposition must be set together",
+                a.seq
+            ));
+        }
+        if a.closed_by.is_some() && ended != a.closed_by.is_some() {
+            return Err(format!(
+                "attempt {}: closed_by is set on an open attempt",
                 a.seq
             ));
         }

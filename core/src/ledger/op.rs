@@ -101,6 +101,16 @@ pub enum Op {
     DeleteTodo { actor: Actor, id: String },
     /// Retention: deletes finished todos untouched for `retention`. Answers [`Answer::Ids`].
     PurgeFinished { now: Millis, retention: Millis },
+    /// Pauses (`paused: true`) or resumes a queue: `claim_next` skips a paused queue, adds and
+    /// claims by id still work. Only the operator may. Answers [`Answer::Queues`].
+    PauseQueue {
+        now: Millis,
+        actor: Actor,
+        queue: String,
+        paused: bool,
+    },
+    /// The paused queues, by name. Answers [`Answer::Queues`].
+    PausedQueues,
 }
 
 impl Op {
@@ -123,6 +133,9 @@ impl Op {
             Op::ListTodos { .. } => "list_todos",
             Op::DeleteTodo { .. } => "delete",
             Op::PurgeFinished { .. } => "purge_finished",
+            Op::PauseQueue { paused: true, .. } => "pause",
+            Op::PauseQueue { paused: false, .. } => "resume",
+            Op::PausedQueues => "paused_queues",
         }
     }
 
@@ -143,12 +156,17 @@ impl Op {
             Op::Reap { .. } | Op::RequeueDue { .. } | Op::PurgeFinished { .. } => "(sweep)".into(),
             Op::RevokeEndpoint { endpoint, .. } => format!("(endpoint {endpoint})"),
             Op::ListTodos { .. } => "(list)".into(),
+            Op::PauseQueue { queue, .. } => format!("(queue {queue})"),
+            Op::PausedQueues => "(queues)".into(),
         }
     }
 
     /// Whether the operation may write (a store takes its write lock up front) or only reads.
     pub fn writes(&self) -> bool {
-        !matches!(self, Op::GetTodo { .. } | Op::ListTodos { .. })
+        !matches!(
+            self,
+            Op::GetTodo { .. } | Op::ListTodos { .. } | Op::PausedQueues
+        )
     }
 }
 
@@ -170,6 +188,8 @@ pub enum Answer {
     Ids(Vec<String>),
     /// delete.
     Deleted,
+    /// pause, resume, paused_queues: the paused queues after the operation, by name.
+    Queues(Vec<String>),
 }
 
 /// An accessor per shape: `Ok` with the value, or an internal error naming both shapes.
@@ -202,6 +222,8 @@ shapes! {
     view: View(TodoView);
     /// The ids a purge deleted.
     ids: Ids(Vec<String>);
+    /// The paused queues.
+    queues: Queues(Vec<String>);
 }
 
 impl Answer {
@@ -222,6 +244,7 @@ impl Answer {
             Answer::View(_) => "View",
             Answer::Ids(_) => "Ids",
             Answer::Deleted => "Deleted",
+            Answer::Queues(_) => "Queues",
         };
         Error::internal(format!("the ledger answered {got} where {wanted} was due"))
     }

@@ -71,12 +71,14 @@ pub trait Rows {
     /// The todo and its open attempt, the row locked for the rest of the transaction.
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
     /// The first claimable todo by (created_at, id) with its open attempt, locked (Postgres skips
-    /// rows other transactions hold). `queues` holds only valid queue names.
+    /// rows other transactions hold), outside the `paused` queues. `queues` holds only valid
+    /// queue names.
     async fn next_claimable(
         &mut self,
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
     /// Inserts a todo; `false` when the id is taken.
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error>;
@@ -98,6 +100,10 @@ pub trait Rows {
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error>;
     /// Deletes a todo and its attempts.
     async fn delete(&mut self, op: &str, id: &str) -> Result<(), Error>;
+    /// The paused queues, by name.
+    async fn paused_queues(&mut self) -> Result<Vec<String>, Error>;
+    /// Records a queue as paused (from `now`) or not; pausing a paused queue keeps its time.
+    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error>;
 }
 
 /// Applies one operation inside the backend's transaction. See the module doc.
@@ -125,7 +131,12 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         } => {
             transition::check_ttl("claim_next", opts.ttl)?;
             let queues = queues.as_deref().map(super::storable_queue_filter);
-            let next = match rows.next_claimable(now, &actor, queues.as_deref()).await? {
+            // A paused queue answers `claim_next` empty; nothing else about it changes.
+            let paused = rows.paused_queues().await?;
+            let next = match rows
+                .next_claimable(now, &actor, queues.as_deref(), &paused)
+                .await?
+            {
                 Some((todo, open)) => Some(claim(rows, cfg, now, &actor, todo, open, &opts).await?),
                 None => None,
             };
@@ -253,6 +264,17 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         Op::PurgeFinished { now, retention } => {
             purge_finished(rows, now, retention).await.map(Answer::Ids)
         }
+        Op::PauseQueue {
+            now,
+            actor,
+            queue,
+            paused,
+        } => {
+            transition::pause(&actor, &queue, paused)?;
+            rows.set_paused(now, &queue, paused).await?;
+            rows.paused_queues().await.map(Answer::Queues)
+        }
+        Op::PausedQueues => rows.paused_queues().await.map(Answer::Queues),
     }
 }
 

@@ -272,7 +272,7 @@ fn the_fence_is_no_oracle() {
         .complete(T0 + 1, &ep("e"), "td_1", &report(None))
         .unwrap_err();
     // td_2 is held by the operator: "not the owner" must read exactly like a fence mismatch.
-    l.claim(T0, &Actor::Operator, "td_2", &opts()).unwrap();
+    l.claim(T0, &Actor::cli(), "td_2", &opts()).unwrap();
     let not_owner = l
         .complete(T0 + 1, &ep("e"), "td_2", &report(None))
         .unwrap_err();
@@ -358,8 +358,8 @@ fn a_repeated_fail_answers_its_dead_letter_after_an_operator_acted() {
             .unwrap();
         assert!(dead.dead_letter());
         let acted = match operator {
-            "retry" => l.retry(T0 + 2, &Actor::Operator, "td_1"),
-            _ => l.cancel(T0 + 2, &Actor::Operator, "td_1"),
+            "retry" => l.retry(T0 + 2, &Actor::cli(), "td_1"),
+            _ => l.cancel(T0 + 2, &Actor::cli(), "td_1"),
         };
         assert!(!acted.unwrap().dead_letter());
         let before = l.clone();
@@ -398,15 +398,15 @@ fn an_unfenced_claim_refuses_a_token() {
 fn operator_variants_skip_the_fence_and_the_owner() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
-    l.heartbeat(T0 + 1, &Actor::Operator, "td_1", TTL, None)
+    l.heartbeat(T0 + 1, &Actor::cli(), "td_1", TTL, None)
         .unwrap();
     let t = l
-        .complete(T0 + 2, &Actor::Operator, "td_1", &report(None))
+        .complete(T0 + 2, &Actor::cli(), "td_1", &report(None))
         .unwrap();
     assert_eq!(t.state, TodoState::Done);
     // An operator's own claim is recorded as the owner's and is never fenced.
-    l.retry(T0 + 3, &Actor::Operator, "td_1").unwrap();
-    l.claim(T0 + 4, &Actor::Operator, "td_1", &fenced("ignored"))
+    l.retry(T0 + 3, &Actor::cli(), "td_1").unwrap();
+    l.claim(T0 + 4, &Actor::cli(), "td_1", &fenced("ignored"))
         .unwrap();
     let a = l.attempts("td_1").last().unwrap();
     assert_eq!(
@@ -608,7 +608,7 @@ fn retry_never_resets_attempts_total() {
         )
         .unwrap();
     assert!(t.dead_letter());
-    let t = l.retry(T0 + 2, &Actor::Operator, "td_1").unwrap();
+    let t = l.retry(T0 + 2, &Actor::cli(), "td_1").unwrap();
     assert_eq!(
         (t.state, t.attempt, t.attempts_total),
         (TodoState::Pending, 0, 1)
@@ -621,7 +621,7 @@ fn retry_never_resets_attempts_total() {
     assert_eq!((c.attempt_seq, c.todo.attempt), (2, 1));
     // A live lease cannot be retried out from under its holder.
     assert_eq!(
-        code(l.retry(T0 + 4, &Actor::Operator, "td_1")),
+        code(l.retry(T0 + 4, &Actor::cli(), "td_1")),
         ErrorCode::Conflict
     );
     l.check().unwrap();
@@ -634,20 +634,20 @@ fn retry_never_resets_attempts_total() {
 fn a_canceled_attempt_blocks_a_retry_until_its_lease_lapses() {
     let mut l = ledger_with(1, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
-    l.cancel(T0 + 1, &Actor::Operator, "td_1").unwrap();
-    let early = l.retry(T0 + 2, &Actor::Operator, "td_1").unwrap_err();
+    l.cancel(T0 + 1, &Actor::cli(), "td_1").unwrap();
+    let early = l.retry(T0 + 2, &Actor::cli(), "td_1").unwrap_err();
     assert_eq!(early.code, ErrorCode::Conflict);
     assert!(early.message.contains("retry at or after"), "{early}");
     assert_eq!(
-        l.get_todo(&Actor::Operator, "td_1", 5).unwrap().todo.state,
+        l.get_todo(&Actor::cli(), "td_1", 5).unwrap().todo.state,
         TodoState::Canceled
     );
-    let t = l.retry(T0 + TTL, &Actor::Operator, "td_1").unwrap();
+    let t = l.retry(T0 + TTL, &Actor::cli(), "td_1").unwrap();
     assert_eq!(t.state, TodoState::Pending);
     // A todo canceled while pending has no holder to wait for.
     l.add_todo(T0, "e", new("td_2", "ci")).unwrap();
-    l.cancel(T0 + 1, &Actor::Operator, "td_2").unwrap();
-    l.retry(T0 + 2, &Actor::Operator, "td_2").unwrap();
+    l.cancel(T0 + 1, &Actor::cli(), "td_2").unwrap();
+    l.retry(T0 + 2, &Actor::cli(), "td_2").unwrap();
     l.check().unwrap();
 }
 
@@ -655,17 +655,17 @@ fn a_canceled_attempt_blocks_a_retry_until_its_lease_lapses() {
 fn cancel_closes_the_open_attempt_as_canceled() {
     let mut l = ledger_with(2, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
-    let t = l.cancel(T0 + 1, &Actor::Operator, "td_1").unwrap();
+    let t = l.cancel(T0 + 1, &Actor::cli(), "td_1").unwrap();
     assert_eq!((t.state, t.owner), (TodoState::Canceled, None));
     let a = l.attempts("td_1").next().unwrap();
     assert_eq!(
         (a.outcome, a.disposition, a.died()),
         (Some(Outcome::Canceled), Some(Disposition::Canceled), false)
     );
-    l.cancel(T0 + 1, &Actor::Operator, "td_2").unwrap();
+    l.cancel(T0 + 1, &Actor::cli(), "td_2").unwrap();
     assert_eq!(l.attempts("td_2").count(), 0);
     assert_eq!(
-        code(l.cancel(T0 + 2, &Actor::Operator, "td_2")),
+        code(l.cancel(T0 + 2, &Actor::cli(), "td_2")),
         ErrorCode::Conflict
     );
     // A late report from the canceled holder is refused.
@@ -691,14 +691,11 @@ fn revoking_an_endpoint_dead_letters_its_claimed_todos() {
         (Some(Outcome::Revoked), Some(Disposition::DeadLettered))
     );
     assert_eq!(
-        l.get_todo(&Actor::Operator, "td_2", 5).unwrap().todo.state,
+        l.get_todo(&Actor::cli(), "td_2", 5).unwrap().todo.state,
         TodoState::Pending
     );
     assert_eq!(
-        l.get_todo(&Actor::Operator, "theirs", 5)
-            .unwrap()
-            .todo
-            .state,
+        l.get_todo(&Actor::cli(), "theirs", 5).unwrap().todo.state,
         TodoState::Claimed
     );
     l.check().unwrap();
@@ -881,10 +878,10 @@ fn deleting_a_todo_deletes_its_attempts() {
     let mut l = ledger_with(2, 5);
     l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
     l.complete(T0 + 1, &ep("e"), "td_1", &report(None)).unwrap();
-    l.delete_todo(&Actor::Operator, "td_1").unwrap();
+    l.delete_todo(&Actor::cli(), "td_1").unwrap();
     assert_eq!(l.attempts("td_1").count(), 0);
     assert_eq!(
-        code(l.get_todo(&Actor::Operator, "td_1", 5)),
+        code(l.get_todo(&Actor::cli(), "td_1", 5)),
         ErrorCode::NotFound
     );
     l.check().unwrap();
@@ -1109,4 +1106,88 @@ mod properties {
             );
         }
     }
+}
+
+#[test]
+fn a_paused_queue_answers_claim_next_empty_and_still_takes_adds() {
+    let mut l = ledger_with(1, 5);
+    l.add_todo(T0 + 2, "e", new("other_1", "docs")).unwrap();
+    let (ci, any) = (vec!["ci".to_string()], None);
+    assert_eq!(
+        l.pause_queue(T0 + 3, &Actor::cli(), "ci", true).unwrap(),
+        ["ci"]
+    );
+    // Pausing again keeps it paused, once.
+    assert_eq!(
+        l.pause_queue(T0 + 4, &Actor::cli(), "ci", true).unwrap(),
+        ["ci"]
+    );
+    assert!(
+        l.claim_next(T0 + 5, &ep("e"), Some(&ci), &opts())
+            .unwrap()
+            .is_none()
+    );
+    // Without a queue filter, the paused queue is skipped and the next one served.
+    let c = l
+        .claim_next(T0 + 5, &ep("e"), any, &opts())
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.todo.id, "other_1");
+    // Adds are accepted, and a claim by id still works (an explicit choice, not a scan).
+    l.add_todo(T0 + 6, "e", new("td_9", "ci")).unwrap();
+    assert!(
+        l.claim_next(T0 + 7, &ep("e"), any, &opts())
+            .unwrap()
+            .is_none()
+    );
+    l.claim(T0 + 8, &ep("e"), "td_9", &opts()).unwrap();
+    assert!(
+        l.pause_queue(T0 + 9, &Actor::cli(), "ci", false)
+            .unwrap()
+            .is_empty()
+    );
+    let c = l
+        .claim_next(T0 + 10, &ep("e"), Some(&ci), &opts())
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.todo.id, "td_1");
+    l.check().unwrap();
+}
+
+#[test]
+fn only_an_operator_may_pause_and_only_a_queue_name() {
+    let mut l = ledger_with(1, 5);
+    let r = l.pause_queue(T0, &ep("e"), "ci", true);
+    assert_eq!(code(r), ErrorCode::Forbidden);
+    let r = l.pause_queue(T0, &Actor::cli(), "bad queue", true);
+    let e = r.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    assert!(e.message.contains("queue"), "{}", e.message);
+    assert!(
+        l.apply(Op::PausedQueues)
+            .unwrap()
+            .queues()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn an_attempt_an_operator_closes_records_the_operator_and_an_endpoints_report_none() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0 + 10, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    l.release(T0 + 11, &Actor::operator("alice"), "td_1", None, None)
+        .unwrap();
+    l.claim(T0 + 12, &ep("e"), "td_1", &opts()).unwrap();
+    l.cancel(T0 + 13, &Actor::cli(), "td_1").unwrap();
+    l.claim(T0 + 14, &ep("e"), "td_2", &opts()).unwrap();
+    l.complete(T0 + 15, &ep("e"), "td_2", &report(None))
+        .unwrap();
+    let by: Vec<Option<&str>> = l
+        .attempts("td_1")
+        .chain(l.attempts("td_2"))
+        .map(|a| a.closed_by.as_deref())
+        .collect();
+    assert_eq!(by, [Some("alice"), Some(CLI_OPERATOR), None]);
+    l.check().unwrap();
 }

@@ -60,11 +60,15 @@ pub enum Actor {
         /// The MCP session id, recorded on the attempts it opens.
         session: Option<String>,
     },
-    Operator,
+    /// The owning human, by name: an operator of the Board, or `cli` at the command line. The
+    /// name is recorded on the attempts it closes (`closed_by`).
+    Operator { name: String },
 }
 
 /// The owner identity an operator's claims are recorded under.
 pub const OPERATOR_OWNER: &str = "operator";
+/// The name the command line's operator actions are recorded under.
+pub const CLI_OPERATOR: &str = "cli";
 
 impl Actor {
     pub fn endpoint(name: impl Into<String>) -> Actor {
@@ -74,11 +78,31 @@ impl Actor {
         }
     }
 
+    /// The operator `name` (of the Board).
+    pub fn operator(name: impl Into<String>) -> Actor {
+        Actor::Operator { name: name.into() }
+    }
+
+    /// The operator at the command line (`relay todo …`, `relay queue …`), named
+    /// [`CLI_OPERATOR`].
+    pub fn cli() -> Actor {
+        Actor::operator(CLI_OPERATOR)
+    }
+
+    /// Who an attempt this actor closes is recorded as closed by: the operator's name; `None`
+    /// for an endpoint (its report is the attempt's own end).
+    pub fn closed_by(&self) -> Option<String> {
+        match self {
+            Actor::Endpoint { .. } => None,
+            Actor::Operator { name } => Some(name.clone()),
+        }
+    }
+
     /// The identity that holds a lease this actor takes.
     pub fn owner(&self) -> &str {
         match self {
             Actor::Endpoint { endpoint, .. } => endpoint,
-            Actor::Operator => OPERATOR_OWNER,
+            Actor::Operator { .. } => OPERATOR_OWNER,
         }
     }
 
@@ -86,7 +110,7 @@ impl Actor {
     pub fn sees(&self, todo: &Todo) -> bool {
         match self {
             Actor::Endpoint { endpoint, .. } => &todo.endpoint == endpoint,
-            Actor::Operator => true,
+            Actor::Operator { .. } => true,
         }
     }
 }
@@ -256,7 +280,7 @@ pub fn claim(
             opts.token_hash,
         ),
         // An operator's claim is never fenced: the owning human can always act.
-        Actor::Operator => (ClaimerKind::Owner, None, None, None),
+        Actor::Operator { .. } => (ClaimerKind::Owner, None, None, None),
     };
     change.writes.push(AttemptWrite::Open(Attempt {
         todo_id: t.id.clone(),
@@ -277,6 +301,7 @@ pub fn claim(
         summary_truncated: false,
         artifact: None,
         lease_token_hash: token_hash,
+        closed_by: None,
     }));
     // The cap keeps the newest `attempts_cap` attempts, the open one included. Everything at or
     // below the new floor is closed (only the newest attempt can be open), so the pruned count
@@ -310,7 +335,7 @@ fn held<'a>(
         )));
     };
     let holds = match actor {
-        Actor::Operator => true,
+        Actor::Operator { .. } => true,
         Actor::Endpoint { .. } => {
             todo.owner.as_deref() == Some(actor.owner())
                 && todo.lease_valid_at(now)
@@ -415,9 +440,10 @@ fn report_text(
     Ok((summary, truncated, artifact.map(str::to_string)))
 }
 
+/// Closes the attempt as a report of `actor` does: with its text, and by whom when an operator.
 fn close_reported(
     op: &str,
-    open: &Attempt,
+    (open, actor): (&Attempt, &Actor),
     now: Millis,
     outcome: Outcome,
     disposition: Disposition,
@@ -425,6 +451,7 @@ fn close_reported(
 ) -> Result<Attempt, Error> {
     let mut a = close(op, open, now, outcome, disposition)?;
     (a.summary, a.summary_truncated, a.artifact) = text;
+    a.closed_by = actor.closed_by();
     Ok(a)
 }
 
@@ -445,7 +472,7 @@ pub fn complete(
     change.todo.result = report.result.clone();
     change.writes.push(AttemptWrite::Update(close_reported(
         op,
-        open,
+        (open, actor),
         now,
         Outcome::Completed,
         Disposition::Done,
@@ -480,7 +507,7 @@ pub fn fail(
     };
     change.writes.push(AttemptWrite::Update(close_reported(
         op,
-        open,
+        (open, actor),
         now,
         Outcome::Failed,
         disposition,
@@ -509,7 +536,7 @@ pub fn release(
     };
     change.writes.push(AttemptWrite::Update(close_reported(
         op,
-        open,
+        (open, actor),
         now,
         Outcome::Released,
         Disposition::Requeued,
@@ -675,6 +702,26 @@ pub fn retry(
     Ok(change)
 }
 
+/// Who may pause or resume a queue, and which names: only the operator (an endpoint is
+/// `forbidden`), and only a valid queue name (a queue need hold no todo to be paused, so that an
+/// operator can stop one before its work arrives).
+pub fn pause(actor: &Actor, queue: &str, paused: bool) -> Result<(), Error> {
+    let op = if paused { "pause" } else { "resume" };
+    if let Actor::Endpoint { endpoint, .. } = actor {
+        return Err(Error::forbidden(format!(
+            "{op} {queue}: endpoint {endpoint} may not {op} queues; only an operator may \
+             (`relay queue {op}` or the Board)"
+        )));
+    }
+    if !super::valid_queue_name(queue) {
+        return Err(Error::invalid(format!(
+            "{op}: queue {queue:?} is not a queue name (a letter or digit, then up to 63 \
+             letters, digits, '_', '-' or '.')"
+        )));
+    }
+    Ok(())
+}
+
 /// Cancels the todo; an open attempt is closed `canceled`/`canceled`.
 pub fn cancel(
     now: Millis,
@@ -695,13 +742,9 @@ pub fn cancel(
     unlease(&mut change.todo, TodoState::Canceled, now);
     change.todo.next_retry_at = None;
     if let Some(open) = open {
-        change.writes.push(AttemptWrite::Update(close(
-            op,
-            open,
-            now,
-            Outcome::Canceled,
-            Disposition::Canceled,
-        )?));
+        let mut a = close(op, open, now, Outcome::Canceled, Disposition::Canceled)?;
+        a.closed_by = actor.closed_by();
+        change.writes.push(AttemptWrite::Update(a));
     }
     Ok(change)
 }

@@ -166,6 +166,10 @@ pub struct Attempt {
     pub artifact: Option<String>,
     #[serde(skip)]
     pub lease_token_hash: Option<TokenHash>,
+    /// The operator who closed it (a Board operator's name, or `cli`); `None` when the
+    /// endpoint's own report, a takeover, the reaper or a revocation closed it.
+    #[serde(default)]
+    pub closed_by: Option<String>,
 }
 
 impl Attempt {

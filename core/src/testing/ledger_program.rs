@@ -123,12 +123,12 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
             9 => Op::RequeueDue { now },
             10 => Op::Retry {
                 now,
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 id: todo_id(b() % TODOS),
             },
             11 => Op::Cancel {
                 now,
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 id: todo_id(b() % TODOS),
             },
             12 => Op::RevokeEndpoint {
@@ -148,7 +148,7 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 },
             },
             15 => Op::DeleteTodo {
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 id: todo_id(b() % TODOS),
             },
             _ => Op::PurgeFinished {
@@ -164,7 +164,7 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
 fn actor_of(a: u8) -> Actor {
     match a {
         0 | 1 => Actor::endpoint(ENDPOINTS[usize::from(a)]),
-        _ => Actor::Operator,
+        _ => Actor::cli(),
     }
 }
 
@@ -228,7 +228,7 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
                 "todo": todo_obs(&v.todo),
                 "attempts": v.attempts.iter().map(attempt_obs).collect::<Vec<_>>(),
             }),
-            Answer::Ids(ids) => json!(ids),
+            Answer::Ids(ids) | Answer::Queues(ids) => json!(ids),
             Answer::Deleted => Value::Null,
         })
         .map_err(|e| e.code)

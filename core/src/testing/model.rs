@@ -146,6 +146,21 @@ pub trait Queue {
     fn purge_finished(&mut self, now: Millis, retention: Millis) -> Self::Out<Vec<String>> {
         self.call(Op::PurgeFinished { now, retention }, Answer::ids)
     }
+    fn pause_queue(
+        &mut self,
+        now: Millis,
+        a: &Actor,
+        queue: &str,
+        paused: bool,
+    ) -> Self::Out<Vec<String>> {
+        let op = Op::PauseQueue {
+            now,
+            actor: a.clone(),
+            queue: queue.into(),
+            paused,
+        };
+        self.call(op, Answer::queues)
+    }
 }
 
 impl Queue for Ledger {

@@ -527,6 +527,9 @@ pub struct AttemptOut {
     pub summary: Option<String>,
     pub summary_truncated: bool,
     pub artifact: Option<String>,
+    /// The operator who closed the attempt; absent when no operator did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_by: Option<String>,
 }
 
 impl From<&Attempt> for AttemptOut {
@@ -546,6 +549,7 @@ impl From<&Attempt> for AttemptOut {
             summary: a.summary.clone(),
             summary_truncated: a.summary_truncated,
             artifact: a.artifact.clone(),
+            closed_by: a.closed_by.clone(),
         }
     }
 }

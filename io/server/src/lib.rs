@@ -6,6 +6,7 @@
 
 pub use relay_core as core;
 
+pub mod board;
 pub mod clock;
 pub mod server;
 pub mod store;

@@ -58,7 +58,7 @@ async fn snapshot(h: &Harness) -> Vec<TodoView> {
     let all = h
         .store
         .apply(Op::ListTodos {
-            actor: Actor::Operator,
+            actor: Actor::cli(),
             filter: TodoFilter {
                 queues: None,
                 state: None,
@@ -73,7 +73,7 @@ async fn snapshot(h: &Harness) -> Vec<TodoView> {
         out.push(
             h.store
                 .apply(Op::GetTodo {
-                    actor: Actor::Operator,
+                    actor: Actor::cli(),
                     id: t.id,
                     attempts_limit: 1000,
                 })

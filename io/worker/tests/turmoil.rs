@@ -143,7 +143,7 @@ fn ledger(rt: &tokio::runtime::Runtime, max_attempts: u32) -> Store {
 
 fn todo_view(rt: &tokio::runtime::Runtime, store: &Store) -> TodoView {
     let get = Op::GetTodo {
-        actor: Actor::Operator,
+        actor: Actor::cli(),
         id: TODO.into(),
         attempts_limit: 100,
     };

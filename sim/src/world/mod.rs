@@ -568,7 +568,7 @@ impl World {
     }
 
     fn on_work(&mut self, w: Work) {
-        let op = Actor::Operator;
+        let op = Actor::cli();
         match w {
             Work::Add(n) => {
                 let id = todo_id(n);

@@ -85,18 +85,21 @@ pub fn origin_allowed(policy: &HostPolicy, origin: Option<&str>) -> bool {
 }
 
 pub(crate) fn router(server: Server) -> Router {
-    Router::new()
+    let mut app = Router::new()
         .route(
             "/mcp/{endpoint}",
             get(mcp_get).post(mcp_post).delete(mcp_delete),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .layer(axum::middleware::from_fn_with_state(
-            server.clone(),
-            count_in_flight,
-        ))
-        .with_state(server)
+        .with_state(server.clone());
+    if server.inner.config.board {
+        app = app.merge(crate::board::router(server.clone()));
+    }
+    app.layer(axum::middleware::from_fn_with_state(
+        server,
+        count_in_flight,
+    ))
 }
 
 async fn count_in_flight(State(server): State<Server>, req: Request, next: Next) -> Response {
@@ -183,7 +186,7 @@ fn unauthorized(what: &str) -> Response {
 }
 
 /// The Host/Origin checks (DNS-rebinding protection) of every route. `name` is for the log.
-fn host_check(server: &Server, name: &str, headers: &HeaderMap) -> Result<(), Response> {
+pub(crate) fn host_check(server: &Server, name: &str, headers: &HeaderMap) -> Result<(), Response> {
     let policy = HostPolicy {
         allowed_hosts: server.inner.config.allowed_hosts.clone(),
         allowed_origins: server.inner.config.allowed_origins.clone(),

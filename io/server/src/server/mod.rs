@@ -53,6 +53,7 @@ use crate::clock::SharedClock;
 use crate::store::Store;
 
 pub use conn::tls_acceptor;
+pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
 
@@ -120,6 +121,10 @@ pub struct ServerConfig {
     /// After a shutdown signal, in-flight requests have this long to finish; then their
     /// connections are dropped and `serve` returns. Default 10 s.
     pub shutdown_grace: Duration,
+    /// Serve the Board under `/board/` (`relay serve --no-board` turns it off). Default on.
+    pub board: bool,
+    /// Mark the Board's cookie `Secure` (set when serving TLS). Default off.
+    pub secure_cookies: bool,
 }
 
 impl ServerConfig {
@@ -147,6 +152,8 @@ impl ServerConfig {
             max_sessions_per_endpoint: 64,
             max_streams: 256,
             shutdown_grace: Duration::from_secs(10),
+            board: true,
+            secure_cookies: false,
         }
     }
 }
@@ -207,6 +214,9 @@ struct Inner {
     in_flight: watch::Sender<usize>,
     /// One "refused: 401" log line per window (10 s), however many arrive.
     unauthorized_log: Mutex<relay_core::limits::LogThrottle>,
+    /// The ids of todos this server changed, for the Board's live stream. A lagging reader
+    /// misses some and reloads anyway (see `board::events`).
+    board_notices: tokio::sync::broadcast::Sender<String>,
 }
 
 /// Why a doorbell stream did not open.
@@ -269,6 +279,7 @@ impl Server {
                 shutdown: watch::channel(false).0,
                 in_flight: watch::channel(0).0,
                 unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
+                board_notices: tokio::sync::broadcast::channel(256).0,
             }),
         }
     }
@@ -281,7 +292,7 @@ impl Server {
         &self.inner.store
     }
 
-    fn now(&self) -> Millis {
+    pub(crate) fn now(&self) -> Millis {
         self.inner.clock.now()
     }
 
@@ -296,7 +307,7 @@ impl Server {
     }
 
     /// Fills `buf` with random bytes: the OS RNG, or the seeded generator.
-    fn fill_random(&self, buf: &mut [u8]) -> Result<(), Error> {
+    pub(crate) fn fill_random(&self, buf: &mut [u8]) -> Result<(), Error> {
         use rand::TryRng as _;
         match &mut *lock(&self.inner.random) {
             Random::Os => rand::rngs::SysRng.try_fill_bytes(buf).map_err(|e| {
@@ -506,7 +517,28 @@ impl Server {
         }
     }
 
+    /// Tells the Board's live streams which todos an applied operation changed.
+    pub(crate) fn notice(&self, answer: &Result<relay_core::ledger::Answer, Error>) {
+        use relay_core::ledger::Answer;
+        let ids: Vec<&str> = match answer {
+            Ok(Answer::Todo(t)) => vec![&t.id],
+            Ok(Answer::Claimed(c) | Answer::Next(Some(c))) => vec![&c.todo.id],
+            Ok(Answer::Todos(ts)) => ts.iter().map(|t| t.id.as_str()).collect(),
+            _ => Vec::new(),
+        };
+        for id in ids {
+            // No Board listening is no error.
+            let _ = self.inner.board_notices.send(id.to_string());
+        }
+    }
+
+    /// A live stream of the ids of todos this server changes.
+    pub(crate) fn board_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.board_notices.subscribe()
+    }
+
     fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
+        let _ = self.inner.board_notices.send(t.id.clone());
         if relay_core::doorbell::worth_a_ring(t) {
             self.ring(&t.endpoint, &t.queue, &t.id, offer);
         }

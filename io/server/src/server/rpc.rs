@@ -294,7 +294,11 @@ impl Server {
                 Step::Apply(op) => {
                     let claim = matches!(op, Op::Claim { .. } | Op::ClaimNext { .. });
                     let started = Instant::now();
+                    let writes = op.writes();
                     let answer = self.inner.store.apply(op).await;
+                    if writes {
+                        self.notice(&answer);
+                    }
                     if claim {
                         m.claim_latency.observe(started.elapsed().as_secs_f64());
                     }

@@ -126,6 +126,35 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// A row of the operators table: who may open the Board.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Operator {
+    pub name: String,
+    /// The SHA-256 of the operator token; the token itself is never stored.
+    pub token_hash: TokenHash,
+    pub created_at: Millis,
+    pub revoked_at: Option<Millis>,
+}
+
+// Hand-written so that no hash of a credential reaches a log.
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("name", &self.name)
+            .field("token_hash", &"<redacted>")
+            .field("created_at", &self.created_at)
+            .field("revoked_at", &self.revoked_at)
+            .finish()
+    }
+}
+
+/// A live Board session (its secret lives only in the operator's cookie).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoardSession {
+    pub operator: String,
+    pub expires_at: Millis,
+}
+
 /// What the out-of-process doorbell scan reads of a todo that is pending: what a ring needs
 /// (no title, payload or work order), and the change number it was read at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -290,6 +319,101 @@ impl Store {
             "endpoint list",
             String::from("(all)"),
             |tx| ops::endpoint_list(tx)
+        )
+    }
+
+    /// Records an operator. `conflict` when the name is taken, `invalid` for a bad name.
+    pub async fn operator_create(
+        &self,
+        now: Millis,
+        name: &str,
+        token_hash: TokenHash,
+    ) -> Result<Operator, Error> {
+        let name = name.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "operator create",
+            name.clone(),
+            |tx| ops::operator_create(tx, now, &name, token_hash)
+        )
+    }
+
+    /// Every operator, by name.
+    pub async fn operator_list(&self) -> Result<Vec<Operator>, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "operator list",
+            String::from("(all)"),
+            |tx| ops::operators(tx)
+        )
+    }
+
+    /// Revokes an operator and ends its Board sessions, in one transaction. `not_found` for an
+    /// unknown name, `conflict` when it is already revoked.
+    pub async fn operator_revoke(&self, now: Millis, name: &str) -> Result<Operator, Error> {
+        let name = name.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "operator revoke",
+            name.clone(),
+            |tx| ops::operator_revoke(tx, now, &name)
+        )
+    }
+
+    /// The active operator a presented token's hash belongs to.
+    pub async fn operator_by_token(&self, presented: TokenHash) -> Result<Option<Operator>, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "board login",
+            String::from("(board)"),
+            |tx| ops::operator_by_token(tx, &presented)
+        )
+    }
+
+    /// Opens a Board session for `operator`, stored by the SHA-256 of its secret.
+    pub async fn session_create(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+        operator: &str,
+    ) -> Result<BoardSession, Error> {
+        let operator = operator.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "board login",
+            operator.clone(),
+            |tx| ops::session_create(tx, now, &id_hash, &operator)
+        )
+    }
+
+    /// The live session whose secret hashes to `id_hash` (expired or revoked: `None`).
+    pub async fn session_get(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+    ) -> Result<Option<BoardSession>, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "board session",
+            String::from("(board)"),
+            |tx| ops::session_get(tx, now, &id_hash)
+        )
+    }
+
+    /// Ends a Board session (logout); an unknown one is already ended.
+    pub async fn session_delete(&self, id_hash: TokenHash) -> Result<(), Error> {
+        run!(
+            self,
+            ops::TxKind::Write,
+            "board logout",
+            String::from("(board)"),
+            |tx| ops::session_delete(tx, &id_hash)
         )
     }
 

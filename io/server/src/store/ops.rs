@@ -8,7 +8,10 @@ use relay_core::Millis;
 use relay_core::ledger::Attempt;
 use relay_core::ledger::{LedgerConfig, Op, Rows, Todo, run};
 
-use super::{Endpoint, NewEndpoint};
+use relay_core::ledger::TokenHash;
+
+use super::rows::{Row, Val, ms};
+use super::{BoardSession, Endpoint, NewEndpoint, Operator};
 
 /// Whether a transaction writes (SQLite `BEGIN IMMEDIATE`) or only reads (a consistent snapshot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,25 @@ pub(crate) trait Tx: Rows {
     async fn endpoint(&mut self, name: &str, lock: bool) -> Result<Option<Endpoint>, Error>;
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error>;
     async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error>;
+
+    /// One statement over the store's own tables, written with `$N` placeholders (see
+    /// `rows::numbered`); the rows it changed.
+    async fn exec_sql(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<u64, Error>;
+    /// One query over the store's own tables (`$N` placeholders), each row decoded by `f`.
+    async fn query_sql<T>(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+        f: fn(&dyn Row) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error>;
 }
 
 pub(crate) async fn count_by_state<T: Tx>(tx: &mut T) -> Result<Vec<(String, u64)>, Error> {
@@ -114,4 +136,214 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
 #[cfg(test)]
 pub(crate) async fn plant_attempt<T: Tx>(tx: &mut T, a: &Attempt) -> Result<(), Error> {
     tx.insert_attempt("plant", a).await
+}
+
+fn text(s: &str) -> Val {
+    Val::Text(Some(s.to_string()))
+}
+
+fn time(op: &str, at: Millis) -> Result<Val, Error> {
+    Ok(Val::Big(Some(ms(op, at)?)))
+}
+
+fn hash(h: &TokenHash) -> Val {
+    Val::Bytes(Some(h.0.to_vec()))
+}
+
+fn column<T>(r: Result<Option<T>, String>, what: &str) -> Result<Option<T>, Error> {
+    r.map_err(|e| Error::internal(format!("reading {what} from the store: {e}")))
+}
+
+fn required<T>(r: Result<Option<T>, String>, what: &str) -> Result<T, Error> {
+    column(r, what)?.ok_or_else(|| Error::internal(format!("reading {what}: a NULL column")))
+}
+
+fn millis(r: Result<Option<i64>, String>, what: &str) -> Result<Option<Millis>, Error> {
+    column(r, what)?
+        .map(|v| Millis::try_from(v).map_err(|e| Error::internal(format!("reading {what}: {e}"))))
+        .transpose()
+}
+
+const OPERATOR_COLS: &str = "name, token_hash, created_at, revoked_at";
+
+fn operator_row(r: &dyn Row) -> Result<Operator, Error> {
+    let what = "an operator";
+    let token = required(r.bytes(1), what)?;
+    Ok(Operator {
+        name: required(r.text(0), what)?,
+        token_hash: TokenHash(
+            <[u8; 32]>::try_from(token.as_slice())
+                .map_err(|_| Error::internal("reading an operator: a hash is not 32 bytes"))?,
+        ),
+        created_at: millis(r.int(2), what)?.unwrap_or_default(),
+        revoked_at: millis(r.int(3), what)?,
+    })
+}
+
+pub(crate) async fn operator_create<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    name: &str,
+    token_hash: TokenHash,
+) -> Result<Operator, Error> {
+    let op = "operator create";
+    relay_core::board::check_operator_name(op, name)?;
+    let sql = format!(
+        "INSERT INTO operators ({OPERATOR_COLS}) VALUES ($1, $2, $3, NULL) ON CONFLICT DO NOTHING"
+    );
+    let vals = vec![text(name), hash(&token_hash), time(op, now)?];
+    if tx.exec_sql(op, name, &sql, vals).await? != 1 {
+        return Err(Error::conflict(format!(
+            "{op} {name}: an operator with this name exists; choose another name"
+        )));
+    }
+    Ok(Operator {
+        name: name.to_string(),
+        token_hash,
+        created_at: now,
+        revoked_at: None,
+    })
+}
+
+pub(crate) async fn operators<T: Tx>(tx: &mut T) -> Result<Vec<Operator>, Error> {
+    let sql = format!("SELECT {OPERATOR_COLS} FROM operators ORDER BY name");
+    tx.query_sql("operator list", "", &sql, vec![], operator_row)
+        .await
+}
+
+/// Marks the operator revoked and ends its sessions, in one transaction.
+pub(crate) async fn operator_revoke<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    name: &str,
+) -> Result<Operator, Error> {
+    let op = "operator revoke";
+    let sql = format!("SELECT {OPERATOR_COLS} FROM operators WHERE name = $1");
+    let Some(mut o) = tx
+        .query_sql(op, name, &sql, vec![text(name)], operator_row)
+        .await?
+        .pop()
+    else {
+        return Err(Error::not_found(format!(
+            "{op} {name}: no such operator; `relay operator list` shows them"
+        )));
+    };
+    if let Some(at) = o.revoked_at {
+        return Err(Error::conflict(format!(
+            "{op} {name}: already revoked (at {}); nothing to do",
+            relay_core::time::rfc3339(at)
+        )));
+    }
+    let sql = "UPDATE operators SET revoked_at = $2 WHERE name = $1";
+    tx.exec_sql(op, name, sql, vec![text(name), time(op, now)?])
+        .await?;
+    let sql = "DELETE FROM board_sessions WHERE operator = $1";
+    tx.exec_sql(op, name, sql, vec![text(name)]).await?;
+    o.revoked_at = Some(now);
+    Ok(o)
+}
+
+/// The active operator whose token hashes to `presented`, if any.
+pub(crate) async fn operator_by_token<T: Tx>(
+    tx: &mut T,
+    presented: &TokenHash,
+) -> Result<Option<Operator>, Error> {
+    let sql = format!(
+        "SELECT {OPERATOR_COLS} FROM operators WHERE token_hash = $1 AND revoked_at IS NULL"
+    );
+    let found = tx
+        .query_sql("board login", "", &sql, vec![hash(presented)], operator_row)
+        .await?;
+    // The index found the row; compare again in constant time, as endpoints do.
+    Ok(found
+        .into_iter()
+        .find(|o| relay_core::board::hash_matches(&o.token_hash, presented)))
+}
+
+pub(crate) async fn session_create<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id_hash: &TokenHash,
+    operator: &str,
+) -> Result<BoardSession, Error> {
+    let op = "board login";
+    let expires_at = now.saturating_add(relay_core::board::SESSION_TTL);
+    // Expired sessions of anyone are deleted on the way, so the table holds live ones only.
+    let sql = "DELETE FROM board_sessions WHERE expires_at <= $1";
+    tx.exec_sql(op, operator, sql, vec![time(op, now)?]).await?;
+    let sql = "INSERT INTO board_sessions (id_hash, operator, created_at, expires_at)
+               VALUES ($1, $2, $3, $4)";
+    let vals = vec![
+        hash(id_hash),
+        text(operator),
+        time(op, now)?,
+        time(op, expires_at)?,
+    ];
+    tx.exec_sql(op, operator, sql, vals).await?;
+    Ok(BoardSession {
+        operator: operator.to_string(),
+        expires_at,
+    })
+}
+
+/// The session whose secret hashes to `id_hash`, when it is live at `now`.
+pub(crate) async fn session_get<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id_hash: &TokenHash,
+) -> Result<Option<BoardSession>, Error> {
+    let sql = "SELECT s.operator, s.expires_at, o.revoked_at FROM board_sessions s
+               JOIN operators o ON o.name = s.operator WHERE s.id_hash = $1";
+    let found = tx
+        .query_sql("board session", "", sql, vec![hash(id_hash)], |r| {
+            let what = "a board session";
+            Ok((
+                required(r.text(0), what)?,
+                millis(r.int(1), what)?.unwrap_or_default(),
+                millis(r.int(2), what)?,
+            ))
+        })
+        .await?;
+    Ok(found
+        .into_iter()
+        .find_map(|(operator, expires_at, revoked)| {
+            relay_core::board::session_live(now, expires_at, revoked.is_some()).then_some(
+                BoardSession {
+                    operator,
+                    expires_at,
+                },
+            )
+        }))
+}
+
+pub(crate) async fn session_delete<T: Tx>(tx: &mut T, id_hash: &TokenHash) -> Result<(), Error> {
+    let sql = "DELETE FROM board_sessions WHERE id_hash = $1";
+    tx.exec_sql("board logout", "", sql, vec![hash(id_hash)])
+        .await
+        .map(drop)
+}
+
+pub(crate) async fn paused_queues<T: Tx>(tx: &mut T) -> Result<Vec<String>, Error> {
+    let sql = "SELECT queue FROM paused_queues ORDER BY queue";
+    tx.query_sql("paused_queues", "", sql, vec![], |r| {
+        required(r.text(0), "a paused queue")
+    })
+    .await
+}
+
+pub(crate) async fn set_paused<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    queue: &str,
+    paused: bool,
+) -> Result<(), Error> {
+    let (op, sql, vals) = if paused {
+        let sql = "INSERT INTO paused_queues (queue, paused_at) VALUES ($1, $2)
+                   ON CONFLICT (queue) DO NOTHING";
+        ("pause", sql, vec![text(queue), time("pause", now)?])
+    } else {
+        let sql = "DELETE FROM paused_queues WHERE queue = $1";
+        ("resume", sql, vec![text(queue)])
+    };
+    tx.exec_sql(op, queue, sql, vals).await.map(drop)
 }

@@ -35,6 +35,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
     (4, "todo_change_seq", MIGRATION_0004),
+    (6, "board", MIGRATION_0006),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -149,6 +150,30 @@ END
 $$;
 CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
     FOR EACH ROW EXECUTE FUNCTION todos_change_seq();
+"#;
+
+/// The Board (as SQLite's 0006): operators, their sessions, the closing operator of an
+/// attempt, the paused queues.
+const MIGRATION_0006: &str = r#"
+CREATE TABLE operators (
+    name       text COLLATE "C" NOT NULL PRIMARY KEY,
+    token_hash bytea  NOT NULL UNIQUE CHECK (octet_length(token_hash) = 32),
+    created_at bigint NOT NULL,
+    revoked_at bigint
+);
+CREATE TABLE board_sessions (
+    id_hash    bytea  NOT NULL PRIMARY KEY CHECK (octet_length(id_hash) = 32),
+    operator   text COLLATE "C" NOT NULL REFERENCES operators (name) ON DELETE CASCADE,
+    created_at bigint NOT NULL,
+    expires_at bigint NOT NULL
+);
+CREATE INDEX board_sessions_operator ON board_sessions (operator);
+-- Which operator closed an attempt (NULL: no operator did).
+ALTER TABLE todo_attempts ADD COLUMN closed_by text CHECK (octet_length(closed_by) <= 64);
+CREATE TABLE paused_queues (
+    queue     text COLLATE "C" NOT NULL PRIMARY KEY,
+    paused_at bigint NOT NULL
+);
 "#;
 
 /// The newest migration's number.
@@ -686,11 +711,12 @@ impl Rows for PgTx<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
         let lock = " FOR UPDATE SKIP LOCKED";
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, lock)?;
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, lock)?;
         let rs = self.query_vals(op, &subject, &sql, args).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
@@ -774,12 +800,42 @@ impl Rows for PgTx<'_> {
             .await?;
         Ok(())
     }
+
+    async fn paused_queues(&mut self) -> Result<Vec<String>, Error> {
+        super::ops::paused_queues(self).await
+    }
+
+    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error> {
+        super::ops::set_paused(self, now, queue, paused).await
+    }
 }
 
 impl Tx for PgTx<'_> {
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
         self.insert_attempt_row(op, a).await
+    }
+
+    async fn exec_sql(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<u64, Error> {
+        self.exec(op, subject, sql, vals).await
+    }
+
+    async fn query_sql<T>(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+        f: fn(&dyn rows::Row) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error> {
+        let rs = self.query_vals(op, subject, sql, vals).await?;
+        rs.iter().map(|r| f(r)).collect()
     }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {

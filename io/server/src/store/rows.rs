@@ -36,7 +36,7 @@ pub(crate) const TODO_COLS: [&str; 21] = [
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
-pub(crate) const ATTEMPT_COLS: [&str; 18] = [
+pub(crate) const ATTEMPT_COLS: [&str; 19] = [
     "todo_id",
     "seq",
     "attempt",
@@ -54,6 +54,7 @@ pub(crate) const ATTEMPT_COLS: [&str; 18] = [
     "summary",
     "summary_truncated",
     "artifact",
+    "closed_by",
     "lease_token_hash",
 ];
 
@@ -254,6 +255,7 @@ pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
         text(&a.summary),
         Val::Bool(a.summary_truncated),
         text(&a.artifact),
+        text(&a.closed_by),
         Val::Bytes(a.lease_token_hash.map(|h| h.0.to_vec())),
     ])
 }
@@ -268,9 +270,9 @@ fn todo_updated() -> impl Iterator<Item = usize> {
     (0..TODO_COLS.len()).filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
 }
 
-/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `artifact` of
+/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `closed_by` of
 /// [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
-const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..17;
+const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..18;
 
 /// `col = ?n, …` for `cols`, numbered from `from`.
 fn set_list(mark: char, cols: &[&str], from: usize) -> String {
@@ -318,6 +320,7 @@ impl Shared {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
@@ -336,11 +339,17 @@ impl Shared {
             Actor::Endpoint { endpoint, .. } => {
                 format!("t.endpoint = {}", q.bind(label(Some(endpoint))))
             }
-            Actor::Operator => q.always().into(),
+            Actor::Operator { .. } => q.always().into(),
         };
         let queues = match queues {
             None => q.always().into(),
             Some(qs) => q.queue_in(qs),
+        };
+        // mirrors ledger::run's claim_next: a paused queue is skipped.
+        let queues = if paused.is_empty() {
+            queues
+        } else {
+            format!("{queues} AND NOT ({})", q.queue_in(paused))
         };
         // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
         // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
@@ -595,7 +604,7 @@ pub(crate) fn todo<R: Row>(row: &R, at: usize) -> Result<Todo, Error> {
     })
 }
 
-/// Decodes an attempt from the 18 columns starting at `at`; `None` when they are all NULL (an
+/// Decodes an attempt from the 19 columns starting at `at`; `None` when they are all NULL (an
 /// outer join that found no attempt).
 pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Error> {
     let mut r = Reader {
@@ -626,6 +635,7 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
         summary: r.opt_text()?,
         summary_truncated: r.boolean()?,
         artifact: r.opt_text()?,
+        closed_by: r.opt_text()?,
         lease_token_hash: r.hash()?,
     }))
 }
@@ -655,6 +665,16 @@ pub(crate) fn endpoint<R: Row>(row: &R) -> Result<Endpoint, Error> {
         created_at: r.millis()?,
         revoked_at: r.opt_millis()?,
     })
+}
+
+/// A statement written with Postgres' `$N` placeholders in a dialect's own mark (SQLite takes
+/// `?N`), so that the store's own tables have one SQL text for both.
+pub(crate) fn numbered(mark: char, sql: &str) -> String {
+    if mark == '$' {
+        sql.to_string()
+    } else {
+        sql.replace('$', &mark.to_string())
+    }
 }
 
 /// A time as the `BIGINT` the tables store.
@@ -699,7 +719,7 @@ mod tests {
             sql.update_open_attempt,
             "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4, \
              ended_at = $5, outcome = $6, disposition = $7, summary = $8, \
-             summary_truncated = $9, artifact = $10 \
+             summary_truncated = $9, artifact = $10, closed_by = $11 \
              WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL"
         );
     }

@@ -33,6 +33,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
     (4, "todo_change_seq", MIGRATION_0004),
+    (6, "board", MIGRATION_0006),
 ];
 
 /// The todos table as it was before attempt history (the design's "before").
@@ -527,6 +528,31 @@ impl rows::Row for rusqlite::Row<'_> {
 }
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
+/// The Board: operators (only the SHA-256 of a token), their sessions (only the SHA-256 of the
+/// cookie's secret; a revoke deletes them), the operator who closed an attempt, and the paused
+/// queues.
+const MIGRATION_0006: &str = "
+CREATE TABLE operators (
+    name       TEXT    NOT NULL PRIMARY KEY,
+    token_hash BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+) STRICT;
+CREATE TABLE board_sessions (
+    id_hash    BLOB    NOT NULL PRIMARY KEY CHECK (length(id_hash) = 32),
+    operator   TEXT    NOT NULL REFERENCES operators (name) ON DELETE CASCADE,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX board_sessions_operator ON board_sessions (operator);
+-- Which operator closed an attempt (NULL: no operator did).
+ALTER TABLE todo_attempts ADD COLUMN closed_by TEXT CHECK (length(CAST(closed_by AS BLOB)) <= 64);
+CREATE TABLE paused_queues (
+    queue     TEXT    NOT NULL PRIMARY KEY,
+    paused_at INTEGER NOT NULL
+) STRICT;
+";
+
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
 // The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
 // join of these two tables on every new id (its statement status counts a re-prepare per call),
@@ -653,10 +679,11 @@ impl Rows for SqliteTx<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
+        paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, "")?;
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, "")?;
         let mut st = self
             .c
             .prepare_cached(&sql)
@@ -731,12 +758,41 @@ impl Rows for SqliteTx<'_> {
         st.execute(params![id]).map_err(|e| sql_err(op, id, e))?;
         Ok(())
     }
+
+    async fn paused_queues(&mut self) -> Result<Vec<String>, Error> {
+        super::ops::paused_queues(self).await
+    }
+
+    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error> {
+        super::ops::set_paused(self, now, queue, paused).await
+    }
 }
 
 impl Tx for SqliteTx<'_> {
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
         self.insert_attempt_row(op, a)
+    }
+
+    async fn exec_sql(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<u64, Error> {
+        self.exec(op, subject, &rows::numbered('?', sql), &vals)
+    }
+
+    async fn query_sql<T>(
+        &mut self,
+        op: &str,
+        subject: &str,
+        sql: &str,
+        vals: Vec<Val>,
+        f: fn(&dyn rows::Row) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error> {
+        self.rows(op, subject, &rows::numbered('?', sql), &vals, |r| f(r))
     }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {

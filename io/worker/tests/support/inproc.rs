@@ -162,7 +162,7 @@ impl System {
     pub async fn done(&self) -> usize {
         self.store
             .apply(Op::ListTodos {
-                actor: Actor::Operator,
+                actor: Actor::cli(),
                 filter: TodoFilter {
                     queues: None,
                     state: Some(TodoState::Done),

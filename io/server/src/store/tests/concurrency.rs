@@ -153,7 +153,7 @@ async fn reaper_races_takeover(mut store: Store) {
                     .unwrap();
             }
             None => {
-                store.cancel(now, &Actor::Operator, &id).await.unwrap();
+                store.cancel(now, &Actor::cli(), &id).await.unwrap();
             }
         }
     }
@@ -188,6 +188,7 @@ fn second_open(id: &str) -> Attempt {
         summary_truncated: false,
         artifact: None,
         lease_token_hash: None,
+        closed_by: None,
     }
 }
 

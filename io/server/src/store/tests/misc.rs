@@ -43,9 +43,9 @@ async fn retention(mut store: Store) {
     check_todo(&todo, &attempts).unwrap();
 
     // delete_todo takes the attempts with it (ON DELETE CASCADE).
-    store.delete_todo(&Actor::Operator, "capped").await.unwrap();
+    store.delete_todo(&Actor::cli(), "capped").await.unwrap();
     assert_eq!(attempt_rows(&store, "capped").await, 0);
-    let gone = store.get_todo(&Actor::Operator, "capped", 10).await;
+    let gone = store.get_todo(&Actor::cli(), "capped", 10).await;
     assert_eq!(gone.unwrap_err().code, ErrorCode::NotFound);
 
     // purge_finished: only finished todos untouched for the retention, with their attempts.
@@ -73,7 +73,7 @@ async fn retention(mut store: Store) {
     assert_eq!(attempt_rows(&store, "done").await, 0);
     let left = store
         .list_todos(
-            &Actor::Operator,
+            &Actor::cli(),
             &TodoFilter {
                 limit: 10,
                 ..TodoFilter::default()
@@ -160,7 +160,7 @@ async fn injection_shaped_values(mut store: Store) {
     assert!(none.is_none());
     let listed = store
         .list_todos(
-            &Actor::Operator,
+            &Actor::cli(),
             &TodoFilter {
                 queues: Some(vec![SHAPED.into()]),
                 limit: 10,
@@ -357,16 +357,19 @@ fn a_reopened_sqlite_file_keeps_everything_and_skips_migrations() {
             )
             .await
             .unwrap();
-        store.get_todo(&Actor::Operator, "td_1", 10).await.unwrap()
+        store.get_todo(&Actor::cli(), "td_1", 10).await.unwrap()
     });
     let applied = migrations_of(&path);
     assert_eq!(
         applied.iter().map(|m| m.0).collect::<Vec<_>>(),
-        vec![1, 2, 3, 4]
+        crate::store::sqlite::MIGRATIONS
+            .iter()
+            .map(|m| i64::from(m.0))
+            .collect::<Vec<_>>()
     );
     rt.block_on(async {
         let mut store = Store::open(&url, LedgerConfig::default()).await.unwrap();
-        let after = store.get_todo(&Actor::Operator, "td_1", 10).await.unwrap();
+        let after = store.get_todo(&Actor::cli(), "td_1", 10).await.unwrap();
         assert_eq!(after, before);
         assert!(store.endpoint_get("e1").await.unwrap().is_some());
         // The lease survived the restart: its holder completes with its token.
@@ -483,7 +486,7 @@ async fn counts(mut store: Store) {
         store.add_todo(T0, "e1", new_todo(id, "q")).await.unwrap();
     }
     store.claim(T0, &e1, "a", &opts(30, None)).await.unwrap();
-    store.cancel(T0, &Actor::Operator, "b").await.unwrap();
+    store.cancel(T0, &Actor::cli(), "b").await.unwrap();
     assert_eq!(
         store.count_by_state().await.unwrap(),
         vec![

@@ -5,6 +5,7 @@
 //! own, dropped at the end); without it they say they were skipped, unless
 //! `RELAY_REQUIRE_POSTGRES=1`, where they fail instead.
 
+mod board;
 mod concurrency;
 mod misc;
 mod model;
@@ -198,7 +199,7 @@ pub(super) async fn raw_batch(store: &Store, sql: &'static str) {
 /// Every attempt of a todo, oldest first, as the operator sees them.
 pub(super) async fn all_attempts(store: &Store, id: &str) -> (Todo, Vec<Attempt>) {
     let get = Op::GetTodo {
-        actor: Actor::Operator,
+        actor: Actor::cli(),
         id: id.into(),
         attempts_limit: usize::MAX,
     };

@@ -28,7 +28,7 @@ fn same_as_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<(), String> 
     };
     let want_ids: Vec<String> = ledger.todos().map(|t| t.id.clone()).collect();
     let got_ids: Vec<String> = store
-        .list_todos(&Actor::Operator, &all)
+        .list_todos(&Actor::cli(), &all)
         .map_err(|e| format!("final list: {e}"))?
         .into_iter()
         .map(|t| t.id)
@@ -40,10 +40,10 @@ fn same_as_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<(), String> 
     }
     for id in &want_ids {
         let want = ledger
-            .get_todo(&Actor::Operator, id, usize::MAX)
+            .get_todo(&Actor::cli(), id, usize::MAX)
             .map_err(|e| format!("ledger get {id}: {e}"))?;
         let got = store
-            .get_todo(&Actor::Operator, id, usize::MAX)
+            .get_todo(&Actor::cli(), id, usize::MAX)
             .map_err(|e| format!("store get {id}: {e}"))?;
         if want != got {
             return Err(format!(

@@ -75,7 +75,7 @@ async fn nul_in_ids_and_queue_filters(mut store: Store) {
             "complete {id:?}"
         );
         assert_eq!(
-            code(store.cancel(T0, &Actor::Operator, id).await.map(|_| ())),
+            code(store.cancel(T0, &Actor::cli(), id).await.map(|_| ())),
             ErrorCode::NotFound,
             "cancel {id:?}"
         );

@@ -1,0 +1,447 @@
+//! The Board's HTML: one escaping function that every user-supplied string goes through, and
+//! the pages, written as plain strings around it. No inline script or style (the CSP forbids
+//! both): the look is `assets/board.css`, the live updates `assets/board.js`.
+
+use std::fmt::Write as _;
+
+use relay_core::ledger::{Attempt, Todo, TodoState, TodoView};
+use relay_core::time::rfc3339;
+use serde_json::Value;
+
+/// Escapes text for HTML element content and double-quoted attribute values. Every string that
+/// did not come from this file goes through it: titles, summaries, payloads, names, errors.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// A whole page: the head, a nav bar (with logout when `csrf` is given) and `body`.
+pub fn page(title: &str, csrf: Option<&str>, body: &str) -> String {
+    let nav = match csrf {
+        Some(csrf) => format!(
+            "<nav><a href=\"/board/\">relay Board</a><form method=\"post\" action=\"/board/logout\">\
+             {}<button type=\"submit\">Log out</button></form></nav>",
+            csrf_field(csrf)
+        ),
+        None => "<nav><span>relay Board</span></nav>".to_string(),
+    };
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <meta name=\"color-scheme\" content=\"light dark\">\
+         <title>{} · relay Board</title><link rel=\"stylesheet\" href=\"/board/assets/board.css\">\
+         <script src=\"/board/assets/board.js\" defer></script></head>\
+         <body>{nav}<main>{body}</main></body></html>",
+        esc(title)
+    )
+}
+
+pub fn csrf_field(csrf: &str) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        esc(csrf)
+    )
+}
+
+pub fn error_banner(message: &str) -> String {
+    format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
+}
+
+pub fn login(message: Option<&str>) -> String {
+    let banner = message.map(error_banner).unwrap_or_default();
+    page(
+        "Log in",
+        None,
+        &format!(
+            "<h1>Log in</h1>{banner}<form method=\"post\" action=\"/board/login\" class=\"login\">\
+             <label for=\"token\">Operator token</label>\
+             <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"off\" required>\
+             <button type=\"submit\">Log in</button></form>\
+             <p class=\"hint\">Create one with <code>relay operator create NAME</code>.</p>"
+        ),
+    )
+}
+
+/// One queue's line on the overview.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub pending: u64,
+    pub claimed: u64,
+    pub retrying: u64,
+    pub dead_letters: u64,
+    pub done: u64,
+    pub canceled: u64,
+    pub oldest_pending: Option<u64>,
+    pub paused: bool,
+}
+
+fn time(t: Option<u64>) -> String {
+    t.map_or_else(|| "–".to_string(), rfc3339)
+}
+
+fn age(now: u64, t: Option<u64>) -> String {
+    let Some(t) = t else {
+        return "–".into();
+    };
+    let s = now.saturating_sub(t) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+fn todo_link(t: &Todo) -> String {
+    format!("<a href=\"/board/todos/{}\">{}</a>", esc(&t.id), esc(&t.id))
+}
+
+fn state_of(t: &Todo) -> String {
+    if t.dead_letter() {
+        "dead letter".into()
+    } else if t.state == TodoState::Failed {
+        "retrying".into()
+    } else {
+        t.state.to_string()
+    }
+}
+
+fn todo_rows(now: u64, todos: &[Todo]) -> String {
+    if todos.is_empty() {
+        return "<p class=\"empty\">none</p>".into();
+    }
+    let mut out = String::from(
+        "<table><thead><tr><th>id</th><th>title</th><th>queue</th><th>state</th>\
+         <th>attempt</th><th>updated</th></tr></thead><tbody>",
+    );
+    for t in todos {
+        let _ = write!(
+            out,
+            "<tr data-todo=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"state\">{}</td>\
+             <td>{}/{}</td><td>{} ago</td></tr>",
+            esc(&t.id),
+            todo_link(t),
+            esc(&t.title),
+            esc(&t.queue),
+            esc(&state_of(t)),
+            t.attempt,
+            t.max_attempts,
+            age(now, Some(t.updated_at)),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+pub struct Overview<'a> {
+    pub now: u64,
+    pub csrf: &'a str,
+    pub queues: &'a [QueueCounts],
+    pub dead_letters: &'a [Todo],
+    pub lapsing: &'a [Todo],
+}
+
+pub fn overview(o: &Overview<'_>) -> String {
+    let mut body = String::from("<h1>Queues</h1>");
+    if o.queues.is_empty() {
+        body.push_str("<p class=\"empty\">No todos yet.</p>");
+    } else {
+        body.push_str(
+            "<table class=\"counts\"><thead><tr><th>queue</th><th>pending</th><th>claimed</th>\
+             <th>retrying</th><th>dead letters</th><th>done</th><th>canceled</th>\
+             <th>oldest pending</th><th></th></tr></thead><tbody>",
+        );
+        for q in o.queues {
+            let _ = write!(
+                body,
+                "<tr data-queue=\"{0}\"><td><a href=\"/board/queues/{0}\">{0}</a>{1}</td>\
+                 <td class=\"n-pending\">{2}</td><td class=\"n-claimed\">{3}</td>\
+                 <td class=\"n-retrying\">{4}</td><td class=\"n-dead\">{5}</td>\
+                 <td class=\"n-done\">{6}</td><td class=\"n-canceled\">{7}</td><td>{8}</td>\
+                 <td>{9}</td></tr>",
+                esc(&q.queue),
+                if q.paused {
+                    " <span class=\"badge\">paused</span>"
+                } else {
+                    ""
+                },
+                q.pending,
+                q.claimed,
+                q.retrying,
+                q.dead_letters,
+                q.done,
+                q.canceled,
+                age(o.now, q.oldest_pending),
+                pause_form(o.csrf, &q.queue, q.paused),
+            );
+        }
+        body.push_str("</tbody></table>");
+    }
+    body.push_str("<h2>Dead letters</h2>");
+    body.push_str(&todo_rows(o.now, o.dead_letters));
+    body.push_str("<h2>Claims about to lapse</h2>");
+    body.push_str(&todo_rows(o.now, o.lapsing));
+    page("Overview", Some(o.csrf), &body)
+}
+
+pub fn pause_form(csrf: &str, queue: &str, paused: bool) -> String {
+    let (action, label) = if paused {
+        ("resume", "Resume")
+    } else {
+        ("pause", "Pause")
+    };
+    format!(
+        "<form method=\"post\" action=\"/board/queues/{}/{action}\">{}\
+         <button type=\"submit\">{label}</button></form>",
+        esc(queue),
+        csrf_field(csrf)
+    )
+}
+
+pub struct QueuePage<'a> {
+    pub now: u64,
+    pub csrf: &'a str,
+    pub queue: &'a str,
+    pub paused: bool,
+    pub state: Option<TodoState>,
+    pub search: &'a str,
+    pub todos: &'a [Todo],
+    pub page: usize,
+    pub more: bool,
+}
+
+pub fn queue(q: &QueuePage<'_>) -> String {
+    let mut body = format!("<h1>Queue {}</h1>", esc(q.queue));
+    body.push_str(&pause_form(q.csrf, q.queue, q.paused));
+    let _ = write!(
+        body,
+        "<form method=\"get\" class=\"filter\"><select name=\"state\"><option value=\"\">any state</option>"
+    );
+    for s in TodoState::ALL {
+        let _ = write!(
+            body,
+            "<option value=\"{s}\"{}>{s}</option>",
+            if q.state == Some(s) { " selected" } else { "" }
+        );
+    }
+    let _ = write!(
+        body,
+        "</select><input name=\"q\" type=\"search\" placeholder=\"id or title\" value=\"{}\">\
+         <button type=\"submit\">Filter</button></form>",
+        esc(q.search)
+    );
+    body.push_str(&todo_rows(q.now, q.todos));
+    let link = |page: usize, label: &str| {
+        format!(
+            "<a href=\"?state={}&amp;q={}&amp;page={page}\">{label}</a>",
+            q.state.map_or("", |s| s.as_str()),
+            esc(&query_escape(q.search)),
+        )
+    };
+    body.push_str("<p class=\"pager\">");
+    if q.page > 0 {
+        body.push_str(&link(q.page - 1, "newer ‹"));
+    }
+    let _ = write!(body, " page {} ", q.page + 1);
+    if q.more {
+        body.push_str(&link(q.page + 1, "› older"));
+    }
+    body.push_str("</p>");
+    page(&format!("Queue {}", q.queue), Some(q.csrf), &body)
+}
+
+/// Percent-encodes a query value (then escaped as an attribute by the caller).
+fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn pretty(v: &Option<Value>) -> String {
+    match v {
+        None => "<p class=\"empty\">none</p>".into(),
+        Some(v) => format!(
+            "<pre>{}</pre>",
+            esc(&serde_json::to_string_pretty(v).unwrap_or_default())
+        ),
+    }
+}
+
+/// An artifact is a link only for the handles the Board trusts; anything else stays text.
+fn artifact(a: &str) -> String {
+    if a.starts_with("https://") || a.starts_with("mcp://cairn/") {
+        format!(
+            "<a href=\"{0}\" rel=\"noreferrer noopener\">{0}</a>",
+            esc(a)
+        )
+    } else {
+        esc(a)
+    }
+}
+
+fn duration(a: &Attempt) -> String {
+    a.ended_at.map_or_else(
+        || "open".into(),
+        |e| format!("{} s", e.saturating_sub(a.claimed_at) / 1000),
+    )
+}
+
+fn action(csrf: &str, id: &str, name: &str, label: &str, summary: bool) -> String {
+    format!(
+        "<form method=\"post\" action=\"/board/todos/{}\" class=\"action\">{}\
+         <input type=\"hidden\" name=\"action\" value=\"{name}\">{}\
+         <button type=\"submit\">{label}</button></form>",
+        esc(id),
+        csrf_field(csrf),
+        if summary {
+            format!(
+                "<input name=\"summary\" placeholder=\"summary for {name}\" aria-label=\"summary for {name}\">"
+            )
+        } else {
+            String::new()
+        }
+    )
+}
+
+pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> String {
+    let t = &view.todo;
+    let mut body = format!("<h1 data-todo=\"{}\">{}</h1>", esc(&t.id), esc(&t.title));
+    if let Some(e) = error {
+        body.push_str(&error_banner(e));
+    }
+    let _ = write!(
+        body,
+        "<dl class=\"fields\"><dt>id</dt><dd>{}</dd><dt>state</dt><dd class=\"state\">{}</dd>\
+         <dt>queue</dt><dd><a href=\"/board/queues/{2}\">{2}</a></dd><dt>endpoint</dt><dd>{3}</dd>\
+         <dt>kind</dt><dd>{4}</dd><dt>source</dt><dd>{5}</dd><dt>assignee</dt><dd>{6}</dd>\
+         <dt>attempt</dt><dd>{7}/{8}</dd><dt>next retry</dt><dd>{9}</dd><dt>lease until</dt>\
+         <dd>{10}</dd><dt>created</dt><dd>{11}</dd><dt>updated</dt><dd>{12} ({13} ago)</dd></dl>",
+        esc(&t.id),
+        esc(&state_of(t)),
+        esc(&t.queue),
+        esc(&t.endpoint),
+        esc(t.kind.as_deref().unwrap_or("–")),
+        esc(t.source.as_deref().unwrap_or("–")),
+        esc(t.assignee.as_deref().unwrap_or("–")),
+        t.attempt,
+        t.max_attempts,
+        time(t.next_retry_at),
+        time(t.lease_expires_at),
+        rfc3339(t.created_at),
+        rfc3339(t.updated_at),
+        age(now, Some(t.updated_at)),
+    );
+    body.push_str("<div class=\"actions\">");
+    for (name, label, summary) in [
+        ("retry", "Retry", false),
+        ("cancel", "Cancel", false),
+        ("release", "Release", false),
+        ("complete", "Complete", true),
+        ("fail", "Fail", true),
+    ] {
+        body.push_str(&action(csrf, &t.id, name, label, summary));
+    }
+    body.push_str("</div>");
+    body.push_str("<h2>Payload</h2>");
+    body.push_str(&pretty(&t.payload));
+    body.push_str("<h2>Result</h2>");
+    body.push_str(&pretty(&t.result));
+    let _ = write!(
+        body,
+        "<h2>Attempts</h2><p class=\"hint\">{} in all{}</p>",
+        view.attempts_total,
+        if view.attempts_pruned > 0 {
+            format!(", {} oldest pruned", view.attempts_pruned)
+        } else {
+            String::new()
+        }
+    );
+    body.push_str("<ol class=\"timeline\">");
+    for a in &view.attempts {
+        let died = a.outcome.is_some_and(|o| o.died());
+        let _ = write!(
+            body,
+            "<li class=\"attempt{}\" data-seq=\"{}\"><header><strong>#{}</strong> attempt {}/{} · \
+             <span class=\"outcome\">{}</span>{}{}</header>\
+             <dl><dt>claimant</dt><dd>{}</dd><dt>claimer</dt><dd>{}{}</dd><dt>claimed</dt>\
+             <dd>{}</dd><dt>last heartbeat</dt><dd>{}</dd><dt>ended</dt><dd>{}</dd>\
+             <dt>duration</dt><dd>{}</dd><dt>disposition</dt><dd>{}</dd>{}</dl>{}{}</li>",
+            if died { " died" } else { "" },
+            a.seq,
+            a.seq,
+            a.attempt,
+            t.max_attempts,
+            esc(a.outcome.map_or("open", |o| o.as_str())),
+            if died {
+                " <span class=\"badge died\">died</span>"
+            } else {
+                ""
+            },
+            if a.summary_truncated {
+                " <span class=\"badge\">summary truncated</span>"
+            } else {
+                ""
+            },
+            esc(a.claimant.as_deref().unwrap_or("–")),
+            esc(a.claimer_kind.as_str()),
+            a.claimer_endpoint
+                .as_deref()
+                .map(|e| format!(" ({})", esc(e)))
+                .unwrap_or_default(),
+            rfc3339(a.claimed_at),
+            time(a.last_heartbeat_at),
+            time(a.ended_at),
+            duration(a),
+            esc(a.disposition.map_or("–", |d| d.as_str())),
+            a.closed_by
+                .as_deref()
+                .map(|o| format!("<dt>closed by</dt><dd class=\"closed-by\">{}</dd>", esc(o)))
+                .unwrap_or_default(),
+            a.summary
+                .as_deref()
+                .map(|s| format!("<p class=\"summary\">{}</p>", esc(s)))
+                .unwrap_or_default(),
+            a.artifact
+                .as_deref()
+                .map(|x| format!("<p class=\"artifact\">artifact: {}</p>", artifact(x)))
+                .unwrap_or_default(),
+        );
+    }
+    body.push_str("</ol>");
+    page(&t.title, Some(csrf), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_markup_character_is_escaped() {
+        assert_eq!(
+            esc("<script>alert('x')</script> & \"q\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        );
+    }
+
+    #[test]
+    fn only_trusted_artifact_handles_become_links() {
+        assert!(artifact("https://ci.example/run/1").starts_with("<a "));
+        assert!(artifact("mcp://cairn/notes/1").starts_with("<a "));
+        assert_eq!(artifact("javascript:alert(1)"), "javascript:alert(1)");
+        assert!(!artifact("http://plain.example").contains("<a"));
+    }
+}

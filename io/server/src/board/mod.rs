@@ -1,0 +1,679 @@
+//! The Board: the operator's pages under `/board/`, served by `relay serve` on its listener.
+//!
+//! A shell, like the MCP side: it renders pages ([`html`]) and turns a button press into the
+//! same [`Op`] the CLI sends, as [`Actor::Operator`] under the session's operator name, applied through [`Store::apply`]. Who may
+//! open the Board, for how long, and the CSRF token a page carries are `relay_core::board`'s
+//! rules; every lifecycle rule is the ledger's.
+//!
+//! Security, in one place:
+//! - Login takes an operator token (form field `token`); only its SHA-256 is looked up. It sets
+//!   a cookie holding a fresh random session secret (HttpOnly, SameSite=Strict, Path=/board,
+//!   Secure under TLS); the store keeps only the secret's SHA-256 and the expiry. Logout deletes
+//!   the row; revoking the operator deletes all of its rows.
+//! - Every state change is a POST carrying the session's CSRF token (derived from the secret, so
+//!   a cross-site page cannot make it), besides SameSite and the Host/Origin checks the MCP side
+//!   makes. An endpoint's bearer token opens nothing here.
+//! - Failed logins are throttled ([`LoginThrottle`]) and logged without the token.
+//! - Every response carries a strict CSP: no inline script or style, nothing from elsewhere.
+
+// The refusal *is* the response to send (as in server::http); boxing it would only add an
+// allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+pub mod html;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use relay_core::board::{LoginThrottle, SESSION_TTL, csrf_matches, csrf_token};
+use relay_core::ledger::{Actor, Op, Report, Todo, TodoFilter, TodoState, TokenHash, finished};
+use relay_core::{Error, ErrorCode};
+use serde::Deserialize;
+
+use crate::server::Server;
+use crate::store::Store;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "relay_board";
+/// The Content-Security-Policy of every Board response.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                       connect-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+                       base-uri 'none'";
+/// Todos a list on the Board shows at most per page.
+pub const PAGE: usize = 50;
+/// The throttle's one client name: handlers do not see the peer address, so failed logins share
+/// one budget (a flood of guesses slows every login for a minute, never opens one).
+const THROTTLE_CLIENT: &str = "board";
+
+const CSS: &str = include_str!("assets/board.css");
+const JS: &str = include_str!("assets/board.js");
+
+#[derive(Clone)]
+struct Board {
+    server: Server,
+    throttle: Arc<Mutex<LoginThrottle>>,
+}
+
+impl Board {
+    fn store(&self) -> &Store {
+        self.server.store()
+    }
+}
+
+/// The Board's routes, to merge into the server's router.
+pub fn router(server: Server) -> Router {
+    let board = Board {
+        server,
+        throttle: Arc::new(Mutex::new(LoginThrottle::default())),
+    };
+    Router::new()
+        .route("/board", get(|| async { see_other("/board/") }))
+        .route("/board/", get(overview))
+        .route("/board/login", get(login_page).post(login))
+        .route("/board/logout", post(logout))
+        .route(
+            "/board/assets/board.css",
+            get(|| async { asset("text/css", CSS) }),
+        )
+        .route(
+            "/board/assets/board.js",
+            get(|| async { asset("text/javascript", JS) }),
+        )
+        .route("/board/queues/{queue}", get(queue_page))
+        .route("/board/queues/{queue}/{action}", post(queue_action))
+        .route("/board/todos/{id}", get(todo_page).post(todo_action))
+        .route("/board/events", get(events))
+        .layer(axum::middleware::map_response(secure_headers))
+        .with_state(board)
+}
+
+async fn secure_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    // Not `no-referrer`: under it a browser sends `Origin: null` on the Board's own form posts,
+    // which the Origin check (rightly) refuses.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    r
+}
+
+fn asset(kind: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn see_other(to: &str) -> Response {
+    let to = HeaderValue::from_str(to).unwrap_or(HeaderValue::from_static("/board/"));
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+fn status_of(e: &Error) -> StatusCode {
+    match e.code {
+        ErrorCode::Conflict => StatusCode::CONFLICT,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::Invalid => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A page that could not be served: the message (errors never hold a secret), escaped.
+fn failure(b: &Board, s: &Session, e: &Error) -> Response {
+    let message = if status_of(e) == StatusCode::INTERNAL_SERVER_ERROR {
+        b.server.internal_message("board", e)
+    } else {
+        e.message.clone()
+    };
+    html(
+        status_of(e),
+        html::page("Error", Some(&s.csrf), &html::error_banner(&message)),
+    )
+}
+
+/// A logged-in operator's request.
+struct Session {
+    operator: String,
+    secret: String,
+    csrf: String,
+}
+
+fn cookie_secret(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The request's live session, or the response to give instead: a page request goes to the
+/// login, anything else is refused. Host and Origin are checked first, as on the MCP side.
+async fn session(b: &Board, headers: &HeaderMap, page: bool) -> Result<Session, Response> {
+    crate::server::host_check(&b.server, "board", headers)?;
+    let refuse = || {
+        if page {
+            see_other("/board/login")
+        } else {
+            html(
+                StatusCode::UNAUTHORIZED,
+                html::login(Some("Your session has ended; log in again.")),
+            )
+        }
+    };
+    let Some(secret) = cookie_secret(headers) else {
+        return Err(refuse());
+    };
+    let now = b.server.now();
+    match b.store().session_get(now, TokenHash::of(&secret)).await {
+        Ok(Some(s)) => Ok(Session {
+            operator: s.operator,
+            csrf: csrf_token(&secret),
+            secret,
+        }),
+        Ok(None) => Err(refuse()),
+        Err(e) => Err(html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            html::login(Some(&b.server.internal_message("board session", &e))),
+        )),
+    }
+}
+
+/// A POST's CSRF check: the form's `csrf` must be the session's.
+fn csrf_ok(s: &Session, presented: &str) -> Result<(), Response> {
+    if csrf_matches(&s.secret, presented) {
+        Ok(())
+    } else {
+        tracing::warn!(operator = %s.operator, "board: refused a POST without the session's CSRF token");
+        Err(html(
+            StatusCode::FORBIDDEN,
+            html::page(
+                "Refused",
+                Some(&s.csrf),
+                &html::error_banner(
+                    "This form is stale or came from another site (CSRF token missing or wrong); \
+                     reload the page and try again.",
+                ),
+            ),
+        ))
+    }
+}
+
+async fn login_page(State(b): State<Board>, headers: HeaderMap) -> Response {
+    if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
+        return r;
+    }
+    html(StatusCode::OK, html::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+    if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
+        return r;
+    }
+    let now = b.server.now();
+    if !lock(&b.throttle).allows(now, THROTTLE_CLIENT) {
+        tracing::warn!("board: login refused, too many failed logins in the last minute");
+        return html(
+            StatusCode::TOO_MANY_REQUESTS,
+            html::login(Some("Too many failed logins; wait a minute and try again.")),
+        );
+    }
+    let found = b
+        .store()
+        .operator_by_token(TokenHash::of(f.token.trim()))
+        .await;
+    let operator = match found {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            lock(&b.throttle).failed(now, THROTTLE_CLIENT);
+            // Never the token: only that one was refused.
+            tracing::warn!("board: failed login (unknown or revoked operator token)");
+            return html(
+                StatusCode::UNAUTHORIZED,
+                html::login(Some(
+                    "That token opens no Board: it is unknown or revoked (endpoint tokens never \
+                     do). Create one with `relay operator create NAME`.",
+                )),
+            );
+        }
+        Err(e) => {
+            return html(
+                StatusCode::SERVICE_UNAVAILABLE,
+                html::login(Some(&b.server.internal_message("board login", &e))),
+            );
+        }
+    };
+    lock(&b.throttle).succeeded(THROTTLE_CLIENT);
+    let mut raw = [0u8; 32];
+    if let Err(e) = b.server.fill_random(&mut raw) {
+        return html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            html::login(Some(&e.message)),
+        );
+    }
+    use base64::Engine as _;
+    let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+    if let Err(e) = b
+        .store()
+        .session_create(now, TokenHash::of(&secret), &operator.name)
+        .await
+    {
+        return html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            html::login(Some(&b.server.internal_message("board login", &e))),
+        );
+    }
+    tracing::info!(operator = %operator.name, "board: logged in");
+    let cookie = format!(
+        "{COOKIE}={secret}; Path=/board; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        SESSION_TTL / 1000,
+        if b.server.config().secure_cookies {
+            "; Secure"
+        } else {
+            ""
+        }
+    );
+    let mut r = see_other("/board/");
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(State(b): State<Board>, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
+    let s = match session(&b, &headers, false).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = csrf_ok(&s, &f.csrf) {
+        return r;
+    }
+    if let Err(e) = b.store().session_delete(TokenHash::of(&s.secret)).await {
+        return failure(&b, &s, &e);
+    }
+    let mut r = see_other("/board/login");
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("relay_board=; Path=/board; HttpOnly; SameSite=Strict; Max-Age=0"),
+    );
+    r
+}
+
+/// Every todo the overview counts, at most this many (a larger store shows the first ones and
+/// says so).
+const OVERVIEW_SCAN: usize = 100_000;
+
+async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
+    let s = match session(&b, &headers, true).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let now = b.server.now();
+    let all = b.store().apply(Op::ListTodos {
+        actor: Actor::operator(&s.operator),
+        filter: TodoFilter {
+            limit: OVERVIEW_SCAN,
+            ..TodoFilter::default()
+        },
+    });
+    let (all, paused) = match (all.await.and_then(|a| a.todos()), paused(&b).await) {
+        (Ok(a), Ok(p)) => (a, p),
+        (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
+    };
+    let mut queues: std::collections::BTreeMap<String, html::QueueCounts> = paused
+        .iter()
+        .map(|q| {
+            let c = html::QueueCounts {
+                queue: q.clone(),
+                paused: true,
+                ..html::QueueCounts::default()
+            };
+            (q.clone(), c)
+        })
+        .collect();
+    for t in &all {
+        let q = queues
+            .entry(t.queue.clone())
+            .or_insert_with(|| html::QueueCounts {
+                queue: t.queue.clone(),
+                ..html::QueueCounts::default()
+            });
+        match t.state {
+            TodoState::Pending => {
+                q.pending += 1;
+                q.oldest_pending = Some(
+                    q.oldest_pending
+                        .map_or(t.created_at, |o| o.min(t.created_at)),
+                );
+            }
+            TodoState::Claimed => q.claimed += 1,
+            TodoState::Failed if t.dead_letter() => q.dead_letters += 1,
+            TodoState::Failed => q.retrying += 1,
+            TodoState::Done => q.done += 1,
+            TodoState::Canceled => q.canceled += 1,
+        }
+    }
+    let dead: Vec<Todo> = all
+        .iter()
+        .filter(|t| t.dead_letter())
+        .take(PAGE)
+        .cloned()
+        .collect();
+    let mut lapsing: Vec<Todo> = all
+        .iter()
+        .filter(|t| t.state == TodoState::Claimed)
+        .cloned()
+        .collect();
+    lapsing.sort_by_key(|t| t.lease_expires_at);
+    lapsing.truncate(10);
+    let queues: Vec<html::QueueCounts> = queues.into_values().collect();
+    html(
+        StatusCode::OK,
+        html::overview(&html::Overview {
+            now,
+            csrf: &s.csrf,
+            queues: &queues,
+            dead_letters: &dead,
+            lapsing: &lapsing,
+        }),
+    )
+}
+
+async fn paused(b: &Board) -> Result<Vec<String>, Error> {
+    b.store().apply(Op::PausedQueues).await?.queues()
+}
+
+#[derive(Deserialize)]
+struct QueueQuery {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    page: usize,
+}
+
+/// Todos a queue page searches through at most.
+const QUEUE_SCAN: usize = 10_000;
+
+async fn queue_page(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Query(query): Query<QueueQuery>,
+) -> Response {
+    let s = match session(&b, &headers, true).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let state = if query.state.is_empty() {
+        None
+    } else {
+        match TodoState::parse(&query.state) {
+            Some(st) => Some(st),
+            None => {
+                let e = Error::invalid(format!(
+                    "state {:?} is not a todo state; use pending, claimed, failed, done or canceled",
+                    query.state
+                ));
+                return failure(&b, &s, &e);
+            }
+        }
+    };
+    let list = b.store().apply(Op::ListTodos {
+        actor: Actor::operator(&s.operator),
+        filter: TodoFilter {
+            queues: Some(vec![queue.clone()]),
+            state,
+            limit: QUEUE_SCAN,
+        },
+    });
+    let (all, paused) = match (list.await.and_then(|a| a.todos()), paused(&b).await) {
+        (Ok(a), Ok(p)) => (a, p),
+        (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
+    };
+    let needle = query.q.trim().to_lowercase();
+    // Newest first: what an operator looks for is usually recent.
+    let matching: Vec<Todo> = all
+        .into_iter()
+        .rev()
+        .filter(|t| {
+            needle.is_empty()
+                || t.id.to_lowercase().contains(&needle)
+                || t.title.to_lowercase().contains(&needle)
+        })
+        .collect();
+    let start = query.page.saturating_mul(PAGE).min(matching.len());
+    let end = (start + PAGE).min(matching.len());
+    html(
+        StatusCode::OK,
+        html::queue(&html::QueuePage {
+            now: b.server.now(),
+            csrf: &s.csrf,
+            queue: &queue,
+            paused: paused.contains(&queue),
+            state,
+            search: &query.q,
+            todos: &matching[start..end],
+            page: query.page,
+            more: end < matching.len(),
+        }),
+    )
+}
+
+async fn queue_action(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path((queue, action)): Path<(String, String)>,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let s = match session(&b, &headers, false).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = csrf_ok(&s, &f.csrf) {
+        return r;
+    }
+    let paused = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        other => {
+            let e = Error::invalid(format!("{other:?} is no queue action; use pause or resume"));
+            return failure(&b, &s, &e);
+        }
+    };
+    let op = Op::PauseQueue {
+        now: b.server.now(),
+        actor: Actor::operator(&s.operator),
+        queue: queue.clone(),
+        paused,
+    };
+    match b.store().apply(op).await {
+        Ok(_) => {
+            tracing::info!(operator = %s.operator, queue = %queue, action = %action, "board: queue action");
+            see_other(&format!("/board/queues/{queue}"))
+        }
+        Err(e) => failure(&b, &s, &e),
+    }
+}
+
+/// Attempts a todo page shows at most.
+const TODO_ATTEMPTS: usize = 100;
+
+async fn todo_view(b: &Board, s: &Session, id: &str, error: Option<&str>) -> Response {
+    let op = Op::GetTodo {
+        actor: Actor::operator(&s.operator),
+        id: id.to_string(),
+        attempts_limit: TODO_ATTEMPTS,
+    };
+    match b.store().apply(op).await.and_then(|a| a.view()) {
+        Ok(view) => {
+            let status = if error.is_some() {
+                StatusCode::CONFLICT
+            } else {
+                StatusCode::OK
+            };
+            html(status, html::todo(b.server.now(), &s.csrf, &view, error))
+        }
+        Err(e) => failure(b, s, &e),
+    }
+}
+
+async fn todo_page(State(b): State<Board>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    match session(&b, &headers, true).await {
+        Ok(s) => todo_view(&b, &s, &id, None).await,
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    summary: String,
+}
+
+/// The operation a todo's button stands for: the very one the CLI sends, as the operator.
+fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> Result<Op, Error> {
+    let (actor, id) = (Actor::operator(&s.operator), id.to_string());
+    let summary = Some(f.summary.trim().to_string()).filter(|s| !s.is_empty());
+    let report = Report {
+        summary: summary.clone(),
+        ..Report::default()
+    };
+    Ok(match f.action.as_str() {
+        "retry" => Op::Retry { now, actor, id },
+        "cancel" => Op::Cancel { now, actor, id },
+        "release" => Op::Release {
+            now,
+            actor,
+            id,
+            summary,
+            token_hash: None,
+        },
+        "complete" => Op::Complete {
+            now,
+            actor,
+            id,
+            report,
+        },
+        "fail" => Op::Fail {
+            now,
+            actor,
+            id,
+            report,
+        },
+        other => {
+            return Err(Error::invalid(format!(
+                "action {other:?} is not one of retry, cancel, release, complete, fail"
+            )));
+        }
+    })
+}
+
+async fn todo_action(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let s = match session(&b, &headers, false).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = csrf_ok(&s, &f.csrf) {
+        return r;
+    }
+    let op = match action_op(b.server.now(), &s, &id, &f) {
+        Ok(op) => op,
+        Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
+    };
+    let answer = b.store().apply(op).await;
+    b.server.notice(&answer);
+    match answer.and_then(|a| a.todo()) {
+        Ok(t) => {
+            tracing::info!(operator = %s.operator, todo = %t.id, action = %f.action, state = %t.state, finished = finished(&t), "board: todo action");
+            see_other(&format!("/board/todos/{id}"))
+        }
+        Err(e) if status_of(&e) == StatusCode::INTERNAL_SERVER_ERROR => failure(&b, &s, &e),
+        Err(e) => todo_view(&b, &s, &id, Some(&e.message)).await,
+    }
+}
+
+/// The Board's live stream: an SSE event `todo`, data `{"id": ID}`, for each todo this server
+/// changes. A reader that fell behind gets `{"id": null}`, which reloads any page.
+async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
+    if let Err(r) = session(&b, &headers, false).await {
+        return r;
+    }
+    let rx = b.server.board_notices();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let id = match rx.recv().await {
+            Ok(id) => Some(id),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        let data = serde_json::json!({ "id": id }).to_string();
+        Some((
+            Ok::<_, Infallible>(Event::default().event("todo").data(data)),
+            rx,
+        ))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,327 @@
+//! The Board over real HTTP (127.0.0.1:0): login, the cookie's flags, CSRF refusal, session
+//! expiry (on the injected clock), logout, revoke, the CSP, endpoint bearer tokens refused,
+//! escaping, and an operator recovering a stuck claimed todo with Release.
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{Harness, T0};
+use relay_core::board::{CSRF_FIELD_LEN, SESSION_TTL};
+use relay_core::ledger::{LedgerConfig, TokenHash};
+use relay_server::store::Store;
+use serde_json::json;
+
+async fn start() -> Harness {
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    Harness::start_on(store, 7, |_| {}, false).await
+}
+
+fn no_redirects() -> reqwest::Client {
+    let _ = harness::client();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn form(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let enc: String = v
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("{k}={enc}")
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+struct Board {
+    http: reqwest::Client,
+    base: String,
+    cookie: Option<String>,
+}
+
+impl Board {
+    fn new(h: &Harness) -> Board {
+        Board {
+            http: no_redirects(),
+            base: h.base.clone(),
+            cookie: None,
+        }
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        let mut r = self.http.get(format!("{}{path}", self.base));
+        if let Some(c) = &self.cookie {
+            r = r.header("cookie", c);
+        }
+        r.send().await.unwrap()
+    }
+
+    async fn post(&self, path: &str, pairs: &[(&str, &str)]) -> reqwest::Response {
+        let mut r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(pairs));
+        if let Some(c) = &self.cookie {
+            r = r.header("cookie", c);
+        }
+        r.send().await.unwrap()
+    }
+
+    /// Logs in; answers the Set-Cookie header as sent.
+    async fn login(&mut self, token: &str) -> String {
+        let r = self.post("/board/login", &[("token", token)]).await;
+        assert_eq!(r.status(), 303, "login: {}", r.text().await.unwrap());
+        let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
+        self.cookie = Some(set.split(';').next().unwrap().to_string());
+        set
+    }
+
+    /// The CSRF token the page at `path` carries in its forms.
+    async fn csrf(&self, path: &str) -> String {
+        let page = self.get(path).await.text().await.unwrap();
+        let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+        page[at..at + CSRF_FIELD_LEN].to_string()
+    }
+}
+
+async fn operator(h: &Harness, name: &str) -> String {
+    let token = relay_server::server::new_bearer_token().unwrap();
+    h.store
+        .operator_create(T0, name, TokenHash::of(&token))
+        .await
+        .unwrap();
+    token
+}
+
+#[tokio::test]
+async fn login_sets_a_strict_httponly_cookie_and_every_page_a_strict_csp() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let mut b = Board::new(&h);
+    // Without a session, a page sends to the login.
+    let r = b.get("/board/").await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/board/login");
+    let r = b.get("/board/login").await;
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"));
+    assert!(!csp.contains("unsafe-inline"));
+    let page = r.text().await.unwrap();
+    assert!(page.contains("name=\"token\""));
+    assert!(!page.contains("<script>") && !page.contains("style="));
+
+    let set = b.login(&token).await;
+    assert!(set.contains("HttpOnly"), "{set}");
+    assert!(set.contains("SameSite=Strict"), "{set}");
+    assert!(set.contains("Path=/board"), "{set}");
+    // Plain HTTP: not Secure (the browser would drop it); TLS sets it (config.secure_cookies).
+    assert!(!set.contains("Secure"), "{set}");
+    // The cookie is not the operator token, and the store keeps only its hash.
+    assert!(!set.contains(&token));
+    let r = b.get("/board/").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("content-security-policy"));
+    for asset in ["/board/assets/board.css", "/board/assets/board.js"] {
+        let r = b.get(asset).await;
+        assert_eq!(r.status(), 200, "{asset}");
+        assert!(r.headers().contains_key("content-security-policy"));
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_token_or_an_endpoint_token_never_opens_the_board_and_failures_are_throttled() {
+    let h = start().await;
+    operator(&h, "alice").await;
+    let bearer = h.endpoint("ci", &["claim_next", "list_todos"], None).await;
+    let b = Board::new(&h);
+    // An endpoint's bearer token, as a header or as the login token, opens nothing.
+    let r = b
+        .http
+        .get(format!("{}/board/", h.base))
+        .header("authorization", format!("Bearer {bearer}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let r = b.post("/board/login", &[("token", &bearer)]).await;
+    assert_eq!(r.status(), 401);
+    assert!(!r.headers().contains_key("set-cookie"));
+    let page = r.text().await.unwrap();
+    assert!(!page.contains(&bearer), "the token is never echoed");
+    // Past the failures allowed in a window, even a try is refused until it passes.
+    for _ in 1..relay_core::board::LOGIN_FAILURES_MAX {
+        let r = b.post("/board/login", &[("token", "guess")]).await;
+        assert_eq!(r.status(), 401);
+    }
+    let r = b.post("/board/login", &[("token", "guess")]).await;
+    assert_eq!(r.status(), 429);
+    h.clock.advance(relay_core::board::LOGIN_WINDOW);
+    let r = b.post("/board/login", &[("token", "guess")]).await;
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let r = b
+        .post("/board/queues/ci/pause", &[("csrf", "forged")])
+        .await;
+    assert_eq!(r.status(), 403);
+    let r = b.post("/board/queues/ci/pause", &[]).await;
+    assert_eq!(r.status(), 403);
+    let paused = h.store.apply(relay_core::ledger::Op::PausedQueues).await;
+    assert!(paused.unwrap().queues().unwrap().is_empty());
+    // Another session's token is no better.
+    let mut other = Board::new(&h);
+    other.login(&token).await;
+    let theirs = other.csrf("/board/").await;
+    let r = b.post("/board/queues/ci/pause", &[("csrf", &theirs)]).await;
+    assert_eq!(r.status(), 403);
+    // The right one pauses the queue.
+    let mine = b.csrf("/board/").await;
+    let r = b.post("/board/queues/ci/pause", &[("csrf", &mine)]).await;
+    assert_eq!(r.status(), 303);
+    let paused = h.store.apply(relay_core::ledger::Op::PausedQueues).await;
+    assert_eq!(paused.unwrap().queues().unwrap(), ["ci"]);
+    let page = b.get("/board/queues/ci").await.text().await.unwrap();
+    assert!(page.contains(">Resume</button>"), "{page}");
+}
+
+#[tokio::test]
+async fn a_session_ends_at_its_expiry_at_logout_and_when_its_operator_is_revoked() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    assert_eq!(b.get("/board/").await.status(), 200);
+    h.clock.advance(SESSION_TTL);
+    assert_eq!(b.get("/board/").await.status(), 303);
+
+    b.login(&token).await;
+    let csrf = b.csrf("/board/").await;
+    let r = b.post("/board/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(r.status(), 303);
+    assert!(
+        r.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+    assert_eq!(b.get("/board/").await.status(), 303);
+
+    b.login(&token).await;
+    h.store.operator_revoke(h.now(), "alice").await.unwrap();
+    assert_eq!(b.get("/board/").await.status(), 303);
+    let r = b.post("/board/login", &[("token", &token)]).await;
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "fail", "get_todo"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let added = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "<script>alert(1)</script>", "max_attempts": 1}),
+        )
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    mcp.ok(
+        "claim_next",
+        json!({"queue": "ci", "claimant": "<b>bold</b>"}),
+    )
+    .await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b
+        .get(&format!("/board/todos/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(!page.contains("<script>alert"));
+    assert!(page.contains("&lt;b&gt;bold&lt;/b&gt;"));
+    for label in ["Retry", "Cancel", "Release", "Complete", "Fail"] {
+        assert!(page.contains(&format!(">{label}</button>")), "{label}");
+    }
+    // The claim is stuck (its worker is gone); Release recovers it without the fence.
+    let csrf = b.csrf(&format!("/board/todos/{id}")).await;
+    let r = b
+        .post(
+            &format!("/board/todos/{id}"),
+            &[("csrf", &csrf), ("action", "release"), ("summary", "")],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let page = b
+        .get(&format!("/board/todos/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<span class=\"outcome\">released</span>"),
+        "{page}"
+    );
+    // A refused action says why, on the page, and changes nothing.
+    let r = b
+        .post(
+            &format!("/board/todos/{id}"),
+            &[("csrf", &csrf), ("action", "complete"), ("summary", "x")],
+        )
+        .await;
+    assert_eq!(r.status(), 409);
+    assert!(r.text().await.unwrap().contains("not claimed"));
+}
+
+#[tokio::test]
+async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "complete"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let added = mcp
+        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
+        .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    let mut b = Board::new(&h);
+    // Without a session the stream does not open.
+    assert_eq!(b.get("/board/events").await.status(), 401);
+    b.login(&token).await;
+    let mut stream = b.get("/board/events").await;
+    assert_eq!(stream.status(), 200);
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("complete", json!({"id": id, "summary": "ok"})).await;
+    let mut buf = String::new();
+    for _ in 0..2 {
+        let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+        assert_eq!(ev.expect("an event within the bound")["id"], id.as_str());
+    }
+    assert!(buf.is_empty() || !buf.contains("data:"));
+}

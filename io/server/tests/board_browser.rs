@@ -1,0 +1,253 @@
+//! The Board in a real browser: headless Chromium from Debian, driven over WebDriver
+//! (chromedriver) with fantoccini. One server, one browser session: log in, read a queue's
+//! counts, open a dead letter and read its attempt timeline (a `<script>` summary shows as text
+//! and never runs), press Retry and see it pending, then watch an open page update live when a
+//! worker completes its todo over MCP.
+//!
+//! Skips with a message when chromium or chromedriver is missing, unless
+//! `RELAY_REQUIRE_BROWSER=1` (CI sets it), where it fails instead. With
+//! `RELAY_BOARD_SCREENSHOTS=DIR` it saves the overview and the todo page as PNGs there (the
+//! README's screenshots under docs/ are made so).
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use harness::{Harness, T0};
+use relay_core::ledger::{LedgerConfig, TokenHash};
+use relay_server::store::Store;
+use serde_json::json;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// A failure bound on every wait in the browser, never a sleep.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// chromedriver, ended when dropped.
+struct Driver(Child, u16);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts chromedriver on a free loopback port and waits for the line saying it is up.
+fn chromedriver() -> Driver {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("chromedriver ended before it was ready")
+            .unwrap();
+        if line.contains("started successfully") {
+            break;
+        }
+    }
+    // Keep draining its stdout so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Driver(child, port)
+}
+
+fn browser_present() -> bool {
+    let present =
+        std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists();
+    if !present {
+        assert!(
+            std::env::var("RELAY_REQUIRE_BROWSER").as_deref() != Ok("1"),
+            "RELAY_REQUIRE_BROWSER=1 but {CHROMIUM} or {CHROMEDRIVER} is missing; \
+             apt-get install -y chromium chromium-driver"
+        );
+        eprintln!(
+            "board_browser: skipped ({CHROMIUM} or {CHROMEDRIVER} missing; \
+             apt-get install -y chromium chromium-driver)"
+        );
+    }
+    present
+}
+
+async fn browser(driver: &Driver, profile: &std::path::Path) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": CHROMIUM,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                "--window-size=1100,1500",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.1))
+        .await
+        .expect("a WebDriver session with headless Chromium")
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    match c.wait().at_most(WAIT).for_element(Locator::Css(css)).await {
+        Ok(e) => e.text().await.unwrap(),
+        Err(e) => {
+            let url = c.current_url().await.map(|u| u.to_string());
+            let page = c.source().await.unwrap_or_default();
+            panic!("{css}: {e}; at {url:?}:\n{page}")
+        }
+    }
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    if let Ok(dir) = std::env::var("RELAY_BOARD_SCREENSHOTS") {
+        let png = c.screenshot().await.unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(name), png).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_works_the_board_in_headless_chromium() {
+    if !browser_present() {
+        return;
+    }
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    let h = Harness::start_on(store, 7, |_| {}, false).await;
+    let token = relay_server::server::new_bearer_token().unwrap();
+    h.store
+        .operator_create(T0, "alice", TokenHash::of(&token))
+        .await
+        .unwrap();
+    let bearer = h
+        .endpoint(
+            "ci",
+            &["claim_next", "claim", "add_todo", "fail", "complete"],
+            None,
+        )
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    // A dead letter whose summary is hostile markup.
+    let dead = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "Fix the flaky test", "max_attempts": 1,
+                   "payload": {"branch": "main", "test": "ledger::claim"}}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hostile = "<script>window.pwned=1</script> still failing";
+    mcp.ok(
+        "claim_next",
+        json!({"queue": "ci", "claimant": "harness/box/fixer/run-1"}),
+    )
+    .await;
+    mcp.ok("fail", json!({"id": dead, "summary": hostile}))
+        .await;
+    let live = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "Bump the lockfile"}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let driver = chromedriver();
+    let profile = tempfile::tempdir().unwrap();
+    let c = browser(&driver, profile.path()).await;
+    let base = h.base.clone();
+
+    // Log in.
+    c.goto(&format!("{base}/board/login")).await.unwrap();
+    let field = c.find(Locator::Css("input[name='token']")).await.unwrap();
+    field.send_keys(&token).await.unwrap();
+    c.find(Locator::XPath("//button[text()='Log in']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+
+    // The overview's counts.
+    assert_eq!(text(&c, "tr[data-queue='ci'] .n-dead").await, "1");
+    assert_eq!(text(&c, "tr[data-queue='ci'] .n-pending").await, "1");
+    screenshot(&c, "board-overview.png").await;
+
+    // The dead letter's timeline; the summary is text, and its script never ran.
+    c.goto(&format!("{base}/board/todos/{dead}")).await.unwrap();
+    assert_eq!(text(&c, ".attempt[data-seq='1'] .outcome").await, "failed");
+    assert_eq!(text(&c, ".attempt[data-seq='1'] .summary").await, hostile);
+    let pwned = c
+        .execute("return typeof window.pwned;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(pwned, json!("undefined"));
+    assert_eq!(text(&c, "dd.state").await, "dead letter");
+    screenshot(&c, "board-todo.png").await;
+
+    // Retry it, and see it pending.
+    c.find(Locator::XPath("//button[text()='Retry']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
+        .await
+        .expect("the retried todo shows pending");
+
+    // An open page updates live when a worker completes its todo over MCP.
+    c.goto(&format!("{base}/board/todos/{live}")).await.unwrap();
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("body[data-live='on']"))
+        .await
+        .expect("the page's live stream opens");
+    assert_eq!(text(&c, "dd.state").await, "pending");
+    mcp.ok("claim", json!({"id": live})).await;
+    // The claim reloads the page; complete only once the reloaded page listens again, so that
+    // its event cannot fall between two pages.
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//dd[@class='state' and text()='claimed']"))
+        .await
+        .expect("the page shows the claim without a manual reload");
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("body[data-live='on']"))
+        .await
+        .expect("the reloaded page's live stream opens");
+    mcp.ok("complete", json!({"id": live, "summary": "bumped"}))
+        .await;
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//dd[@class='state' and text()='done']"))
+        .await
+        .expect("the page shows the todo done without a manual reload");
+    c.close().await.unwrap();
+}
