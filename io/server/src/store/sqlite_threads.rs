@@ -349,3 +349,76 @@ fn reader_loop(mut conn: Connection, rx: &Mutex<mpsc::Receiver<Work>>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt as _;
+
+    use super::*;
+
+    fn insert(c: &Connection, n: i64) -> Result<(), Error> {
+        c.execute("INSERT INTO t (n) VALUES (?1)", [n])
+            .map(drop)
+            .map_err(|e| Error::internal(e.to_string()))
+    }
+
+    /// Four operations queued while the writer is busy share its next batch: the one that
+    /// fails after writing and the one that panics roll back alone and answer their own
+    /// errors; the other two keep their writes and answer `Ok`.
+    #[test]
+    fn a_failing_operation_in_a_batch_rolls_back_alone() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (n INTEGER NOT NULL)")
+            .unwrap();
+        let threads = Threads::start(conn, Vec::new(), Tuning::default());
+        rt.block_on(async {
+            // The writer waits on `hold` until the four are queued behind it.
+            let (release, hold) = std::sync::mpsc::channel::<()>();
+            let busy = threads.alone(To::Writer, "hold", move |_| {
+                hold.recv().map_err(|e| Error::internal(e.to_string()))
+            });
+            let mut busy = std::pin::pin!(busy);
+            assert!(busy.as_mut().now_or_never().is_none());
+            let a = threads.tx(To::Writer, "a".into(), |c| insert(c, 1));
+            let b = threads.tx(To::Writer, "b".into(), |c| {
+                insert(c, 2)?;
+                Err::<(), _>(Error::conflict("b refuses"))
+            });
+            let p = threads.tx(To::Writer, "p".into(), |c| {
+                insert(c, 4)?;
+                panic!("p panics")
+            });
+            let d = threads.tx(To::Writer, "d".into(), |c| insert(c, 3));
+            let (mut a, mut b, mut p, mut d) = (
+                std::pin::pin!(a),
+                std::pin::pin!(b),
+                std::pin::pin!(p),
+                std::pin::pin!(d),
+            );
+            assert!(a.as_mut().now_or_never().is_none());
+            assert!(b.as_mut().now_or_never().is_none());
+            assert!(p.as_mut().now_or_never().is_none());
+            assert!(d.as_mut().now_or_never().is_none());
+            release.send(()).unwrap();
+            busy.await.unwrap();
+            assert_eq!(a.await, Ok(()));
+            let b = b.await.unwrap_err();
+            assert_eq!(b, Error::conflict("b refuses"));
+            let p: Result<(), Error> = p.await;
+            assert!(p.unwrap_err().to_string().contains("panicked"));
+            assert_eq!(d.await, Ok(()));
+            let rows = threads
+                .tx(To::Reader, "read".into(), |c| {
+                    let mut st = c.prepare("SELECT n FROM t ORDER BY n").unwrap();
+                    let rows = st.query_map([], |r| r.get::<_, i64>(0)).unwrap();
+                    Ok(rows.map(Result::unwrap).collect::<Vec<_>>())
+                })
+                .await
+                .unwrap();
+            assert_eq!(rows, vec![1, 3]);
+        });
+    }
+}
