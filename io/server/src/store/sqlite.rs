@@ -501,6 +501,8 @@ impl rows::Row for rusqlite::Row<'_> {
 }
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
+static ENDPOINT_GET: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"));
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
 // The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
 // join of these two tables on every new id (its statement status counts a re-prepare per call),
@@ -720,13 +722,14 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn endpoint(&mut self, name: &str, _lock: bool) -> Result<Option<Endpoint>, Error> {
+        // Every MCP request authenticates through here: a cached statement, not one prepared
+        // per call.
         let op = "endpoint get";
-        self.c
-            .query_row(
-                &format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"),
-                params![name],
-                |r| Ok(rows::endpoint(r)),
-            )
+        let mut st = self
+            .c
+            .prepare_cached(&ENDPOINT_GET)
+            .map_err(|e| sql_err(op, name, e))?;
+        st.query_row(params![name], |r| Ok(rows::endpoint(r)))
             .optional()
             .map_err(|e| sql_err(op, name, e))?
             .transpose()
