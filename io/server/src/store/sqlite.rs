@@ -7,7 +7,7 @@
 //! read of a todo and the write of its change cannot interleave with another writer, and a
 //! database another process holds is waited for, busy_timeout, never answered with a stale
 //! read); a few reader threads run read-only operations on WAL snapshots (see
-//! `sqlite_threads`). An in-memory database has one connection, the writer's.
+//! `sqlite_threads`). An in-memory database has one connection, used inline by each caller.
 //!
 //! Durability: `synchronous = NORMAL` in WAL mode, as before group commit. An operation is
 //! answered only after the COMMIT of its batch returned: an acknowledged operation survives a
@@ -325,11 +325,12 @@ impl SqliteStore {
         let threads = tokio::task::spawn_blocking(move || -> Result<Threads, Error> {
             let mut writer = connect(p.as_deref())?;
             migrate(&mut writer, target)?;
+            if p.is_none() {
+                return Ok(Threads::inline(writer));
+            }
             let mut readers = Vec::new();
-            if p.is_some() {
-                for _ in 0..tuning.readers {
-                    readers.push(connect(p.as_deref())?);
-                }
+            for _ in 0..tuning.readers {
+                readers.push(connect(p.as_deref())?);
             }
             Ok(Threads::start(writer, readers, tuning))
         })

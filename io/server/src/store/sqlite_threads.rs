@@ -12,8 +12,12 @@
 //! with that error: nothing was acknowledged, nothing is half-applied.
 //!
 //! Readers run one read-only operation each in its own deferred transaction, a WAL snapshot
-//! that holds every batch committed before it began and nothing of one in flight. An in-memory
-//! database has only its one connection, so there the writer also runs the reads.
+//! that holds every batch committed before it began and nothing of one in flight.
+//!
+//! An in-memory database has only its one connection and does no I/O: it runs each operation
+//! inline on the caller's task, as a batch of one (the same `commit_batch`), with no thread. The
+//! tests on a simulated network (turmoil) need that: their clock runs ahead while a task waits
+//! on a real thread, and an answer from one arrives after simulated timeouts.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -105,8 +109,14 @@ where
 
 /// Where a store's work goes: the writer, and the readers when the database has them.
 pub(crate) struct Threads {
-    writer: mpsc::Sender<Work>,
+    writer: Writer,
     readers: Option<mpsc::Sender<Work>>,
+}
+
+enum Writer {
+    Thread(mpsc::Sender<Work>),
+    /// An in-memory database's one connection, used on the caller's task.
+    Inline(Mutex<Connection>),
 }
 
 /// Which thread an operation goes to.
@@ -122,6 +132,14 @@ fn stopped(what: &str) -> Error {
 }
 
 impl Threads {
+    /// The one connection of an in-memory database, used inline.
+    pub(crate) fn inline(conn: Connection) -> Threads {
+        Threads {
+            writer: Writer::Inline(Mutex::new(conn)),
+            readers: None,
+        }
+    }
+
     /// Starts the writer on `writer` and one reader on each of `readers`.
     pub(crate) fn start(writer: Connection, readers: Vec<Connection>, tuning: Tuning) -> Threads {
         let (wtx, wrx) = mpsc::channel();
@@ -143,15 +161,27 @@ impl Threads {
             rtx
         });
         Threads {
-            writer: wtx,
+            writer: Writer::Thread(wtx),
             readers,
         }
     }
 
-    fn sender(&self, to: To) -> &mpsc::Sender<Work> {
-        match (to, &self.readers) {
-            (To::Reader, Some(r)) => r,
-            _ => &self.writer,
+    /// Hands `work` to the thread `to` names, or runs it here on an inline connection.
+    fn submit(&self, to: To, work: Work) -> Result<(), ()> {
+        match (to, &self.readers, &self.writer) {
+            (To::Reader, Some(r), _) | (_, _, Writer::Thread(r)) => r.send(work).map_err(drop),
+            (_, _, Writer::Inline(conn)) => {
+                let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
+                match work {
+                    Work::Alone(f) => f(&mut c),
+                    Work::Tx(job) => {
+                        // A batch of one leaves nothing to carry.
+                        let mut carry = VecDeque::new();
+                        commit_batch(&c, vec![job], &mut carry);
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
@@ -169,9 +199,8 @@ impl Threads {
             reply,
             what: what.clone(),
         };
-        self.sender(to)
-            .send(Work::Tx(Box::new(job)))
-            .map_err(|_| stopped(&what))?;
+        self.submit(to, Work::Tx(Box::new(job)))
+            .map_err(|()| stopped(&what))?;
         answer.await.map_err(|_| stopped(&what))?
     }
 
@@ -188,7 +217,7 @@ impl Threads {
                 .unwrap_or_else(|_| Err(Error::internal("the SQLite work panicked")));
             let _ = reply.send(out);
         }));
-        self.sender(to).send(work).map_err(|_| stopped(what))?;
+        self.submit(to, work).map_err(|()| stopped(what))?;
         answer.await.map_err(|_| stopped(what))?
     }
 }
