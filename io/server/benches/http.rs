@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo bench -p relay-server --bench http                        # SQLite, a temp file
 //! cargo bench -p relay-server --bench http -- --db postgres://…   # Postgres (a schema of its own)
-//! cargo bench -p relay-server --bench http -- --clients 16 --seconds 5 --todos 20000
+//! cargo bench -p relay-server --bench http -- --clients 16 --seconds 3 --todos 30000
 //! ```
 //!
 //! In one process and one run: the real server ([`relay_server::server::Server::serve`], background
@@ -11,7 +11,9 @@
 //! (default 16), each with its own HTTP connection pool and session (`initialize`, then
 //! `notifications/initialized`), each looping `claim_next {require_fence: true}` → `heartbeat
 //! {lease_token}` → `complete {lease_token}` until the time is up. Reported: cycles/s and the
-//! p50/p99 latency of each call and of the whole cycle.
+//! p50/p99 latency of each call and of the whole cycle, at 1 client and at `--clients`, each as a
+//! ratio to the floor (single-row UPDATE transactions per second at as many connections), and
+//! each also as one `RESULT bench=http …` line.
 //!
 //! The baseline, measured in the same run on the same database: the same cycle with the same
 //! concurrency calling the [`Store`] directly (no HTTP, no JSON-RPC, no session or auth), on its
@@ -26,6 +28,8 @@
 
 #[path = "../tests/support/db.rs"]
 mod db;
+#[path = "support/measure.rs"]
+mod measure;
 #[path = "../tests/support/pg_schema.rs"]
 mod pg_schema;
 
@@ -43,6 +47,7 @@ use relay_server::store::{NewEndpoint, Store};
 use serde_json::{Value, json};
 
 use db::Db;
+use measure::{Figures, Tally, collect};
 
 const QUEUE: &str = "q";
 const HTTP_ENDPOINT: &str = "bench-http";
@@ -60,8 +65,8 @@ fn args() -> Args {
     let mut out = Args {
         db: None,
         clients: 16,
-        seconds: 5,
-        todos: 15_000,
+        seconds: 3,
+        todos: 30_000,
     };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> u64 {
@@ -107,54 +112,6 @@ fn main() {
         rt.block_on(pg_schema::drop_now(url, schema))
             .expect("drop the bench schema");
     }
-}
-
-/// Latencies of one kind of call, in microseconds.
-#[derive(Default)]
-struct Lat(Vec<u64>);
-
-impl Lat {
-    fn push(&mut self, d: Duration) {
-        self.0
-            .push(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    }
-    fn extend(&mut self, other: Lat) {
-        self.0.extend(other.0);
-    }
-    /// The q-quantile (nearest rank), in milliseconds.
-    fn q(&mut self, q: f64) -> f64 {
-        if self.0.is_empty() {
-            return f64::NAN;
-        }
-        self.0.sort_unstable();
-        let rank = ((q * self.0.len() as f64).ceil() as usize).clamp(1, self.0.len());
-        self.0[rank - 1] as f64 / 1000.0
-    }
-}
-
-/// What one client measured.
-#[derive(Default)]
-struct Tally {
-    cycles: u64,
-    claim: Lat,
-    heartbeat: Lat,
-    complete: Lat,
-    cycle: Lat,
-}
-
-impl Tally {
-    fn merge(&mut self, o: Tally) {
-        self.cycles += o.cycles;
-        self.claim.extend(o.claim);
-        self.heartbeat.extend(o.heartbeat);
-        self.complete.extend(o.complete);
-        self.cycle.extend(o.cycle);
-    }
-}
-
-struct Figures {
-    rate: f64,
-    tally: Tally,
 }
 
 async fn run(db: &Db, args: &Args) {
@@ -224,8 +181,16 @@ async fn run(db: &Db, args: &Args) {
     let url = format!("http://{addr}/mcp/{HTTP_ENDPOINT}");
     let run_for = Duration::from_secs(args.seconds);
 
-    let http = over_http(&url, &token, args.clients, run_for).await;
-    let direct = direct(&store, args.clients, run_for).await;
+    let floors = [
+        measure::floor(db, 1, run_for).await,
+        measure::floor(db, args.clients, run_for).await,
+    ];
+    let mut http = Vec::new();
+    let mut direct = Vec::new();
+    for callers in [1, args.clients] {
+        http.push(over_http(&url, &token, callers, run_for).await);
+        direct.push(self::direct(&store, callers, run_for).await);
+    }
 
     let _ = stop.send(());
     serving
@@ -234,33 +199,26 @@ async fn run(db: &Db, args: &Args) {
         .expect("the server stops cleanly");
 
     for (endpoint, f) in [(HTTP_ENDPOINT, &http), (DIRECT_ENDPOINT, &direct)] {
-        check_done(&store, endpoint, f.tally.cycles).await;
+        check_done(&store, endpoint, f.iter().map(|f| f.tally.cycles).sum()).await;
     }
 
-    let ratio = http.rate / direct.rate;
-    report("over HTTP (MCP tools/call)", http);
-    report("direct store calls (baseline)", direct);
     println!(
-        "ratio HTTP / direct: {ratio:.2} (over HTTP the cycle runs at {:.0} % of the direct rate)",
-        100.0 * ratio
+        "floor: single-row UPDATE transactions {:.0} tx/s at 1 connection, {:.0} tx/s at {}",
+        floors[0], floors[1], args.clients
     );
-}
-
-fn report(what: &str, mut f: Figures) {
-    println!(
-        "{what:<32} {:>8.0} cycles/s ({} cycles)",
-        f.rate, f.tally.cycles
-    );
-    for (call, lat) in [
-        ("claim_next", &mut f.tally.claim),
-        ("heartbeat", &mut f.tally.heartbeat),
-        ("complete", &mut f.tally.complete),
-        ("whole cycle", &mut f.tally.cycle),
-    ] {
+    let store_name = db.name();
+    for ((h, d), floor) in http.iter_mut().zip(direct.iter_mut()).zip(floors) {
+        let ratio = h.rate / d.rate;
+        measure::report("http", store_name, "http", h, floor);
+        measure::report("http", store_name, "direct", d, floor);
         println!(
-            "    {call:<12} p50 {:>7.2} ms   p99 {:>7.2} ms",
-            lat.q(0.50),
-            lat.q(0.99)
+            "{} callers: HTTP / direct = {ratio:.2} (over HTTP the cycle runs at {:.0} % of the direct rate)",
+            h.callers,
+            100.0 * ratio
+        );
+        println!(
+            "RESULT bench=http store={store_name} path=http_over_direct callers={} ratio={ratio:.3}",
+            h.callers
         );
     }
 }
@@ -457,7 +415,7 @@ async fn over_http(url: &str, token: &str, clients: usize, run_for: Duration) ->
             t
         }));
     }
-    collect(tasks, start).await
+    collect(clients, tasks, start).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,17 +491,5 @@ async fn direct(store: &Store, clients: usize, run_for: Duration) -> Figures {
             t
         }));
     }
-    collect(tasks, start).await
-}
-
-async fn collect(tasks: Vec<tokio::task::JoinHandle<Tally>>, start: Instant) -> Figures {
-    let mut tally = Tally::default();
-    for t in tasks {
-        tally.merge(t.await.expect("a client task"));
-    }
-    let elapsed = start.elapsed();
-    Figures {
-        rate: tally.cycles as f64 / elapsed.as_secs_f64(),
-        tally,
-    }
+    collect(clients, tasks, start).await
 }

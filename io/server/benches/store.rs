@@ -5,23 +5,24 @@
 //! cargo bench -p relay-server --bench store -- --db postgres://…  # Postgres (a schema of its own)
 //! ```
 //!
-//! On one database, in one run:
-//! (a) claim_next → heartbeat → complete cycles per second through the store (attempt history);
-//! (b) the same cycle as three plain UPDATE statements on the todos table only (the baseline
-//!     before attempt history);
-//! (c) single-row UPDATE transactions per second (the floor);
-//! then the ratios a/b (the attempt history's cost) and a/c. On Postgres also 16 concurrent
-//! claimers through the store, with a count of double claims (must be 0).
+//! On one database, in one run, each figure for about two seconds:
+//! - the floor: single-row UPDATE transactions per second at 1 and at 16 connections;
+//! - claim_next → heartbeat → complete cycles per second through the store (attempt history)
+//!   at 1 and at 16 concurrent callers, with each call's p50/p99 and the ratio to the floor at
+//!   as many connections; 16 callers also count double claims (must be 0);
+//! - the same cycle as three plain UPDATE statements on the todos table only, one caller (the
+//!   baseline before attempt history), and the ratio of the store's one-caller figure to it.
 //!
-//! Every store operation and every baseline statement makes the same hop off the async runtime
-//! (SQLite: `spawn_blocking`; Postgres: a pooled connection), so the ratios compare storage work,
-//! not the shell. The baseline's claim casts its endpoint parameter as the store does (SQLite
-//! would otherwise re-prepare it on every use). Each figure runs for about two seconds.
+//! Each figure is also one `RESULT bench=store store=… path=… callers=… cycles_per_s=…
+//! floor_tx_per_s=…` line. The baseline's claim casts its endpoint parameter as the store does
+//! (SQLite would otherwise re-prepare it on every use).
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 #[path = "../tests/support/db.rs"]
 mod db;
+#[path = "support/measure.rs"]
+mod measure;
 #[path = "../tests/support/pg_schema.rs"]
 mod pg_schema;
 
@@ -115,65 +116,40 @@ async fn run(db: &Db) {
                 "sqlite, temp file {} (WAL, synchronous=NORMAL)",
                 path.display()
             ),
-            50_000,
+            60_000,
         ),
-        Db::Postgres { .. } => ("postgres".to_string(), 20_000),
+        Db::Postgres { .. } => ("postgres".to_string(), 30_000),
     };
     println!("relay store benchmark: {name}");
-    raw.preload("bench-a", preload).await;
-    raw.preload("bench-b", preload).await;
-    raw.preload("bench-c", 1).await;
-    raw.preload("bench-d", preload).await;
-
-    // (a) through the store
-    let actor = Actor::endpoint("bench-a");
-    let queues = vec!["q".to_string()];
-    let mut now = T0 + 10 * SECOND;
-    let start = Instant::now();
-    let mut a_n = 0u64;
-    let mut per_op = [Duration::ZERO; 3];
-    while start.elapsed() < RUN && a_n < preload {
-        let t = Instant::now();
-        now += 1;
-        let token = TokenHash::of(&format!("tok-{a_n}"));
-        let opts = ClaimOpts {
-            ttl: TTL,
-            claimant: Some("bench".into()),
-            token_hash: Some(token),
-        };
-        let (actor, queues) = (actor.clone(), Some(queues.clone()));
-        let claim = Op::ClaimNext {
-            now,
-            actor: actor.clone(),
-            queues,
-            opts,
-        };
-        let c = store
-            .apply(claim)
-            .await
-            .and_then(Answer::next)
-            .expect("claim_next")
-            .expect("a todo to claim");
-        per_op[0] += t.elapsed();
-        let t = Instant::now();
-        let heartbeat = heartbeat(now, &actor, &c.todo.id, token);
-        store.apply(heartbeat).await.expect("heartbeat");
-        per_op[1] += t.elapsed();
-        let t = Instant::now();
-        let report = Report {
-            result: Some(json!({"ok": true})),
-            summary: Some("done".into()),
-            token_hash: Some(token),
-            ..Report::default()
-        };
-        let complete = complete(now, &actor, &c.todo.id, report);
-        store.apply(complete).await.expect("complete");
-        per_op[2] += t.elapsed();
-        a_n += 1;
+    let floors = [
+        measure::floor(db, 1, RUN).await,
+        measure::floor(db, 16, RUN).await,
+    ];
+    println!(
+        "floor: single-row UPDATE transactions {:.0} tx/s at 1 connection, {:.0} tx/s at 16",
+        floors[0], floors[1]
+    );
+    for conns in [1, 16] {
+        if let Some(raw) = measure::sqlite_raw_floor(db, conns, RUN) {
+            println!("    without the runtime (plain threads, {conns} connections): {raw:.0} tx/s");
+            println!(
+                "RESULT bench=store store=sqlite path=floor_raw connections={conns} tx_per_s={raw:.0}"
+            );
+        }
     }
-    let a = rate(a_n, start.elapsed());
+    raw.preload("bench-b", preload).await;
+    let mut now = T0 + 10 * SECOND;
+    let mut figures = Vec::new();
+    for (callers, endpoint) in [(1, "bench-a"), (16, "bench-d")] {
+        raw.preload(endpoint, preload).await;
+        now += SECOND;
+        let (f, doubles) = cycles(&store, endpoint, callers, now, preload).await;
+        assert_eq!(doubles, 0, "a todo was held by two claimers at once");
+        println!("{callers} callers: double claims {doubles}");
+        figures.push(f);
+    }
 
-    // (b) three plain statements on todos
+    // The plain cycle, one caller.
     let start = Instant::now();
     let mut b_n = 0u64;
     while start.elapsed() < RUN && b_n < preload {
@@ -183,65 +159,48 @@ async fn run(db: &Db) {
     }
     let b = rate(b_n, start.elapsed());
 
-    // (c) the floor
-    let start = Instant::now();
-    let mut c_n = 0u64;
-    while start.elapsed() < RUN {
-        now += 1;
-        raw.touch(now).await;
-        c_n += 1;
+    let store_name = db.name();
+    for (f, floor) in figures.iter_mut().zip(floors) {
+        measure::report("store", store_name, "direct", f, floor);
     }
-    let c = rate(c_n, start.elapsed());
-
+    let a = figures[0].rate;
     println!(
-        "(a) claim_next -> heartbeat -> complete via the store (attempt history on): {a:>9.0} cycles/s  ({a_n} cycles)"
+        "plain cycle (3 UPDATEs on todos, attempt history off), 1 caller: {b:.0} cycles/s ({b_n} cycles); store/plain = {:.2}",
+        a / b
     );
     println!(
-        "(b) the same cycle as 3 plain UPDATEs on todos (attempt history off):      {b:>9.0} cycles/s  ({b_n} cycles)"
+        "RESULT bench=store store={store_name} path=plain callers=1 cycles_per_s={b:.0} floor_tx_per_s={:.0} ratio={:.3}",
+        floors[0],
+        b / floors[0]
     );
-    println!(
-        "(c) single-row UPDATE transactions (the floor):                             {c:>9.0} tx/s      ({c_n} tx)"
-    );
-    let us = |d: Duration| d.as_secs_f64() * 1e6 / a_n.max(1) as f64;
-    println!(
-        "    (a) per operation: claim_next {:.0} us, heartbeat {:.0} us, complete {:.0} us",
-        us(per_op[0]),
-        us(per_op[1]),
-        us(per_op[2])
-    );
-    println!(
-        "a/b = {:.2} (attempt history costs {:.0} % of the plain cycle's throughput), a/c = {:.2}",
-        a / b,
-        (1.0 - a / b) * 100.0,
-        a / c
-    );
-
-    if matches!(db, Db::Postgres { .. }) {
-        let (rate, cycles, doubles) = concurrent(&store, now, preload).await;
-        println!(
-            "(d) 16 concurrent claimers via the store: {rate:.0} cycles/s ({cycles} cycles), double claims: {doubles}"
-        );
-        assert_eq!(doubles, 0, "a todo was held by two claimers at once");
-    }
 }
 
-async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
+/// `callers` concurrent claimers through the store on `endpoint`'s todos for [`RUN`]; the
+/// figures, and how many times a todo was claimed while another caller held it.
+async fn cycles(
+    store: &Store,
+    endpoint: &'static str,
+    callers: usize,
+    now: u64,
+    preload: u64,
+) -> (measure::Figures, u64) {
     let held: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
     let counts: Arc<Mutex<(u64, u64)>> = Arc::default();
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..16 {
+    for w in 0..callers {
         let (store, held, counts) = (store.clone(), held.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
-            let actor = Actor::endpoint("bench-d");
+            let actor = Actor::endpoint(endpoint);
             let queues = vec!["q".to_string()];
+            let mut t = measure::Tally::default();
             let mut i = 0u64;
             while start.elapsed() < RUN && counts.lock().unwrap().0 < preload {
                 i += 1;
                 let token = TokenHash::of(&format!("tok-{w}-{i}"));
                 let opts = ClaimOpts {
                     ttl: TTL,
-                    claimant: None,
+                    claimant: Some("bench".into()),
                     token_hash: Some(token),
                 };
                 let claim = Op::ClaimNext {
@@ -250,6 +209,7 @@ async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
                     queues: Some(queues.clone()),
                     opts,
                 };
+                let c0 = Instant::now();
                 let Some(c) = store
                     .apply(claim)
                     .await
@@ -258,28 +218,36 @@ async fn concurrent(store: &Store, now: u64, preload: u64) -> (f64, u64, u64) {
                 else {
                     break;
                 };
+                t.claim.push(c0.elapsed());
                 let id = c.todo.id;
                 if held.lock().unwrap().insert(id.clone(), w).is_some() {
                     counts.lock().unwrap().1 += 1;
                 }
+                let h0 = Instant::now();
                 let hb = heartbeat(now, &actor, &id, token);
                 store.apply(hb).await.expect("heartbeat");
+                t.heartbeat.push(h0.elapsed());
                 held.lock().unwrap().remove(&id);
                 let report = Report {
+                    result: Some(json!({"ok": true})),
+                    summary: Some("done".into()),
                     token_hash: Some(token),
                     ..Report::default()
                 };
+                let k0 = Instant::now();
                 let done = complete(now, &actor, &id, report);
                 store.apply(done).await.expect("complete");
+                t.complete.push(k0.elapsed());
+                t.cycle.push(c0.elapsed());
+                t.cycles += 1;
                 counts.lock().unwrap().0 += 1;
             }
+            t
         }));
     }
-    for t in tasks {
-        t.await.expect("a claimer");
-    }
-    let (n, doubles) = *counts.lock().unwrap();
-    (rate(n, start.elapsed()), n, doubles)
+    let f = measure::collect(callers, tasks, start).await;
+    let doubles = counts.lock().unwrap().1;
+    (f, doubles)
 }
 
 /// Plain SQL on the same database, for the baseline figures.
@@ -287,7 +255,7 @@ enum Raw {
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
     Postgres {
         c: tokio_postgres::Client,
-        /// claim, heartbeat, complete, touch: prepared once, as a server would.
+        /// claim, heartbeat, complete: prepared once, as a server would.
         st: Vec<tokio_postgres::Statement>,
     },
 }
@@ -303,7 +271,6 @@ const PG_HEARTBEAT: &str = "UPDATE todos SET lease_expires_at = $1, updated_at =
 const PG_COMPLETE: &str = "UPDATE todos SET state = 'done', owner = NULL, lease_expires_at = NULL,
         result = $1, updated_at = $2
     WHERE id = $3 AND state = 'claimed' AND owner = $4";
-const PG_TOUCH: &str = "UPDATE todos SET updated_at = $1 WHERE id = $2";
 
 impl Raw {
     async fn connect(db: &Db) -> Raw {
@@ -322,7 +289,7 @@ impl Raw {
                 let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
                 tokio::spawn(conn);
                 let mut st = Vec::new();
-                for sql in [PG_CLAIM, PG_HEARTBEAT, PG_COMPLETE, PG_TOUCH] {
+                for sql in [PG_CLAIM, PG_HEARTBEAT, PG_COMPLETE] {
                     st.push(c.prepare(sql).await.expect("prepare"));
                 }
                 Raw::Postgres { c, st }
@@ -436,31 +403,6 @@ impl Raw {
                 c.execute(&st[2], &[&r#"{"ok":true}"#, &now, &id, &"bench-b"])
                     .await
                     .expect("plain complete");
-            }
-        }
-    }
-
-    /// One single-row UPDATE in its own transaction.
-    async fn touch(&self, now: u64) {
-        let now = now as i64;
-        match self {
-            Raw::Sqlite(c) => {
-                let c = c.clone();
-                tokio::task::spawn_blocking(move || {
-                    c.lock()
-                        .unwrap()
-                        .prepare_cached("UPDATE todos SET updated_at = ?1 WHERE id = ?2")
-                        .expect("prepare")
-                        .execute(rusqlite::params![now, "bench-c-00000001"])
-                        .expect("touch")
-                })
-                .await
-                .expect("worker");
-            }
-            Raw::Postgres { c, st } => {
-                c.execute(&st[3], &[&now, &"bench-c-00000001"])
-                    .await
-                    .expect("touch");
             }
         }
     }

@@ -9,6 +9,9 @@
 //! 2. Memory: the process's resident set before and after a daemon with 100 leased harnesses
 //!    has started and verified its lease source, idle.
 //!
+//! Each claim → spawn figure is also one `RESULT bench=daemon … harnesses=N p50_ms=… p99_ms=…`
+//! line.
+//!
 //! `cargo bench -p relay-worker --bench daemon`
 
 // A benchmark reports on stdout.
@@ -140,7 +143,7 @@ async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> Vec<f64> {
     latencies(&system.path().join("state"), harnesses)
 }
 
-fn report(what: &str, lat: &[f64], base: &[f64]) {
+fn report(what: &str, harnesses: usize, lat: &[f64], base: &[f64]) {
     println!(
         "claim → spawn, {what}: {} attempts, p50 {:.2} ms, p99 {:.2} ms; ratio to the bare spawn p50 {:.1}x, p99 {:.1}x",
         lat.len(),
@@ -148,6 +151,13 @@ fn report(what: &str, lat: &[f64], base: &[f64]) {
         pct(lat, 0.99),
         pct(lat, 0.5) / pct(base, 0.5),
         pct(lat, 0.99) / pct(base, 0.99)
+    );
+    println!(
+        "RESULT bench=daemon store=sqlite path=claim_spawn harnesses={harnesses} p50_ms={:.2} p99_ms={:.2} base_p50_ms={:.2} base_p99_ms={:.2}",
+        pct(lat, 0.5),
+        pct(lat, 0.99),
+        pct(base, 0.5),
+        pct(base, 0.99)
     );
 }
 
@@ -163,11 +173,13 @@ async fn main() {
     );
     report(
         "one harness fired by hand after each attempt",
+        1,
         &scenario(1, 100, true).await,
         &base,
     );
     report(
         "twenty harnesses whose schedule fires them in the same instant",
+        20,
         &scenario(20, 200, false).await,
         &base,
     );

@@ -41,6 +41,7 @@ mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+mod sqlite_threads;
 #[cfg(test)]
 mod tests;
 
@@ -50,6 +51,7 @@ use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use sqlite_threads::Tuning as SqliteTuning;
 
 /// The accepted `--db` forms, for error messages.
 pub const DB_URL_FORMS: &str = "sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB";
@@ -222,8 +224,9 @@ impl DbUrl {
 }
 
 /// Runs one operation in one transaction on whichever backend this is. `$kind` is a `TxKind`;
-/// the body is `ledger::run` or an `ops` call on `$tx`. The SQLite arm runs on a blocking thread (its
-/// futures never wait: see `ledger::rows::ready`), the Postgres arm awaits a pooled connection.
+/// the body is `ledger::run` or an `ops` call on `$tx`. The SQLite arm runs on the store's writer
+/// or a reader thread (its futures never wait: see `ledger::rows::ready`), the Postgres arm
+/// awaits a pooled connection.
 macro_rules! run {
     ($store:expr, $kind:expr, $op:expr, $subject:expr, |$tx:ident| $body:expr) => {
         match $store {

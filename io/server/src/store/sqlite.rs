@@ -1,17 +1,22 @@
 //! The SQLite store (rusqlite, bundled SQLite): WAL, a busy timeout, foreign keys on, STRICT
 //! tables, numbered migrations.
 //!
-//! SQLite calls block, so every operation runs on tokio's blocking pool with a connection from a
-//! small pool (one connection for `sqlite::memory:`, whose database lives in that connection).
-//! A write transaction starts with `BEGIN IMMEDIATE`, which takes SQLite's single write lock up
-//! front: the read of the todo and the write of its change cannot interleave with another
-//! writer, and a busy database is waited for (busy_timeout), never answered with a stale read.
+//! SQLite calls block, so no operation runs on the async runtime: one writer thread owns the
+//! write connection and commits the operations waiting for it as a group, each in a savepoint
+//! of one `BEGIN IMMEDIATE` transaction, which takes SQLite's single write lock up front (the
+//! read of a todo and the write of its change cannot interleave with another writer, and a
+//! database another process holds is waited for, busy_timeout, never answered with a stale
+//! read); a few reader threads run read-only operations on WAL snapshots (see
+//! `sqlite_threads`). An in-memory database has one connection, used inline by each caller.
 //!
-//! Durability: `synchronous = NORMAL` in WAL mode. A committed operation survives a crash of the
-//! process; a power loss may lose the last transactions, never corrupt the file.
+//! Durability: `synchronous = NORMAL` in WAL mode, as before group commit. An operation is
+//! answered only after the COMMIT of its batch returned: an acknowledged operation survives a
+//! crash of the process (kill -9 included; the crash test holds the store to it); a power loss
+//! or OS crash may lose the last acknowledged batches (NORMAL does not sync the WAL on each
+//! commit), never corrupt the file or keep part of a batch.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 
 use relay_core::Error;
 use relay_core::Millis;
@@ -25,6 +30,7 @@ use super::Endpoint;
 use super::ops;
 use super::ops::{Tx, TxKind};
 use super::rows::{self, ENDPOINT_COLS, Val, ms};
+use super::sqlite_threads::{Threads, To, Tuning};
 use super::{PendingChange, PendingPage};
 
 /// The numbered migrations, applied in order, each recorded in `schema_migrations`.
@@ -160,49 +166,10 @@ CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, k
 END;
 ";
 
-/// Connections for one database file (or the one connection of an in-memory database).
-struct Pool {
-    idle: Mutex<Vec<Connection>>,
-    freed: Condvar,
-}
-
-struct Lease<'a> {
-    pool: &'a Pool,
-    conn: Option<Connection>,
-}
-
-impl Pool {
-    fn get(&self) -> Lease<'_> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(conn) = idle.pop() {
-                return Lease {
-                    pool: self,
-                    conn: Some(conn),
-                };
-            }
-            idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(conn);
-            self.pool.freed.notify_one();
-        }
-    }
-}
-
 /// The SQLite backend of [`Store`](super::Store).
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: Arc<Pool>,
+    threads: Arc<Threads>,
     cfg: LedgerConfig,
     path: Option<PathBuf>,
 }
@@ -215,9 +182,6 @@ impl std::fmt::Debug for SqliteStore {
         }
     }
 }
-
-/// Connections a file database keeps: writers queue on SQLite's lock, readers run beside them.
-const FILE_POOL: usize = 4;
 
 fn open_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::internal(format!("opening the SQLite store {what}: {e}"))
@@ -333,31 +297,48 @@ impl SqliteStore {
         Self::open_at(Some(path.into()), cfg, latest_migration()).await
     }
 
+    /// A database file with the thread sizes given (the benchmarks vary them).
+    pub async fn open_file_tuned(
+        path: impl Into<PathBuf>,
+        cfg: LedgerConfig,
+        tuning: Tuning,
+    ) -> Result<SqliteStore, Error> {
+        Self::open_tuned(Some(path.into()), cfg, latest_migration(), tuning).await
+    }
+
     /// Opens and migrates up to `target` (tests open older schemas to exercise a migration).
     pub(crate) async fn open_at(
         path: Option<PathBuf>,
         cfg: LedgerConfig,
         target: u32,
     ) -> Result<SqliteStore, Error> {
+        Self::open_tuned(path, cfg, target, Tuning::default()).await
+    }
+
+    async fn open_tuned(
+        path: Option<PathBuf>,
+        cfg: LedgerConfig,
+        target: u32,
+        tuning: Tuning,
+    ) -> Result<SqliteStore, Error> {
         let p = path.clone();
-        let pool = tokio::task::spawn_blocking(move || -> Result<Pool, Error> {
-            let mut first = connect(p.as_deref())?;
-            migrate(&mut first, target)?;
-            let mut conns = vec![first];
-            if p.is_some() {
-                for _ in 1..FILE_POOL {
-                    conns.push(connect(p.as_deref())?);
-                }
+        // Opening is one hop to the blocking pool; the operations after it go to the threads.
+        let threads = tokio::task::spawn_blocking(move || -> Result<Threads, Error> {
+            let mut writer = connect(p.as_deref())?;
+            migrate(&mut writer, target)?;
+            if p.is_none() {
+                return Ok(Threads::inline(writer));
             }
-            Ok(Pool {
-                idle: Mutex::new(conns),
-                freed: Condvar::new(),
-            })
+            let mut readers = Vec::new();
+            for _ in 0..tuning.readers {
+                readers.push(connect(p.as_deref())?);
+            }
+            Ok(Threads::start(writer, readers, tuning))
         })
         .await
         .map_err(|e| open_err("(worker)", e))??;
         Ok(SqliteStore {
-            pool: Arc::new(pool),
+            threads: Arc::new(threads),
             cfg,
             path,
         })
@@ -378,22 +359,18 @@ impl SqliteStore {
         self.with_conn(move |c| migrate(c, target)).await
     }
 
-    /// Runs `f` on a pooled connection on the blocking pool (tests use it for raw SQL).
+    /// Runs `f` on the writer's connection between batches (tests use it for raw SQL).
+    #[cfg(test)]
     pub(crate) async fn with_conn<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<R, Error> + Send + 'static,
     ) -> Result<R, Error> {
-        let pool = self.pool.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut lease = pool.get();
-            f(lease.conn.as_mut().expect("a lease holds a connection"))
-        })
-        .await
-        .map_err(|e| Error::internal(format!("the SQLite worker failed: {e}")))?
+        self.threads.alone(To::Writer, "raw SQL", f).await
     }
 
-    /// Runs one operation in one transaction on the blocking pool: commit on `Ok`, roll back on
-    /// `Err`.
+    /// Runs one operation in one transaction: a write in the writer's next batch (its writes
+    /// kept on `Ok`, rolled back alone on `Err`, answered after the batch's COMMIT), a read on a
+    /// reader's snapshot.
     pub(crate) async fn run<R: Send + 'static>(
         &self,
         kind: TxKind,
@@ -401,36 +378,32 @@ impl SqliteStore {
         subject: String,
         f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, Error> + Send + 'static,
     ) -> Result<R, Error> {
-        self.with_conn(move |conn| {
-            let behavior = match kind {
-                TxKind::Write => TransactionBehavior::Immediate,
-                TxKind::Read => TransactionBehavior::Deferred,
-            };
-            let t = conn
-                .transaction_with_behavior(behavior)
-                .map_err(|e| sql_err(op, &subject, e))?;
-            let mut tx = SqliteTx { c: &t };
-            let out = f(&mut tx)?;
-            t.commit().map_err(|e| sql_err(op, &subject, e))?;
-            Ok(out)
-        })
-        .await
+        let to = match kind {
+            TxKind::Write => To::Writer,
+            TxKind::Read => To::Reader,
+        };
+        let what = format!("{op} {subject}");
+        self.threads
+            .tx(to, what, move |c| f(&mut SqliteTx { c }))
+            .await
     }
 
     /// Whether a write transaction can start within `timeout` (`BEGIN IMMEDIATE`, rolled back):
     /// a database write-locked by another process answers `Err` after `timeout`, not after the
-    /// usual busy timeout, so a health probe never holds a pooled connection for long.
+    /// usual busy timeout. On a reader's connection, so the probe waits for this process's own
+    /// writer only as long as one batch holds the lock.
     pub(crate) async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
-        self.with_conn(move |conn| {
-            let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
-            conn.busy_timeout(timeout).map_err(err)?;
-            let began = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map(drop);
-            conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
-            began.map_err(err)
-        })
-        .await
+        self.threads
+            .alone(To::Reader, "healthz", move |conn| {
+                let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
+                conn.busy_timeout(timeout).map_err(err)?;
+                let began = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map(drop);
+                conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+                began.map_err(err)
+            })
+            .await
     }
 
     /// See [`Store::pending_since`](super::Store::pending_since). One read snapshot: with a
@@ -508,8 +481,10 @@ fn sql_err(op: &str, subject: &str, e: rusqlite::Error) -> Error {
     Error::internal(format!("{op} {subject}: {what}: {e}"))
 }
 
+/// One operation's view of the transaction its thread opened (a savepoint of the writer's
+/// batch, or a reader's snapshot).
 pub(crate) struct SqliteTx<'a> {
-    c: &'a rusqlite::Transaction<'a>,
+    c: &'a Connection,
 }
 
 impl rows::Row for rusqlite::Row<'_> {
@@ -553,6 +528,8 @@ CREATE TABLE paused_queues (
 ) STRICT;
 ";
 
+static ENDPOINT_GET: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"));
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
 // The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
 // join of these two tables on every new id (its statement status counts a re-prepare per call),
@@ -802,13 +779,14 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn endpoint(&mut self, name: &str, _lock: bool) -> Result<Option<Endpoint>, Error> {
+        // Every MCP request authenticates through here: a cached statement, not one prepared
+        // per call.
         let op = "endpoint get";
-        self.c
-            .query_row(
-                &format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"),
-                params![name],
-                |r| Ok(rows::endpoint(r)),
-            )
+        let mut st = self
+            .c
+            .prepare_cached(&ENDPOINT_GET)
+            .map_err(|e| sql_err(op, name, e))?;
+        st.query_row(params![name], |r| Ok(rows::endpoint(r)))
             .optional()
             .map_err(|e| sql_err(op, name, e))?
             .transpose()
