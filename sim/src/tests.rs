@@ -44,6 +44,12 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("check_exit_75", 50),
         ("restart", 20),
         ("reaped", 50),
+        // recovery by failure class
+        ("idempotent_repeat", 200),
+        ("deadline_dead_letter", 10),
+        // A relay stops reporting at its lease deadline, so only a report delayed on the wire
+        // past a takeover arrives late: rare, by design.
+        ("late_report", 1),
         // the doorbell gate and operating hours
         ("ring", 1000),
         ("owed_ring", 200),

@@ -72,7 +72,9 @@ impl World {
             (Some(t), Some(k)) => self.stale(t, TokenHash::of(k)),
             _ => false,
         };
-        let attempts = |w: &World, id: &str| w.ledger.attempts(id).cloned().collect::<Vec<_>>();
+        // History as the stale-fence check compares it: a late report's note is no write.
+        let attempts =
+            |w: &World, id: &str| w.ledger.attempts(id).map(without_late).collect::<Vec<_>>();
         let before = todo.as_deref().map(|id| attempts(self, id));
         if let Some(id) = &todo {
             self.touched.insert(id.clone());
@@ -84,14 +86,35 @@ impl World {
         };
         let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
         let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
+        let (mut late_kept, mut late_moved) = (false, None);
         let served = serve(tool, args, caller, self.now, &mut Tokens(tokens), |op| {
             let op = if skip_fence {
                 skip_the_fence(ledger, op)
             } else {
                 op
             };
-            ledger.apply(op)
+            let Op::NoteLate { id, .. } = &op else {
+                return ledger.apply(op);
+            };
+            let before = ledger.todo(id).cloned();
+            let id = id.clone();
+            let answer = ledger.apply(op);
+            late_kept = matches!(answer, Ok(ledger::Answer::Late(Some(_))));
+            if ledger.todo(&id).cloned() != before {
+                late_moved = Some(id);
+            }
+            answer
         });
+        if late_kept {
+            self.count("late_report");
+        }
+        if let Some(id) = late_moved {
+            self.violate(
+                Kind::Correctness,
+                "late_report_keeps_state",
+                format!("a late report changed todo {id}"),
+            );
+        }
         let s = match served {
             Ok(s) => s,
             Err(e) => {
@@ -150,6 +173,15 @@ impl World {
     // -----------------------------------------------------------------------------------------
     // Invariants.
     // -----------------------------------------------------------------------------------------
+}
+
+/// An attempt as its close left it, without the late reports it gathered since.
+pub(super) fn without_late(a: &Attempt) -> Attempt {
+    Attempt {
+        late_reports: Vec::new(),
+        late_reports_total: 0,
+        ..a.clone()
+    }
 }
 
 /// The fence tokens the simulated server hands out; its relays add no todos.

@@ -187,6 +187,10 @@ fn second_open(id: &str) -> Attempt {
         summary: None,
         summary_truncated: false,
         artifact: None,
+        failure_signature: None,
+        dead_letter_reason: None,
+        late_reports: Vec::new(),
+        late_reports_total: 0,
         lease_token_hash: None,
     }
 }
