@@ -365,7 +365,19 @@ impl World {
             jobs_dir: "/state/jobs".into(),
             secrets: vec!["sim-header-secret".into()],
             env_file: vec![("API_KEY".into(), "sim-env-secret".into())],
+            // The simulated agent exits 3 now and then: a failure not worth retrying.
+            non_retryable_exit_codes: vec![3],
         }
+    }
+
+    /// What the simulated server's schemas declare: the contract's arguments, and `fail`'s
+    /// failure class (the server is ours).
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::full(self.o.release_granted);
+        if let Some(fail) = caps.declared.get_mut("fail") {
+            fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
+        }
+        caps
     }
 
     fn start_relay(&mut self, r: usize) {
@@ -374,7 +386,7 @@ impl World {
         let first = self.hosts[r].next_run_id;
         let mut relay = Relay::new(settings, seed, first);
         let now = self.hosts[r].now(self.now, self.o.mutation);
-        let caps = Capabilities::full(self.o.release_granted);
+        let caps = self.capabilities();
         if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }

@@ -1,8 +1,7 @@
 //! The network between relays and the server: sends, delays, losses and answers.
 
 use relay_core::relay::{
-    Capabilities, Command, Input, LeaseError, RequestId, ResultError, call_params, failed_input,
-    result_input,
+    Command, Input, LeaseError, RequestId, ResultError, call_params, failed_input, result_input,
 };
 use relay_core::time::{Millis, SECOND};
 
@@ -15,7 +14,7 @@ impl World {
     /// built by core's client side of the contract.
     pub(super) fn send(&mut self, r: usize, req: RequestId, run_id: u64, command: Command) {
         let life = self.hosts[r].life;
-        let caps = Capabilities::full(self.o.release_granted);
+        let caps = self.capabilities();
         let Some(params) = call_params(&command, &caps) else {
             self.violate(
                 Kind::Correctness,

@@ -147,8 +147,33 @@ impl World {
             Some((_, Disposition::DeadLettered)) if changed => self.count("dead_letter"),
             _ => {}
         }
+        if changed {
+            match s.answer["dead_letter_reason"].as_str() {
+                Some("non_retryable") => self.count("non_retryable_dead_letter"),
+                Some("repeated_failure") => self.count("repeated_failure_dead_letter"),
+                _ => {}
+            }
+        }
         if let Some((t, offer)) = &s.ring {
             self.ring(std::slice::from_ref(t), *offer);
+        }
+        // Now and then a stale twin of the worker (same lease token) reports success after the
+        // fail closed the attempt: refused, and kept as a late report.
+        if tool == Tool::Fail
+            && changed
+            && self.step.is_multiple_of(3)
+            && let (Some(id), Some(token)) = (&id, &token)
+        {
+            let late = json!({"name": "complete", "arguments": {
+                "id": id, "lease_token": token, "summary": "a stale twin finished too",
+            }});
+            if self.serve(&late)["isError"] != json!(true) {
+                self.violate(
+                    Kind::Correctness,
+                    "late_report_refused",
+                    format!("a complete for {id} after its attempt closed was accepted"),
+                );
+            }
         }
         s.result()
     }
