@@ -32,7 +32,7 @@
 //!
 //! [`lease_call`] builds each call's arguments from the wire's typed argument structs, leaving
 //! absent options out (a strict schema refuses `null` for a string). An argument beyond the
-//! table's ([`ARGUMENTS`]) is an extension (the first will be `fail.retryable`): it is sent
+//! table's ([`ARGUMENTS`]) is an extension (`fail.retryable`, `fail.failure_signature`): it is sent
 //! only when the server's schema declares it ([`Capabilities::declares`]), because an
 //! undeclared argument fails the whole call.
 
