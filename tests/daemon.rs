@@ -186,6 +186,9 @@ case "$title" in
     while :; do sleep 0.1; done ;;
   *fail*)
     printf '{"summary":"it failed on purpose"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"; exit 1 ;;
+  *denied*)
+    echo "$HARNESS_IDEMPOTENCY_KEY" > "$OUT/key.$HARNESS_TODO_ID"
+    printf '{"summary":"the token lacks repo scope"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"; exit 3 ;;
   *gate*)
     # Runs until the test opens the gate, then succeeds.
     echo $$ > "$OUT/started.$HARNESS_TODO_ID"
@@ -440,6 +443,46 @@ fn a_failure_is_reported_with_its_summary_and_retried_by_the_server() {
             .contains("it failed on purpose"),
         "{attempts:?}"
     );
+}
+
+#[test]
+fn an_agent_exiting_with_a_listed_code_dead_letters_its_todo_on_attempt_1_of_5() {
+    let s = Setup::new();
+    let extra = "non_retryable_exit_codes = [3]";
+    let (id, mut d) = s.daemon_every_second(extra, "denied by policy", 5);
+    wait_for("the dead letter", Duration::from_secs(60), || {
+        let t = s.server.show(&id);
+        (t["todo"]["dead_letter"] == true).then_some(())
+    });
+    let run = d.closed_run("w1", &id);
+    d.stop();
+    assert_eq!(run["relay_outcome"], "dead_lettered");
+    let t = s.server.show(&id);
+    assert_eq!(t["todo"]["dead_letter_reason"], "non_retryable");
+    assert_eq!(
+        (
+            t["todo"]["attempt"].as_u64(),
+            t["todo"]["max_attempts"].as_u64()
+        ),
+        (Some(1), Some(5))
+    );
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["dead_letter_reason"], "non_retryable");
+    assert_eq!(
+        attempts[0]["failure_signature"].as_str().map(str::len),
+        Some(32)
+    );
+    assert!(
+        t["attention"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not retryable"),
+        "{t}"
+    );
+    // The agent saw its attempt's key for side effects.
+    let key = std::fs::read_to_string(s.out.join(format!("key.{id}"))).expect("the key file");
+    assert_eq!(key.trim(), format!("{id}:1"));
 }
 
 #[test]

@@ -164,6 +164,18 @@ pub struct AddArgs {
     /// Only this claimer may claim it.
     #[arg(long)]
     assignee: Option<String>,
+    /// A key for this logical add (at most 200 bytes): while the todo it made exists, another
+    /// add with it prints that todo's id instead of adding one.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// A time budget in seconds: once it has passed, no new attempt starts and the todo becomes
+    /// a dead letter (reason deadline).
+    #[arg(long)]
+    deadline_seconds: Option<u64>,
+    /// Dead-letter when this many newest failed attempts report the same failure signature
+    /// (default 2; 0 turns it off).
+    #[arg(long)]
+    max_same_failures: Option<u32>,
 }
 
 /// Prints the error as one line and answers the exit code.
@@ -416,7 +428,10 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
 fn todo_line(t: &Todo) -> String {
     let retry = match (t.state, t.next_retry_at) {
         (TodoState::Failed, Some(at)) => format!(" (retry at {})", rfc3339(at)),
-        (TodoState::Failed, None) => " (dead letter)".to_string(),
+        (TodoState::Failed, None) => format!(
+            " (dead letter: {})",
+            t.dead_letter_reason.map_or("?", |r| r.as_str())
+        ),
         _ => String::new(),
     };
     format!(
@@ -479,6 +494,9 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 work_order,
                 max_attempts: a.max_attempts,
                 assignee: a.assignee,
+                idempotency_key: a.idempotency_key,
+                deadline_seconds: a.deadline_seconds,
+                max_same_failures: a.max_same_failures,
             };
             let add = Op::AddTodo {
                 now: now(),
@@ -563,10 +581,9 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             println!(
                 "  state {}{}  endpoint {}  queue {}  attempt {}/{}  attempts ever {}",
                 t.state,
-                if t.dead_letter() {
-                    " (dead letter)"
-                } else {
-                    ""
+                match t.dead_letter_reason {
+                    Some(r) if t.dead_letter() => format!(" (dead letter: {r})"),
+                    _ => String::new(),
                 },
                 esc(&t.endpoint),
                 esc(&t.queue),
@@ -576,6 +593,15 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             );
             if let Some(at) = t.next_retry_at {
                 println!("  next retry at {}", rfc3339(at));
+            }
+            if let Some(at) = t.deadline_at {
+                println!("  deadline {}", rfc3339(at));
+            }
+            if let Some(k) = &t.idempotency_key {
+                println!("  idempotency key {}", esc(k));
+            }
+            if let Some(text) = relay_core::ledger::attention(&view) {
+                println!("  attention: {}", esc(&text));
             }
             if let Some(p) = &t.payload {
                 println!("  payload {}", esc(&p.to_string()));
@@ -616,6 +642,25 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 }
                 if let Some(art) = &a.artifact {
                     println!("      artifact: {}", esc(art));
+                }
+                if let Some(sig) = &a.failure_signature {
+                    println!("      failure signature: {}", esc(sig));
+                }
+                for l in &a.late_reports {
+                    println!(
+                        "      late report at {}: {}{}",
+                        rfc3339(l.at),
+                        l.outcome,
+                        l.summary
+                            .as_ref()
+                            .map_or(String::new(), |s| format!(": {}", esc(s)))
+                    );
+                }
+                if a.late_reports_total as usize > a.late_reports.len() {
+                    println!(
+                        "      ({} more late reports, counted only)",
+                        a.late_reports_total as usize - a.late_reports.len()
+                    );
                 }
             }
             if view.attempts_pruned > 0 {

@@ -245,6 +245,7 @@ async fn up(dir: &Path) -> Result<(), String> {
                     work_order: None,
                     max_attempts: Some(s.max_attempts),
                     assignee: None,
+                    ..NewTodo::default()
                 },
             })
             .await

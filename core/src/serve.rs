@@ -128,6 +128,10 @@ enum Waiting {
     /// A claim's answer; the token goes out with it.
     Claimed(Option<LeaseToken>),
     Todo,
+    /// A fenced report's answer; refused as `conflict`, the note keeps it as a late report.
+    Report(Box<Op>),
+    /// The late-report note's answer; then the report's refusal stands.
+    Late(Error),
     /// `get_todo`'s view, checked against the granted queues.
     View(String),
     Todos,
@@ -149,7 +153,27 @@ fn report_of(
         summary,
         artifact,
         token_hash: token.map(LeaseToken::hash),
+        ..Report::default()
     }
+}
+
+/// The late-report note a refused report leads to: what it claimed, under which fence.
+fn late_note(
+    now: Millis,
+    actor: &Actor,
+    id: &str,
+    outcome: Outcome,
+    summary: Option<&str>,
+    token: Option<&LeaseToken>,
+) -> Option<Op> {
+    token.map(|t| Op::NoteLate {
+        now,
+        actor: actor.clone(),
+        id: id.to_string(),
+        outcome,
+        summary: summary.map(str::to_string),
+        token_hash: Some(t.hash()),
+    })
 }
 
 impl Serving {
@@ -184,6 +208,17 @@ impl Serving {
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
         let next = match waiting {
             Waiting::ClaimScope(a) => self.scoped_claim(a, answer, draw).map(Step::Apply),
+            Waiting::Report(note) => match answer {
+                Err(e) if e.code == ErrorCode::Conflict => {
+                    self.waiting = Waiting::Late(e);
+                    Ok(Step::Apply(*note))
+                }
+                answer => answer
+                    .and_then(|a| self.served(Waiting::Todo, a))
+                    .map(|s| Step::Done(Ok(s))),
+            },
+            // Whatever the note answered, the caller hears the refusal of its report.
+            Waiting::Late(refused) => Err(refused),
             w => answer
                 .and_then(|a| self.served(w, a))
                 .map(|s| Step::Done(Ok(s))),
@@ -246,25 +281,61 @@ impl Serving {
                 };
                 (op, Waiting::Todo)
             }
-            ToolCall::Complete(a) | ToolCall::Fail(a) => {
+            ToolCall::Complete(a) => {
+                let late = late_note(
+                    now,
+                    &actor,
+                    &a.id,
+                    Outcome::Completed,
+                    a.summary.as_deref(),
+                    a.lease_token.as_ref(),
+                );
                 let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
-                let op = match self.tool {
-                    Tool::Complete => Op::Complete {
-                        now,
-                        actor,
-                        id: a.id,
-                        report,
-                    },
-                    _ => Op::Fail {
-                        now,
-                        actor,
-                        id: a.id,
-                        report,
-                    },
+                let op = Op::Complete {
+                    now,
+                    actor,
+                    id: a.id,
+                    report,
                 };
-                (op, Waiting::Todo)
+                (
+                    op,
+                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
+                )
+            }
+            ToolCall::Fail(a) => {
+                let late = late_note(
+                    now,
+                    &actor,
+                    &a.id,
+                    Outcome::Failed,
+                    a.summary.as_deref(),
+                    a.lease_token.as_ref(),
+                );
+                let report = Report {
+                    retryable: a.retryable,
+                    failure_signature: a.failure_signature,
+                    ..report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref())
+                };
+                let op = Op::Fail {
+                    now,
+                    actor,
+                    id: a.id,
+                    report,
+                };
+                (
+                    op,
+                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
+                )
             }
             ToolCall::Release(a) => {
+                let late = late_note(
+                    now,
+                    &actor,
+                    &a.id,
+                    Outcome::Released,
+                    a.summary.as_deref(),
+                    a.lease_token.as_ref(),
+                );
                 let op = Op::Release {
                     now,
                     actor,
@@ -272,7 +343,10 @@ impl Serving {
                     summary: a.summary,
                     token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
                 };
-                (op, Waiting::Todo)
+                (
+                    op,
+                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
+                )
             }
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
@@ -303,6 +377,9 @@ impl Serving {
                     work_order: a.work_order,
                     max_attempts: a.max_attempts,
                     assignee: a.assignee,
+                    idempotency_key: a.idempotency_key,
+                    deadline_seconds: a.deadline_seconds,
+                    max_same_failures: a.max_same_failures,
                 };
                 let op = Op::AddTodo {
                     now,
@@ -369,6 +446,11 @@ impl Serving {
                 }
             }
             Waiting::Todo => {
+                let created = match (&answer, self.tool) {
+                    (Answer::Existing(_), _) => Some(false),
+                    (_, Tool::AddTodo) => Some(true),
+                    _ => None,
+                };
                 let t = answer.todo()?;
                 closed = match self.tool {
                     Tool::Complete => Some((Outcome::Completed, Disposition::Done)),
@@ -376,13 +458,19 @@ impl Serving {
                         Some((Outcome::Failed, Disposition::DeadLettered))
                     }
                     Tool::Fail => Some((Outcome::Failed, Disposition::RetryScheduled)),
+                    Tool::Release if t.dead_letter() => {
+                        Some((Outcome::Released, Disposition::DeadLettered))
+                    }
                     Tool::Release => Some((Outcome::Released, Disposition::Requeued)),
                     _ => None,
                 };
-                let out = encode(&TodoOut::from(&t))?;
+                let out = encode(&TodoOut {
+                    created,
+                    ..TodoOut::from(&t)
+                })?;
                 ring = match self.tool {
-                    Tool::Release => Some((t, Offer::Requeued)),
-                    Tool::AddTodo => Some((t, Offer::Fresh)),
+                    Tool::Release if !t.dead_letter() => Some((t, Offer::Requeued)),
+                    Tool::AddTodo if created == Some(true) => Some((t, Offer::Fresh)),
                     _ => None,
                 };
                 out
@@ -401,7 +489,7 @@ impl Serving {
                     todos: todos.iter().map(TodoOut::from).collect(),
                 })?
             }
-            Waiting::ClaimScope(_) | Waiting::Nothing => {
+            Waiting::ClaimScope(_) | Waiting::Report(_) | Waiting::Late(_) | Waiting::Nothing => {
                 return Err(Error::internal(format!(
                     "{}: an answer arrived that nothing waited for",
                     self.tool.as_str()

@@ -44,6 +44,14 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("check_exit_75", 50),
         ("restart", 20),
         ("reaped", 50),
+        // recovery by failure class
+        ("idempotent_repeat", 200),
+        ("non_retryable_dead_letter", 20),
+        ("repeated_failure_dead_letter", 20),
+        ("deadline_dead_letter", 10),
+        // A relay stops reporting at its lease deadline, so late reports come from the stale
+        // twin the queue plays after a fail (see queue.rs), and rarely from the wire.
+        ("late_report", 50),
         // the doorbell gate and operating hours
         ("ring", 1000),
         ("owed_ring", 200),

@@ -302,6 +302,8 @@ pub struct HarnessRelay {
     pub success_check_before: bool,
     /// The `[cairn.<name>]` name (without `cairn.`); declared.
     pub attempt_receipt: Option<String>,
+    /// Exit codes of the agent or the check after which a failure is reported not retryable.
+    pub non_retryable_exit_codes: Vec<i32>,
 }
 
 impl HarnessRelay {

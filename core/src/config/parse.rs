@@ -66,17 +66,19 @@ impl TableKind {
                 "success_check_interval",
                 "success_check_before",
                 "attempt_receipt",
+                "non_retryable_exit_codes",
             ],
         }
     }
 }
 
-pub(super) const RELAY_ONLY_KEYS: [&str; 5] = [
+pub(super) const RELAY_ONLY_KEYS: [&str; 6] = [
     "success_check",
     "success_check_timeout",
     "success_check_interval",
     "success_check_before",
     "attempt_receipt",
+    "non_retryable_exit_codes",
 ];
 
 /// True for `^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`.
@@ -855,6 +857,34 @@ pub(super) fn harness(
     })
 }
 
+/// A list of process exit codes (0 to 255), default empty.
+fn exit_codes(r: &mut Reader, key: &str) -> Vec<i32> {
+    let Some(v) = r.t.get(key) else {
+        return Vec::new();
+    };
+    let codes: Option<Vec<i32>> = v.as_array().and_then(|items| {
+        items
+            .iter()
+            .map(|i| i.as_integer().and_then(|n| i32::try_from(n).ok()))
+            .collect()
+    });
+    match codes {
+        Some(c) if c.iter().all(|n| (0..=255).contains(n)) => c,
+        Some(_) => {
+            r.err(
+                key,
+                format!("{key} holds exit codes from 0 to 255, e.g. {key} = [3, 78]"),
+            );
+            Vec::new()
+        }
+        None => {
+            let v = v.clone();
+            r.wrong_type(key, "an array of whole numbers (exit codes)", &v);
+            Vec::new()
+        }
+    }
+}
+
 pub(super) fn operating_hours(r: &mut Reader) -> Option<OperatingHours> {
     let v = r.t.get("operating_hours")?;
     let windows: Vec<&str> = if let Some(s) = v.as_str() {
@@ -994,7 +1024,9 @@ pub(super) fn harness_relay(
     } else {
         None
     };
+    let non_retryable_exit_codes = exit_codes(r, "non_retryable_exit_codes");
     Some(HarnessRelay {
+        non_retryable_exit_codes,
         lease: lease?,
         success_check,
         success_check_timeout: timeout.unwrap_or(DEFAULT_SUCCESS_CHECK_TIMEOUT),

@@ -10,6 +10,7 @@
 //! Every operation takes `now` (milliseconds since the epoch). Nothing here draws randomness:
 //! todo ids and fence-token hashes come in as values, and the backoff jitter is seeded.
 
+mod attention;
 mod backoff;
 mod op;
 pub mod rows;
@@ -20,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+pub use attention::{ATTENTION_MAX_BYTES, attention};
 pub use backoff::Backoff;
 pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
@@ -27,7 +29,10 @@ pub use transition::{
     Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report,
     claimable,
 };
-pub use types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+pub use types::{
+    Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
+    LateReport, Outcome, Todo, TodoState, TokenHash,
+};
 
 use crate::error::Error;
 use crate::time::Millis;
@@ -45,6 +50,16 @@ pub const MAX_ATTEMPTS_MAX: u32 = 100;
 pub const TITLE_MAX_BYTES: usize = 1024;
 pub const LABEL_MAX_BYTES: usize = 128;
 pub const JSON_MAX_BYTES: usize = 64 * 1024;
+/// An `idempotency_key` is 1 to this many bytes.
+pub const IDEMPOTENCY_KEY_MAX_BYTES: usize = 200;
+/// A `failure_signature` is at most this many bytes.
+pub const SIGNATURE_MAX_BYTES: usize = 128;
+/// The longest `deadline_seconds` an add may ask for (30 days).
+pub const DEADLINE_MAX_SECS: u64 = 30 * 86_400;
+/// `max_same_failures` when a todo is added without one, and its largest value (0 turns the
+/// rule off).
+pub const MAX_SAME_FAILURES_DEFAULT: u32 = 2;
+pub const MAX_SAME_FAILURES_MAX: u32 = 10;
 
 /// A todo to add. The id is chosen by the caller (the server draws a random one).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -58,6 +73,12 @@ pub struct NewTodo {
     pub work_order: Option<Value>,
     pub max_attempts: Option<u32>,
     pub assignee: Option<String>,
+    /// A second add with the same key by the same endpoint answers the first one's todo.
+    pub idempotency_key: Option<String>,
+    /// The time budget, from the add on: no attempt starts once it has passed.
+    pub deadline_seconds: Option<u64>,
+    /// See [`Todo::max_same_failures`]; default [`MAX_SAME_FAILURES_DEFAULT`].
+    pub max_same_failures: Option<u32>,
 }
 
 /// The answer to a successful claim.
@@ -139,6 +160,25 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
             "max_attempts must be between 1 and {MAX_ATTEMPTS_MAX}; got {max_attempts}"
         )));
     }
+    if let Some(k) = &new.idempotency_key {
+        check_idempotency_key(k)?;
+    }
+    let deadline_at = match new.deadline_seconds {
+        None => None,
+        Some(d) if (1..=DEADLINE_MAX_SECS).contains(&d) => Some(now.saturating_add(d * 1000)),
+        Some(d) => {
+            return Err(bad(format!(
+                "deadline_seconds must be between 1 and {DEADLINE_MAX_SECS} (30 days); got {d}"
+            )));
+        }
+    };
+    let max_same_failures = new.max_same_failures.unwrap_or(MAX_SAME_FAILURES_DEFAULT);
+    if max_same_failures > MAX_SAME_FAILURES_MAX {
+        return Err(bad(format!(
+            "max_same_failures must be between 0 (off) and {MAX_SAME_FAILURES_MAX}; got \
+             {max_same_failures}"
+        )));
+    }
     Ok(Todo {
         id: new.id,
         endpoint: endpoint.to_string(),
@@ -161,7 +201,24 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         result: None,
         created_at: now,
         updated_at: now,
+        dead_letter_reason: None,
+        idempotency_key: new.idempotency_key,
+        deadline_at,
+        max_same_failures,
     })
+}
+
+/// Validates an `idempotency_key`: 1 to [`IDEMPOTENCY_KEY_MAX_BYTES`] bytes without control
+/// characters. Checked before the key is looked up, so a bad one never reaches a store.
+pub fn check_idempotency_key(k: &str) -> Result<(), Error> {
+    if k.is_empty() || k.len() > IDEMPOTENCY_KEY_MAX_BYTES || k.chars().any(char::is_control) {
+        return Err(Error::invalid(format!(
+            "add_todo: idempotency_key must be 1 to {IDEMPOTENCY_KEY_MAX_BYTES} bytes without \
+             control characters; got {} bytes",
+            k.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Why a JSON argument (payload, work order, result) is too large to store, naming it: its
@@ -278,6 +335,15 @@ impl Ledger {
                         a.seq
                     )));
                 }
+                AttemptWrite::Late(a)
+                    if entry.attempts.get(&a.seq).is_none_or(Attempt::is_open) =>
+                {
+                    return Err(Error::internal(format!(
+                        "apply {id}: attempt {} is not closed; only a closed attempt takes a \
+                         late report",
+                        a.seq
+                    )));
+                }
                 _ => {}
             }
         }
@@ -286,6 +352,13 @@ impl Ledger {
             match w {
                 AttemptWrite::Open(a) | AttemptWrite::Update(a) => {
                     entry.attempts.insert(a.seq, a);
+                }
+                // Only the late reports: the rest of a closed attempt is immutable.
+                AttemptWrite::Late(a) => {
+                    if let Some(kept) = entry.attempts.get_mut(&a.seq) {
+                        kept.late_reports = a.late_reports;
+                        kept.late_reports_total = a.late_reports_total;
+                    }
                 }
                 AttemptWrite::PruneThrough(n) => {
                     entry.attempts.retain(|seq, a| *seq > n || a.is_open());
@@ -366,9 +439,27 @@ impl Rows for Mem<'_> {
         Ok(next.and_then(|id| self.loaded(&id)))
     }
 
+    async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error> {
+        Ok(self
+            .0
+            .todos
+            .values()
+            .map(|e| &e.todo)
+            .find(|t| t.endpoint == endpoint && t.idempotency_key.as_deref() == Some(key))
+            .cloned())
+    }
+
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let l = &mut *self.0;
-        if l.todos.contains_key(&t.id) {
+        let key_taken = |l: &Ledger| {
+            t.idempotency_key.as_deref().is_some_and(|k| {
+                l.todos.values().any(|e| {
+                    e.todo.endpoint == t.endpoint && e.todo.idempotency_key.as_deref() == Some(k)
+                })
+            })
+        };
+        // As the stores' unique indexes refuse either: the id, or the endpoint's key.
+        if l.todos.contains_key(&t.id) || key_taken(l) {
             return Ok(false);
         }
         l.order.insert((t.created_at, t.id.clone()));
@@ -417,7 +508,8 @@ impl Rows for Mem<'_> {
         // and owner test (see `Sweep`), while a sweep no longer loads (clones) every todo.
         let state = |t: &Todo| match sweep {
             Sweep::Reap { .. } | Sweep::Revoke { .. } => t.state == TodoState::Claimed,
-            Sweep::RequeueDue { .. } => t.state == TodoState::Failed,
+            // Failed todos whose retry is due, and pending or failed ones past a deadline.
+            Sweep::RequeueDue { .. } => matches!(t.state, TodoState::Failed | TodoState::Pending),
             Sweep::Purge { .. } => !matches!(t.state, TodoState::Pending | TodoState::Claimed),
         };
         Ok(self
@@ -553,7 +645,44 @@ where
         }
         _ => {}
     }
+    if t.dead_letter() != t.dead_letter_reason.is_some() {
+        return Err(format!(
+            "dead_letter {} but dead_letter_reason {:?}; every dead letter says why, and only one",
+            t.dead_letter(),
+            t.dead_letter_reason
+        ));
+    }
+    if t.max_same_failures > MAX_SAME_FAILURES_MAX
+        || t.idempotency_key
+            .as_ref()
+            .is_some_and(|k| check_idempotency_key(k).is_err())
+    {
+        return Err("max_same_failures or idempotency_key out of bounds".into());
+    }
     for a in attempts.clone() {
+        if (a.disposition == Some(Disposition::DeadLettered)) != a.dead_letter_reason.is_some() {
+            return Err(format!(
+                "attempt {}: disposition {:?} with dead_letter_reason {:?}",
+                a.seq, a.disposition, a.dead_letter_reason
+            ));
+        }
+        if a.late_reports.len() > LATE_REPORTS_KEPT
+            || (a.late_reports.len() as u64) > u64::from(a.late_reports_total)
+            || (a.is_open() && a.late_reports_total > 0)
+            || a.late_reports.iter().any(|l| {
+                l.summary
+                    .as_ref()
+                    .is_some_and(|s| s.len() > LATE_SUMMARY_MAX_BYTES)
+            })
+            || a.failure_signature
+                .as_ref()
+                .is_some_and(|s| s.len() > SIGNATURE_MAX_BYTES)
+        {
+            return Err(format!(
+                "attempt {}: late reports or failure signature out of bounds",
+                a.seq
+            ));
+        }
         let ended = a.ended_at.is_some();
         if ended != a.outcome.is_some() || ended != a.disposition.is_some() {
             return Err(format!(

@@ -11,7 +11,9 @@
 //! to one. Neither `Op` nor `Answer` prints a secret: fences and tokens are only ever
 //! [`TokenHash`]es, whose `Debug` shows two bytes.
 
-use super::{Actor, ClaimOpts, Claimed, NewTodo, Report, Todo, TodoFilter, TodoView, TokenHash};
+use super::{
+    Actor, ClaimOpts, Claimed, NewTodo, Outcome, Report, Todo, TodoFilter, TodoView, TokenHash,
+};
 use crate::error::Error;
 use crate::time::Millis;
 
@@ -19,6 +21,8 @@ use crate::time::Millis;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// Adds a todo owned by `endpoint`. Answers [`Answer::Todo`]; `conflict` when the id is taken.
+    /// With an idempotency key the endpoint already used, answers [`Answer::Existing`] with the
+    /// todo that key made, and adds nothing (whatever the other arguments say).
     AddTodo {
         now: Millis,
         endpoint: String,
@@ -66,6 +70,18 @@ pub enum Op {
         now: Millis,
         actor: Actor,
         id: String,
+        summary: Option<String>,
+        token_hash: Option<TokenHash>,
+    },
+    /// Keeps a report that was refused as stale on the closed attempt its lease token names
+    /// (see `transition::note_late`). Answers [`Answer::Late`]: the attempt's seq, or `None`
+    /// when no closed attempt matches. Never changes the todo.
+    NoteLate {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        /// What the refused report claimed: completed, failed or released.
+        outcome: Outcome,
         summary: Option<String>,
         token_hash: Option<TokenHash>,
     },
@@ -124,6 +140,7 @@ impl Op {
             Op::Complete { .. } => "complete",
             Op::Fail { .. } => "fail",
             Op::Release { .. } => "release",
+            Op::NoteLate { .. } => "note_late",
             Op::Retry { .. } => "retry",
             Op::Cancel { .. } => "cancel",
             Op::Reap { .. } => "reap",
@@ -148,6 +165,7 @@ impl Op {
             | Op::Complete { id, .. }
             | Op::Fail { id, .. }
             | Op::Release { id, .. }
+            | Op::NoteLate { id, .. }
             | Op::Retry { id, .. }
             | Op::Cancel { id, .. }
             | Op::GetTodo { id, .. }
@@ -176,6 +194,10 @@ impl Op {
 pub enum Answer {
     /// add_todo, heartbeat, complete, fail, release, retry, cancel.
     Todo(Todo),
+    /// add_todo repeated with a key already used: the todo the first add made.
+    Existing(Todo),
+    /// note_late: the seq of the attempt the late report was kept on, if any.
+    Late(Option<u32>),
     /// claim.
     Claimed(Claimed),
     /// claim_next: `None` when nothing is claimable.
@@ -210,8 +232,6 @@ macro_rules! shapes {
 }
 
 shapes! {
-    /// The todo of a single-todo operation.
-    todo: Todo(Todo);
     /// The claim of a `claim`.
     claimed: Claimed(Claimed);
     /// The claim (or none) of a `claim_next`.
@@ -227,6 +247,22 @@ shapes! {
 }
 
 impl Answer {
+    /// The todo of a single-todo operation (an add's new or existing one).
+    pub fn todo(self) -> Result<Todo, Error> {
+        match self {
+            Answer::Todo(t) | Answer::Existing(t) => Ok(t),
+            other => Err(other.mismatch("Todo")),
+        }
+    }
+
+    /// The attempt a `note_late` kept its report on.
+    pub fn late(self) -> Result<Option<u32>, Error> {
+        match self {
+            Answer::Late(seq) => Ok(seq),
+            other => Err(other.mismatch("Late")),
+        }
+    }
+
     /// `Ok` for the answer of a `delete`.
     pub fn deleted(self) -> Result<(), Error> {
         match self {
@@ -238,6 +274,8 @@ impl Answer {
     fn mismatch(&self, wanted: &str) -> Error {
         let got = match self {
             Answer::Todo(_) => "Todo",
+            Answer::Existing(_) => "Existing",
+            Answer::Late(_) => "Late",
             Answer::Claimed(_) => "Claimed",
             Answer::Next(_) => "Next",
             Answer::Todos(_) => "Todos",

@@ -29,7 +29,8 @@ use crate::time::Millis;
 pub enum Sweep<'a> {
     /// mirrors transition::reap: claimed with a lapsed lease.
     Reap { now: Millis },
-    /// mirrors transition::requeue_due: failed, retry due, attempts left.
+    /// mirrors transition::requeue_due: failed, retry due, attempts left; or pending or failed
+    /// with a retry scheduled, past the deadline.
     RequeueDue { now: Millis },
     /// mirrors transition::revoke (scoped to one endpoint): claimed.
     Revoke { endpoint: &'a str },
@@ -80,11 +81,15 @@ pub trait Rows {
         queues: Option<&[String]>,
         paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
-    /// Inserts a todo; `false` when the id is taken.
+    /// The endpoint's todo added with this idempotency key, if it still exists.
+    async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error>;
+    /// Inserts a todo; `false` when the id is taken, or the endpoint's idempotency key is (a
+    /// unique index, so that concurrent adds with one key make one todo).
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error>;
     /// Writes a change: the columns of the todo a transition may change, then each attempt
     /// write in order (`Open` inserts, `Update` rewrites the attempt only while it is open,
-    /// `PruneThrough` deletes closed attempts at or below the floor). Returns the rows each
+    /// `PruneThrough` deletes closed attempts at or below the floor, `Late` rewrites a closed
+    /// attempt's late reports and nothing else). Returns the rows each
     /// attempt write touched, so that [`run`] can hold `Update` to exactly one.
     async fn write(
         &mut self,
@@ -109,9 +114,7 @@ pub trait Rows {
 /// Applies one operation inside the backend's transaction. See the module doc.
 pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<Answer, Error> {
     match op {
-        Op::AddTodo { now, endpoint, new } => {
-            add_todo(rows, now, &endpoint, new).await.map(Answer::Todo)
-        }
+        Op::AddTodo { now, endpoint, new } => add_todo(rows, now, &endpoint, new).await,
         Op::Claim {
             now,
             actor,
@@ -155,30 +158,37 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         .map(Answer::Todo),
         Op::Complete {
             now,
-            ref actor,
-            ref id,
-            ref report,
-        }
-        | Op::Fail {
-            now,
-            ref actor,
-            ref id,
-            ref report,
+            actor,
+            id,
+            report,
         } => {
-            let (name, outcome, f) = if matches!(op, Op::Complete { .. }) {
-                (
-                    "complete",
-                    Outcome::Completed,
-                    transition::complete as ReportFn,
-                )
-            } else {
-                ("fail", Outcome::Failed, transition::fail as ReportFn)
-            };
             let fence = (report.token_hash, report.result.as_ref());
-            reported(rows, cfg, name, id, actor, fence, outcome, |t, open| {
-                f(cfg, now, t, open, actor, report)
-            })
+            let f = |t: &Todo, open: Option<&Attempt>, _: &[Attempt]| {
+                transition::complete(cfg, now, t, open, &actor, &report)
+            };
+            reported(
+                rows,
+                cfg,
+                "complete",
+                &id,
+                &actor,
+                fence,
+                Outcome::Completed,
+                f,
+            )
             .await
+        }
+        Op::Fail {
+            now,
+            actor,
+            id,
+            report,
+        } => {
+            let fence = (report.token_hash, report.result.as_ref());
+            let f = |t: &Todo, open: Option<&Attempt>, recent: &[Attempt]| {
+                transition::fail(cfg, now, t, open, &actor, &report, recent)
+            };
+            reported(rows, cfg, "fail", &id, &actor, fence, Outcome::Failed, f).await
         }
         Op::Release {
             now,
@@ -195,9 +205,45 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
                 &actor,
                 (token_hash, None),
                 Outcome::Released,
-                |t, open| transition::release(now, t, open, &actor, summary.as_deref(), token_hash),
+                |t, open, _| {
+                    transition::release(now, t, open, &actor, summary.as_deref(), token_hash)
+                },
             )
             .await
+        }
+        Op::NoteLate {
+            now,
+            actor,
+            id,
+            outcome,
+            summary,
+            token_hash,
+        } => {
+            let op = "note_late";
+            let (todo, _) = load(rows, op, &id).await?;
+            if token_hash.is_none() || !actor.sees(&todo) {
+                return Ok(Answer::Late(None));
+            }
+            let retained = cfg.attempts_cap.max(1) as usize;
+            let closed = rows.attempts(op, &id, Newest::closed(retained)).await?;
+            let late = transition::note_late;
+            let Some(change) = late(
+                now,
+                &todo,
+                &closed,
+                &actor,
+                token_hash,
+                outcome,
+                summary.as_deref(),
+            ) else {
+                return Ok(Answer::Late(None));
+            };
+            let seq = change.writes.first().and_then(|w| match w {
+                AttemptWrite::Late(a) => Some(a.seq),
+                _ => None,
+            });
+            write(rows, op, &todo, change).await?;
+            Ok(Answer::Late(seq))
         }
         Op::Retry { now, actor, id } => {
             let (todo, _) = load(rows, "retry", &id).await?;
@@ -278,16 +324,6 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
     }
 }
 
-/// The shape of the transitions of a report that carries a result (complete, fail).
-type ReportFn = fn(
-    &LedgerConfig,
-    Millis,
-    &Todo,
-    Option<&Attempt>,
-    &Actor,
-    &super::Report,
-) -> Result<Change, Error>;
-
 /// Writes a transition's change. Updates close exactly once: an `Update` that finds no open row
 /// is an internal error, and the caller's transaction rolls back.
 async fn write<R: Rows>(
@@ -307,6 +343,8 @@ async fn write<R: Rows>(
         && t.source == before.source
         && t.assignee == before.assignee
         && t.max_attempts == before.max_attempts
+        && t.idempotency_key == before.idempotency_key
+        && t.max_same_failures == before.max_same_failures
         && t.created_at == before.created_at
         && t.payload == before.payload
         && t.work_order == before.work_order;
@@ -318,13 +356,20 @@ async fn write<R: Rows>(
     }
     let touched = rows.write(op, t, &change.writes).await?;
     for (w, n) in change.writes.iter().zip(touched) {
-        if let AttemptWrite::Update(a) = w
-            && n != 1
-        {
-            return Err(Error::internal(format!(
-                "{op} {}: attempt {} is not open; an attempt closes exactly once",
-                t.id, a.seq
-            )));
+        match w {
+            AttemptWrite::Update(a) if n != 1 => {
+                return Err(Error::internal(format!(
+                    "{op} {}: attempt {} is not open; an attempt closes exactly once",
+                    t.id, a.seq
+                )));
+            }
+            AttemptWrite::Late(a) if n != 1 => {
+                return Err(Error::internal(format!(
+                    "{op} {}: attempt {} is not closed; a late report goes on a closed attempt",
+                    t.id, a.seq
+                )));
+            }
+            _ => {}
         }
     }
     Ok(change.todo)
@@ -369,7 +414,8 @@ async fn transit<R: Rows>(
 
 /// A report: its transition, or, when that is refused as a conflict, the answer to a repeat of
 /// a report already applied under the same lease token (see `transition::replay`). `fence` is
-/// the report's token hash and result.
+/// the report's token hash and result. A fail's transition also gets the todo's newest closed
+/// attempts its repeated-failure rule looks at (`max_same_failures - 1` of them).
 #[allow(clippy::too_many_arguments)]
 async fn reported<R: Rows>(
     rows: &mut R,
@@ -379,10 +425,17 @@ async fn reported<R: Rows>(
     actor: &Actor,
     (token_hash, result): (Option<TokenHash>, Option<&serde_json::Value>),
     outcome: Outcome,
-    f: impl FnOnce(&Todo, Option<&Attempt>) -> Result<Change, Error>,
+    f: impl FnOnce(&Todo, Option<&Attempt>, &[Attempt]) -> Result<Change, Error>,
 ) -> Result<Answer, Error> {
     let (todo, open) = load(rows, op, id).await?;
-    let todo = match f(&todo, open.as_ref()) {
+    let history = match outcome {
+        Outcome::Failed if todo.max_same_failures > 1 && open.is_some() => {
+            let n = todo.max_same_failures as usize - 1;
+            rows.attempts(op, id, Newest::closed(n)).await?
+        }
+        _ => Vec::new(),
+    };
+    let todo = match f(&todo, open.as_ref(), &history) {
         Ok(change) => write(rows, op, &todo, change).await?,
         Err(refused) => {
             let recent = rows
@@ -397,21 +450,34 @@ async fn reported<R: Rows>(
     Ok(Answer::Todo(todo))
 }
 
+/// Adds a todo, or answers the one an earlier add with the same idempotency key made. The key is
+/// looked up first (a repeat reads, it does not write), and again when the insert is refused:
+/// a concurrent add with the key committed first, and the unique index let only one through.
 async fn add_todo<R: Rows>(
     rows: &mut R,
     now: Millis,
     endpoint: &str,
     new: NewTodo,
-) -> Result<Todo, Error> {
+) -> Result<Answer, Error> {
+    if let Some(k) = &new.idempotency_key {
+        super::check_idempotency_key(k)?;
+        if let Some(t) = rows.by_key(endpoint, k).await? {
+            return Ok(Answer::Existing(t));
+        }
+    }
     let todo = super::new_todo(now, endpoint, new)?;
     if rows.insert_todo(&todo).await? {
-        Ok(todo)
-    } else {
-        Err(Error::conflict(format!(
-            "add_todo {}: a todo with this id exists; choose another id",
-            todo.id
-        )))
+        return Ok(Answer::Todo(todo));
     }
+    if let Some(k) = &todo.idempotency_key
+        && let Some(t) = rows.by_key(endpoint, k).await?
+    {
+        return Ok(Answer::Existing(t));
+    }
+    Err(Error::conflict(format!(
+        "add_todo {}: a todo with this id exists; choose another id",
+        todo.id
+    )))
 }
 
 /// Claims a loaded todo and assembles the answer: a claim of a claimed todo is a takeover, and

@@ -426,6 +426,7 @@ fn complete_closes_the_attempt_completed_and_keeps_the_result() {
         summary: Some("all green".into()),
         artifact: Some("mcp://cairn/Ab12".into()),
         token_hash: Some(TokenHash::of("tok")),
+        ..Report::default()
     };
     let t = l.complete(T0 + SECOND, &ep("e"), "td_1", &r).unwrap();
     assert_eq!(
@@ -1190,4 +1191,406 @@ fn an_attempt_an_operator_closes_records_the_operator_and_an_endpoints_report_no
         .collect();
     assert_eq!(by, [Some("alice"), Some(CLI_OPERATOR), None]);
     l.check().unwrap();
+}
+
+// ---- recovery by failure class ---------------------------------------------------------------
+
+fn failing(token: &str, retryable: Option<bool>, signature: Option<&str>) -> Report {
+    Report {
+        retryable,
+        failure_signature: signature.map(str::to_string),
+        summary: Some(format!("failed: {}", signature.unwrap_or("-"))),
+        ..report(Some(token))
+    }
+}
+
+/// Claims td_1 fenced by `tok` at `now` (its retry, if any, due by then) and fails it.
+fn claim_and_fail(l: &mut Ledger, now: Millis, tok: &str, r: &Report) -> Todo {
+    l.requeue_due(now).unwrap();
+    l.claim(now, &ep("e"), "td_1", &fenced(tok)).unwrap();
+    l.fail(
+        now + SECOND,
+        &ep("e"),
+        "td_1",
+        &Report {
+            token_hash: Some(TokenHash::of(tok)),
+            ..r.clone()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_non_retryable_fail_dead_letters_at_once_whatever_attempts_remain() {
+    let mut l = ledger_with(1, 5);
+    let t = claim_and_fail(&mut l, T0, "tok", &failing("tok", Some(false), None));
+    assert!(t.dead_letter());
+    assert_eq!((t.attempt, t.max_attempts), (1, 5));
+    assert_eq!(t.dead_letter_reason, Some(DeadLetterReason::NonRetryable));
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(a.disposition, Some(Disposition::DeadLettered));
+    assert_eq!(a.dead_letter_reason, Some(DeadLetterReason::NonRetryable));
+    // retryable: true is the default: a retry is scheduled.
+    let mut l = ledger_with(1, 5);
+    let t = claim_and_fail(&mut l, T0, "tok", &failing("tok", Some(true), None));
+    assert!(!t.dead_letter() && t.next_retry_at.is_some() && t.dead_letter_reason.is_none());
+    l.check().unwrap();
+}
+
+#[test]
+fn exhausted_attempts_and_revocation_say_so() {
+    let mut l = ledger_with(1, 1);
+    let t = claim_and_fail(&mut l, T0, "tok", &failing("tok", None, None));
+    assert_eq!(
+        t.dead_letter_reason,
+        Some(DeadLetterReason::AttemptsExhausted)
+    );
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &opts()).unwrap();
+    let revoked = l.revoke_endpoint(T0 + 1, "e").unwrap();
+    assert_eq!(
+        revoked[0].dead_letter_reason,
+        Some(DeadLetterReason::Revoked)
+    );
+    // A manual retry clears the reason with the dead letter.
+    let t = l.retry(T0 + TTL, &Actor::cli(), "td_1").unwrap();
+    assert_eq!((t.state, t.dead_letter_reason), (TodoState::Pending, None));
+    l.check().unwrap();
+}
+
+#[test]
+fn the_same_signature_twice_in_a_row_dead_letters_and_a_new_one_does_not() {
+    let mut l = ledger_with(1, 5);
+    let sig = |s| failing("x", None, Some(s));
+    let t = claim_and_fail(&mut l, T0, "t1", &sig("E42"));
+    assert!(!t.dead_letter());
+    // A different failure is new evidence: retried.
+    let t = claim_and_fail(&mut l, T0 + 10 * MINUTE, "t2", &sig("E43"));
+    assert!(!t.dead_letter());
+    let t = claim_and_fail(&mut l, T0 + 20 * MINUTE, "t3", &sig("E43"));
+    assert_eq!(
+        t.dead_letter_reason,
+        Some(DeadLetterReason::RepeatedFailure)
+    );
+    assert_eq!(t.attempt, 3);
+    let newest = l.attempts("td_1").last().unwrap();
+    assert_eq!(newest.failure_signature.as_deref(), Some("E43"));
+    // A manual retry is a new hypothesis: the same signature once more is retried.
+    l.retry(T0 + 30 * MINUTE, &Actor::cli(), "td_1").unwrap();
+    let t = claim_and_fail(&mut l, T0 + 31 * MINUTE, "t4", &sig("E43"));
+    assert!(!t.dead_letter(), "{t:?}");
+    l.check().unwrap();
+}
+
+#[test]
+fn max_same_failures_zero_turns_the_rule_off_and_a_long_signature_is_refused() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let off = NewTodo {
+        max_same_failures: Some(0),
+        ..new("td_1", "ci")
+    };
+    l.add_todo(T0, "e", off).unwrap();
+    for (i, tok) in ["a", "b", "c"].into_iter().enumerate() {
+        let t = claim_and_fail(
+            &mut l,
+            T0 + i as u64 * HOUR_MS,
+            tok,
+            &failing(tok, None, Some("same")),
+        );
+        assert!(!t.dead_letter(), "attempt {}", i + 1);
+    }
+    l.requeue_due(T0 + 4 * HOUR_MS).unwrap();
+    l.claim(T0 + 4 * HOUR_MS, &ep("e"), "td_1", &fenced("d"))
+        .unwrap();
+    let long = failing("d", None, Some(&"s".repeat(SIGNATURE_MAX_BYTES + 1)));
+    let refused = l.fail(T0 + 4 * HOUR_MS + 1, &ep("e"), "td_1", &long);
+    let e = refused.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    assert!(e.message.contains("failure_signature"), "{e}");
+    assert_eq!(
+        l.todo("td_1").unwrap().state,
+        TodoState::Claimed,
+        "nothing changed"
+    );
+    l.check().unwrap();
+}
+
+const HOUR_MS: Millis = 60 * MINUTE;
+
+#[test]
+fn a_deadline_stops_new_attempts_and_dead_letters_the_todo() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let timed = |id: &str| NewTodo {
+        deadline_seconds: Some(600),
+        ..new(id, "ci")
+    };
+    for id in ["td_1", "td_2", "td_3"] {
+        l.add_todo(T0, "e", timed(id)).unwrap();
+    }
+    let deadline = T0 + 10 * MINUTE;
+    assert_eq!(l.todo("td_1").unwrap().deadline_at, Some(deadline));
+    // td_1: failed two seconds before the deadline, its retry (30 s) would fall after it.
+    l.claim(deadline - 60 * SECOND, &ep("e"), "td_1", &fenced("a"))
+        .unwrap();
+    let t = l
+        .fail(
+            deadline - 2 * SECOND,
+            &ep("e"),
+            "td_1",
+            &failing("a", None, None),
+        )
+        .unwrap();
+    assert_eq!(t.dead_letter_reason, Some(DeadLetterReason::Deadline));
+    // td_2: a claim running at the deadline may still report.
+    l.claim(deadline - SECOND, &ep("e"), "td_2", &fenced("b"))
+        .unwrap();
+    let done = l
+        .complete(deadline + SECOND, &ep("e"), "td_2", &report(Some("b")))
+        .unwrap();
+    assert_eq!(done.state, TodoState::Done);
+    // td_3: pending at the deadline: unclaimable, then dead-lettered by the sweep.
+    assert_eq!(
+        code(l.claim(deadline, &ep("e"), "td_3", &opts())),
+        ErrorCode::Conflict
+    );
+    assert!(
+        l.claim_next(deadline, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
+    let swept = l.requeue_due(deadline).unwrap();
+    assert_eq!(
+        swept.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+        ["td_3"]
+    );
+    assert_eq!(
+        swept[0].dead_letter_reason,
+        Some(DeadLetterReason::Deadline)
+    );
+    // The operator's retry lifts the deadline: the todo can be claimed again.
+    let t = l.retry(deadline + MINUTE, &Actor::cli(), "td_3").unwrap();
+    assert_eq!((t.state, t.deadline_at), (TodoState::Pending, None));
+    l.claim(deadline + MINUTE, &ep("e"), "td_3", &opts())
+        .unwrap();
+    l.check().unwrap();
+}
+
+#[test]
+fn a_lapsed_lease_past_the_deadline_is_reaped_into_a_dead_letter() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.add_todo(
+        T0,
+        "e",
+        NewTodo {
+            deadline_seconds: Some(60),
+            ..new("td_1", "ci")
+        },
+    )
+    .unwrap();
+    l.claim(
+        T0,
+        &ep("e"),
+        "td_1",
+        &ClaimOpts {
+            ttl: 2 * MINUTE,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let reaped = l.reap(T0 + 2 * MINUTE).unwrap();
+    assert_eq!(
+        reaped[0].dead_letter_reason,
+        Some(DeadLetterReason::Deadline)
+    );
+    let a = l.attempts("td_1").next().unwrap();
+    assert_eq!(a.outcome, Some(Outcome::Reaped));
+    assert_eq!(a.dead_letter_reason, Some(DeadLetterReason::Deadline));
+    l.check().unwrap();
+}
+
+#[test]
+fn bad_budgets_are_refused_naming_the_argument() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    for (bad, arg) in [
+        (
+            NewTodo {
+                deadline_seconds: Some(0),
+                ..new("td_1", "ci")
+            },
+            "deadline_seconds",
+        ),
+        (
+            NewTodo {
+                deadline_seconds: Some(DEADLINE_MAX_SECS + 1),
+                ..new("td_1", "ci")
+            },
+            "deadline_seconds",
+        ),
+        (
+            NewTodo {
+                max_same_failures: Some(11),
+                ..new("td_1", "ci")
+            },
+            "max_same_failures",
+        ),
+        (
+            NewTodo {
+                idempotency_key: Some(String::new()),
+                ..new("td_1", "ci")
+            },
+            "idempotency_key",
+        ),
+        (
+            NewTodo {
+                idempotency_key: Some("k".repeat(201)),
+                ..new("td_1", "ci")
+            },
+            "idempotency_key",
+        ),
+    ] {
+        let e = l.add_todo(T0, "e", bad).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains(arg), "{e}");
+    }
+    assert_eq!(l.todos().count(), 0, "nothing was added");
+}
+
+#[test]
+fn an_add_with_a_used_key_answers_the_first_todo_and_adds_nothing() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let keyed = |id: &str, title: &str| NewTodo {
+        idempotency_key: Some("webhook-7".into()),
+        title: title.into(),
+        ..new(id, "ci")
+    };
+    let first = l
+        .apply(Op::AddTodo {
+            now: T0,
+            endpoint: "e".into(),
+            new: keyed("td_1", "one"),
+        })
+        .unwrap();
+    assert!(matches!(first, Answer::Todo(_)));
+    // Whatever its other arguments say.
+    let again = l
+        .apply(Op::AddTodo {
+            now: T0 + 1,
+            endpoint: "e".into(),
+            new: keyed("td_2", "two"),
+        })
+        .unwrap();
+    let Answer::Existing(t) = again else {
+        panic!("{again:?}")
+    };
+    assert_eq!((t.id.as_str(), t.title.as_str()), ("td_1", "one"));
+    assert_eq!(l.todos().count(), 1);
+    // Keys are per endpoint.
+    let other = l
+        .apply(Op::AddTodo {
+            now: T0 + 2,
+            endpoint: "f".into(),
+            new: keyed("td_3", "three"),
+        })
+        .unwrap();
+    assert!(matches!(other, Answer::Todo(_)));
+    // The key lives as long as its todo.
+    l.apply(Op::DeleteTodo {
+        actor: Actor::cli(),
+        id: "td_1".into(),
+    })
+    .unwrap();
+    let fresh = l
+        .apply(Op::AddTodo {
+            now: T0 + 3,
+            endpoint: "e".into(),
+            new: keyed("td_4", "four"),
+        })
+        .unwrap();
+    assert!(matches!(fresh, Answer::Todo(t) if t.id == "td_4"));
+    l.check().unwrap();
+}
+
+#[test]
+fn a_late_report_is_kept_on_its_attempt_and_changes_nothing_else() {
+    let mut l = ledger_with(1, 5);
+    l.claim(
+        T0,
+        &ep("e"),
+        "td_1",
+        &ClaimOpts {
+            ttl: MINUTE,
+            ..fenced("old")
+        },
+    )
+    .unwrap();
+    l.claim(T0 + 2 * MINUTE, &ep("e"), "td_1", &fenced("new"))
+        .unwrap();
+    let before = l.todo("td_1").unwrap().clone();
+    // The stale holder's report is refused...
+    let stale = report(Some("old"));
+    assert_eq!(
+        code(l.complete(T0 + 3 * MINUTE, &ep("e"), "td_1", &stale)),
+        ErrorCode::Conflict
+    );
+    let note = |l: &mut Ledger, n: u64, token: &str| {
+        l.apply(Op::NoteLate {
+            now: T0 + 3 * MINUTE + n,
+            actor: ep("e"),
+            id: "td_1".into(),
+            outcome: Outcome::Completed,
+            summary: Some("é".repeat(200)),
+            token_hash: Some(TokenHash::of(token)),
+        })
+        .and_then(Answer::late)
+        .unwrap()
+    };
+    // ...and kept on attempt 1: at most three, the rest counted.
+    for n in 0..5 {
+        assert_eq!(note(&mut l, n, "old"), Some(1));
+    }
+    let a1 = l.attempts("td_1").next().unwrap();
+    assert_eq!(
+        (a1.late_reports.len(), a1.late_reports_total),
+        (LATE_REPORTS_KEPT, 5)
+    );
+    assert!(
+        a1.late_reports
+            .iter()
+            .all(|r| r.summary.as_ref().unwrap().len() <= LATE_SUMMARY_MAX_BYTES)
+    );
+    assert_eq!(a1.late_reports[0].outcome, Outcome::Completed);
+    // A token of no closed attempt, another endpoint, the open attempt's own: nothing kept.
+    assert_eq!(note(&mut l, 9, "stranger"), None);
+    assert_eq!(note(&mut l, 9, "new"), None);
+    assert_eq!(l.todo("td_1").unwrap(), &before, "the todo is untouched");
+    l.check().unwrap();
+}
+
+#[test]
+fn a_dead_letter_has_a_bounded_attention_text_saying_why() {
+    let mut l = ledger_with(1, 5);
+    let sig = failing("x", None, Some("sig-abc"));
+    claim_and_fail(
+        &mut l,
+        T0,
+        "t1",
+        &Report {
+            summary: Some("x".repeat(3000)),
+            ..sig.clone()
+        },
+    );
+    claim_and_fail(&mut l, T0 + HOUR_MS, "t2", &sig);
+    let view = l.get_todo(&Actor::cli(), "td_1", 20).unwrap();
+    let text = attention(&view).expect("a dead letter's attention");
+    assert!(text.len() <= ATTENTION_MAX_BYTES);
+    assert!(text.starts_with("Dead letter (repeated_failure)"), "{text}");
+    assert!(
+        text.contains("#2 failed") && text.contains("#1 failed"),
+        "{text}"
+    );
+    assert!(text.contains("sig-abc"), "{text}");
+    // Not a dead letter: no attention.
+    let mut l = ledger_with(1, 5);
+    let view = l.get_todo(&Actor::cli(), "td_1", 20).unwrap();
+    assert_eq!(attention(&view), None);
 }

@@ -25,7 +25,10 @@
 use serde_json::Value;
 
 use super::backoff::Backoff;
-use super::types::{Attempt, ClaimerKind, Disposition, Outcome, Todo, TodoState, TokenHash};
+use super::types::{
+    Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
+    LateReport, Outcome, Todo, TodoState, TokenHash,
+};
 use crate::bounds;
 use crate::error::Error;
 use crate::time::Millis;
@@ -132,6 +135,19 @@ pub struct Report {
     pub artifact: Option<String>,
     /// The SHA-256 of the lease token the caller presented, if any.
     pub token_hash: Option<TokenHash>,
+    /// A fail's failure class: `Some(false)` dead-letters at once, whatever attempts remain.
+    /// Absent means retryable. A complete ignores it.
+    pub retryable: Option<bool>,
+    /// A fail's signature of its failure (at most [`super::SIGNATURE_MAX_BYTES`]): the same
+    /// signature on the newest `max_same_failures` failed attempts dead-letters the todo.
+    pub failure_signature: Option<String>,
+}
+
+impl Report {
+    /// Whether a failure may be retried automatically (the default).
+    pub fn retryable(&self) -> bool {
+        self.retryable.unwrap_or(true)
+    }
 }
 
 /// One write to the attempt rows of a todo.
@@ -145,6 +161,9 @@ pub enum AttemptWrite {
     Update(Attempt),
     /// Delete closed attempts whose seq is at most this (the per-todo cap).
     PruneThrough(u32),
+    /// Rewrite the late reports of the closed attempt with this seq, and nothing else of it.
+    /// Like `Update`, it must touch exactly one row: a closed one.
+    Late(Attempt),
 }
 
 /// The result of a transition: the todo's new row and the attempt writes, applied together.
@@ -200,9 +219,11 @@ fn consistent<'a>(
 
 /// Whether `claim_next` may take this todo: in scope and queue, assignee allows the actor, and
 /// pending, or claimed with a lapsed lease (a takeover), or failed with its retry due, in both
-/// latter cases only while attempts remain. This is the rule the stores' SQL mirrors.
+/// latter cases only while attempts remain; never once the deadline has passed. This is the rule
+/// the stores' SQL mirrors.
 pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[String]>) -> bool {
     actor.sees(todo)
+        && !todo.past_deadline(now)
         && queues.is_none_or(|qs| qs.iter().any(|q| q == &todo.queue))
         && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
         && match todo.state {
@@ -246,7 +267,9 @@ pub fn claim(
             "{op} {}: todo is {} and cannot be claimed now{}",
             todo.id,
             todo.state,
-            if todo.state == TodoState::Claimed {
+            if todo.past_deadline(now) {
+                " (its deadline has passed)"
+            } else if todo.state == TodoState::Claimed {
                 " (its lease is held)"
             } else {
                 ""
@@ -260,7 +283,7 @@ pub fn claim(
             dead,
             now,
             Outcome::LeaseExpired,
-            Disposition::Requeued,
+            Leaves::Requeued,
         )?));
     }
     let t = &mut change.todo;
@@ -300,6 +323,10 @@ pub fn claim(
         summary: None,
         summary_truncated: false,
         artifact: None,
+        failure_signature: None,
+        dead_letter_reason: None,
+        late_reports: Vec::new(),
+        late_reports_total: 0,
         lease_token_hash: token_hash,
         closed_by: None,
     }));
@@ -353,12 +380,41 @@ fn held<'a>(
     }
 }
 
+/// How a close leaves the todo: its disposition, and for a dead letter why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leaves {
+    Done,
+    RetryScheduled,
+    Requeued,
+    Canceled,
+    DeadLettered(DeadLetterReason),
+}
+
+impl Leaves {
+    fn disposition(self) -> Disposition {
+        match self {
+            Leaves::Done => Disposition::Done,
+            Leaves::RetryScheduled => Disposition::RetryScheduled,
+            Leaves::Requeued => Disposition::Requeued,
+            Leaves::Canceled => Disposition::Canceled,
+            Leaves::DeadLettered(_) => Disposition::DeadLettered,
+        }
+    }
+
+    fn reason(self) -> Option<DeadLetterReason> {
+        match self {
+            Leaves::DeadLettered(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 fn close(
     op: &str,
     open: &Attempt,
     now: Millis,
     outcome: Outcome,
-    disposition: Disposition,
+    leaves: Leaves,
 ) -> Result<Attempt, Error> {
     if !open.is_open() {
         return Err(Error::internal(format!(
@@ -371,8 +427,16 @@ fn close(
     let mut a = open.clone();
     a.ended_at = Some(now);
     a.outcome = Some(outcome);
-    a.disposition = Some(disposition);
+    a.disposition = Some(leaves.disposition());
+    a.dead_letter_reason = leaves.reason();
     Ok(a)
+}
+
+/// Makes a todo row leaving `claimed` (or a sweep's failed or pending one) a dead letter.
+fn dead_letter(t: &mut Todo, reason: DeadLetterReason, now: Millis) {
+    unlease(t, TodoState::Failed, now);
+    t.next_retry_at = None;
+    t.dead_letter_reason = Some(reason);
 }
 
 /// Drops the lease from a todo row that is leaving `claimed`.
@@ -381,6 +445,7 @@ fn unlease(t: &mut Todo, state: TodoState, now: Millis) {
     t.owner = None;
     t.lease_expires_at = None;
     t.updated_at = now;
+    t.dead_letter_reason = None;
 }
 
 /// Extends the lease to `now + ttl` and records the heartbeat on the open attempt.
@@ -446,10 +511,10 @@ fn close_reported(
     (open, actor): (&Attempt, &Actor),
     now: Millis,
     outcome: Outcome,
-    disposition: Disposition,
+    leaves: Leaves,
     text: (Option<String>, bool, Option<String>),
 ) -> Result<Attempt, Error> {
-    let mut a = close(op, open, now, outcome, disposition)?;
+    let mut a = close(op, open, now, outcome, leaves)?;
     (a.summary, a.summary_truncated, a.artifact) = text;
     a.closed_by = actor.closed_by();
     Ok(a)
@@ -475,14 +540,18 @@ pub fn complete(
         (open, actor),
         now,
         Outcome::Completed,
-        Disposition::Done,
+        Leaves::Done,
         text,
     )?));
     Ok(change)
 }
 
-/// Fails the attempt: schedules a retry after the backoff while attempts remain, otherwise
-/// dead-letters the todo. The answer's `next_retry_at` and `dead_letter` are on the new row.
+/// Fails the attempt: schedules a retry after the backoff, or dead-letters the todo when no
+/// automatic attempt is due. In order, the reason is: the report is not retryable; the newest
+/// `max_same_failures` failed attempts (this one and `recent`, the todo's newest closed attempts
+/// newest first) report the same signature; no attempts remain; the retry would fall at or after
+/// the deadline. The answer's `next_retry_at` and `dead_letter` are on the new row.
+#[allow(clippy::too_many_arguments)]
 pub fn fail(
     cfg: &LedgerConfig,
     now: Millis,
@@ -490,33 +559,89 @@ pub fn fail(
     open: Option<&Attempt>,
     actor: &Actor,
     report: &Report,
+    recent: &[Attempt],
 ) -> Result<Change, Error> {
     let op = "fail";
     let text = report_text(cfg, op, &todo.id, report)?;
+    let signature = check_signature(op, &todo.id, report.failure_signature.as_deref())?;
     let open = held(op, now, todo, open, actor, report.token_hash)?;
     let mut change = Change::new(todo.clone());
     let t = &mut change.todo;
-    unlease(t, TodoState::Failed, now);
     t.result = report.result.clone();
-    let disposition = if t.attempt >= t.max_attempts {
-        t.next_retry_at = None;
-        Disposition::DeadLettered
+    let retry_at = now + cfg.backoff.delay(&t.id, t.attempts_total, t.attempt);
+    let reason = if !report.retryable() {
+        Some(DeadLetterReason::NonRetryable)
+    } else if repeated(t.max_same_failures, open, signature, recent) {
+        Some(DeadLetterReason::RepeatedFailure)
+    } else if t.attempt >= t.max_attempts {
+        Some(DeadLetterReason::AttemptsExhausted)
+    } else if t.deadline_at.is_some_and(|d| d <= retry_at) {
+        Some(DeadLetterReason::Deadline)
     } else {
-        t.next_retry_at = Some(now + cfg.backoff.delay(&t.id, t.attempts_total, t.attempt));
-        Disposition::RetryScheduled
+        None
     };
-    change.writes.push(AttemptWrite::Update(close_reported(
-        op,
-        (open, actor),
-        now,
-        Outcome::Failed,
-        disposition,
-        text,
-    )?));
+    let leaves = match reason {
+        Some(r) => {
+            dead_letter(t, r, now);
+            Leaves::DeadLettered(r)
+        }
+        None => {
+            unlease(t, TodoState::Failed, now);
+            t.next_retry_at = Some(retry_at);
+            Leaves::RetryScheduled
+        }
+    };
+    let mut closed = close_reported(op, (open, actor), now, Outcome::Failed, leaves, text)?;
+    closed.failure_signature = signature.map(str::to_string);
+    change.writes.push(AttemptWrite::Update(closed));
     Ok(change)
 }
 
-/// Gives the todo back unworked: pending again, the attempt refunded (see the module doc).
+/// A failure signature as a fail may carry it: at most [`super::SIGNATURE_MAX_BYTES`] bytes
+/// without control characters, or `invalid`. An empty one is no signature.
+fn check_signature<'a>(op: &str, id: &str, sig: Option<&'a str>) -> Result<Option<&'a str>, Error> {
+    match sig {
+        Some(s) if s.len() > super::SIGNATURE_MAX_BYTES || s.chars().any(char::is_control) => {
+            Err(Error::invalid(format!(
+                "{op} {id}: failure_signature must be at most {} bytes without control \
+                 characters (send a hash of what identifies the failure); got {} bytes",
+                super::SIGNATURE_MAX_BYTES,
+                s.len()
+            )))
+        }
+        Some("") | None => Ok(None),
+        Some(s) => Ok(Some(s)),
+    }
+}
+
+/// The same failure again without new evidence: `n` (> 0) failed attempts in a row, this open
+/// one and the newest of `recent`, all report `signature`. The run is broken by any other
+/// close in between (a release, a lapsed lease) and by a manual retry (seen as an attempt
+/// counter that does not fall going back in time), either of which is new evidence.
+fn repeated(n: u32, open: &Attempt, signature: Option<&str>, recent: &[Attempt]) -> bool {
+    let Some(sig) = signature else {
+        return false;
+    };
+    if n == 0 {
+        return false;
+    }
+    let mut newer = open.attempt;
+    let mut run = 1;
+    for a in recent.iter().take(n as usize - 1) {
+        if a.outcome != Some(Outcome::Failed)
+            || a.failure_signature.as_deref() != Some(sig)
+            || a.attempt >= newer
+        {
+            break;
+        }
+        newer = a.attempt;
+        run += 1;
+    }
+    run >= n
+}
+
+/// Gives the todo back unworked: pending again, the attempt refunded (see the module doc); a
+/// dead letter (`deadline`) when its deadline has passed.
 pub fn release(
     now: Millis,
     todo: &Todo,
@@ -528,8 +653,15 @@ pub fn release(
     let op = "release";
     let open = held(op, now, todo, open, actor, token_hash)?;
     let mut change = Change::new(todo.clone());
-    unlease(&mut change.todo, TodoState::Pending, now);
     change.todo.attempt = change.todo.attempt.saturating_sub(1);
+    // Given back after its deadline, the todo could never be claimed again.
+    let leaves = if todo.past_deadline(now) {
+        dead_letter(&mut change.todo, DeadLetterReason::Deadline, now);
+        Leaves::DeadLettered(DeadLetterReason::Deadline)
+    } else {
+        unlease(&mut change.todo, TodoState::Pending, now);
+        Leaves::Requeued
+    };
     let (summary, truncated) = match summary.map(bounds::bound_summary) {
         Some((s, t)) => (Some(s), t),
         None => (None, false),
@@ -539,14 +671,15 @@ pub fn release(
         (open, actor),
         now,
         Outcome::Released,
-        Disposition::Requeued,
+        leaves,
         (summary, truncated, None),
     )?));
     Ok(change)
 }
 
 /// The reaper's transition for one todo: a lapsed lease is closed `reaped`, and the todo goes
-/// back to pending, or to a dead letter when it has no attempts left. `None` when the lease is
+/// back to pending, or to a dead letter when it has no attempts left or its deadline has passed.
+/// `None` when the lease is
 /// still valid (or the todo is not claimed): the reaper lost the race and does nothing.
 pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<Change>, Error> {
     let op = "reap";
@@ -557,20 +690,30 @@ pub fn reap(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option<C
         return Ok(None);
     }
     let mut change = Change::new(todo.clone());
-    let dead = todo.attempt >= todo.max_attempts;
-    let (state, disposition) = if dead {
-        (TodoState::Failed, Disposition::DeadLettered)
+    let reason = if todo.attempt >= todo.max_attempts {
+        Some(DeadLetterReason::AttemptsExhausted)
+    } else if todo.past_deadline(now) {
+        Some(DeadLetterReason::Deadline)
     } else {
-        (TodoState::Pending, Disposition::Requeued)
+        None
     };
-    unlease(&mut change.todo, state, now);
-    change.todo.next_retry_at = None;
+    let leaves = match reason {
+        Some(r) => {
+            dead_letter(&mut change.todo, r, now);
+            Leaves::DeadLettered(r)
+        }
+        None => {
+            unlease(&mut change.todo, TodoState::Pending, now);
+            change.todo.next_retry_at = None;
+            Leaves::Requeued
+        }
+    };
     change.writes.push(AttemptWrite::Update(close(
         op,
         open,
         now,
         Outcome::Reaped,
-        disposition,
+        leaves,
     )?));
     Ok(Some(change))
 }
@@ -633,11 +776,21 @@ fn as_reported(cfg: &LedgerConfig, todo: &Todo, a: &Attempt, result: Option<&Val
     if a.disposition == Some(Disposition::RetryScheduled) {
         t.next_retry_at = Some(ended + cfg.backoff.delay(&t.id, a.seq, a.attempt));
     }
+    t.dead_letter_reason = a.dead_letter_reason;
     t
 }
 
-/// Moves a failed todo whose retry is due back to pending. Ends no lease, writes no attempt.
+/// The retry sweep for one todo: a todo past its deadline that could still be claimed (pending,
+/// or failed with a retry scheduled) becomes a dead letter (`deadline`); otherwise a failed todo
+/// whose retry is due goes back to pending. Ends no lease, writes no attempt.
 pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
+    let waiting = todo.state == TodoState::Pending
+        || (todo.state == TodoState::Failed && todo.next_retry_at.is_some());
+    if waiting && todo.past_deadline(now) {
+        let mut change = Change::new(todo.clone());
+        dead_letter(&mut change.todo, DeadLetterReason::Deadline, now);
+        return Some(change);
+    }
     let due = todo.state == TodoState::Failed
         && todo.next_retry_at.is_some_and(|t| t <= now)
         && todo.attempt < todo.max_attempts;
@@ -650,7 +803,48 @@ pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
     })
 }
 
-/// The operator's manual retry: back to pending with a fresh attempt budget.
+/// Records a report refused as stale on the closed attempt it belongs to: one of `retained` (the
+/// todo's closed attempts) that was claimed by this endpoint under this lease token. `None` when
+/// there is none (an unfenced report, an operator's, a stranger's): nothing is recorded. The
+/// todo row is left exactly as it is; only the attempt's late reports change.
+pub fn note_late<'a>(
+    now: Millis,
+    todo: &Todo,
+    retained: impl IntoIterator<Item = &'a Attempt>,
+    actor: &Actor,
+    token_hash: Option<TokenHash>,
+    outcome: Outcome,
+    summary: Option<&str>,
+) -> Option<Change> {
+    let Actor::Endpoint { endpoint, .. } = actor else {
+        return None;
+    };
+    token_hash?;
+    if !actor.sees(todo) {
+        return None;
+    }
+    let closed = retained.into_iter().find(|a| {
+        !a.is_open()
+            && a.lease_token_hash == token_hash
+            && a.claimer_endpoint.as_ref() == Some(endpoint)
+    })?;
+    let mut a = closed.clone();
+    a.late_reports_total = a.late_reports_total.saturating_add(1);
+    if a.late_reports.len() < LATE_REPORTS_KEPT {
+        a.late_reports.push(LateReport {
+            at: now,
+            outcome,
+            summary: summary
+                .map(|s| bounds::cut_at_char_boundary(s, LATE_SUMMARY_MAX_BYTES).to_string()),
+        });
+    }
+    let mut change = Change::new(todo.clone());
+    change.writes.push(AttemptWrite::Late(a));
+    Some(change)
+}
+
+/// The operator's manual retry: back to pending with a fresh attempt budget, and without a
+/// deadline (the operator's decision replaces the time budget).
 ///
 /// A todo canceled (or revoked) while claimed is retried only once that attempt's lease has
 /// lapsed: its holder learns of the cancel at its next heartbeat and may run until then, and a
@@ -699,6 +893,8 @@ pub fn retry(
     t.next_retry_at = None;
     t.result = None;
     t.updated_at = now;
+    t.dead_letter_reason = None;
+    t.deadline_at = None;
     Ok(change)
 }
 
@@ -742,7 +938,7 @@ pub fn cancel(
     unlease(&mut change.todo, TodoState::Canceled, now);
     change.todo.next_retry_at = None;
     if let Some(open) = open {
-        let mut a = close(op, open, now, Outcome::Canceled, Disposition::Canceled)?;
+        let mut a = close(op, open, now, Outcome::Canceled, Leaves::Canceled)?;
         a.closed_by = actor.closed_by();
         change.writes.push(AttemptWrite::Update(a));
     }
@@ -757,14 +953,13 @@ pub fn revoke(now: Millis, todo: &Todo, open: Option<&Attempt>) -> Result<Option
         return Ok(None);
     };
     let mut change = Change::new(todo.clone());
-    unlease(&mut change.todo, TodoState::Failed, now);
-    change.todo.next_retry_at = None;
+    dead_letter(&mut change.todo, DeadLetterReason::Revoked, now);
     change.writes.push(AttemptWrite::Update(close(
         op,
         open,
         now,
         Outcome::Revoked,
-        Disposition::DeadLettered,
+        Leaves::DeadLettered(DeadLetterReason::Revoked),
     )?));
     Ok(Some(change))
 }

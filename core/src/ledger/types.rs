@@ -69,6 +69,30 @@ crate::names!(Disposition {
 });
 crate::names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
 
+/// Why a todo is a dead letter: which budget ran out, or who stopped it. Every dead letter has
+/// exactly one; a todo that is not a dead letter has none.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterReason {
+    /// `max_attempts` attempts were counted.
+    AttemptsExhausted,
+    /// The last report said the failure is not worth retrying (`retryable: false`).
+    NonRetryable,
+    /// The todo's `deadline_seconds` passed.
+    Deadline,
+    /// The newest `max_same_failures` failed attempts reported the same `failure_signature`.
+    RepeatedFailure,
+    /// The owning endpoint was revoked while the todo was claimed.
+    Revoked,
+}
+
+crate::names!(DeadLetterReason {
+    AttemptsExhausted => "attempts_exhausted", NonRetryable => "non_retryable",
+    Deadline => "deadline", RepeatedFailure => "repeated_failure", Revoked => "revoked",
+});
+
 impl Outcome {
     /// An attempt died when its lease lapsed; every other outcome was reported or decided.
     pub fn died(self) -> bool {
@@ -125,11 +149,21 @@ pub struct Todo {
     pub result: Option<Value>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Set exactly while the todo is a dead letter.
+    pub dead_letter_reason: Option<DeadLetterReason>,
+    /// The caller's key for the add that made the todo: unique per endpoint while the todo
+    /// lives, so a repeated add answers this todo instead of making another.
+    pub idempotency_key: Option<String>,
+    /// No attempt starts at or after this instant; the todo becomes a dead letter instead. A
+    /// manual retry lifts it (the operator's decision replaces the budget).
+    pub deadline_at: Option<Millis>,
+    /// Dead-letter when this many newest failed attempts report the same signature (0: never).
+    pub max_same_failures: u32,
 }
 
 impl Todo {
-    /// Failed with no retry scheduled: the attempt cap was reached, or the endpoint was revoked.
-    /// Derived, so it cannot disagree with the state.
+    /// Failed with no retry scheduled (`dead_letter_reason` says why). Derived, so it cannot
+    /// disagree with the state.
     pub fn dead_letter(&self) -> bool {
         self.state == TodoState::Failed && self.next_retry_at.is_none()
     }
@@ -139,7 +173,28 @@ impl Todo {
     pub fn lease_valid_at(&self, now: Millis) -> bool {
         self.state == TodoState::Claimed && self.lease_expires_at.is_some_and(|t| now < t)
     }
+
+    /// The deadline has passed at `now`: no attempt may start.
+    pub fn past_deadline(&self, now: Millis) -> bool {
+        self.deadline_at.is_some_and(|d| d <= now)
+    }
 }
+
+/// A report that arrived for an attempt already closed (its lease lapsed or was taken over):
+/// refused, and kept on that attempt as evidence that the old holder did finish.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateReport {
+    pub at: Millis,
+    /// What the late report claimed: `completed`, `failed` or `released`.
+    pub outcome: Outcome,
+    /// Its summary, cut to [`LATE_SUMMARY_MAX_BYTES`].
+    pub summary: Option<String>,
+}
+
+/// Late reports kept per attempt (further ones are only counted).
+pub const LATE_REPORTS_KEPT: usize = 3;
+/// A late report's summary is cut to this many bytes.
+pub const LATE_SUMMARY_MAX_BYTES: usize = 256;
 
 /// One claim of a todo: opened by the claim, closed exactly once by whatever ended the lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -164,6 +219,15 @@ pub struct Attempt {
     pub summary: Option<String>,
     pub summary_truncated: bool,
     pub artifact: Option<String>,
+    /// The signature a failed report gave its failure (at most 128 bytes).
+    pub failure_signature: Option<String>,
+    /// Why the close made the todo a dead letter (set exactly when `disposition` is
+    /// `dead_lettered`).
+    pub dead_letter_reason: Option<DeadLetterReason>,
+    /// Reports refused as late, the first [`LATE_REPORTS_KEPT`] of them.
+    pub late_reports: Vec<LateReport>,
+    /// Every late report, kept or not.
+    pub late_reports_total: u32,
     #[serde(skip)]
     pub lease_token_hash: Option<TokenHash>,
     /// The operator who closed it (a Board operator's name, or `cli`); `None` when the

@@ -78,6 +78,7 @@ pub fn context_file(
             "max": claim.max_attempts,
             "claimed_at": claimed_at,
             "lease_ttl_seconds": lease_ttl_seconds,
+            "idempotency_key": idempotency_key(claim),
         },
         "prior_attempts": prior,
         "untrusted": UNTRUSTED,
@@ -98,11 +99,20 @@ pub fn context_file_bytes(
     bytes
 }
 
+/// The attempt's key for side effects: `<todo_id>:<seq>`. The same across transport retries of
+/// one attempt (its seq is the server's), different for every attempt; an agent builds its own
+/// keys from it (`create-pr:$HARNESS_IDEMPOTENCY_KEY:<head sha>`).
+pub fn idempotency_key(claim: &ClaimedTodo) -> String {
+    format!("{}:{}", claim.todo_id, claim.attempt_seq)
+}
+
 /// The relay variables; they override the daemon's environment and env_file.
 pub fn relay_env(claim: &ClaimedTodo, files: &RunFiles) -> Vec<(String, String)> {
     [
         ("HARNESS_TODO_ID", claim.todo_id.clone()),
         ("HARNESS_ATTEMPT", claim.attempt.to_string()),
+        ("HARNESS_ATTEMPT_SEQ", claim.attempt_seq.to_string()),
+        ("HARNESS_IDEMPOTENCY_KEY", idempotency_key(claim)),
         ("HARNESS_MAX_ATTEMPTS", claim.max_attempts.to_string()),
         ("HARNESS_RELAY_FILE", files.context_file.clone()),
         ("HARNESS_ATTEMPT_SUMMARY_FILE", files.summary_file.clone()),

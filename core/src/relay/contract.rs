@@ -32,7 +32,7 @@
 //!
 //! [`lease_call`] builds each call's arguments from the wire's typed argument structs, leaving
 //! absent options out (a strict schema refuses `null` for a string). An argument beyond the
-//! table's ([`ARGUMENTS`]) is an extension (the first will be `fail.retryable`): it is sent
+//! table's ([`ARGUMENTS`]) is an extension (`fail.retryable`, `fail.failure_signature`): it is sent
 //! only when the server's schema declares it ([`Capabilities::declares`]), because an
 //! undeclared argument fails the whole call.
 
@@ -42,7 +42,7 @@ use serde_json::{Map, Value, json};
 use super::capabilities::Capabilities;
 use super::context::TODO_FIELDS;
 use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, ReportVerb};
-use crate::wire::{ClaimNextArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs};
+use crate::wire::{ClaimNextArgs, FailArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs};
 
 /// The contract table's "Arguments sent", per verb: what every server honouring it accepts
 /// (the † ones are checked at initialize). Anything else is an extension.
@@ -339,6 +339,30 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 id: todo_id.clone(),
                 summary: Some(summary.clone()),
                 lease_token: Some(lease_token.clone()),
+            }),
+        ),
+        Command::SendReport {
+            verb: ReportVerb::Fail,
+            todo_id,
+            lease_token,
+            summary,
+            artifact,
+            result,
+            retryable,
+            failure_signature,
+            ..
+        } => (
+            "fail",
+            // retryable and failure_signature are extensions: keep_declared drops them for a
+            // server whose schema does not declare them.
+            object(&FailArgs {
+                id: todo_id.clone(),
+                result: result.as_object().cloned(),
+                summary: Some(summary.clone()),
+                artifact: artifact.clone(),
+                lease_token: Some(lease_token.clone()),
+                retryable: *retryable,
+                failure_signature: failure_signature.clone(),
             }),
         ),
         Command::SendReport {

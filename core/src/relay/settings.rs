@@ -112,6 +112,7 @@ pub fn harness_settings(
         jobs_dir: facts.jobs_dir.clone(),
         secrets,
         env_file,
+        non_retryable_exit_codes: relay.non_retryable_exit_codes.clone(),
     })
 }
 

@@ -86,6 +86,8 @@ pub struct AgentSummary {
     pub summary: Option<String>,
     /// The agent's artifact candidate, not yet shape-checked.
     pub artifact: Option<String>,
+    /// `"retryable": false` in the file: the agent knows its failure will not go away.
+    pub retryable: Option<bool>,
 }
 
 /// Reads the summary file: a JSON object with a string `summary` (and maybe a string
@@ -102,13 +104,38 @@ pub fn parse_summary_file(bytes: &[u8]) -> AgentSummary {
                 .get("artifact")
                 .and_then(Value::as_str)
                 .map(str::to_string),
+            retryable: obj.get("retryable").and_then(Value::as_bool),
         };
     }
     let text = text.trim();
     AgentSummary {
         summary: (!text.is_empty()).then(|| text.to_string()),
         artifact: None,
+        retryable: None,
     }
+}
+
+/// The signature a failed attempt reports: the same for the same failure, different when it
+/// changes. The SHA-256 of the verdict reason, the agent's and the check's exit codes and the
+/// check output's last non-empty line (folded and redacted, as the summary shows it), as 32 hex
+/// digits. Durations and attempt numbers stay out: they change on every try.
+pub fn failure_signature(
+    reason: &str,
+    agent_exit: Option<i32>,
+    check_exit: Option<i32>,
+    check_output: Option<&str>,
+) -> String {
+    use sha2::Digest;
+    let last = check_output
+        .and_then(|o| o.lines().rev().map(str::trim).find(|l| !l.is_empty()))
+        .unwrap_or("");
+    let text = format!(
+        "{reason}\n{}\n{}\n{last}",
+        agent_exit.map_or("-".into(), |e| e.to_string()),
+        check_exit.map_or("-".into(), |e| e.to_string())
+    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Terminal escapes removed and carriage-return overwrites applied, as a reader saw the text.
@@ -317,7 +344,8 @@ mod tests {
             parse_summary_file(json),
             AgentSummary {
                 summary: Some("fixed it".into()),
-                artifact: Some("mcp://cairn/x1".into())
+                artifact: Some("mcp://cairn/x1".into()),
+                retryable: None,
             }
         );
         assert_eq!(

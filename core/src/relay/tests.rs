@@ -398,6 +398,7 @@ fn second_attempt_sees_the_first() {
     assert_eq!(
         file["attempt"],
         json!({"seq": 2, "number": 2, "max": 5, "claimed_at": "2026-09-22T11:00:00Z",
+               "idempotency_key": "td_1:2",
                "lease_ttl_seconds": 300})
     );
     assert_eq!(file["summary_file"], "/state/jobs/fixer/1.summary");
@@ -441,6 +442,11 @@ fn second_attempt_sees_the_first() {
     assert_eq!(var(&env, "HARNESS_ATTEMPT").as_deref(), Some("2"));
     assert_eq!(var(&env, "HARNESS_MAX_ATTEMPTS").as_deref(), Some("5"));
     assert_eq!(var(&env, "HARNESS_TODO_ID").as_deref(), Some("td_1"));
+    assert_eq!(var(&env, "HARNESS_ATTEMPT_SEQ").as_deref(), Some("2"));
+    assert_eq!(
+        var(&env, "HARNESS_IDEMPOTENCY_KEY").as_deref(),
+        Some("td_1:2")
+    );
     assert_eq!(
         var(&env, "HARNESS_RELAY_FILE").as_deref(),
         Some("/state/jobs/fixer/1.relay.json")
@@ -2012,4 +2018,39 @@ fn a_stop_once_the_verdict_is_known_changes_nothing() {
     );
     let record = records(&d.report_ok(false))[0].clone();
     assert_eq!(record.relay_outcome, Some(RelayOutcome::Completed));
+}
+
+/// The failure class and signature of the one fail report in `cmds`.
+fn fail_class(cmds: &[Command]) -> (Option<bool>, Option<String>) {
+    cmds.iter()
+        .find_map(|c| match c {
+            Command::SendReport {
+                verb: ReportVerb::Fail,
+                retryable,
+                failure_signature,
+                ..
+            } => Some((*retryable, failure_signature.clone())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no fail report in {cmds:#?}"))
+}
+
+#[test]
+fn a_listed_exit_code_or_the_summary_file_makes_a_failure_non_retryable() {
+    // The driver's settings list exit code 3.
+    let listed = fail_class(&running().exit(3, None));
+    assert_eq!(listed.0, Some(false));
+    let plain = fail_class(&running().exit(1, None));
+    assert_eq!(plain.0, Some(true));
+    let said = br#"{"summary": "the token lacks repo scope", "retryable": false}"#;
+    assert_eq!(fail_class(&running().exit(1, Some(said))).0, Some(false));
+    // The signature is the same for the same failure and changes with it.
+    assert_eq!(fail_class(&running().exit(1, None)).1, plain.1);
+    assert_ne!(listed.1, plain.1);
+    assert_eq!(plain.1.as_ref().map(String::len), Some(32));
+    // A listed check exit code counts as well.
+    let mut d = Driver::new(with_check(settings(), 10 * MINUTE, 30 * SECOND));
+    d.start(claim_1());
+    d.exit(0, None);
+    assert_eq!(fail_class(&d.check_exit(3, "denied\n")).0, Some(false));
 }

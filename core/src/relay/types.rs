@@ -59,6 +59,9 @@ pub struct HarnessSettings {
     pub secrets: Vec<String>,
     /// The harness's env_file variables, for the process and the check.
     pub env_file: Vec<(String, String)>,
+    /// Exit codes of the agent or the check that mean "retrying will not help": a failed
+    /// report says `retryable: false`.
+    pub non_retryable_exit_codes: Vec<i32>,
 }
 
 impl std::fmt::Debug for HarnessSettings {
@@ -88,6 +91,7 @@ impl std::fmt::Debug for HarnessSettings {
                 &format_args!("<{} redacted>", self.secrets.len()),
             )
             .field("env_file", &env_names)
+            .field("non_retryable_exit_codes", &self.non_retryable_exit_codes)
             .finish()
     }
 }
@@ -397,6 +401,11 @@ pub enum Command {
         summary: String,
         artifact: Option<String>,
         result: Value,
+        /// A fail's failure class (`Some(false)`: not retryable); sent only when the server's
+        /// `fail` schema declares `retryable`.
+        retryable: Option<bool>,
+        /// A fail's signature, sent only when declared.
+        failure_signature: Option<String>,
     },
     /// Write with mode 0600 before the spawn.
     WriteContextFile {

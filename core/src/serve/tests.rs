@@ -232,3 +232,109 @@ fn tools_call_params_name_a_known_tool() {
     let (tool, args) = tool_of(&params).unwrap();
     assert_eq!((tool, args), (Tool::Heartbeat, Some(&json!({"id": "x"}))));
 }
+
+#[test]
+fn an_add_with_a_used_idempotency_key_answers_created_false_and_rings_nothing() {
+    let mut w = World::new();
+    let all = caller(&["add_todo"], None);
+    let args = json!({"queue": "q", "title": "from a webhook", "idempotency_key": "evt-1"});
+    let first = w.call(&all, "add_todo", args.clone()).unwrap();
+    assert_eq!(first.answer["created"], true);
+    assert!(first.ring.is_some());
+    let again = w
+        .call(
+            &all,
+            "add_todo",
+            json!({"queue": "q", "title": "other", "idempotency_key": "evt-1"}),
+        )
+        .unwrap();
+    assert_eq!(again.answer["created"], false);
+    assert_eq!(again.answer["id"], first.answer["id"]);
+    assert_eq!(again.answer["title"], "from a webhook");
+    assert!(again.ring.is_none());
+    assert_eq!(w.ledger.todos().count(), 1);
+}
+
+#[test]
+fn a_stale_fenced_report_answers_conflict_and_get_todo_shows_it_late() {
+    let mut w = World::new();
+    let all = caller(
+        &["add_todo", "claim", "complete", "fail", "list_todos"],
+        None,
+    );
+    let id = w
+        .call(&all, "add_todo", json!({"queue": "q", "title": "t"}))
+        .unwrap()
+        .answer["id"]
+        .clone();
+    let old = w
+        .call(
+            &all,
+            "claim",
+            json!({"id": id, "require_fence": true, "lease_ttl_seconds": 1}),
+        )
+        .unwrap();
+    let old_token = old.answer["lease_token"].clone();
+    w.now += 2_000;
+    w.call(&all, "claim", json!({"id": id, "require_fence": true}))
+        .unwrap();
+    let before = w.ledger.todo(id.as_str().unwrap()).cloned();
+    let late = w.call(
+        &all,
+        "complete",
+        json!({"id": id, "lease_token": old_token, "summary": "I did finish"}),
+    );
+    assert_eq!(code(late), ErrorCode::Conflict);
+    assert_eq!(
+        w.ledger.todo(id.as_str().unwrap()).cloned(),
+        before,
+        "nothing else changed"
+    );
+    let view = w.call(&all, "get_todo", json!({"id": id})).unwrap().answer;
+    let first = &view["attempts"][1];
+    assert_eq!(first["seq"], 1);
+    assert_eq!(first["late_reports_total"], 1);
+    assert_eq!(first["late_reports"][0]["outcome"], "completed");
+    assert_eq!(first["late_reports"][0]["summary"], "I did finish");
+    // An unfenced stale report is not kept: it cannot be told from a stranger's.
+    assert_eq!(
+        code(w.call(&all, "fail", json!({"id": id}))),
+        ErrorCode::Conflict
+    );
+    let view = w.call(&all, "get_todo", json!({"id": id})).unwrap().answer;
+    assert_eq!(view["attempts"][1]["late_reports_total"], 1);
+}
+
+#[test]
+fn a_non_retryable_fail_answers_its_dead_letter_reason() {
+    let mut w = World::new();
+    let all = caller(&["add_todo", "claim_next", "fail", "list_todos"], None);
+    w.call(&all, "add_todo", json!({"queue": "q", "title": "t"}))
+        .unwrap();
+    let c = w
+        .call(&all, "claim_next", json!({"require_fence": true}))
+        .unwrap()
+        .answer;
+    let failed = w
+        .call(&all, "fail", json!({"id": c["todo"]["id"], "lease_token": c["lease_token"], "retryable": false, "failure_signature": "auth"}))
+        .unwrap();
+    assert_eq!(failed.answer["dead_letter"], true);
+    assert_eq!(failed.answer["dead_letter_reason"], "non_retryable");
+    assert_eq!(
+        failed.closed,
+        Some((Outcome::Failed, Disposition::DeadLettered))
+    );
+    let view = w
+        .call(&all, "get_todo", json!({"id": c["todo"]["id"]}))
+        .unwrap()
+        .answer;
+    assert!(
+        view["attention"]
+            .as_str()
+            .unwrap()
+            .starts_with("Dead letter (non_retryable)")
+    );
+    assert_eq!(view["attempts"][0]["failure_signature"], "auth");
+    let listed = w.call(&all, "list_todos", json!({})).unwrap().answer;
+    assert_eq!(listed["todos"][0]["dead_letter_reason"], "non_retryable");
+}

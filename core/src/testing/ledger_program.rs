@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Answer, Attempt, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Report, Todo,
-    TodoFilter, TokenHash,
+    Actor, Answer, Attempt, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Outcome, Report,
+    Todo, TodoFilter, TokenHash,
 };
 use crate::time::{MINUTE, Millis, SECOND};
 
@@ -40,14 +40,16 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
             summary: summary(len),
             artifact: (len % 5 == 1).then(|| "mcp://cairn/x1".to_string()),
             token_hash: token,
+            ..Report::default()
         };
-        let op = match tag % 17 {
+        let op = match tag % 19 {
             0 => {
                 now += Millis::from(b()) * 5 * SECOND;
                 continue;
             }
             1 => {
                 let (endpoint, todo, queue) = (b() % 2, b() % TODOS, b() % 2);
+                let budget = b();
                 Op::AddTodo {
                     now,
                     endpoint: ENDPOINTS[usize::from(endpoint)].into(),
@@ -57,6 +59,14 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                         title: format!("todo {todo}"),
                         max_attempts: Some(u32::from(b() % 4 + 1)),
                         payload: Some(json!({"n": todo})),
+                        // Few keys, so that adds repeat one; a key of 201 bytes is refused.
+                        idempotency_key: match budget % 5 {
+                            0 | 1 => None,
+                            4 if budget > 250 => Some("k".repeat(201)),
+                            k => Some(format!("key-{k}")),
+                        },
+                        deadline_seconds: (budget % 3 == 0).then(|| u64::from(budget) * 10),
+                        max_same_failures: (budget % 4 != 0).then_some(u32::from(budget % 4)),
                         ..NewTodo::default()
                     },
                 }
@@ -94,9 +104,16 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
             },
             5 | 6 => {
                 let (a, id, tok) = (b() % 3, todo_id(b() % TODOS), token(b()));
-                let report = report(a, tok, u16::from(b()) * 12);
+                let mut report = report(a, tok, u16::from(b()) * 12);
+                let class = b();
+                report.retryable = (class % 3 != 0).then_some(class % 7 != 1);
+                report.failure_signature = match class % 5 {
+                    0 => None,
+                    4 if class > 250 => Some("s".repeat(129)),
+                    n => Some(format!("sig-{}", n % 2)),
+                };
                 let actor = actor_of(a);
-                if tag % 17 == 5 {
+                if tag % 19 == 5 {
                     Op::Complete {
                         now,
                         actor,
@@ -151,6 +168,15 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 actor: Actor::cli(),
                 id: todo_id(b() % TODOS),
             },
+            17 | 18 => Op::NoteLate {
+                now,
+                actor: actor(b()),
+                id: todo_id(b() % TODOS),
+                outcome: [Outcome::Completed, Outcome::Failed, Outcome::Released]
+                    [usize::from(b() % 3)],
+                summary: summary(u16::from(b()) * 3),
+                token_hash: token(b()),
+            },
             _ => Op::PurgeFinished {
                 now,
                 retention: Millis::from(b()) * MINUTE,
@@ -197,6 +223,9 @@ fn todo_obs(t: &Todo) -> Value {
         "attempts_total": t.attempts_total, "attempts_pruned": t.attempts_pruned,
         "lease_expires_at": t.lease_expires_at, "next_retry_at": t.next_retry_at,
         "dead_letter": t.dead_letter(), "owner": t.owner,
+        "dead_letter_reason": t.dead_letter_reason.map(|r| r.as_str()),
+        "idempotency_key": t.idempotency_key, "deadline_at": t.deadline_at,
+        "max_same_failures": t.max_same_failures,
     })
 }
 
@@ -206,6 +235,12 @@ fn attempt_obs(a: &Attempt) -> Value {
         "disposition": a.disposition.map(|d| d.as_str()), "ended_at": a.ended_at,
         "died": a.died(), "summary": a.summary, "claimant": a.claimant,
         "summary_truncated": a.summary_truncated, "last_heartbeat_at": a.last_heartbeat_at,
+        "failure_signature": a.failure_signature,
+        "dead_letter_reason": a.dead_letter_reason.map(|r| r.as_str()),
+        "late_reports": a.late_reports.iter()
+            .map(|l| json!([l.at, l.outcome.as_str(), l.summary]))
+            .collect::<Vec<_>>(),
+        "late_reports_total": a.late_reports_total,
     })
 }
 
@@ -221,6 +256,8 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
     answer
         .map(|a| match a {
             Answer::Todo(t) => todo_obs(&t),
+            Answer::Existing(t) => json!({"existing": todo_obs(&t)}),
+            Answer::Late(seq) => json!({"late": seq}),
             Answer::Claimed(c) | Answer::Next(Some(c)) => claimed_obs(&c),
             Answer::Next(None) => json!({"empty": true}),
             Answer::Todos(ts) => Value::Array(ts.iter().map(todo_obs).collect()),
@@ -234,11 +271,21 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
         .map_err(|e| e.code)
 }
 
+/// The attempt as its close left it, without the late reports it gathered since.
+fn without_late(a: &Attempt) -> Attempt {
+    Attempt {
+        late_reports: Vec::new(),
+        late_reports_total: 0,
+        ..a.clone()
+    }
+}
+
 /// Runs the operations from a fixed start time, checking after every step:
 /// - `Ledger::check()` (the per-todo invariants);
 /// - no operation answers `internal` (an internal error means a rule broke);
-/// - history is immutable: a closed attempt never changes again (until pruned or deleted), and
-///   `attempts_total` never goes down.
+/// - history is immutable: a closed attempt never changes again (until pruned or deleted) but for
+///   the late reports it gathers, and `attempts_total` never goes down;
+/// - a late report never changes a todo: `note_late` leaves every todo row as it was.
 pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
     let mut l = Ledger::new(LedgerConfig {
         attempts_cap: 4,
@@ -247,9 +294,13 @@ pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
     let mut closed: BTreeMap<(String, u32), Attempt> = BTreeMap::new();
     let mut totals: BTreeMap<String, u32> = BTreeMap::new();
     for (step, op) in decode_ops(bytes).into_iter().enumerate() {
+        let rows_before: Vec<Todo> = l.todos().cloned().collect();
         let obs = observe(l.apply(op.clone()));
         if obs == Err(ErrorCode::Internal) {
             return Err(format!("step {step}: {op:?} answered internal"));
+        }
+        if matches!(op, Op::NoteLate { .. }) && !l.todos().eq(rows_before.iter()) {
+            return Err(format!("step {step}: {op:?}: a late report changed a todo"));
         }
         l.check().map_err(|e| format!("step {step}: {op:?}: {e}"))?;
         for t in l.todos() {
@@ -259,7 +310,15 @@ pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
             }
             for a in l.attempts(&t.id).filter(|a| !a.is_open()) {
                 let key = (t.id.clone(), a.seq);
-                match closed.get(&key) {
+                match closed.get_mut(&key) {
+                    // Late reports only gather, and the attempt's own fields stay as they were.
+                    Some(seen)
+                        if a.late_reports_total > seen.late_reports_total
+                            && a.late_reports.starts_with(&seen.late_reports)
+                            && without_late(seen) == without_late(a) =>
+                    {
+                        *seen = a.clone();
+                    }
                     Some(seen) if seen != a => {
                         return Err(format!(
                             "step {step}: {op:?}: closed attempt {} of {} changed",

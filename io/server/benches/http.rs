@@ -246,6 +246,7 @@ async fn preload(store: &Store, endpoint: &str, n: usize) {
                             work_order: None,
                             max_attempts: None,
                             assignee: None,
+                            ..NewTodo::default()
                         },
                     })
                     .await

@@ -132,7 +132,11 @@ impl World {
             if let Err(e) = relay_core::ledger::check_todo(t, self.ledger.attempts(&t.id)) {
                 problems.push(("ledger_check", format!("todo {}: {e}", t.id)));
             }
-            if t.dead_letter() && t.attempt < t.max_attempts {
+            // Only the attempt budget's dead letters wait for the cap; the other reasons
+            // (a non-retryable fail, a repeated failure, a deadline) stop it early on purpose.
+            if t.dead_letter_reason == Some(relay_core::ledger::DeadLetterReason::AttemptsExhausted)
+                && t.attempt < t.max_attempts
+            {
                 problems.push((
                     "dead_letter_at_cap",
                     format!(
@@ -158,7 +162,15 @@ impl World {
                     ));
                 }
                 let key = (t.id.clone(), a.seq);
-                match self.closed.get(&key) {
+                match self.closed.get_mut(&key) {
+                    // Late reports gather on a closed attempt; nothing else of it changes.
+                    Some(seen)
+                        if a.late_reports_total > seen.late_reports_total
+                            && super::queue::without_late(seen)
+                                == super::queue::without_late(a) =>
+                    {
+                        *seen = a.clone();
+                    }
                     Some(seen) if seen != a => problems.push((
                         "closed_once",
                         format!("{} seq {} changed after it closed", t.id, a.seq),

@@ -283,7 +283,7 @@ impl World {
             since_full_check: 0,
             gate: Gate::new(doorbell::WINDOW),
             schedule_of: Schedule::Every(o.fire_every),
-            caps: Capabilities::full(o.release_granted),
+            caps: World::capabilities(o.release_granted),
             o,
         };
         for r in 0..w.hosts.len() {
@@ -368,7 +368,19 @@ impl World {
             jobs_dir: "/state/jobs".into(),
             secrets: vec!["sim-header-secret".into()],
             env_file: vec![("API_KEY".into(), "sim-env-secret".into())],
+            // The simulated agent exits 3 now and then: a failure not worth retrying.
+            non_retryable_exit_codes: vec![3],
         }
+    }
+
+    /// What the simulated server's schemas declare: the contract's arguments, and `fail`'s
+    /// failure class (the server is ours).
+    fn capabilities(release_granted: bool) -> Capabilities {
+        let mut caps = Capabilities::full(release_granted);
+        if let Some(fail) = caps.declared.get_mut("fail") {
+            fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
+        }
+        caps
     }
 
     fn start_relay(&mut self, r: usize) {
@@ -476,7 +488,12 @@ impl World {
                 match self.ledger.apply(requeue).and_then(ledger::Answer::todos) {
                     Ok(moved) if !moved.is_empty() => {
                         self.touched.extend(moved.iter().map(|t| t.id.clone()));
-                        self.ring(&moved, Offer::Requeued);
+                        for _ in moved.iter().filter(|t| t.dead_letter()) {
+                            self.count("deadline_dead_letter");
+                        }
+                        let (due, _): (Vec<Todo>, Vec<Todo>) =
+                            moved.into_iter().partition(|t| !t.dead_letter());
+                        self.ring(&due, Offer::Requeued);
                     }
                     Ok(_) => {}
                     Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
@@ -578,12 +595,16 @@ impl World {
                     title: format!("fix thing {n}"),
                     payload: Some(json!({"n": n})),
                     max_attempts: Some(self.o.max_attempts),
+                    // Every add is keyed, as a webhook's would be; every third has a time
+                    // budget of about two leases' worth of attempts.
+                    idempotency_key: Some(format!("event-{n}")),
+                    deadline_seconds: n.is_multiple_of(3).then(|| self.o.lease_ttl / 1000 * 8),
                     ..NewTodo::default()
                 };
                 let add = Op::AddTodo {
                     now: self.now,
                     endpoint: ENDPOINT.into(),
-                    new,
+                    new: new.clone(),
                 };
                 match self.ledger.apply(add).and_then(ledger::Answer::todo) {
                     Ok(t) => {
@@ -592,6 +613,25 @@ impl World {
                         self.ring(&[t], Offer::Fresh);
                     }
                     Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
+                }
+                // The event delivered twice: the repeat answers the first todo, adds nothing.
+                let repeat = Op::AddTodo {
+                    now: self.now,
+                    endpoint: ENDPOINT.into(),
+                    new: NewTodo {
+                        id: format!("{}_again", todo_id(n)),
+                        ..new
+                    },
+                };
+                match self.ledger.apply(repeat) {
+                    Ok(ledger::Answer::Existing(t)) if t.id == todo_id(n) => {
+                        self.count("idempotent_repeat");
+                    }
+                    other => self.violate(
+                        Kind::Correctness,
+                        "idempotent_add",
+                        format!("a repeated add of {} answered {other:?}", todo_id(n)),
+                    ),
                 }
             }
             Work::Cancel(n) if !self.healed => {

@@ -74,14 +74,20 @@ impl World {
             (Some(t), Some(k)) => self.stale(t, TokenHash::of(k)),
             _ => false,
         };
-        // What the call may have changed of the todo's attempts: every one of them when the
-        // fence is stale (any change is a breach), else how many there are and the newest (what
-        // a close changes, which the dead-letter count asks about).
+        // What the call may have changed of the todo's attempts, a late report's note aside
+        // (it is no write): every one of them when the fence is stale (any change is a breach),
+        // else how many there are and the newest (what a close changes, which the dead-letter
+        // count asks about).
         let attempts = |w: &World, id: &str| {
             let all = w.ledger.attempts(id);
             let n = all.clone().count();
             let keep = if stale { n } else { 1 };
-            (n, all.skip(n - keep.min(n)).cloned().collect::<Vec<_>>())
+            (
+                n,
+                all.skip(n - keep.min(n))
+                    .map(without_late)
+                    .collect::<Vec<_>>(),
+            )
         };
         let before = todo.as_deref().map(|id| attempts(self, id));
         if let Some(id) = &todo {
@@ -94,14 +100,35 @@ impl World {
         };
         let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
         let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
+        let (mut late_kept, mut late_moved) = (false, None);
         let served = serve(tool, args, caller, self.now, &mut Tokens(tokens), |op| {
             let op = if skip_fence {
                 skip_the_fence(ledger, op)
             } else {
                 op
             };
-            ledger.apply(op)
+            let Op::NoteLate { id, .. } = &op else {
+                return ledger.apply(op);
+            };
+            let before = ledger.todo(id).cloned();
+            let id = id.clone();
+            let answer = ledger.apply(op);
+            late_kept = matches!(answer, Ok(ledger::Answer::Late(Some(_))));
+            if ledger.todo(&id).cloned() != before {
+                late_moved = Some(id);
+            }
+            answer
         });
+        if late_kept {
+            self.count("late_report");
+        }
+        if let Some(id) = late_moved {
+            self.violate(
+                Kind::Correctness,
+                "late_report_keeps_state",
+                format!("a late report changed todo {id}"),
+            );
+        }
         let s = match served {
             Ok(s) => s,
             Err(e) => {
@@ -134,8 +161,33 @@ impl World {
             Some((_, Disposition::DeadLettered)) if changed => self.count("dead_letter"),
             _ => {}
         }
+        if changed {
+            match s.answer["dead_letter_reason"].as_str() {
+                Some("non_retryable") => self.count("non_retryable_dead_letter"),
+                Some("repeated_failure") => self.count("repeated_failure_dead_letter"),
+                _ => {}
+            }
+        }
         if let Some((t, offer)) = &s.ring {
             self.ring(std::slice::from_ref(t), *offer);
+        }
+        // Now and then a stale twin of the worker (same lease token) reports success after the
+        // fail closed the attempt: refused, and kept as a late report.
+        if tool == Tool::Fail
+            && changed
+            && self.step.is_multiple_of(3)
+            && let (Some(id), Some(token)) = (&id, &token)
+        {
+            let late = json!({"name": "complete", "arguments": {
+                "id": id, "lease_token": token, "summary": "a stale twin finished too",
+            }});
+            if self.serve(&late)["isError"] != json!(true) {
+                self.violate(
+                    Kind::Correctness,
+                    "late_report_refused",
+                    format!("a complete for {id} after its attempt closed was accepted"),
+                );
+            }
         }
         s.result()
     }
@@ -160,6 +212,15 @@ impl World {
     // -----------------------------------------------------------------------------------------
     // Invariants.
     // -----------------------------------------------------------------------------------------
+}
+
+/// An attempt as its close left it, without the late reports it gathered since.
+pub(super) fn without_late(a: &Attempt) -> Attempt {
+    Attempt {
+        late_reports: Vec::new(),
+        late_reports_total: 0,
+        ..a.clone()
+    }
 }
 
 /// The fence tokens the simulated server hands out; its relays add no todos.

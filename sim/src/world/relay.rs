@@ -151,6 +151,9 @@ impl World {
                 let code = if self.work.chance(650) {
                     self.truth.fixed.insert(todo);
                     0
+                } else if took.is_multiple_of(8) {
+                    // Derived from a draw already made, so the seeds' streams stay as they were.
+                    3
                 } else {
                     1
                 };

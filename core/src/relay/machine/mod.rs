@@ -207,6 +207,9 @@ struct PendingReport {
     artifact: Option<String>,
     result: Value,
     outcome: RunOutcome,
+    /// A fail's class and signature (`None` for the other verbs and for aborts).
+    retryable: Option<bool>,
+    failure_signature: Option<String>,
 }
 
 /// The run in flight: one firing, from its claim through the process, the check and the

@@ -308,12 +308,30 @@ impl Relay {
         } else {
             ReportVerb::Fail
         };
+        let agent_exit = agent.map(|g| g.run.exit);
+        let check_exit = check.and_then(|c| c.last_exit.map(ExitStatus::code));
+        let listed = |e: Option<i32>| e.is_some_and(|e| s.non_retryable_exit_codes.contains(&e));
+        let (retryable, failure_signature) = if success {
+            (None, None)
+        } else {
+            let said_no = agent.and_then(|g| g.summary.retryable) == Some(false);
+            let retryable = !(said_no || listed(agent_exit) || listed(check_exit));
+            let signature = super::super::summary::failure_signature(
+                reason,
+                agent_exit,
+                check_exit,
+                check.map(|c| c.output.as_str()),
+            );
+            (Some(retryable), Some(signature))
+        };
         a.report = Some(PendingReport {
             verb,
             summary,
             artifact,
             result,
             outcome,
+            retryable,
+            failure_signature,
         });
         let run_id = a.run_id;
         for text in warnings {
@@ -346,6 +364,8 @@ impl Relay {
             artifact: None,
             result,
             outcome: RunOutcome::Success,
+            retryable: None,
+            failure_signature: None,
         });
         self.receipt_or_report(now);
     }
@@ -408,6 +428,8 @@ impl Relay {
             artifact: None,
             result,
             outcome: RunOutcome::Cancelled,
+            retryable: None,
+            failure_signature: None,
         });
         self.send_report();
     }
@@ -433,6 +455,8 @@ impl Relay {
             summary: report.summary.clone(),
             artifact: report.artifact.clone(),
             result: report.result.clone(),
+            retryable: report.retryable,
+            failure_signature: report.failure_signature.clone(),
         });
         a.phase = Phase::Reporting {
             request: Some(request),

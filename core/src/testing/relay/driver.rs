@@ -44,6 +44,7 @@ pub fn settings() -> HarnessSettings {
         jobs_dir: "/state/jobs".into(),
         secrets: vec![HEADER_SECRET.into()],
         env_file: vec![("GH_TOKEN".into(), ENV_FILE_SECRET.into())],
+        non_retryable_exit_codes: vec![3],
     }
 }
 

@@ -24,5 +24,7 @@ pub fn report_command(request: u64, verb: ReportVerb, token: &str) -> Command {
         summary: "attempt 1/5 · agent failed".into(),
         artifact: Some("mcp://cairn/Ab12".into()),
         result: serde_json::json!({"harness": {"run_id": 1}}),
+        retryable: (verb == ReportVerb::Fail).then_some(false),
+        failure_signature: (verb == ReportVerb::Fail).then(|| "0123abcd".into()),
     }
 }

@@ -14,6 +14,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     pub(crate) todos: Family<Labels, Gauge>,
     pub(crate) attempts_closed: Family<Labels, Counter>,
+    pub(crate) dead_letters: Family<Labels, Counter>,
     pub(crate) claim_latency: Histogram,
     pub(crate) heartbeats: Counter,
     pub(crate) tool_calls: Family<Labels, Counter>,
@@ -36,6 +37,12 @@ impl Metrics {
             "attempts_closed",
             "Attempts this server closed, by outcome and disposition",
             attempts_closed.clone(),
+        );
+        let dead_letters = Family::<Labels, Counter>::default();
+        registry.register(
+            "dead_letters",
+            "Todos this server made dead letters, by dead_letter_reason",
+            dead_letters.clone(),
         );
         // 0.5 ms to ~4 s: an SQLite claim is well under a millisecond, a remote Postgres one a
         // few; the tail shows lock waits.
@@ -71,6 +78,7 @@ impl Metrics {
             registry,
             todos,
             attempts_closed,
+            dead_letters,
             claim_latency,
             heartbeats,
             tool_calls,
@@ -86,6 +94,13 @@ impl Metrics {
                 ("outcome".to_string(), outcome.as_str().to_string()),
                 ("disposition".to_string(), disposition.as_str().to_string()),
             ])
+            .inc();
+    }
+
+    /// A todo became a dead letter (`reason` as `dead_letter_reason` spells it).
+    pub(crate) fn dead_letter(&self, reason: &str) {
+        self.dead_letters
+            .get_or_create(&vec![("reason".to_string(), reason.to_string())])
             .inc();
     }
 

@@ -561,6 +561,9 @@ impl Server {
             self.inner
                 .metrics
                 .closed(relay_core::ledger::Outcome::Reaped, disposition);
+            if let Some(r) = t.dead_letter_reason {
+                self.inner.metrics.dead_letter(r.as_str());
+            }
             tracing::info!(todo = %t.id, endpoint = %t.endpoint, state = %t.state, "reaped a lapsed lease");
             self.ring_todo(t, Offer::Requeued);
         }
@@ -573,6 +576,12 @@ impl Server {
         let requeued = self.inner.store.apply(Op::RequeueDue { now });
         let requeued = requeued.await?.todos()?;
         for t in &requeued {
+            // The sweep also dead-letters todos past their deadline: no ring for those.
+            if let Some(r) = t.dead_letter_reason {
+                tracing::info!(todo = %t.id, endpoint = %t.endpoint, reason = %r, "dead-lettered");
+                self.inner.metrics.dead_letter(r.as_str());
+                continue;
+            }
             tracing::info!(todo = %t.id, endpoint = %t.endpoint, "re-queued a due retry");
             self.ring_todo(t, Offer::Requeued);
         }

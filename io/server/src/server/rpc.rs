@@ -309,6 +309,11 @@ impl Server {
         };
         if let Some((outcome, disposition)) = served.closed {
             m.closed(outcome, disposition);
+            if disposition == relay_core::ledger::Disposition::DeadLettered
+                && let Some(reason) = served.answer["dead_letter_reason"].as_str()
+            {
+                m.dead_letter(reason);
+            }
         }
         if tool == Tool::Heartbeat {
             m.heartbeats.inc();

@@ -35,6 +35,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
     (4, "todo_change_seq", MIGRATION_0004),
+    (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
 ];
 
@@ -150,6 +151,34 @@ END
 $$;
 CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
     FOR EACH ROW EXECUTE FUNCTION todos_change_seq();
+"#;
+
+/// Recovery by failure class, as SQLite's 0005 (see there).
+const MIGRATION_0005: &str = r#"
+ALTER TABLE todos ADD COLUMN dead_letter_reason text CHECK (dead_letter_reason IN
+    ('attempts_exhausted', 'non_retryable', 'deadline', 'repeated_failure', 'revoked'));
+ALTER TABLE todos ADD COLUMN idempotency_key text
+    CHECK (octet_length(idempotency_key) BETWEEN 1 AND 200);
+ALTER TABLE todos ADD COLUMN deadline_at bigint;
+ALTER TABLE todos ADD COLUMN max_same_failures integer NOT NULL DEFAULT 0
+    CHECK (max_same_failures BETWEEN 0 AND 10);
+CREATE UNIQUE INDEX todos_idempotency ON todos (endpoint, idempotency_key);
+CREATE INDEX todos_deadline ON todos (deadline_at)
+    WHERE deadline_at IS NOT NULL AND state IN ('pending', 'failed');
+ALTER TABLE todo_attempts ADD COLUMN failure_signature text
+    CHECK (octet_length(failure_signature) <= 128);
+ALTER TABLE todo_attempts ADD COLUMN dead_letter_reason text CHECK (dead_letter_reason IN
+    ('attempts_exhausted', 'non_retryable', 'deadline', 'repeated_failure', 'revoked'));
+ALTER TABLE todo_attempts ADD COLUMN late_reports text;
+ALTER TABLE todo_attempts ADD COLUMN late_reports_total integer NOT NULL DEFAULT 0
+    CHECK (late_reports_total >= 0);
+UPDATE todo_attempts SET dead_letter_reason =
+    CASE outcome WHEN 'revoked' THEN 'revoked' ELSE 'attempts_exhausted' END
+    WHERE disposition = 'dead_lettered';
+UPDATE todos SET dead_letter_reason = coalesce(
+    (SELECT a.dead_letter_reason FROM todo_attempts a
+      WHERE a.todo_id = todos.id AND a.seq = todos.attempts_total), 'attempts_exhausted')
+    WHERE state = 'failed' AND next_retry_at IS NULL;
 "#;
 
 /// The Board (as SQLite's 0006): operators, their sessions, the closing operator of an
@@ -729,6 +758,18 @@ impl Rows for PgTx<'_> {
         Ok(Some((todo, open)))
     }
 
+    async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error> {
+        let op = "add_todo";
+        let vals = vec![
+            Val::Text(Some(endpoint.into())),
+            Val::Text(Some(key.into())),
+        ];
+        let rs = self
+            .query_vals(op, "(idempotency key)", &SQL.by_key, vals)
+            .await?;
+        one_todo(&rs)
+    }
+
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
         let vals = rows::todo_row(op, t)?;
@@ -757,6 +798,10 @@ impl Rows for PgTx<'_> {
                 AttemptWrite::PruneThrough(n) => {
                     let vals = vec![Val::Text(Some(todo.id.clone())), Val::Count(*n)];
                     this.exec(op, &todo.id, &SQL.prune, vals).await.map(|_| 0)
+                }
+                AttemptWrite::Late(a) => {
+                    this.exec(op, &a.todo_id, &SQL.update_late, rows::late_update(a))
+                        .await
                 }
             }
         });

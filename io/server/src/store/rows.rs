@@ -3,15 +3,15 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, ClaimerKind, Disposition, Newest, Outcome, Sweep, Todo, TodoFilter, TodoState,
-    TokenHash,
+    Actor, Attempt, ClaimerKind, DeadLetterReason, Disposition, LateReport, Newest, Outcome, Sweep,
+    Todo, TodoFilter, TodoState, TokenHash,
 };
 use serde_json::Value;
 
 use super::Endpoint;
 
 /// The todo columns, in the order [`todo`] decodes them.
-pub(crate) const TODO_COLS: [&str; 21] = [
+pub(crate) const TODO_COLS: [&str; 25] = [
     "id",
     "endpoint",
     "queue",
@@ -33,10 +33,14 @@ pub(crate) const TODO_COLS: [&str; 21] = [
     "result",
     "created_at",
     "updated_at",
+    "dead_letter_reason",
+    "idempotency_key",
+    "deadline_at",
+    "max_same_failures",
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
-pub(crate) const ATTEMPT_COLS: [&str; 19] = [
+pub(crate) const ATTEMPT_COLS: [&str; 23] = [
     "todo_id",
     "seq",
     "attempt",
@@ -55,7 +59,11 @@ pub(crate) const ATTEMPT_COLS: [&str; 19] = [
     "summary_truncated",
     "artifact",
     "closed_by",
+    "failure_signature",
+    "dead_letter_reason",
     "lease_token_hash",
+    "late_reports",
+    "late_reports_total",
 ];
 
 pub(crate) const ENDPOINT_COLS: &str = "name, token_hash, verbs, queues, created_at, revoked_at";
@@ -89,6 +97,10 @@ pub(crate) struct Shared {
     pub update_open_attempt: String,
     /// Closed attempts of a todo at or below a seq.
     pub prune: String,
+    /// The late reports of a closed attempt, and nothing else of it.
+    pub update_late: String,
+    /// The endpoint's todo with an idempotency key.
+    pub by_key: String,
     pub insert_endpoint: String,
 }
 
@@ -140,8 +152,9 @@ impl Shared {
                 "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1 AND a.ended_at IS NULL",
                 select_list("a", &ATTEMPT_COLS)
             ),
+            // No conflict target: the id and the endpoint's idempotency key are both unique.
             insert_todo: format!(
-                "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT DO NOTHING",
                 TODO_COLS.join(", "),
                 placeholders(mark, TODO_COLS.len())
             ),
@@ -168,6 +181,14 @@ impl Shared {
             prune: format!(
                 "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
                  AND ended_at IS NOT NULL"
+            ),
+            update_late: format!(
+                "UPDATE todo_attempts SET late_reports = {mark}3, late_reports_total = {mark}4 \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NOT NULL"
+            ),
+            by_key: format!(
+                "SELECT {} FROM todos t WHERE t.endpoint = {mark}1 AND t.idempotency_key = {mark}2",
+                select_list("t", &TODO_COLS)
             ),
             insert_endpoint: format!(
                 "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ({}) ON CONFLICT (name) DO NOTHING",
@@ -232,6 +253,10 @@ pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
         Val::Text(json_text(&t.result)),
         time(op, t.created_at)?,
         time(op, t.updated_at)?,
+        label(t.dead_letter_reason.map(DeadLetterReason::as_str)),
+        text(&t.idempotency_key),
+        opt_time(op, t.deadline_at)?,
+        Val::Count(t.max_same_failures),
     ])
 }
 
@@ -256,23 +281,42 @@ pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
         Val::Bool(a.summary_truncated),
         text(&a.artifact),
         text(&a.closed_by),
+        text(&a.failure_signature),
+        label(a.dead_letter_reason.map(DeadLetterReason::as_str)),
         Val::Bytes(a.lease_token_hash.map(|h| h.0.to_vec())),
+        Val::Text(late_text(&a.late_reports)),
+        Val::Count(a.late_reports_total),
     ])
+}
+
+/// Late reports as the JSON text the attempts table stores; `NULL` for none.
+fn late_text(late: &[LateReport]) -> Option<String> {
+    (!late.is_empty()).then(|| serde_json::to_string(late).unwrap_or_default())
+}
+
+/// The values of [`Shared::update_late`].
+pub(crate) fn late_update(a: &Attempt) -> Vec<Val> {
+    vec![
+        label(Some(&a.todo_id)),
+        Val::Count(a.seq),
+        Val::Text(late_text(&a.late_reports)),
+        Val::Count(a.late_reports_total),
+    ]
 }
 
 /// The todo columns no transition changes (the store refuses a change to them, see
 /// `ledger::run`); an update rewrites every other column, keyed by `id`.
 const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
-                          max_attempts created_at";
+                          max_attempts created_at idempotency_key max_same_failures";
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 fn todo_updated() -> impl Iterator<Item = usize> {
     (0..TODO_COLS.len()).filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
 }
 
-/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to `closed_by` of
-/// [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
-const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..18;
+/// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to
+/// `dead_letter_reason` of [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
+const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..20;
 
 /// `col = ?n, …` for `cols`, numbered from `from`.
 fn set_list(mark: char, cols: &[&str], from: usize) -> String {
@@ -351,10 +395,12 @@ impl Shared {
         } else {
             format!("{queues} AND NOT ({})", q.queue_in(paused))
         };
-        // mirrors transition::claimable: scope, queue filter, assignee, then pending, or claimed
-        // with a lapsed lease and attempts left, or failed with the retry due and attempts left.
+        // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending, or
+        // claimed with a lapsed lease and attempts left, or failed with the retry due and
+        // attempts left.
         let sql = format!(
             "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
+               AND (t.deadline_at IS NULL OR t.deadline_at > {now})
                AND t.state IN ('pending', 'claimed', 'failed') -- lets the partial FIFO index serve
                AND (t.state = 'pending'
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
@@ -421,8 +467,10 @@ impl Shared {
             // mirrors transition::requeue_due
             Sweep::RequeueDue { now } => (
                 format!(
-                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
-                       AND attempt < max_attempts ORDER BY id"
+                    "SELECT id FROM todos WHERE (state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts)
+                       OR (deadline_at <= {m}1 AND (state = 'pending'
+                           OR (state = 'failed' AND next_retry_at IS NOT NULL))) ORDER BY id"
                 ),
                 time(op, now)?,
             ),
@@ -570,7 +618,7 @@ impl<R: Row> Reader<'_, R> {
     }
 }
 
-/// Decodes a todo from the 21 columns starting at `at`.
+/// Decodes a todo from the 25 columns starting at `at`.
 pub(crate) fn todo<R: Row>(row: &R, at: usize) -> Result<Todo, Error> {
     let mut r = Reader {
         row,
@@ -601,10 +649,14 @@ pub(crate) fn todo<R: Row>(row: &R, at: usize) -> Result<Todo, Error> {
         result: r.json()?,
         created_at: r.millis()?,
         updated_at: r.millis()?,
+        dead_letter_reason: r.parsed(DeadLetterReason::parse)?,
+        idempotency_key: r.opt_text()?,
+        deadline_at: r.opt_millis()?,
+        max_same_failures: r.count()?,
     })
 }
 
-/// Decodes an attempt from the 19 columns starting at `at`; `None` when they are all NULL (an
+/// Decodes an attempt from the 23 columns starting at `at`; `None` when they are all NULL (an
 /// outer join that found no attempt).
 pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Error> {
     let mut r = Reader {
@@ -636,7 +688,15 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
         summary_truncated: r.boolean()?,
         artifact: r.opt_text()?,
         closed_by: r.opt_text()?,
+        failure_signature: r.opt_text()?,
+        dead_letter_reason: r.parsed(DeadLetterReason::parse)?,
         lease_token_hash: r.hash()?,
+        late_reports: r
+            .opt_text()?
+            .map(|s| serde_json::from_str(&s).map_err(|e| bad("an attempt", e)))
+            .transpose()?
+            .unwrap_or_default(),
+        late_reports_total: r.count()?,
     }))
 }
 
@@ -713,13 +773,15 @@ mod tests {
             sql.update_todo,
             "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5, \
              attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8, next_retry_at = $9, \
-             result = $10, updated_at = $11 WHERE id = $1"
+             result = $10, updated_at = $11, dead_letter_reason = $12, deadline_at = $13 \
+             WHERE id = $1"
         );
         assert_eq!(
             sql.update_open_attempt,
             "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4, \
              ended_at = $5, outcome = $6, disposition = $7, summary = $8, \
-             summary_truncated = $9, artifact = $10, closed_by = $11 \
+             summary_truncated = $9, artifact = $10, closed_by = $11, failure_signature = $12, \
+             dead_letter_reason = $13 \
              WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL"
         );
     }

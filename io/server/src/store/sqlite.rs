@@ -39,6 +39,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (2, "todo_attempts", MIGRATION_0002),
     (3, "endpoints", MIGRATION_0003),
     (4, "todo_change_seq", MIGRATION_0004),
+    (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
 ];
 
@@ -164,6 +165,40 @@ CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, k
     UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
         WHERE id = NEW.id;
 END;
+";
+
+/// Recovery by failure class: why a dead letter is one (on the todo, and on the attempt whose
+/// close made it), the per-endpoint idempotency key (unique, so that concurrent adds with one
+/// key make one todo), the deadline, the repeated-failure budget, a failed attempt's signature
+/// and the late reports kept on closed attempts. Dead letters from before say
+/// `attempts_exhausted`, or `revoked` when their newest attempt was revoked; todos from before
+/// keep `max_same_failures = 0` (the rule off), as they were added without it.
+const MIGRATION_0005: &str = "
+ALTER TABLE todos ADD COLUMN dead_letter_reason TEXT CHECK (dead_letter_reason IN
+    ('attempts_exhausted', 'non_retryable', 'deadline', 'repeated_failure', 'revoked'));
+ALTER TABLE todos ADD COLUMN idempotency_key TEXT
+    CHECK (length(CAST(idempotency_key AS BLOB)) BETWEEN 1 AND 200);
+ALTER TABLE todos ADD COLUMN deadline_at INTEGER;
+ALTER TABLE todos ADD COLUMN max_same_failures INTEGER NOT NULL DEFAULT 0
+    CHECK (max_same_failures BETWEEN 0 AND 10);
+CREATE UNIQUE INDEX todos_idempotency ON todos (endpoint, idempotency_key);
+-- the retry sweep's deadline half
+CREATE INDEX todos_deadline ON todos (deadline_at)
+    WHERE deadline_at IS NOT NULL AND state IN ('pending', 'failed');
+ALTER TABLE todo_attempts ADD COLUMN failure_signature TEXT
+    CHECK (length(CAST(failure_signature AS BLOB)) <= 128);
+ALTER TABLE todo_attempts ADD COLUMN dead_letter_reason TEXT CHECK (dead_letter_reason IN
+    ('attempts_exhausted', 'non_retryable', 'deadline', 'repeated_failure', 'revoked'));
+ALTER TABLE todo_attempts ADD COLUMN late_reports TEXT;
+ALTER TABLE todo_attempts ADD COLUMN late_reports_total INTEGER NOT NULL DEFAULT 0
+    CHECK (late_reports_total >= 0);
+UPDATE todo_attempts SET dead_letter_reason =
+    CASE outcome WHEN 'revoked' THEN 'revoked' ELSE 'attempts_exhausted' END
+    WHERE disposition = 'dead_lettered';
+UPDATE todos SET dead_letter_reason = coalesce(
+    (SELECT a.dead_letter_reason FROM todo_attempts a
+      WHERE a.todo_id = todos.id AND a.seq = todos.attempts_total), 'attempts_exhausted')
+    WHERE state = 'failed' AND next_retry_at IS NULL;
 ";
 
 /// The SQLite backend of [`Store`](super::Store).
@@ -676,6 +711,18 @@ impl Rows for SqliteTx<'_> {
         Ok(Some((todo, open)))
     }
 
+    async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error> {
+        let op = "add_todo";
+        let vals = [
+            Val::Text(Some(endpoint.into())),
+            Val::Text(Some(key.into())),
+        ];
+        let found = self.rows(op, "(idempotency key)", &SQL.by_key, &vals, |r| {
+            rows::todo(r, 0)
+        })?;
+        Ok(found.into_iter().next())
+    }
+
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error> {
         let op = "add_todo";
         let vals = rows::todo_row(op, t)?;
@@ -702,6 +749,9 @@ impl Rows for SqliteTx<'_> {
                 AttemptWrite::PruneThrough(n) => {
                     let vals = [Val::Text(Some(todo.id.clone())), Val::Count(*n)];
                     self.exec(op, &todo.id, &SQL.prune, &vals).map(|_| 0)?
+                }
+                AttemptWrite::Late(a) => {
+                    self.exec(op, &a.todo_id, &SQL.update_late, &rows::late_update(a))?
                 }
             });
         }

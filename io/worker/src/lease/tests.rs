@@ -354,6 +354,15 @@ fn heartbeat_cmd(n: u64) -> Command {
     }
 }
 
+/// What our server's schemas declare: the contract's arguments and `fail`'s failure class.
+fn ours() -> Capabilities {
+    let mut caps = Capabilities::full(true);
+    if let Some(fail) = caps.declared.get_mut("fail") {
+        fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
+    }
+    caps
+}
+
 fn report_cmd(n: u64, verb: ReportVerb) -> Command {
     relay_core::testing::relay::report_command(n, verb, TOKEN)
 }
@@ -408,7 +417,7 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     let url = fake.start().await;
     let client = fake.client(&url);
     let caps = client.initialize().await.expect("initialize");
-    assert_eq!(caps, Capabilities::full(true));
+    assert_eq!(caps, ours());
     assert_eq!(client.capabilities(), Some(caps));
     let heartbeat = run(&client, heartbeat_cmd(1)).await;
     assert_eq!(
@@ -486,10 +495,7 @@ async fn claims_decode_fenced_unfenced_and_empty() {
 
     // No initialize first: the first call opens the session and reports the check.
     let first = run(&client, claim_cmd(1)).await;
-    assert_eq!(
-        first.session,
-        [SessionNews::Known(Capabilities::full(true))]
-    );
+    assert_eq!(first.session, [SessionNews::Known(ours())]);
     let Input::ClaimAnswered { request, claim } = &first.input else {
         panic!("{:?}", first.input)
     };
@@ -677,7 +683,7 @@ async fn reports_send_their_arguments_and_read_the_dead_letter() {
         calls[0].1,
         json!({"id": "td_1", "summary": "attempt 1/5 · agent failed",
                "artifact": "mcp://cairn/Ab12", "result": {"harness": {"run_id": 1}},
-               "lease_token": TOKEN})
+               "lease_token": TOKEN, "retryable": false, "failure_signature": "0123abcd"})
     );
     assert_eq!(calls[2].0, "release");
     assert_eq!(
@@ -805,16 +811,13 @@ async fn an_expired_session_is_reinitialized_and_the_call_retried_once() {
     );
     assert_eq!(
         out.session,
-        [
-            SessionNews::Expired,
-            SessionNews::Known(Capabilities::full(true))
-        ]
+        [SessionNews::Expired, SessionNews::Known(ours())]
     );
     assert_eq!(
         out.inputs(),
         [
             Input::SessionExpired,
-            Input::CapabilitiesKnown(Capabilities::full(true)),
+            Input::CapabilitiesKnown(ours()),
             Input::HeartbeatOk {
                 request: RequestId(1)
             }
@@ -843,7 +846,7 @@ async fn an_expired_session_is_reinitialized_and_the_call_retried_once() {
         out.session,
         [
             SessionNews::Expired,
-            SessionNews::Known(Capabilities::full(true)),
+            SessionNews::Known(ours()),
             SessionNews::Expired
         ]
     );
@@ -855,7 +858,7 @@ async fn an_expired_session_is_reinitialized_and_the_call_retried_once() {
             request: RequestId(3)
         }
     );
-    assert_eq!(out.session, [SessionNews::Known(Capabilities::full(true))]);
+    assert_eq!(out.session, [SessionNews::Known(ours())]);
     assert_eq!(fake.lock().gets, 0);
 }
 

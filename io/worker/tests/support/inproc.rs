@@ -148,6 +148,7 @@ impl System {
                         work_order: None,
                         max_attempts: Some(3),
                         assignee: None,
+                        ..NewTodo::default()
                     },
                 })
                 .await

@@ -187,6 +187,10 @@ fn second_open(id: &str) -> Attempt {
         summary: None,
         summary_truncated: false,
         artifact: None,
+        failure_signature: None,
+        dead_letter_reason: None,
+        late_reports: Vec::new(),
+        late_reports_total: 0,
         lease_token_hash: None,
         closed_by: None,
     }
@@ -263,4 +267,62 @@ fn postgres_checks_one_open_attempt_at_commit() {
         .unwrap();
         tx.commit().await.unwrap();
     });
+}
+
+/// Sixteen adds with one idempotency key at once, for many keys: the unique index lets one
+/// through, every other answers that same todo (`Existing`), and exactly one todo per key is
+/// stored. Without the index (or the second lookup after a refused insert) the losers would
+/// either make a second todo or answer a conflict.
+async fn concurrent_keyed_adds(store: Store) {
+    use relay_core::ledger::{Answer, NewTodo, Op, TodoFilter};
+    let keys = 12;
+    for k in 0..keys {
+        let mut tasks = Vec::new();
+        for c in 0..CLAIMERS {
+            let mut store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let new = NewTodo {
+                    idempotency_key: Some(format!("webhook-{k}")),
+                    ..new_todo(&format!("td_{k:02}_{c:02}"), "q")
+                };
+                let add = Op::AddTodo {
+                    now: T0 + k,
+                    endpoint: "e1".into(),
+                    new,
+                };
+                store.apply_op(add).await.unwrap()
+            }));
+        }
+        let mut created = Vec::new();
+        let mut existing = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Answer::Todo(t) => created.push(t.id),
+                Answer::Existing(t) => existing.push(t.id),
+                other => panic!("key {k}: {other:?}"),
+            }
+        }
+        assert_eq!(created.len(), 1, "key {k}: created {created:?}");
+        assert_eq!(existing.len(), CLAIMERS - 1, "key {k}");
+        assert!(
+            existing.iter().all(|id| id == &created[0]),
+            "key {k}: {existing:?}"
+        );
+    }
+    let all = TodoFilter {
+        limit: 10_000,
+        ..TodoFilter::default()
+    };
+    let mut store = store;
+    let todos = store.list_todos(&Actor::cli(), &all).await.unwrap();
+    assert_eq!(todos.len() as u64, keys, "one todo per key");
+}
+
+#[test]
+fn concurrent_adds_with_one_idempotency_key_make_one_todo() {
+    on_both_stores(
+        "concurrent_adds_with_one_idempotency_key_make_one_todo",
+        LedgerConfig::default(),
+        concurrent_keyed_adds,
+    );
 }
