@@ -230,6 +230,123 @@ async fn every_tool_works_over_http() {
     assert_eq!(empty, json!({"empty": true}));
 }
 
+/// The recovery rules, each through the real server and an MCP client: a non-retryable
+/// failure, repeated failures, a deadline, an idempotent add and a late report kept.
+#[tokio::test]
+async fn every_recovery_rule_works_over_http() {
+    let h = start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    let add = |title: &str, extra: Value| {
+        let mut args = json!({"queue": "ci", "title": title, "max_attempts": 5});
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        args
+    };
+    let fenced = json!({"queue": "ci", "require_fence": true, "lease_ttl_seconds": 60});
+
+    // Non-retryable: a dead letter on attempt 1 of 5, with its reason and an attention text.
+    let id = c.ok("add_todo", add("auth", json!({}))).await["id"].clone();
+    let claim = c.ok("claim_next", fenced.clone()).await;
+    let lease = claim["lease_token"].clone();
+    let failed = c
+        .ok(
+            "fail",
+            json!({"id": id, "lease_token": lease, "summary": "401 from the API", "retryable": false}),
+        )
+        .await;
+    assert_eq!(failed["dead_letter"], true, "{failed}");
+    assert_eq!(failed["dead_letter_reason"], "non_retryable");
+    assert_eq!(failed["attempt"], 1);
+    let view = c.ok("get_todo", json!({"id": id})).await;
+    assert!(
+        view["attention"].as_str().is_some_and(|a| !a.is_empty()),
+        "{view}"
+    );
+
+    // Repeated failures: the same signature twice in a row (max_same_failures defaults to 2).
+    let id = c.ok("add_todo", add("flaky", json!({}))).await["id"].clone();
+    let mut last = Value::Null;
+    for _ in 0..2 {
+        let claim = c
+            .ok("claim", json!({"id": id, "require_fence": true}))
+            .await;
+        last = c
+            .ok(
+                "fail",
+                json!({"id": id, "lease_token": claim["lease_token"], "failure_signature": "E42"}),
+            )
+            .await;
+        h.clock.advance(10 * 60_000);
+    }
+    assert_eq!(last["dead_letter_reason"], "repeated_failure", "{last}");
+    assert_eq!(last["attempt"], 2);
+
+    // A deadline: once passed, no new attempt starts and the retry sweep dead-letters it.
+    let id = c
+        .ok("add_todo", add("timed", json!({"deadline_seconds": 60})))
+        .await["id"]
+        .clone();
+    h.clock.advance(61_000);
+    c.fails("claim", json!({"id": id}), "conflict").await;
+    let swept = h.server.requeue_once(h.now()).await.unwrap();
+    assert!(
+        swept.iter().any(|t| t.id == id.as_str().unwrap()),
+        "{swept:?}"
+    );
+    let view = c.ok("get_todo", json!({"id": id})).await;
+    assert_eq!(view["todo"]["dead_letter_reason"], "deadline", "{view}");
+
+    // An idempotent add: the second answers the first todo, created: false, and adds nothing.
+    let first = c
+        .ok(
+            "add_todo",
+            add("hook", json!({"idempotency_key": "delivery-7"})),
+        )
+        .await;
+    assert_eq!(first["created"], true, "{first}");
+    let again = c
+        .ok(
+            "add_todo",
+            add("hook again", json!({"idempotency_key": "delivery-7"})),
+        )
+        .await;
+    assert_eq!(
+        (&again["id"], &again["created"]),
+        (&first["id"], &json!(false))
+    );
+    assert_eq!(again["title"], "hook");
+
+    // A late report: the first lease lapses, another claim takes over, and the first worker's
+    // complete is refused, kept on its closed attempt, and changes nothing.
+    let id = first["id"].clone();
+    let old = c
+        .ok(
+            "claim",
+            json!({"id": id, "require_fence": true, "lease_ttl_seconds": 60}),
+        )
+        .await;
+    h.clock.advance(61_000);
+    let new = c
+        .ok("claim", json!({"id": id, "require_fence": true}))
+        .await;
+    assert_eq!(new["attempt_seq"], 2, "{new}");
+    c.fails(
+        "complete",
+        json!({"id": id, "lease_token": old["lease_token"], "summary": "done after all"}),
+        "conflict",
+    )
+    .await;
+    let view = c.ok("get_todo", json!({"id": id})).await;
+    assert_eq!(view["todo"]["state"], "claimed", "{view}");
+    let lapsed = &view["attempts"][1];
+    assert_eq!(lapsed["outcome"], "lease_expired", "{view}");
+    assert_eq!(lapsed["late_reports"][0]["outcome"], "completed", "{view}");
+    assert_eq!(lapsed["late_reports"][0]["summary"], "done after all");
+}
+
 #[tokio::test]
 async fn every_error_code_is_a_tool_error_and_changes_nothing() {
     let h = start().await;
