@@ -190,7 +190,12 @@ impl TokenIndex {
             return tokens.get(&run);
         }
         for group in self.by_first.values() {
-            for at in group.shared.find_iter(text) {
+            // Every occurrence, overlapping ones too: tokens "aab" and "aac" share "aa", and
+            // "aaab" holds "aab" at the second "aa", which a non-overlapping search skips.
+            let mut from = 0;
+            while let Some(found) = group.shared.find(&text[from..]) {
+                let at = from + found;
+                from = at + 1;
                 let rest = &text[at..];
                 for &len in group.lens.range(..=rest.len()) {
                     let window = &rest[..len];
@@ -418,6 +423,16 @@ mod tests {
                 assert!(text.contains(t.as_str()), "{text:?} does not hold {t:?}");
             }
         }
+        // Occurrences of a group's shared prefix that overlap: "aab" sits at the second "aa".
+        let overlapping: BTreeMap<u64, String> = [(1, "aab"), (2, "aac")]
+            .into_iter()
+            .map(|(r, t)| (r, t.to_string()))
+            .collect();
+        let mut index = TokenIndex::default();
+        for (r, t) in &overlapping {
+            index.insert(*r, t);
+        }
+        assert_eq!(index.find(b"aaab", &overlapping), Some(&"aab".to_string()));
         // An empty token is in every text, as `contains` says.
         let empty: BTreeMap<u64, String> = [(9, String::new())].into_iter().collect();
         let mut index = TokenIndex::default();
