@@ -157,22 +157,25 @@ fn report_of(
     }
 }
 
-/// The late-report note a refused report leads to: what it claimed, under which fence.
-fn late_note(
+/// What a report waits for: its todo, and, when it is fenced, the late-report note that a
+/// refusal leads to (what it claimed, under which fence).
+fn report_waits(
     now: Millis,
     actor: &Actor,
     id: &str,
     outcome: Outcome,
     summary: Option<&str>,
     token: Option<&LeaseToken>,
-) -> Option<Op> {
-    token.map(|t| Op::NoteLate {
-        now,
-        actor: actor.clone(),
-        id: id.to_string(),
-        outcome,
-        summary: summary.map(str::to_string),
-        token_hash: Some(t.hash()),
+) -> Waiting {
+    token.map_or(Waiting::Todo, |t| {
+        Waiting::Report(Box::new(Op::NoteLate {
+            now,
+            actor: actor.clone(),
+            id: id.to_string(),
+            outcome,
+            summary: summary.map(str::to_string),
+            token_hash: Some(t.hash()),
+        }))
     })
 }
 
@@ -282,7 +285,7 @@ impl Serving {
                 (op, Waiting::Todo)
             }
             ToolCall::Complete(a) => {
-                let late = late_note(
+                let waits = report_waits(
                     now,
                     &actor,
                     &a.id,
@@ -297,13 +300,10 @@ impl Serving {
                     id: a.id,
                     report,
                 };
-                (
-                    op,
-                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
-                )
+                (op, waits)
             }
             ToolCall::Fail(a) => {
-                let late = late_note(
+                let waits = report_waits(
                     now,
                     &actor,
                     &a.id,
@@ -322,13 +322,10 @@ impl Serving {
                     id: a.id,
                     report,
                 };
-                (
-                    op,
-                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
-                )
+                (op, waits)
             }
             ToolCall::Release(a) => {
-                let late = late_note(
+                let waits = report_waits(
                     now,
                     &actor,
                     &a.id,
@@ -343,10 +340,7 @@ impl Serving {
                     summary: a.summary,
                     token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
                 };
-                (
-                    op,
-                    late.map_or(Waiting::Todo, |n| Waiting::Report(Box::new(n))),
-                )
+                (op, waits)
             }
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
