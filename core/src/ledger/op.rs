@@ -179,6 +179,34 @@ impl Op {
         }
     }
 
+    /// The time the operation's rules read, for a store whose clock decides instead of the
+    /// caller's (Postgres shared by several servers: the database's clock, read in the same
+    /// transaction, so every server computes every lease from one clock). `None` for the
+    /// operations that read no time.
+    pub fn now_mut(&mut self) -> Option<&mut Millis> {
+        match self {
+            Op::AddTodo { now, .. }
+            | Op::Claim { now, .. }
+            | Op::ClaimNext { now, .. }
+            | Op::Heartbeat { now, .. }
+            | Op::Complete { now, .. }
+            | Op::Fail { now, .. }
+            | Op::Release { now, .. }
+            | Op::NoteLate { now, .. }
+            | Op::Retry { now, .. }
+            | Op::Cancel { now, .. }
+            | Op::Reap { now }
+            | Op::RequeueDue { now }
+            | Op::RevokeEndpoint { now, .. }
+            | Op::PurgeFinished { now, .. }
+            | Op::PauseQueue { now, .. } => Some(now),
+            Op::GetTodo { .. }
+            | Op::ListTodos { .. }
+            | Op::DeleteTodo { .. }
+            | Op::PausedQueues => None,
+        }
+    }
+
     /// Whether the operation may write (a store takes its write lock up front) or only reads.
     pub fn writes(&self) -> bool {
         !matches!(
