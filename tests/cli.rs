@@ -232,7 +232,8 @@ fn one_line_error(code: i32, err: &str, needle: &str) {
 
 #[test]
 fn operator_and_queue_commands_round_trip_on_sqlite() {
-    let dir = temp_dir("operators");
+    let tmp = temp_dir("operators");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let (code, token, err) = run_db(&db, &["operator", "create", "alice"]);
     assert_eq!(code, 0, "{err}");
@@ -270,7 +271,8 @@ fn operator_and_queue_commands_round_trip_on_sqlite() {
 
 #[test]
 fn endpoint_and_todo_commands_round_trip_on_sqlite() {
-    let dir = temp_dir("operator");
+    let tmp = temp_dir("operator");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
 
     // create: the token, one line, shown once; `--db` and RELAY_DB both name the store.
@@ -405,7 +407,8 @@ fn http(
 
 #[test]
 fn serve_prints_its_address_serves_mcp_and_stops_gracefully_on_sigterm() {
-    let dir = temp_dir("serve");
+    let tmp = temp_dir("serve");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let (_, token, _) = run_db(
         &db,

@@ -16,7 +16,8 @@ fn assert_inert(what: &str, text: &str) {
 
 #[test]
 fn operator_text_output_escapes_controls_and_bidi_and_json_stays_exact() {
-    let dir = temp_dir("hostile-text");
+    let tmp = temp_dir("hostile-text");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let (code, _, err) = run_db(&db, &["endpoint", "create", "ci", "--verbs", "claim_next"]);
     assert_eq!(code, 0, "{err}");
@@ -69,7 +70,8 @@ fn wait_exit(child: &mut std::process::Child) -> i32 {
 #[test]
 fn serve_exits_zero_after_the_grace_with_a_half_sent_request() {
     use std::io::Write as _;
-    let dir = temp_dir("hostile-grace");
+    let tmp = temp_dir("hostile-grace");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let (mut child, base) = serve(&db, &["--shutdown-grace", "200ms"]);
     let addr = base.strip_prefix("http://").unwrap();
@@ -95,7 +97,8 @@ fn serve_exits_zero_after_the_grace_with_a_half_sent_request() {
 
 #[test]
 fn serve_speaks_tls_from_pem_files() {
-    let dir = temp_dir("hostile-tls");
+    let tmp = temp_dir("hostile-tls");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let cert_pem = cert.cert.pem();
@@ -147,7 +150,8 @@ fn serve_speaks_tls_from_pem_files() {
 
 #[test]
 fn serve_refuses_bad_limits_and_tls_files_in_one_line_naming_the_flag() {
-    let dir = temp_dir("hostile-flags");
+    let tmp = temp_dir("hostile-flags");
+    let dir = tmp.path();
     let db = format!("sqlite:{}", dir.join("relay.db").display());
     let missing = dir.join("missing.pem");
     let missing = missing.to_str().unwrap();

@@ -98,12 +98,13 @@ pub fn relay() -> Command {
     Command::new(relay_bin())
 }
 
-/// A fresh, empty temp dir for this test binary and `tag`.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("relay-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh, empty temp dir named for `tag`, removed when the handle drops (a test that fails
+/// leaves nothing behind either: the panic unwinds through the drop).
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("relay-{tag}-"))
+        .tempdir()
+        .expect("a temp dir")
 }
 
 /// Runs `relay ARGS` with `RELAY_DB=db`: exit code, stdout, stderr (both must be UTF-8).
