@@ -373,7 +373,6 @@ fn endpoint_and_todo_commands_round_trip_on_sqlite() {
     // A database URL the store does not know.
     let (code, _, err) = run(&["--db", "mysql://x", "todo", "list"]);
     one_line_error(code, &err, "sqlite:PATH");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// One HTTP/1.1 exchange over a fresh connection: (status, headers, body).
@@ -481,7 +480,6 @@ fn serve_prints_its_address_serves_mcp_and_stops_gracefully_on_sigterm() {
     let logs = String::from_utf8(out.stderr).unwrap();
     assert!(logs.contains("stopped"), "{logs}");
     assert!(!logs.contains(&token), "no token in logs");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -491,4 +489,19 @@ fn serve_refuses_an_address_it_cannot_bind_in_one_line() {
     let (code, out, err) = run(&["--db", "sqlite::memory:", "serve", "--listen", &addr]);
     assert!(out.is_empty());
     one_line_error(code, &err, "--listen");
+}
+
+#[test]
+fn a_reader_that_went_away_ends_the_output_quietly() {
+    // `relay sim … | head`: stdout's reader is gone before the first line is written.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = relay()
+        .args(["sim", "--seed", "0"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

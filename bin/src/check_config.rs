@@ -19,9 +19,8 @@ pub struct Args {
 pub fn run(args: Args) -> ExitCode {
     match check(&args) {
         Ok(summary) => {
-            #[allow(clippy::print_stdout)]
             {
-                println!("{summary}");
+                out!("{summary}");
             }
             ExitCode::SUCCESS
         }

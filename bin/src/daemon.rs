@@ -192,7 +192,6 @@ fn ask_daemon(state: &StateArgs, request: Request) -> Result<Value, RequestError
     runtime().block_on(control::request(&dir, &request, Duration::from_secs(60)))
 }
 
-#[allow(clippy::print_stdout)]
 pub fn trigger(args: HarnessArgs) -> ExitCode {
     match ask(
         &args.state,
@@ -201,14 +200,13 @@ pub fn trigger(args: HarnessArgs) -> ExitCode {
         },
     ) {
         Ok(_) => {
-            println!("fired {}", args.harness);
+            out!("fired {}", args.harness);
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
     }
 }
 
-#[allow(clippy::print_stdout)]
 pub fn describe(args: DescribeArgs) -> ExitCode {
     let answer = match ask(
         &args.state,
@@ -224,7 +222,7 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
         .cloned()
         .unwrap_or(Value::Array(Vec::new()));
     if args.json {
-        println!("{harnesses}");
+        out!("{harnesses}");
         return ExitCode::SUCCESS;
     }
     for h in harnesses.as_array().into_iter().flatten() {
@@ -239,17 +237,17 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
         };
         let relay = &h["relay"];
         let source = &h["source"];
-        println!("harness {}", s(&relay["harness"]));
-        println!(
+        out!("harness {}", s(&relay["harness"]));
+        out!(
             "  lease source   {} ({})",
             s(&source["name"]),
             s(&source["url"])
         );
-        println!("  header names   {}", s(&source["header_names"]));
-        println!("  session        {}", s(&source["session"]));
-        println!("  next schedule  {}", s(&h["schedule"]));
+        out!("  header names   {}", s(&source["header_names"]));
+        out!("  session        {}", s(&source["session"]));
+        out!("  next schedule  {}", s(&h["schedule"]));
         match relay.get("attempt").filter(|a| !a.is_null()) {
-            Some(a) => println!(
+            Some(a) => out!(
                 "  in flight      run {} {} todo {} attempt {}/{} lease deadline {}",
                 s(&a["run_id"]),
                 s(&a["phase"]),
@@ -258,7 +256,7 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
                 s(&a["max_attempts"]),
                 s(&a["lease_deadline"])
             ),
-            None => println!("  in flight      -"),
+            None => out!("  in flight      -"),
         }
     }
     ExitCode::SUCCESS
@@ -266,7 +264,7 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
 
 /// With a daemon running for the state dir, its rows; without one, the rows of `--config`'s
 /// sources, asked directly (an operator runs doctor precisely when the daemon does not work).
-#[allow(clippy::print_stdout, clippy::print_stderr)]
+#[allow(clippy::print_stderr)]
 pub fn doctor(args: DoctorArgs) -> ExitCode {
     let rows = match ask_daemon(&args.state, Request::Doctor) {
         Ok(answer) => answer
@@ -301,10 +299,10 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
         .flatten()
         .any(|r| r["level"] == "fail");
     if args.json {
-        println!("{rows}");
+        out!("{rows}");
     } else {
         for r in rows.as_array().into_iter().flatten() {
-            println!(
+            out!(
                 "{:<6} {:<24} {}",
                 r["level"].as_str().unwrap_or("?"),
                 relay_core::limits::escape_text(r["subject"].as_str().unwrap_or("?")),
@@ -319,7 +317,6 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
     }
 }
 
-#[allow(clippy::print_stdout)]
 pub fn runs(args: RunsArgs) -> ExitCode {
     let dir = args.state.state_dir();
     let journal = match Journal::open(Path::new(&dir)) {
@@ -331,12 +328,17 @@ pub fn runs(args: RunsArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     if args.json {
-        println!("{}", serde_json::to_string(&records).unwrap_or_default());
+        out!("{}", serde_json::to_string(&records).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
-    println!(
+    out!(
         "{:>6}  {:<12} {:<26} {:<14} {:<24} {:>7}  trigger",
-        "run", "outcome", "started", "relay", "todo", "attempt"
+        "run",
+        "outcome",
+        "started",
+        "relay",
+        "todo",
+        "attempt"
     );
     for r in records {
         let outcome = serde_json::to_value(r.outcome).unwrap_or_default();
@@ -346,7 +348,7 @@ pub fn runs(args: RunsArgs) -> ExitCode {
             .and_then(|s| serde_json::to_value(s).ok())
             .and_then(|v| v.as_str().map(str::to_string));
         let relay_col = reason.unwrap_or_else(|| relay_outcome.to_string());
-        println!(
+        out!(
             "{:>6}  {:<12} {:<26} {:<14} {:<24} {:>7}  {}",
             r.run_id,
             outcome.as_str().unwrap_or("?"),
@@ -363,18 +365,17 @@ pub fn runs(args: RunsArgs) -> ExitCode {
 }
 
 /// `relay reload`: the daemon re-reads its config and says what changed.
-#[allow(clippy::print_stdout)]
 pub fn reload(args: ReloadArgs) -> ExitCode {
     let answer = match ask(&args.state, Request::Reload) {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
     if args.json {
-        println!("{answer}");
+        out!("{answer}");
         return ExitCode::SUCCESS;
     }
     for line in reload_lines(&answer) {
-        println!("{line}");
+        out!("{line}");
     }
     ExitCode::SUCCESS
 }
@@ -458,7 +459,6 @@ fn reload_lines(answer: &Value) -> Vec<String> {
 
 /// `relay stop HARNESS`: an operator stop of the attempt in flight. Exit status 0 whether or
 /// not one was in flight (the harness runs nothing afterwards either way); the line says which.
-#[allow(clippy::print_stdout)]
 pub fn stop(args: HarnessArgs) -> ExitCode {
     let answer = match ask(
         &args.state,
@@ -475,14 +475,14 @@ pub fn stop(args: HarnessArgs) -> ExitCode {
         .map(|t| format!(", todo {t}"))
         .unwrap_or_default();
     if answer["stopped"] == true {
-        println!(
+        out!(
             "stopping {h}: run {}{todo} is stopped and its lease released; later firings run as scheduled",
             answer["run_id"]
         );
     } else if answer["run_id"].is_null() {
-        println!("nothing to stop: {h} has no attempt in flight");
+        out!("nothing to stop: {h} has no attempt in flight");
     } else {
-        println!(
+        out!(
             "nothing to stop: {h}'s run {}{todo} is already ending ({})",
             answer["run_id"],
             answer["phase"].as_str().unwrap_or("?")
@@ -492,17 +492,9 @@ pub fn stop(args: HarnessArgs) -> ExitCode {
 }
 
 /// `relay events [--follow]`: the daemon's events, one JSON object per line.
-#[allow(clippy::print_stdout)]
 pub fn events(args: EventsArgs) -> ExitCode {
-    use std::io::Write;
     let dir = args.state.state_dir();
-    let printed = runtime().block_on(control::events(&dir, args.follow, |event| {
-        let mut out = std::io::stdout().lock();
-        // A closed stdout (`relay events | head`) ends nothing here; the stream ends with the
-        // daemon or the socket.
-        let _ = writeln!(out, "{event}");
-        let _ = out.flush();
-    }));
+    let printed = runtime().block_on(control::events(&dir, args.follow, |event| out!("{event}")));
     match printed {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),

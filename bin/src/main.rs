@@ -3,6 +3,18 @@
 //! Every command has `--help`. Errors go to stderr as one line saying what was wrong and what to
 //! do, with a non-zero exit status (2 for a usage error).
 
+/// `println!` for what a command prints: a reader that went away (`relay sim … | head`,
+/// `relay events --follow | head`) ends the command quietly with success, as it ends `cat`,
+/// instead of a panic or a stream writing into nothing. Defined before the modules that use it.
+macro_rules! out {
+    () => {
+        $crate::stdout_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout_line(format_args!($($arg)*))
+    };
+}
+
 mod check_config;
 mod daemon;
 mod logs;
@@ -139,5 +151,21 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+/// One line on stdout (see `out!`).
+fn stdout_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("relay: cannot write to stdout: {e}");
+        }
+        std::process::exit(1);
     }
 }

@@ -4,7 +4,6 @@
 //! `--json` (one JSON document on stdout); errors are one line on stderr and a non-zero exit.
 
 // These commands exist to print.
-#![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
 
@@ -245,7 +244,7 @@ async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
             store
                 .operator_create(now(), &name, TokenHash::of(&token))
                 .await?;
-            println!("{token}");
+            out!("{token}");
             Ok(())
         }
         OperatorCmd::List { json } => {
@@ -262,21 +261,21 @@ async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
                         })
                     })
                     .collect();
-                println!("{}", json!({ "operators": list }));
+                out!("{}", json!({ "operators": list }));
                 return Ok(());
             }
             if all.is_empty() {
-                println!("no operators; create one with `relay operator create NAME`");
+                out!("no operators; create one with `relay operator create NAME`");
                 return Ok(());
             }
-            println!("{:<20} {:<8} CREATED", "NAME", "STATE");
+            out!("{:<20} {:<8} CREATED", "NAME", "STATE");
             for o in &all {
                 let state = if o.revoked_at.is_some() {
                     "revoked"
                 } else {
                     "active"
                 };
-                println!(
+                out!(
                     "{:<20} {:<8} {}",
                     esc(&o.name),
                     state,
@@ -288,7 +287,7 @@ async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
         OperatorCmd::Revoke { name } => {
             let store = open(db).await?;
             store.operator_revoke(now(), &name).await?;
-            println!("revoked {name}; its Board sessions ended");
+            out!("revoked {name}; its Board sessions ended");
             Ok(())
         }
     }
@@ -302,12 +301,12 @@ async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
         QueueCmd::Paused { json } => {
             let paused = store.apply(Op::PausedQueues).await?.queues()?;
             if json {
-                println!("{}", json!({ "paused": paused }));
+                out!("{}", json!({ "paused": paused }));
             } else if paused.is_empty() {
-                println!("no paused queues");
+                out!("no paused queues");
             } else {
                 for q in &paused {
-                    println!("{}", esc(q));
+                    out!("{}", esc(q));
                 }
             }
             return Ok(());
@@ -321,7 +320,7 @@ async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
     };
     store.apply(op).await?.queues()?;
     let verb = if paused { "paused" } else { "resumed" };
-    println!("{verb} {}", esc(&queue));
+    out!("{verb} {}", esc(&queue));
     Ok(())
 }
 
@@ -363,7 +362,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
                     },
                 )
                 .await?;
-            println!("{token}");
+            out!("{token}");
             Ok(())
         }
         EndpointCmd::List { json } => {
@@ -371,14 +370,14 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             let all = store.endpoint_list().await?;
             if json {
                 let list: Vec<Value> = all.iter().map(endpoint_json).collect();
-                println!("{}", json!({ "endpoints": list }));
+                out!("{}", json!({ "endpoints": list }));
                 return Ok(());
             }
             if all.is_empty() {
-                println!("no endpoints; vend one with `relay endpoint create NAME --verbs …`");
+                out!("no endpoints; vend one with `relay endpoint create NAME --verbs …`");
                 return Ok(());
             }
-            println!("{:<20} {:<8} {:<24} VERBS", "NAME", "STATE", "QUEUES");
+            out!("{:<20} {:<8} {:<24} VERBS", "NAME", "STATE", "QUEUES");
             for e in &all {
                 let state = if e.revoked_at.is_some() {
                     "revoked"
@@ -386,7 +385,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
                     "active"
                 };
                 let queues = e.queues.as_ref().map_or("*".to_string(), |q| q.join(","));
-                println!(
+                out!(
                     "{:<20} {:<8} {:<24} {}",
                     esc(&e.name),
                     state,
@@ -399,7 +398,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
         EndpointCmd::Revoke { name } => {
             let store = open(db).await?;
             let (_, todos) = store.endpoint_revoke(now(), &name).await?;
-            println!(
+            out!(
                 "revoked {name}; {} claimed todo(s) dead-lettered",
                 todos.len()
             );
@@ -504,7 +503,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 new,
             };
             let t = store.apply(add).await?.todo()?;
-            println!("{}", t.id);
+            out!("{}", t.id);
             Ok(())
         }
         TodoCmd::List {
@@ -536,19 +535,23 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 .todos()?;
             if json {
                 let list: Vec<Value> = todos.iter().map(todo_json).collect();
-                println!("{}", json!({ "todos": list }));
+                out!("{}", json!({ "todos": list }));
                 return Ok(());
             }
             if todos.is_empty() {
-                println!("no todos");
+                out!("no todos");
                 return Ok(());
             }
-            println!(
+            out!(
                 "{:<26} {:<9} {:<14} {:<16} {:<5} TITLE",
-                "ID", "STATE", "ENDPOINT", "QUEUE", "TRIES"
+                "ID",
+                "STATE",
+                "ENDPOINT",
+                "QUEUE",
+                "TRIES"
             );
             for t in &todos {
-                println!("{}", todo_line(t));
+                out!("{}", todo_line(t));
             }
             Ok(())
         }
@@ -573,12 +576,12 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 if let Some(t) = v.get_mut("todo").and_then(Value::as_object_mut) {
                     t.insert("endpoint".into(), json!(view.todo.endpoint));
                 }
-                println!("{v}");
+                out!("{v}");
                 return Ok(());
             }
             let t = &view.todo;
-            println!("{}  {}", esc(&t.id), esc(&t.title));
-            println!(
+            out!("{}  {}", esc(&t.id), esc(&t.title));
+            out!(
                 "  state {}{}  endpoint {}  queue {}  attempt {}/{}  attempts ever {}",
                 t.state,
                 match t.dead_letter_reason {
@@ -592,26 +595,26 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 t.attempts_total
             );
             if let Some(at) = t.next_retry_at {
-                println!("  next retry at {}", rfc3339(at));
+                out!("  next retry at {}", rfc3339(at));
             }
             if let Some(at) = t.deadline_at {
-                println!("  deadline {}", rfc3339(at));
+                out!("  deadline {}", rfc3339(at));
             }
             if let Some(k) = &t.idempotency_key {
-                println!("  idempotency key {}", esc(k));
+                out!("  idempotency key {}", esc(k));
             }
             if let Some(text) = relay_core::ledger::attention(&view) {
-                println!("  attention: {}", esc(&text));
+                out!("  attention: {}", esc(&text));
             }
             if let Some(p) = &t.payload {
-                println!("  payload {}", esc(&p.to_string()));
+                out!("  payload {}", esc(&p.to_string()));
             }
             if let Some(r) = &t.result {
-                println!("  result {}", esc(&r.to_string()));
+                out!("  result {}", esc(&r.to_string()));
             }
-            println!("  attempts (newest first):");
+            out!("  attempts (newest first):");
             if view.attempts.is_empty() {
-                println!("    none yet");
+                out!("    none yet");
             }
             for a in &view.attempts {
                 let end = match (a.ended_at, a.outcome, a.disposition) {
@@ -624,7 +627,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     }
                     _ => format!("open, lease until {}", rfc3339(a.lease_expires_at)),
                 };
-                println!(
+                out!(
                     "    #{} (try {}) by {}{} claimed {}: {end}",
                     a.seq,
                     a.attempt,
@@ -635,19 +638,19 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     rfc3339(a.claimed_at)
                 );
                 if let Some(s) = &a.summary {
-                    println!("      summary: {}", esc(s));
+                    out!("      summary: {}", esc(s));
                 }
                 if let Some(op) = &a.closed_by {
-                    println!("      closed by operator: {}", esc(op));
+                    out!("      closed by operator: {}", esc(op));
                 }
                 if let Some(art) = &a.artifact {
-                    println!("      artifact: {}", esc(art));
+                    out!("      artifact: {}", esc(art));
                 }
                 if let Some(sig) = &a.failure_signature {
-                    println!("      failure signature: {}", esc(sig));
+                    out!("      failure signature: {}", esc(sig));
                 }
                 for l in &a.late_reports {
-                    println!(
+                    out!(
                         "      late report at {}: {}{}",
                         rfc3339(l.at),
                         l.outcome,
@@ -657,14 +660,14 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                     );
                 }
                 if a.late_reports_total as usize > a.late_reports.len() {
-                    println!(
+                    out!(
                         "      ({} more late reports, counted only)",
                         a.late_reports_total as usize - a.late_reports.len()
                     );
                 }
             }
             if view.attempts_pruned > 0 {
-                println!("  ({} older attempts pruned)", view.attempts_pruned);
+                out!("  ({} older attempts pruned)", view.attempts_pruned);
             }
             Ok(())
         }
@@ -672,14 +675,14 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             let store = open(db).await?;
             let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Retry { now, actor, id }).await?.todo()?;
-            println!("{}: {}", esc(&t.id), t.state);
+            out!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
         TodoCmd::Cancel { id } => {
             let store = open(db).await?;
             let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Cancel { now, actor, id }).await?.todo()?;
-            println!("{}: {}", esc(&t.id), t.state);
+            out!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }
     }

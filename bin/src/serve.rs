@@ -8,7 +8,6 @@
 //! stop, exit 0.
 
 // The ready line is the command's contract.
-#![allow(clippy::print_stdout)]
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -139,7 +138,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.secure_cookies = tls.is_some();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let server = Server::new(store, Arc::new(SystemClock), config, None);
-    println!("listening on {scheme}://{bound}");
+    out!("listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
     server

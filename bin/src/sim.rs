@@ -185,7 +185,6 @@ fn sweep(
     })
 }
 
-#[allow(clippy::print_stdout)]
 pub fn run(args: Args) -> ExitCode {
     use std::ops::ControlFlow;
     // A sweep without --seed starts at 0, so that it is the same sweep every time; a single
@@ -232,9 +231,9 @@ pub fn run(args: Args) -> ExitCode {
         } = s;
         let seed = if saved.is_some() { options.seed } else { seed };
         if single {
-            println!("seed {seed}");
-            println!("{options}");
-            println!("plan: {}", plan_line(&plan));
+            out!("seed {seed}");
+            out!("{options}");
+            out!("plan: {}", plan_line(&plan));
         }
         if let Some(again) = again
             && again != (result.trace_hash, result.events)
@@ -270,10 +269,10 @@ pub fn run(args: Args) -> ExitCode {
                 eprintln!("relay: {e}");
                 return ControlFlow::Break(ExitCode::from(2));
             }
-            println!("saved the run to {}", path.display());
+            out!("saved the run to {}", path.display());
         }
         if single {
-            println!(
+            out!(
                 "ok: {} events, {} simulated, trace {:#018x}{}",
                 result.events,
                 format_duration(result.sim_time),
@@ -306,7 +305,7 @@ pub fn run(args: Args) -> ExitCode {
         b.finish_and_clear();
     }
     let secs = started.elapsed().as_secs_f64().max(1e-9);
-    println!(
+    out!(
         "{n} seed{} ok: {events} events, {} simulated, {:.0} events/s{}",
         if n == 1 { "" } else { "s" },
         format_duration(simulated),
@@ -317,7 +316,7 @@ pub fn run(args: Args) -> ExitCode {
             ""
         }
     );
-    println!("counts: {}", counts_line(&totals));
+    out!("counts: {}", counts_line(&totals));
     ExitCode::SUCCESS
 }
 
@@ -339,7 +338,6 @@ fn plan_line(plan: &Plan) -> String {
     )
 }
 
-#[allow(clippy::print_stdout)]
 fn report_violation(
     seed: u64,
     args: &Args,
@@ -352,32 +350,32 @@ fn report_violation(
         Kind::Correctness => "correctness",
         Kind::Liveness => "liveness",
     };
-    println!(
+    out!(
         "VIOLATION ({kind}) of {} at step {} (+{} simulated): {}",
         v.invariant,
         v.step,
         format_duration(v.at.saturating_sub(relay_sim::world::T0)),
         v.detail
     );
-    println!("seed {seed}: {options}");
-    println!("counts: {}", counts_line(&result.counts));
+    out!("seed {seed}: {options}");
+    out!("counts: {}", counts_line(&result.counts));
     let mut keep = plan.clone();
     if args.shrink {
         let small = shrink(options, plan, v.invariant);
-        println!(
+        out!(
             "shrunk plan: {} of {} faults still break {}:",
             small.faults.len(),
             plan.faults.len(),
             v.invariant
         );
         for (at, f) in &small.faults {
-            println!("  +{} {f:?}", format_duration(*at));
+            out!("  +{} {f:?}", format_duration(*at));
         }
         keep = small;
     }
     if let Some(path) = &args.save_plan {
         match save(path, options, &keep) {
-            Ok(()) => println!(
+            Ok(()) => out!(
                 "saved the run to {}; replay: relay sim --plan {}",
                 path.display(),
                 path.display()
@@ -385,7 +383,7 @@ fn report_violation(
             Err(e) => eprintln!("relay: {e}"),
         }
     }
-    println!("repro: {}", repro(seed, args));
+    out!("repro: {}", repro(seed, args));
     Some(ExitCode::from(match v.kind {
         Kind::Correctness => 1,
         Kind::Liveness => 3,

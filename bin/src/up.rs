@@ -301,15 +301,14 @@ async fn up(dir: &Path) -> Result<(), String> {
     let _ = server_stop.send(());
     let _ = serving.await;
     table(&store, &ids).await?;
-    #[allow(clippy::print_stdout)]
     {
-        println!();
-        println!("files: {}", dir.display());
-        println!(
+        out!();
+        out!("files: {}", dir.display());
+        out!(
             "  relay runs worker-1 --state-dir {}    run records",
             dir.join("state").display()
         );
-        println!(
+        out!(
             "  {}/state/jobs/<worker>/<run>.log    run logs",
             dir.display()
         );
@@ -372,12 +371,14 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     }
 }
 
-#[allow(clippy::print_stdout)]
 async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
-    println!();
-    println!(
+    out!();
+    out!(
         "{:<32} {:>3}  {:<14} {:<5}  summary",
-        "todo", "seq", "outcome", "died"
+        "todo",
+        "seq",
+        "outcome",
+        "died"
     );
     for id in ids {
         let get = Op::GetTodo {
@@ -402,7 +403,7 @@ async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
                 .as_deref()
                 .and_then(|s| s.lines().next())
                 .unwrap_or("-");
-            println!(
+            out!(
                 "{:<32} {:>3}  {:<14} {:<5}  {}",
                 cut(&view.todo.title, 32),
                 a.seq,
