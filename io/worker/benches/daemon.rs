@@ -74,14 +74,21 @@ async fn baseline(n: usize, dir: &std::path::Path) -> Vec<f64> {
 
 /// Per attempt the daemon ran, in ms: claim answer → first instruction of the agent, and firing
 /// (the run record's `started_at`, before admission and the claim request) → first instruction,
-/// which also holds the claim's wait at the store.
-fn latencies(state: &std::path::Path, harnesses: usize) -> (Vec<f64>, Vec<f64>) {
+/// which also holds the claim's wait at the store. Also the firing's split, medians over the
+/// attempts: firing → the server's claim time (the attempt's `claimed_at` in the store: request
+/// out, HTTP in, the server's checks), → the claim answer's arrival (the store's queue and
+/// commit, the answer back), → spawn.
+async fn latencies(
+    store: &relay_server::store::Store,
+    state: &std::path::Path,
+    harnesses: usize,
+) -> Latencies {
     let time = |v: &serde_json::Value| {
         v.as_str()
             .and_then(relay_core::time::parse_rfc3339)
             .expect("an RFC 3339 time") as f64
     };
-    let (mut claim, mut fire) = (Vec::new(), Vec::new());
+    let mut l = Latencies::default();
     for n in 0..harnesses {
         let dir = state.join(format!("jobs/w{n}"));
         for e in std::fs::read_dir(&dir).expect("jobs dir").flatten() {
@@ -96,28 +103,61 @@ fn latencies(state: &std::path::Path, harnesses: usize) -> (Vec<f64>, Vec<f64>) 
             let json = |path: std::path::PathBuf| -> serde_json::Value {
                 serde_json::from_slice(&std::fs::read(path).expect("readable")).expect("json")
             };
-            let claimed = time(&json(dir.join(context))["attempt"]["claimed_at"]);
+            let ctx = json(dir.join(context));
+            let claimed = time(&ctx["attempt"]["claimed_at"]);
             let run_id = context.strip_suffix(".relay.json").expect("a context file");
             let fired = time(&json(state.join(format!("runs/w{n}/{run_id}.json")))["started_at"]);
+            let view = store
+                .apply(relay_core::ledger::Op::GetTodo {
+                    actor: relay_core::ledger::Actor::cli(),
+                    id: ctx["todo"]["id"].as_str().expect("todo id").to_string(),
+                    attempts_limit: 100,
+                })
+                .await
+                .and_then(relay_core::ledger::Answer::view)
+                .expect("the todo");
+            let seq = ctx["attempt"]["seq"].as_u64().expect("seq");
+            let at_server = view
+                .attempts
+                .iter()
+                .find(|a| u64::from(a.seq) == seq)
+                .expect("the attempt")
+                .claimed_at as f64;
             let started = std::fs::read_to_string(&p)
                 .expect("start")
                 .trim()
                 .parse::<f64>()
                 .expect("ns")
                 / 1e6;
-            claim.push(started - claimed);
-            fire.push(started - fired);
+            l.claim.push(started - claimed);
+            l.fire.push(started - fired);
+            l.to_server.push(at_server - fired);
+            l.to_answer.push(claimed - at_server);
         }
     }
-    claim.sort_by(f64::total_cmp);
-    fire.sort_by(f64::total_cmp);
-    (claim, fire)
+    for v in [
+        &mut l.claim,
+        &mut l.fire,
+        &mut l.to_server,
+        &mut l.to_answer,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    l
+}
+
+#[derive(Default)]
+struct Latencies {
+    claim: Vec<f64>,
+    fire: Vec<f64>,
+    to_server: Vec<f64>,
+    to_answer: Vec<f64>,
 }
 
 /// Runs `todos` attempts of `harnesses` harnesses and returns their latencies (see `latencies`).
 /// `fire`: `None` lets the schedule (every second, all at once) fire them; `Some(())` fires one
 /// harness by hand each time the previous attempt is done (no contention anywhere).
-async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> (Vec<f64>, Vec<f64>) {
+async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> Latencies {
     let system = inproc::System::start();
     let schedule = if by_hand { "@daily" } else { "@every 1s" };
     let config = system
@@ -151,13 +191,13 @@ async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> (Vec<f64>, V
     }
     handle.stop();
     running.await.expect("daemon stops");
-    latencies(&system.path().join("state"), harnesses)
+    latencies(&system.store, &system.path().join("state"), harnesses).await
 }
 
-fn report(what: &str, harnesses: usize, (claim, fire): &(Vec<f64>, Vec<f64>), base: &[f64]) {
+fn report(what: &str, harnesses: usize, l: &Latencies, base: &[f64]) {
     for (path, from, lat) in [
-        ("claim_spawn", "claim", claim),
-        ("fire_spawn", "firing", fire),
+        ("claim_spawn", "claim", &l.claim),
+        ("fire_spawn", "firing", &l.fire),
     ] {
         println!(
             "{from} → spawn, {what}: {} attempts, p50 {:.2} ms, p99 {:.2} ms; ratio to the bare spawn p50 {:.1}x, p99 {:.1}x",
@@ -175,6 +215,12 @@ fn report(what: &str, harnesses: usize, (claim, fire): &(Vec<f64>, Vec<f64>), ba
             pct(base, 0.99)
         );
     }
+    println!(
+        "  firing → spawn, split (medians): to the server's claim {:.2} ms, then to the answer at the daemon {:.2} ms, then to the agent {:.2} ms",
+        pct(&l.to_server, 0.5),
+        pct(&l.to_answer, 0.5),
+        pct(&l.claim, 0.5)
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

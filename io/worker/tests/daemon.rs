@@ -59,3 +59,73 @@ async fn idle(system: &inproc::System) -> bool {
             .all(|r| r.outcome != relay_core::relay::RunOutcome::Running)
     })
 }
+
+/// A spawn that cannot finish (its run log is a FIFO nobody reads yet, so opening it blocks)
+/// holds up no other harness: the fork and exec run off the daemon's actor. Stopping the daemon
+/// meanwhile signals the run; the signal waits for the process and reaches it once it exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_spawn_holds_up_no_other_harness_and_gets_its_signals_once_started() {
+    let system = inproc::System::start();
+    let agent = r#"case "$HARNESS_RELAY_FILE" in */w0/*) exec sleep 30;; esac"#;
+    let config = system
+        .config(2, &["sh", "-c", agent], "schedule = \"@daily\"")
+        .await;
+    let journal =
+        relay_worker::journal::Journal::open(system.path().join("state")).expect("journal");
+    let run_id = journal.next_run_id("w0").expect("run id");
+    let fifo = journal.run_log("w0", run_id);
+    std::fs::create_dir_all(fifo.parent().expect("jobs dir")).expect("jobs dir");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let (daemon, handle) = system.daemon(&config).await;
+    let running = tokio::spawn(daemon.run());
+    system.add(2).await;
+
+    // Fired once the source's session is verified (a firing before that is skipped, and would
+    // take the run id the FIFO is named for).
+    let state = system.path().join("state");
+    until("the session verified", async || {
+        let answer = relay_worker::daemon::control::request(
+            &state,
+            &relay_worker::daemon::control::Request::Describe { harness: None },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("describe");
+        answer["harnesses"]
+            .as_array()
+            .is_some_and(|h| h.iter().all(|h| h["source"]["session"] == "supported"))
+    })
+    .await;
+    // w0 claims and writes its context file; the next command is its spawn, which blocks.
+    handle.trigger("w0");
+    let context = journal.run_paths("w0", run_id).context_file;
+    until("w0's context file", async || context.exists()).await;
+    handle.trigger("w1");
+    until("w1's todo done while w0's spawn is stuck", async || {
+        system.done().await == 1
+    })
+    .await;
+
+    handle.stop();
+    // Let w0's process start now: it must get the stop's signal and end.
+    let reader = tokio::task::spawn_blocking(move || std::fs::File::open(fifo).expect("fifo"));
+    let _reader = reader.await.expect("the fifo opens");
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the daemon stops")
+        .expect("the daemon stops cleanly");
+    let record = journal
+        .record("w0", run_id)
+        .expect("journal")
+        .expect("w0's run record");
+    assert_ne!(
+        record.outcome,
+        relay_core::relay::RunOutcome::Running,
+        "{record:?}"
+    );
+    assert_eq!(system.done().await, 1, "w0's todo was not completed");
+}

@@ -23,7 +23,10 @@ impl Daemon {
             }
             Command::Spawn { .. } => self.spawn(harness, cmd),
             Command::Signal { run_id, signal } => {
-                if let Some(group) = self.slot(harness).agents.get(&run_id)
+                let slot = self.slot(harness);
+                if let Some(pending) = slot.spawning.get_mut(&run_id) {
+                    pending.push(signal);
+                } else if let Some(group) = slot.agents.get(&run_id)
                     && let Err(e) = group.signal(signal)
                 {
                     tracing::warn!(harness, run_id, error = %e, "signal not delivered");
@@ -90,6 +93,7 @@ impl Daemon {
                 if closed {
                     let slot = self.slot(harness);
                     slot.agents.remove(&run_id);
+                    slot.spawning.remove(&run_id);
                     slot.checks.remove(&run_id);
                     slot.unwritable.remove(&run_id);
                     for task in slot.tasks.remove(&run_id).unwrap_or_default() {
@@ -154,6 +158,9 @@ impl Daemon {
 
     /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
     /// task that posts the exit.
+    /// Starts the agent on a blocking thread, not the actor: a fork and exec takes a millisecond
+    /// or more, and twenty harnesses firing at once would otherwise wait for one another's (the
+    /// daemon bench's firing → spawn). The process comes back as `Msg::Spawned`.
     pub(super) fn spawn(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
         if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
@@ -164,21 +171,53 @@ impl Daemon {
         let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
             return;
         };
-        match runner::spawn_agent(spec) {
-            Ok(agent) => {
-                self.slot(harness).agents.insert(run_id, agent.group());
-                // Queued before the wait starts, so the machine hears of the spawn before the
-                // exit of a process that ends at once.
-                self.post(harness, Input::ProcessSpawned { run_id });
-                let tx = self.tx.clone();
-                let h = harness.to_string();
-                let task = agent.deliver(move |input| {
-                    let _ = tx.send(Msg::ToHarness { harness: h, input });
-                });
-                self.track(harness, run_id, task.abort_handle());
+        self.slot(harness).spawning.insert(run_id, Vec::new());
+        let tx = self.tx.clone();
+        let h = harness.to_string();
+        // Not tracked with the run's tasks: aborting it could not stop a fork under way, and
+        // its answer is what tells a closed run's late process to die.
+        tokio::task::spawn_blocking(move || {
+            let agent = Box::new(runner::spawn_agent(spec));
+            let _ = tx.send(Msg::Spawned {
+                harness: h,
+                run_id,
+                agent,
+            });
+        });
+    }
+
+    /// The end of `spawn`, back on the actor.
+    pub(super) fn spawned(
+        &mut self,
+        harness: &str,
+        run_id: u64,
+        agent: Result<runner::Agent, runner::StartError>,
+    ) {
+        let pending = self
+            .slots
+            .get_mut(harness)
+            .and_then(|slot| slot.spawning.remove(&run_id));
+        let (agent, signals) = match (agent, pending) {
+            // The run closed while the process started: dropping the agent kills its group.
+            (_, None) => return,
+            (Err(e), Some(_)) => return self.post(harness, e.into()),
+            (Ok(agent), Some(signals)) => (agent, signals),
+        };
+        for signal in signals {
+            if let Err(e) = agent.signal(signal) {
+                tracing::warn!(harness, run_id, error = %e, "signal not delivered");
             }
-            Err(e) => self.post(harness, e.into()),
         }
+        self.slot(harness).agents.insert(run_id, agent.group());
+        // Queued before the wait starts, so the machine hears of the spawn before the exit of a
+        // process that ends at once.
+        self.post(harness, Input::ProcessSpawned { run_id });
+        let tx = self.tx.clone();
+        let h = harness.to_string();
+        let task = agent.deliver(move |input| {
+            let _ = tx.send(Msg::ToHarness { harness: h, input });
+        });
+        self.track(harness, run_id, task.abort_handle());
     }
 
     pub(super) fn track(&mut self, harness: &str, run_id: u64, task: AbortHandle) {

@@ -124,6 +124,12 @@ pub enum Msg {
     },
     /// Stop: abort attempts in flight (release or fail them), then return.
     Stop,
+    /// An agent's process started (or did not), off the actor: see `Daemon::spawn`.
+    Spawned {
+        harness: String,
+        run_id: u64,
+        agent: Box<Result<runner::Agent, runner::StartError>>,
+    },
 }
 
 /// A cheap handle to a running daemon.
@@ -168,6 +174,10 @@ struct Slot {
     next_fire: Option<Millis>,
     /// Process groups of running agents and checks, by run.
     agents: BTreeMap<u64, ProcessGroup>,
+    /// Runs whose agent is being started off the actor, with the signals the machine sent it
+    /// meanwhile (delivered once the process exists). A run that closes first leaves this map,
+    /// and its process, when it comes, is killed at once.
+    spawning: BTreeMap<u64, Vec<relay_core::relay::Signal>>,
     checks: BTreeMap<u64, ProcessGroup>,
     /// Runs whose context file could not be written: their spawn fails with this error.
     unwritable: BTreeMap<u64, String>,
@@ -360,6 +370,7 @@ impl Daemon {
                 removed: false,
                 catch_up: None,
                 agents: BTreeMap::new(),
+                spawning: BTreeMap::new(),
                 checks: BTreeMap::new(),
                 unwritable: BTreeMap::new(),
                 tasks: BTreeMap::new(),
@@ -610,6 +621,11 @@ impl Daemon {
                 generation,
                 news,
             } => self.session(&source, generation, news),
+            Msg::Spawned {
+                harness,
+                run_id,
+                agent,
+            } => self.spawned(&harness, run_id, *agent),
             Msg::Reinitialize { source, generation } => {
                 if self
                     .sources
