@@ -98,7 +98,7 @@ impl Drop for Db {
 
 /// The router only (no background loops) over a store on `db`: the test drives the sweeps.
 async fn start(db: &Db) -> Harness {
-    let store = db.open(LedgerConfig::default()).await;
+    let store = db.open_manual(LedgerConfig::default()).await;
     Harness::start_on(store, 13, |_| {}, false).await
 }
 

@@ -25,8 +25,10 @@
 //! # Values
 //!
 //! Times are stored as `BIGINT` milliseconds since the epoch, exactly the [`Millis`] the ledger
-//! uses, so a store answers bit-for-bit what the ledger answers; `now` always comes from the
-//! caller and SQL never reads a clock. JSON values (payload, work order, result) are stored as
+//! uses, so a store answers bit-for-bit what the ledger answers. On SQLite `now` comes from the
+//! caller; on Postgres, shared by several servers, from the database's clock, read in the
+//! operation's own transaction ([`PgStore::db_now`]; [`PgClock`] says which), so that every
+//! server computes every lease from one clock. JSON values (payload, work order, result) are stored as
 //! their compact text. Every value reaches SQL as a bound parameter, never as SQL text. Only the
 //! SHA-256 of a bearer token or lease token is stored, and neither appears in an error or in
 //! `Debug` output.
@@ -49,7 +51,7 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
-pub use postgres::PgStore;
+pub use postgres::{PgClock, PgStore};
 pub use sqlite::SqliteStore;
 pub use sqlite_threads::Tuning as SqliteTuning;
 
@@ -272,10 +274,17 @@ impl Store {
     }
 
     /// Applies one ledger operation in one transaction (see `relay_core::ledger::run`).
-    pub async fn apply(&self, op: Op) -> Result<Answer, Error> {
+    /// On Postgres the operation's `now` is replaced by the database's clock, read inside the
+    /// same transaction (see [`PgStore::db_now`]); SQLite keeps the caller's.
+    pub async fn apply(&self, mut op: Op) -> Result<Answer, Error> {
         let (cfg, kind, name, subject) =
             (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
-        run!(self, kind, name, subject, |tx| ledger::run(tx, &cfg, op))
+        run!(self, kind, name, subject, |tx| async {
+            if let Some(now) = op.now_mut() {
+                *now = ops::Tx::clock(tx, name, *now).await?;
+            }
+            ledger::run(tx, &cfg, op).await
+        })
     }
 
     /// How many todos are in each state, by state name (states with none are absent).

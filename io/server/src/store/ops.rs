@@ -32,6 +32,10 @@ impl TxKind {
 
 /// One backend transaction: the ledger's rows, and the store's own tables.
 pub(crate) trait Tx: Rows {
+    /// The time this transaction's rules read, given the caller's: SQLite keeps the caller's
+    /// (one process, one clock); Postgres reads the database's (see `PgTx::db_now`), so that
+    /// several servers on one database compute every lease from one clock.
+    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error>;
     /// Inserts an attempt as it is (tests plant broken rows with it).
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error>;
@@ -110,6 +114,8 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
     name: &str,
 ) -> Result<(Endpoint, Vec<Todo>), Error> {
     let op = "endpoint revoke";
+    // It closes attempts: their end is stamped by the clock that decides leases.
+    let now = tx.clock(op, now).await?;
     let Some(mut e) = tx.endpoint(name, true).await? else {
         return Err(Error::not_found(format!(
             "{op} {name}: no such endpoint; `relay endpoint list` shows them"

@@ -213,12 +213,25 @@ pub(crate) fn latest_migration() -> i32 {
 /// Connections the pool keeps at most.
 const POOL_SIZE: usize = 16;
 
+/// Which clock an operation's rules read on Postgres.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgClock {
+    /// The database's `clock_timestamp()`, read in the operation's own transaction: every
+    /// server on one database computes every lease from one clock, whatever its own says.
+    /// What [`PgStore::open`] and [`PgStore::open_in_schema`] use.
+    Database,
+    /// The `now` the caller passed: for tests that drive time with a manual clock, and for the
+    /// model tests that hold the store to the in-memory ledger bit for bit.
+    Caller,
+}
+
 /// The Postgres backend of [`Store`](super::Store).
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
     cfg: LedgerConfig,
     schema: Option<String>,
+    clock: PgClock,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -299,6 +312,7 @@ impl PgStore {
             pool,
             cfg,
             schema: schema.map(str::to_string),
+            clock: PgClock::Database,
         };
         let mut client = store.pool.get().await.map_err(open_err)?;
         if let Some(s) = schema {
@@ -314,6 +328,38 @@ impl PgStore {
 
     pub fn config(&self) -> &LedgerConfig {
         &self.cfg
+    }
+
+    /// The same store reading `clock` (see [`PgClock`]; production keeps `Database`).
+    pub fn with_clock(mut self, clock: PgClock) -> PgStore {
+        self.clock = clock;
+        self
+    }
+
+    pub fn clock(&self) -> PgClock {
+        self.clock
+    }
+
+    /// The database's clock in milliseconds since the epoch, read inside `tx` (so that the time
+    /// and the rows an operation reads come from one transaction), or the caller's `now` under
+    /// [`PgClock::Caller`]. `clock_timestamp()`, not `now()`: the latter is the transaction's
+    /// start, the same for every operation of a batch. It is read before the row locks, so a
+    /// lock waited for makes it early by the wait: a takeover or a reap only ever comes later
+    /// for it, and a lease granted is at most that much shorter by the database's clock.
+    pub(crate) async fn db_now(tx: &PgTx<'_>, op: &str, caller: Millis) -> Result<Millis, Error> {
+        if tx.clock == PgClock::Caller {
+            return Ok(caller);
+        }
+        let rs = tx.query(op, "(clock)", DB_NOW, &[]).await?;
+        let ms: i64 = rs
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| Error::internal(format!("{op}: the database's clock read no row")))?;
+        Millis::try_from(ms).map_err(|_| {
+            Error::internal(format!(
+                "{op}: the database's clock reads {ms} ms, before the epoch; check its time"
+            ))
+        })
     }
 
     /// Applies further migrations up to `target` (tests of a migration).
@@ -353,7 +399,11 @@ impl PgStore {
                 .await
                 .map_err(|e| pg_err(op, "", &e))?;
         }
-        Ok(PgTx { t, kind })
+        Ok(PgTx {
+            t,
+            kind,
+            clock: self.clock,
+        })
     }
 
     /// Commits on `Ok` (a deferred constraint fires here), rolls back on `Err`.
@@ -529,7 +579,11 @@ fn pg_err(op: &str, subject: &str, e: &tokio_postgres::Error) -> Error {
 pub(crate) struct PgTx<'c> {
     t: Transaction<'c>,
     kind: TxKind,
+    clock: PgClock,
 }
+
+/// The database's clock in whole milliseconds (see [`PgStore::db_now`]).
+const DB_NOW: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 impl rows::Row for tokio_postgres::Row {
     fn text(&self, i: usize) -> Result<Option<String>, String> {
@@ -856,6 +910,10 @@ impl Rows for PgTx<'_> {
 }
 
 impl Tx for PgTx<'_> {
+    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error> {
+        PgStore::db_now(self, op, caller).await
+    }
+
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
         self.insert_attempt_row(op, a).await

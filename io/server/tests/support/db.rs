@@ -35,6 +35,17 @@ impl Db {
         format!("sqlite:{}", path.display())
     }
 
+    /// Opens the store as a test driving time by hand needs it: on Postgres the operations
+    /// read the caller's clock (a `ManualClock`), not the database's.
+    pub async fn open_manual(&self, cfg: LedgerConfig) -> Store {
+        match self.open(cfg).await {
+            Store::Postgres(p) => {
+                Store::Postgres(p.with_clock(relay_server::store::PgClock::Caller))
+            }
+            s => s,
+        }
+    }
+
     pub async fn open(&self, cfg: LedgerConfig) -> Store {
         match self {
             Db::Sqlite { path, .. } => Store::open(&Db::sqlite_url(path), cfg)

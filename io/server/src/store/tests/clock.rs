@@ -1,0 +1,132 @@
+//! Postgres with several servers: every lease follows the database's clock, never a caller's.
+
+use relay_core::Millis;
+use relay_core::ledger::{Actor, ClaimOpts, Outcome};
+use relay_core::testing::Queue;
+use relay_core::time::SECOND;
+
+use super::{PgSchema, T0, all_attempts, cfg, multi_thread, new_todo, opts};
+use crate::store::{PgClock, PgStore, Store};
+
+/// The database's clock, read apart from any operation.
+async fn db_clock(store: &Store) -> Millis {
+    let Store::Postgres(p) = store else {
+        unreachable!("a Postgres store")
+    };
+    let ms: i64 = p
+        .client("test")
+        .await
+        .expect("a connection")
+        .query_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .expect("the clock")
+        .get(0);
+    Millis::try_from(ms).expect("after the epoch")
+}
+
+/// Two servers on one database whose own clocks disagree by 30 s (the `now` each passes) grant
+/// leases of identical length on the database's clock, and neither can take a lease over, or
+/// reap it, before it lapses by that clock. On the callers' clocks (the old behaviour) the
+/// server 31 s ahead takes the fresh lease over at once.
+#[test]
+fn leases_follow_the_database_clock_whatever_each_server_says() {
+    let Some(schema) = PgSchema::new("leases_follow_the_database_clock") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let open = || async {
+            let p = PgStore::open_in_schema(&schema.url, &schema.name, cfg())
+                .await
+                .expect("open");
+            assert_eq!(
+                p.clock(),
+                PgClock::Database,
+                "the default is the database's"
+            );
+            Store::Postgres(p)
+        };
+        let (mut a, mut b) = (open().await, open().await);
+        // A's clock is far behind the database's, B's another 30 s ahead of A's.
+        let (a_now, b_now) = (T0, T0 + 30 * SECOND);
+        let e1 = Actor::endpoint("e1");
+        let q = Some(vec!["q".to_string()]);
+        for id in ["by_a", "by_b"] {
+            a.add_todo(a_now, "e1", new_todo(id, "q")).await.unwrap();
+        }
+        let before = db_clock(&a).await;
+        let by_a = a.claim(a_now, &e1, "by_a", &opts(30, None)).await.unwrap();
+        let by_b = b.claim(b_now, &e1, "by_b", &opts(30, None)).await.unwrap();
+        let after = db_clock(&a).await;
+        for c in [&by_a, &by_b] {
+            let (claimed, expires) = (c.todo.claimed_at.unwrap(), c.todo.lease_expires_at.unwrap());
+            assert!(
+                (before..=after).contains(&claimed),
+                "{}: claimed at {claimed}, not by the database's clock [{before}, {after}]",
+                c.todo.id
+            );
+            assert_eq!(expires - claimed, 30 * SECOND, "{}", c.todo.id);
+        }
+        // B's clock says A's lease lapsed a second ago; the database's says it runs for 30 s.
+        let late = b_now + 31 * SECOND;
+        let taken = b.claim_next(late, &e1, q.as_deref(), &opts(30, None)).await;
+        assert!(taken.unwrap().is_none(), "a lease taken over early");
+        assert!(
+            b.reap(late + 3600 * SECOND).await.unwrap().is_empty(),
+            "reaped early"
+        );
+        let (_, attempts) = all_attempts(&a, "by_a").await;
+        assert!(attempts[0].is_open(), "{attempts:?}");
+
+        // A short lease lapses by the database's clock, whatever A's (far behind) says: taken
+        // over then, and never before its expiry.
+        a.add_todo(a_now, "e1", new_todo("short", "short"))
+            .await
+            .unwrap();
+        let short = ClaimOpts {
+            ttl: 300,
+            ..opts(30, None)
+        };
+        let first = a.claim(a_now, &e1, "short", &short).await.unwrap();
+        let expires = first.todo.lease_expires_at.unwrap();
+        let only_short = Some(vec!["short".to_string()]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let taken = loop {
+            // A is behind the database by years: by its own clock the lease never lapses.
+            if let Some(c) = a
+                .claim_next(a_now, &e1, only_short.as_deref(), &short)
+                .await
+                .unwrap()
+            {
+                break c;
+            }
+            assert!(std::time::Instant::now() < deadline, "never taken over");
+            // Real time must pass for the database's clock to move; this waits for it, no
+            // synchronisation rides on it.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert!(taken.takeover);
+        assert!(
+            taken.todo.claimed_at.unwrap() >= expires,
+            "taken over before expiry"
+        );
+        let (_, attempts) = all_attempts(&a, "short").await;
+        assert_eq!(attempts[0].outcome, Some(Outcome::LeaseExpired));
+        assert!(attempts[0].ended_at.unwrap() >= expires);
+    });
+}
+
+/// Under `PgClock::Caller` (the tests that drive time by hand) the caller's `now` decides.
+#[test]
+fn the_caller_clock_keeps_the_callers_now() {
+    let Some(schema) = PgSchema::new("the_caller_clock_keeps_the_callers_now") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let mut s = schema.open(cfg()).await;
+        let t = s.add_todo(T0, "e1", new_todo("t", "q")).await.unwrap();
+        assert_eq!(t.created_at, T0);
+    });
+}
