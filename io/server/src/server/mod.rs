@@ -45,7 +45,7 @@ use base64::Engine as _;
 use rand::SeedableRng as _;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Op, TodoState};
+use relay_core::ledger::{Op, TodoState, TokenHash};
 use relay_core::wire::LeaseToken;
 use tokio::sync::{mpsc, watch};
 
@@ -164,12 +164,18 @@ impl Default for ServerConfig {
     }
 }
 
-/// One MCP session: bound to the endpoint that initialized it.
+/// One MCP session as this server knows it: bound to the endpoint that initialized it. The
+/// session itself lives in the store (any server answers it, a restart keeps it); this is the
+/// server's cache of it, plus the doorbell stream, which stays on the server holding the
+/// connection.
 struct Session {
     endpoint: String,
     /// What the endpoint may claim, for the doorbell.
     grant: relay_core::grant::Grant,
     last_seen: Millis,
+    /// When the store last confirmed the session (and recorded its use): a request within
+    /// [`SESSION_RECHECK`] of it is answered from this cache.
+    checked_at: Millis,
     stream: Option<mpsc::Sender<String>>,
 }
 
@@ -358,45 +364,40 @@ impl Server {
     // Sessions.
     // -----------------------------------------------------------------------------------------
 
-    fn open_session(&self, endpoint: &crate::store::Endpoint) -> Result<String, Error> {
+    /// Opens a session in the store (admitted against the caps over every server's live
+    /// sessions) and caches it here.
+    async fn open_session(
+        &self,
+        endpoint: &crate::store::Endpoint,
+        protocol: &str,
+    ) -> Result<String, Error> {
         let id = self.random_hex::<16>()?;
         let now = self.now();
-        let mut st = lock(&self.inner.state);
-        let full = |st: &State| {
-            let mine = st
-                .sessions
-                .values()
-                .filter(|s| s.endpoint == endpoint.name)
-                .count();
-            relay_core::limits::admit_session(&self.caps(), st.sessions.len(), mine)
+        let new = crate::store::McpSessionNew {
+            id_hash: TokenHash::of(&id),
+            endpoint: endpoint.name.clone(),
+            protocol: protocol.to_string(),
+            idle: self.idle(),
+            caps: self.caps(),
         };
-        if full(&st).is_err() {
-            // Expired sessions count for nothing: forget them before refusing.
-            let expired: Vec<String> = st
-                .sessions
-                .iter()
-                .filter(|(_, s)| self.session_expired(s, now))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in expired {
-                Self::drop_session(&mut st, &id);
-            }
-            self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            if let Err(message) = full(&st) {
-                return Err(Error::conflict(message));
-            }
-        }
+        self.inner.store.mcp_session_open(now, new).await?;
+        let mut st = lock(&self.inner.state);
         st.sessions.insert(
             id.clone(),
             Session {
                 endpoint: endpoint.name.clone(),
                 grant: endpoint.grant(),
                 last_seen: now,
+                checked_at: now,
                 stream: None,
             },
         );
         self.inner.metrics.sessions.set(st.sessions.len() as i64);
         Ok(id)
+    }
+
+    fn idle(&self) -> Millis {
+        millis(self.inner.config.session_idle_timeout)
     }
 
     fn session_expired(&self, s: &Session, now: Millis) -> bool {
@@ -407,24 +408,66 @@ impl Server {
     }
 
     /// Looks a session up for `endpoint` and marks it used. `false`: unknown, expired or bound to
-    /// another endpoint (all answered 404).
-    fn touch_session(&self, id: &str, endpoint: &str) -> bool {
+    /// another endpoint (all answered 404). A session this server confirmed in the store within
+    /// [`SESSION_RECHECK`] is answered from its cache; otherwise the store decides (and records
+    /// the use), so a session made on another server answers here, and one ended or expired
+    /// there is refused here at most `SESSION_RECHECK` later.
+    async fn touch_session(
+        &self,
+        id: &str,
+        endpoint: &crate::store::Endpoint,
+    ) -> Result<bool, Error> {
         let now = self.now();
-        let mut st = lock(&self.inner.state);
-        let expired = match st.sessions.get(id) {
-            None => return false,
-            Some(s) if s.endpoint != endpoint => return false,
-            Some(s) => self.session_expired(s, now),
+        let stream_open = {
+            let mut st = lock(&self.inner.state);
+            match st.sessions.get(id) {
+                Some(s) if s.endpoint != endpoint.name => return Ok(false),
+                // Idle here may still be in use on another server: the store decides.
+                Some(s)
+                    if !self.session_expired(s, now)
+                        && now < s.checked_at.saturating_add(SESSION_RECHECK) =>
+                {
+                    if let Some(s) = st.sessions.get_mut(id) {
+                        s.last_seen = now;
+                    }
+                    return Ok(true);
+                }
+                Some(s) => s.stream_open(),
+                None => false,
+            }
         };
-        if expired {
-            Self::drop_session(&mut st, id);
+        // An open stream keeps its session alive whatever its age.
+        let idle = (!stream_open).then(|| self.idle());
+        let live = self
+            .inner
+            .store
+            .mcp_session_touch(now, TokenHash::of(id), &endpoint.name, idle)
+            .await?;
+        let mut st = lock(&self.inner.state);
+        if !live {
+            if st
+                .sessions
+                .get(id)
+                .is_some_and(|s| s.endpoint == endpoint.name)
+            {
+                Self::drop_session(&mut st, id);
+            }
             self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            return false;
+            return Ok(false);
         }
-        if let Some(s) = st.sessions.get_mut(id) {
-            s.last_seen = now;
-        }
-        true
+        let s = st
+            .sessions
+            .entry(id.to_string())
+            .or_insert_with(|| Session {
+                endpoint: endpoint.name.clone(),
+                grant: endpoint.grant(),
+                last_seen: now,
+                checked_at: now,
+                stream: None,
+            });
+        (s.last_seen, s.checked_at) = (now, now);
+        self.inner.metrics.sessions.set(st.sessions.len() as i64);
+        Ok(true)
     }
 
     fn drop_session(st: &mut State, id: &str) {
@@ -432,15 +475,22 @@ impl Server {
         st.gate.forget(id);
     }
 
-    /// Ends a session (DELETE). `false` when there was none for this endpoint.
-    fn end_session(&self, id: &str, endpoint: &str) -> bool {
+    /// Ends a session (DELETE), in the store and here. `false` when there was none for this
+    /// endpoint. A stream another server holds for it ends at that server's next keep-alive
+    /// (see [`STREAM_TOUCH`]).
+    async fn end_session(&self, id: &str, endpoint: &str) -> Result<bool, Error> {
+        let ended = self
+            .inner
+            .store
+            .mcp_session_end(TokenHash::of(id), endpoint)
+            .await?;
         let mut st = lock(&self.inner.state);
-        if st.sessions.get(id).is_none_or(|s| s.endpoint != endpoint) {
-            return false;
+        let here = st.sessions.get(id).is_some_and(|s| s.endpoint == endpoint);
+        if here {
+            Self::drop_session(&mut st, id);
         }
-        Self::drop_session(&mut st, id);
         self.inner.metrics.sessions.set(st.sessions.len() as i64);
-        true
+        Ok(ended || here)
     }
 
     fn caps(&self) -> relay_core::limits::Caps {
@@ -607,6 +657,28 @@ impl Server {
             .filter(|e| e.revoked_at.is_none())
             .map(|e| e.name)
             .collect();
+        // The streams this server holds keep their sessions alive in the store; a session ended
+        // or swept meanwhile (by another server) ends its stream here.
+        let streams: Vec<(String, String)> = lock(&self.inner.state)
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.stream_open() && now >= s.checked_at.saturating_add(STREAM_TOUCH))
+            .map(|(id, s)| (id.clone(), s.endpoint.clone()))
+            .collect();
+        for (id, endpoint) in streams {
+            let live = self
+                .inner
+                .store
+                .mcp_session_touch(now, TokenHash::of(&id), &endpoint, None)
+                .await?;
+            let mut st = lock(&self.inner.state);
+            if !live {
+                Self::drop_session(&mut st, &id);
+            } else if let Some(s) = st.sessions.get_mut(&id) {
+                s.checked_at = now;
+            }
+        }
+        self.inner.store.mcp_session_sweep(now, self.idle()).await?;
         {
             let mut st = lock(&self.inner.state);
             let expired: Vec<String> = st
@@ -736,6 +808,15 @@ impl Server {
 pub const PENDING_SCAN_PAGE: usize = 1_000;
 /// Pages per sweep at most; a longer run of new todos continues on the next tick.
 pub const PENDING_SCAN_PAGES: usize = 50;
+/// How long a session the store confirmed is answered from a server's cache: a session ended
+/// (DELETE) or expired on another server keeps answering here for at most this long. 2 s keeps
+/// the store at one session write per session per 2 s, however fast its requests come.
+pub const SESSION_RECHECK: Millis = 2_000;
+/// How often a server holding a session's doorbell stream records its use in the store (so that
+/// no server's idle sweep forgets it), and finds out that it was ended elsewhere: the stream of a
+/// session ended on another server ends within this and one sweep interval. Far below the idle
+/// timeout (30 min).
+pub const STREAM_TOUCH: Millis = 60_000;
 /// See `State::rung_since_scan`.
 const RUNG_SINCE_SCAN_MAX: usize = 100_000;
 

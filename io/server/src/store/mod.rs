@@ -159,6 +159,31 @@ pub struct BoardSession {
     pub expires_at: Millis,
 }
 
+/// A new MCP session, as [`Store::mcp_session_open`] records it.
+#[derive(Clone)]
+pub struct McpSessionNew {
+    /// The SHA-256 of the session id; the id itself is never stored.
+    pub id_hash: TokenHash,
+    pub endpoint: String,
+    /// The protocol revision `initialize` negotiated.
+    pub protocol: String,
+    /// A session unused this long is gone (it counts for nothing against the caps).
+    pub idle: Millis,
+    pub caps: relay_core::limits::Caps,
+}
+
+// Hand-written so that no hash of a session id reaches a log.
+impl std::fmt::Debug for McpSessionNew {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpSessionNew")
+            .field("id_hash", &"<redacted>")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the out-of-process doorbell scan reads of a todo that is pending: what a ring needs
 /// (no title, payload or work order), and the change number it was read at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -426,6 +451,57 @@ impl Store {
             "board logout",
             String::from("(board)"),
             |tx| ops::session_delete(tx, &id_hash)
+        )
+    }
+
+    /// Records a new MCP session, admitted against `new.caps` over the live sessions in the
+    /// store (every server's). `conflict` with the client's message when a cap is reached.
+    pub async fn mcp_session_open(&self, now: Millis, new: McpSessionNew) -> Result<(), Error> {
+        let subject = new.endpoint.clone();
+        run!(self, ops::TxKind::Write, "initialize", subject, |tx| {
+            ops::mcp_session_open(tx, now, &new)
+        })
+    }
+
+    /// Marks a session of `endpoint` used; `false` when it is gone (see `ops::mcp_session_touch`:
+    /// `idle: None` keeps a session with an open stream alive whatever its age).
+    pub async fn mcp_session_touch(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+        endpoint: &str,
+        idle: Option<Millis>,
+    ) -> Result<bool, Error> {
+        let endpoint = endpoint.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session",
+            endpoint.clone(),
+            |tx| ops::mcp_session_touch(tx, now, &id_hash, &endpoint, idle)
+        )
+    }
+
+    /// Ends a session of `endpoint`; `false` when there was none.
+    pub async fn mcp_session_end(&self, id_hash: TokenHash, endpoint: &str) -> Result<bool, Error> {
+        let endpoint = endpoint.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session end",
+            endpoint.clone(),
+            |tx| ops::mcp_session_end(tx, &id_hash, &endpoint)
+        )
+    }
+
+    /// Forgets the sessions unused for `idle`; how many went.
+    pub async fn mcp_session_sweep(&self, now: Millis, idle: Millis) -> Result<u64, Error> {
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session sweep",
+            String::from("(sessions)"),
+            |tx| ops::mcp_session_sweep(tx, now, idle)
         )
     }
 

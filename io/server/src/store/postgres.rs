@@ -37,6 +37,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "todo_change_seq", MIGRATION_0004),
     (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
+    (7, "mcp_sessions", MIGRATION_0007),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -204,6 +205,40 @@ CREATE TABLE paused_queues (
     paused_at bigint NOT NULL
 );
 "#;
+
+/// MCP sessions in the store (as SQLite's 0007), and the doorbell across servers: a todo that
+/// becomes pending (added, released, reaped, re-queued, retried: from any server or the CLI)
+/// sends a NOTIFY on [`READY_CHANNEL`] from its own transaction, delivered on commit to every
+/// server listening. The payload names the schema, so stores in different schemas of one
+/// database ring only their own. Only a change *into* `pending` notifies (the doorbell scan's
+/// rule: see `rows::pending_since`), so updates of a pending todo cost nothing.
+const MIGRATION_0007: &str = r#"
+CREATE TABLE mcp_sessions (
+    id_hash      bytea  NOT NULL PRIMARY KEY CHECK (octet_length(id_hash) = 32),
+    endpoint     text COLLATE "C" NOT NULL,
+    protocol     text   NOT NULL CHECK (octet_length(protocol) <= 32),
+    created_at   bigint NOT NULL,
+    last_used_at bigint NOT NULL
+);
+CREATE INDEX mcp_sessions_endpoint ON mcp_sessions (endpoint);
+CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
+CREATE FUNCTION todos_ready_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('relay_todo_ready', json_build_object(
+        'schema', current_schema(), 'id', NEW.id, 'endpoint', NEW.endpoint,
+        'queue', NEW.queue, 'attempts_total', NEW.attempts_total)::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER todos_ready_insert AFTER INSERT ON todos
+    FOR EACH ROW WHEN (NEW.state = 'pending') EXECUTE FUNCTION todos_ready_notify();
+CREATE TRIGGER todos_ready_update AFTER UPDATE ON todos
+    FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state <> 'pending')
+    EXECUTE FUNCTION todos_ready_notify();
+"#;
+
+/// The channel of the doorbell's NOTIFY (see migration 0007).
+pub const READY_CHANNEL: &str = "relay_todo_ready";
 
 /// The newest migration's number.
 pub(crate) fn latest_migration() -> i32 {
@@ -912,6 +947,17 @@ impl Rows for PgTx<'_> {
 impl Tx for PgTx<'_> {
     async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error> {
         PgStore::db_now(self, op, caller).await
+    }
+
+    async fn lock_sessions(&mut self, op: &str) -> Result<(), Error> {
+        self.execute(
+            op,
+            "(sessions)",
+            "SELECT pg_advisory_xact_lock('mcp_sessions'::regclass::oid::bigint)",
+            &[],
+        )
+        .await
+        .map(drop)
     }
 
     #[cfg(test)]
