@@ -26,11 +26,16 @@ const VERBS: &[&str] = &[
 ];
 
 fn dbs(test: &str) -> Vec<Db> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let mut v = vec![Db::sqlite_temp("relay.db")];
     match std::env::var("RELAY_TEST_POSTGRES") {
         Ok(url) if !url.is_empty() => v.push(Db::Postgres {
             url,
-            schema: format!("mu_{}_{}", std::process::id(), test.len()),
+            schema: format!(
+                "mu_{}_{}",
+                std::process::id(),
+                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
         }),
         _ => {
             assert!(
@@ -142,4 +147,76 @@ fn init_body() -> String {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test", "version": "0"}}})
     .to_string()
+}
+
+/// A todo added through server A, or by the CLI (a store handle of its own), rings a stream held
+/// on server B at once, through Postgres' NOTIFY. B's doorbell scan is put an hour apart, so
+/// only the notice can ring it inside the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_todo_added_through_one_server_rings_a_stream_held_on_another() {
+    let Some(db) = dbs("a_todo_added_through_one_server_rings").pop() else {
+        return;
+    };
+    if !matches!(db, Db::Postgres { .. }) {
+        return;
+    }
+    let a = server(&db, 1, |_| {}).await;
+    let store = db.open_manual(LedgerConfig::default()).await;
+    let mut b = Harness::start_on(
+        store,
+        2,
+        |c| c.requeue_interval = std::time::Duration::from_secs(3600),
+        true,
+    )
+    .await;
+    let mut live = b.server.notices_live();
+    tokio::time::timeout(harness::BOUND, live.wait_for(|v| *v))
+        .await
+        .expect("B listens within the bound")
+        .unwrap();
+    let token = a.endpoint("ci", VERBS, None).await;
+    let mut on_b = b.mcp("ci", &token);
+    on_b.init().await;
+    let mut stream = on_b.stream().await;
+    let mut buf = String::new();
+    let mut on_a = a.mcp("ci", &token);
+    on_a.init().await;
+
+    let cli = db.open_manual(LedgerConfig::default()).await;
+    let mut latencies = Vec::new();
+    for (i, queue) in ["q1", "q2"].into_iter().enumerate() {
+        if i == 1 {
+            // The gate allows one ring a minute: B's clock moves past the window first.
+            b.clock.advance(relay_core::doorbell::WINDOW);
+        }
+        let started = std::time::Instant::now();
+        if i == 0 {
+            on_a.ok("add_todo", json!({"queue": queue, "title": "t"}))
+                .await;
+        } else {
+            // As `relay todo add` does: straight into the store, no server involved.
+            cli.apply(relay_core::ledger::Op::AddTodo {
+                now: T0,
+                endpoint: "ci".into(),
+                new: relay_core::ledger::NewTodo {
+                    id: "td_cli".into(),
+                    queue: queue.into(),
+                    title: "from the CLI".into(),
+                    ..Default::default()
+                },
+            })
+            .await
+            .unwrap();
+        }
+        let ring = harness::next_event(&mut stream, &mut buf, harness::BOUND)
+            .await
+            .expect("B's stream rings within the bound");
+        latencies.push(started.elapsed());
+        assert_eq!(ring["method"], "notifications/todo_ready");
+        assert_eq!(ring["params"]["queues"], json!([queue]));
+    }
+    // For the closing note: the time from the add's call to B's frame (the add's own round
+    // trip included).
+    eprintln!("cross-server ring latency: {latencies:?}");
+    b.stop_and_wait().await.unwrap();
 }

@@ -223,6 +223,10 @@ struct Inner {
     /// The ids of todos this server changed, for the Board's live stream. A lagging reader
     /// misses some and reloads anyway (see `board::events`).
     board_notices: tokio::sync::broadcast::Sender<String>,
+    /// Whether the doorbell's NOTIFY listener is up (Postgres): while it is, every todo that
+    /// becomes claimable rings through it, from this server's writes as from any other's, so the
+    /// in-process ring is skipped (one ring per change, not two).
+    notices_live: watch::Sender<bool>,
 }
 
 /// Why a doorbell stream did not open.
@@ -286,6 +290,7 @@ impl Server {
                 in_flight: watch::channel(0).0,
                 unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
                 board_notices: tokio::sync::broadcast::channel(256).0,
+                notices_live: watch::channel(false).0,
             }),
         }
     }
@@ -589,6 +594,10 @@ impl Server {
 
     fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
         let _ = self.inner.board_notices.send(t.id.clone());
+        if *self.inner.notices_live.borrow() {
+            // The NOTIFY of this change rings it (see `follow_notices`).
+            return;
+        }
         if relay_core::doorbell::worth_a_ring(t) {
             self.ring(&t.endpoint, &t.queue, &t.id, offer);
         }
@@ -728,9 +737,62 @@ impl Server {
         Ok(())
     }
 
-    /// Runs the reaper and the requeue/doorbell loops on the configured intervals until
-    /// `shutdown` resolves. A failed sweep is logged and retried on the next tick.
+    /// Whether the doorbell's NOTIFY listener is up, as a watch (tests wait on it).
+    pub fn notices_live(&self) -> watch::Receiver<bool> {
+        self.inner.notices_live.subscribe()
+    }
+
+    /// On Postgres: follows the doorbell's NOTIFY channel on a dedicated connection
+    /// ([`PgStore::listen_ready`](crate::store::PgStore::listen_ready)) and rings this server's
+    /// sessions through the gate for every todo that becomes claimable in the store, whoever
+    /// wrote it (another server, the CLI, this one). A lost connection is reconnected after
+    /// [`NOTICE_RECONNECT`]; meanwhile this server rings its own writes in-process and the
+    /// doorbell scan (every requeue interval) rings what the others wrote. Returns at once on
+    /// SQLite (one process: in-process rings and the scan).
+    pub async fn follow_notices(&self) {
+        let crate::store::Store::Postgres(pg) = &self.inner.store else {
+            return;
+        };
+        loop {
+            match pg.listen_ready().await {
+                Ok(mut listener) => {
+                    tracing::info!("doorbell: listening for notices across servers");
+                    self.inner.notices_live.send_replace(true);
+                    while let Some(r) = listener.recv().await {
+                        self.ring(
+                            &r.endpoint,
+                            &r.queue,
+                            &r.id,
+                            Offer::of_pending(r.attempts_total),
+                        );
+                    }
+                    self.inner.notices_live.send_replace(false);
+                    tracing::warn!(
+                        "doorbell: the notice connection was lost; scanning every requeue                          interval until it is back"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "doorbell: cannot listen for notices; retrying");
+                }
+            }
+            tokio::time::sleep(NOTICE_RECONNECT).await;
+        }
+    }
+
+    /// Runs the reaper and the requeue/doorbell loops on the configured intervals, and the
+    /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
+    /// failed sweep is logged and retried on the next tick.
     pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        let notices = {
+            let s = self.clone();
+            tokio::spawn(async move { s.follow_notices().await })
+        };
+        self.run_sweeps(shutdown).await;
+        notices.abort();
+        self.inner.notices_live.send_replace(false);
+    }
+
+    async fn run_sweeps(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
         use tokio::time::{MissedTickBehavior, interval};
         let mut reap = interval(self.inner.config.reap_interval);
         reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -817,6 +879,8 @@ pub const SESSION_RECHECK: Millis = 2_000;
 /// session ended on another server ends within this and one sweep interval. Far below the idle
 /// timeout (30 min).
 pub const STREAM_TOUCH: Millis = 60_000;
+/// How long the doorbell's notice listener waits before reconnecting a lost connection.
+pub const NOTICE_RECONNECT: Duration = Duration::from_secs(1);
 /// See `State::rung_since_scan`.
 const RUNG_SINCE_SCAN_MAX: usize = 100_000;
 
