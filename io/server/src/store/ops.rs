@@ -39,6 +39,9 @@ pub(crate) trait Tx: Rows {
     /// Serialises session admissions until the transaction ends, so that the caps hold across
     /// servers (SQLite's single writer already does; Postgres takes a transaction lock).
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error>;
+    /// Whether this transaction may run background sweep `name`: `false` while another server
+    /// runs it (Postgres' try-lock, see `postgres::TRY_SWEEP_LOCK`); always `true` on SQLite.
+    async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error>;
     /// Inserts an attempt as it is (tests plant broken rows with it).
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error>;
@@ -448,6 +451,9 @@ pub(crate) async fn mcp_session_sweep<T: Tx>(
     idle: Millis,
 ) -> Result<u64, Error> {
     let op = "session sweep";
+    if !tx.try_sweep_lock(op, "sessions").await? {
+        return Ok(0);
+    }
     let now = tx.clock(op, now).await?;
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
     tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])

@@ -901,6 +901,12 @@ impl PgTx<'_> {
     }
 }
 
+/// One server at a time runs each background sweep: a transaction-scoped advisory lock, tried
+/// and skipped when held, released at commit or rollback, and when its holder's connection dies
+/// (a server killed mid-sweep holds nothing). Keyed by the schema and the sweep's name.
+pub(crate) const TRY_SWEEP_LOCK: &str =
+    "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
+
 impl Rows for PgTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
@@ -1020,6 +1026,17 @@ impl Rows for PgTx<'_> {
             Sweep::Reap { .. } | Sweep::RequeueDue { .. } => " FOR UPDATE SKIP LOCKED",
             Sweep::Revoke { .. } | Sweep::Purge { .. } => " FOR UPDATE",
         };
+        let background = match sweep {
+            Sweep::Reap { .. } => Some("reap"),
+            Sweep::RequeueDue { .. } => Some("requeue"),
+            Sweep::Revoke { .. } | Sweep::Purge { .. } => None,
+        };
+        if let Some(name) = background
+            && !super::ops::Tx::try_sweep_lock(self, op, name).await?
+        {
+            // Another server is running this sweep right now; it closes what this one would.
+            return Ok(Vec::new());
+        }
         let (sql, arg) = SQL.sweep(op, sweep)?;
         let rs = self.query_vals(op, "", &(sql + lock), vec![arg]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
@@ -1049,6 +1066,13 @@ impl Rows for PgTx<'_> {
 impl Tx for PgTx<'_> {
     async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error> {
         PgStore::db_now(self, op, caller).await
+    }
+
+    async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error> {
+        let rs = self.query(op, name, TRY_SWEEP_LOCK, &[&name]).await?;
+        rs.first()
+            .and_then(|r| r.try_get::<_, bool>(0).ok())
+            .ok_or_else(|| Error::internal(format!("{op} {name}: the sweep lock read no row")))
     }
 
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error> {

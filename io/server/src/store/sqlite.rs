@@ -817,6 +817,11 @@ impl Tx for SqliteTx<'_> {
         Ok(caller)
     }
 
+    async fn try_sweep_lock(&mut self, _op: &str, _name: &str) -> Result<bool, Error> {
+        // One writer (and `BEGIN IMMEDIATE` between processes): sweeps never overlap.
+        Ok(true)
+    }
+
     async fn lock_sessions(&mut self, _op: &str) -> Result<(), Error> {
         // One writer: every write transaction is alone already.
         Ok(())

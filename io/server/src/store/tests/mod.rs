@@ -6,10 +6,10 @@
 //! `RELAY_REQUIRE_POSTGRES=1`, where they fail instead.
 
 mod board;
-mod clock;
 mod concurrency;
 mod misc;
 mod model;
+mod multi;
 mod scan;
 mod text;
 

@@ -130,3 +130,63 @@ fn the_caller_clock_keeps_the_callers_now() {
         assert_eq!(t.created_at, T0);
     });
 }
+
+/// One server at a time runs each sweep: while another transaction holds the reaper's lock
+/// (another server mid-sweep), a reap skips; once the holder commits, or its connection dies
+/// (a server killed mid-sweep), the next reap runs.
+#[test]
+fn a_sweep_another_server_is_running_is_skipped_until_its_holder_ends_or_dies() {
+    let Some(schema) = PgSchema::new("a_sweep_another_server_is_running_is_skipped") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let mut s = schema.open(cfg()).await;
+        let e1 = Actor::endpoint("e1");
+        for id in ["a", "b"] {
+            s.add_todo(T0, "e1", new_todo(id, "q")).await.unwrap();
+            s.claim(T0, &e1, id, &opts(30, None)).await.unwrap();
+        }
+        let lapsed = T0 + 60 * SECOND;
+        let holder = || async {
+            let mut pg: tokio_postgres::Config = schema.url.parse().expect("a URL");
+            pg.options(format!("-c search_path={}", schema.name));
+            let (c, conn) = pg.connect(tokio_postgres::NoTls).await.expect("connect");
+            let conn = tokio::spawn(conn);
+            c.batch_execute("BEGIN").await.unwrap();
+            let got: bool = c
+                .query_one(super::super::postgres::TRY_SWEEP_LOCK, &[&"reap"])
+                .await
+                .unwrap()
+                .get(0);
+            assert!(got, "the holder takes the free lock");
+            (c, conn)
+        };
+        // Held and committed.
+        let (c, conn) = holder().await;
+        assert!(
+            s.reap(lapsed).await.unwrap().is_empty(),
+            "ran beside the holder"
+        );
+        c.batch_execute("COMMIT").await.unwrap();
+        drop((c, conn));
+        // Held, and the holder dies: its connection goes, the lock with it.
+        let (c, conn) = holder().await;
+        assert!(s.reap(lapsed).await.unwrap().is_empty());
+        conn.abort();
+        drop(c);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let reaped = loop {
+            // The server notices the closed connection on its own schedule: poll, bounded.
+            let r = s.reap(lapsed).await.unwrap();
+            if !r.is_empty() {
+                break r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dead holder's lock stayed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert_eq!(reaped.len(), 2);
+    });
+}
