@@ -218,5 +218,36 @@ async fn a_todo_added_through_one_server_rings_a_stream_held_on_another() {
     // For the closing note: the time from the add's call to B's frame (the add's own round
     // trip included).
     eprintln!("cross-server ring latency: {latencies:?}");
+
+    // The notice connection is lost: B notices, reconnects, and rings across servers again.
+    let Db::Postgres { url, .. } = &db else {
+        unreachable!()
+    };
+    let (admin, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    admin
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'relay doorbell'",
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(harness::BOUND, live.wait_for(|v| !*v))
+        .await
+        .expect("B sees its notice connection go")
+        .unwrap();
+    tokio::time::timeout(harness::BOUND, live.wait_for(|v| *v))
+        .await
+        .expect("B listens again within the bound")
+        .unwrap();
+    b.clock.advance(relay_core::doorbell::WINDOW);
+    on_a.ok("add_todo", json!({"queue": "q3", "title": "after"}))
+        .await;
+    let ring = harness::next_event(&mut stream, &mut buf, harness::BOUND)
+        .await
+        .expect("B's stream rings after the reconnect");
+    assert_eq!(ring["params"]["queues"], json!(["q3"]));
     b.stop_and_wait().await.unwrap();
 }

@@ -588,8 +588,10 @@ impl PgStore {
     /// the connection is lost; the caller reconnects, and the doorbell scan covers the gap.
     pub async fn listen_ready(&self) -> Result<ReadyListener, Error> {
         let op = "doorbell listen";
-        let (client, mut conn) = self
-            .pg
+        // Named, so that an operator can tell it from the pool's connections.
+        let mut pg = (*self.pg).clone();
+        pg.application_name("relay doorbell");
+        let (client, mut conn) = pg
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| pg_err(op, "", &e))?;
