@@ -87,6 +87,7 @@ pub(crate) async fn endpoint_create<T: Tx>(
             "endpoint create: the name must not be empty",
         ));
     }
+    let now = tx.clock("endpoint create", now).await?;
     let e = Endpoint {
         name: new.name,
         token_hash: new.token_hash,
@@ -203,6 +204,7 @@ pub(crate) async fn operator_create<T: Tx>(
 ) -> Result<Operator, Error> {
     let op = "operator create";
     relay_core::board::check_operator_name(op, name)?;
+    let now = tx.clock(op, now).await?;
     let sql = format!(
         "INSERT INTO operators ({OPERATOR_COLS}) VALUES ($1, $2, $3, NULL) ON CONFLICT DO NOTHING"
     );
@@ -233,6 +235,7 @@ pub(crate) async fn operator_revoke<T: Tx>(
     name: &str,
 ) -> Result<Operator, Error> {
     let op = "operator revoke";
+    let now = tx.clock(op, now).await?;
     let sql = format!("SELECT {OPERATOR_COLS} FROM operators WHERE name = $1");
     let Some(mut o) = tx
         .query_sql(op, name, &sql, vec![text(name)], operator_row)

@@ -190,3 +190,91 @@ fn a_sweep_another_server_is_running_is_skipped_until_its_holder_ends_or_dies() 
         assert_eq!(reaped.len(), 2);
     });
 }
+
+/// MCP sessions in the store, the same on both stores: bound to their endpoint, kept alive by
+/// use (or, without an idle bound, by an open stream), swept when idle, ended once, and
+/// admitted against caps counted over every live session.
+#[test]
+fn mcp_sessions_are_bound_kept_swept_ended_and_capped_alike_on_both_stores() {
+    use crate::store::McpSessionNew;
+    use relay_core::ledger::TokenHash;
+    use relay_core::limits::Caps;
+    const IDLE: Millis = 30 * 60 * SECOND;
+    super::on_both_stores("mcp_sessions_alike", cfg(), |store| async move {
+        let caps = Caps {
+            sessions_total: 3,
+            sessions_per_endpoint: 2,
+            streams: 1,
+        };
+        let new = |id: &str, endpoint: &str| McpSessionNew {
+            id_hash: TokenHash::of(id),
+            endpoint: endpoint.into(),
+            protocol: "2025-06-18".into(),
+            idle: IDLE,
+            caps,
+        };
+        let h = TokenHash::of;
+        store.mcp_session_open(T0, new("s1", "e1")).await.unwrap();
+        store.mcp_session_open(T0, new("s2", "e1")).await.unwrap();
+        let over = store
+            .mcp_session_open(T0, new("s3", "e1"))
+            .await
+            .unwrap_err();
+        assert!(
+            over.message.contains("too many sessions for this endpoint"),
+            "{over:?}"
+        );
+        store.mcp_session_open(T0, new("s4", "e2")).await.unwrap();
+        let full = store
+            .mcp_session_open(T0, new("s5", "e2"))
+            .await
+            .unwrap_err();
+        assert!(full.message.contains("maximum of 3 sessions"), "{full:?}");
+
+        let touch = |id: &'static str, ep: &'static str, now, idle| {
+            let store = store.clone();
+            async move { store.mcp_session_touch(now, h(id), ep, idle).await.unwrap() }
+        };
+        assert!(
+            touch("s1", "e1", T0 + IDLE - 1, Some(IDLE)).await,
+            "used: kept"
+        );
+        assert!(
+            !touch("s1", "e2", T0, Some(IDLE)).await,
+            "another endpoint's"
+        );
+        assert!(!touch("nope", "e1", T0, Some(IDLE)).await, "unknown");
+        // s2 is idle past the bound, unless a stream holds it (no bound).
+        assert!(!touch("s2", "e1", T0 + IDLE, Some(IDLE)).await, "idle");
+        assert!(
+            touch("s2", "e1", T0 + IDLE, None).await,
+            "a stream keeps it"
+        );
+        // The sweep forgets s4 (unused since T0), not s1 or s2 (used at T0 + IDLE - 1 / IDLE).
+        assert_eq!(store.mcp_session_sweep(T0 + IDLE, IDLE).await.unwrap(), 1);
+        assert!(!touch("s4", "e2", T0 + IDLE, None).await, "swept");
+        // Ended once; its place under the cap is free again.
+        assert!(store.mcp_session_end(h("s2"), "e1").await.unwrap());
+        assert!(!store.mcp_session_end(h("s2"), "e1").await.unwrap());
+        store
+            .mcp_session_open(T0 + IDLE, new("s6", "e1"))
+            .await
+            .unwrap();
+        // A revoked endpoint's sessions go with it.
+        store
+            .endpoint_create(
+                T0,
+                crate::store::NewEndpoint {
+                    name: "e1".into(),
+                    token_hash: h("bearer"),
+                    verbs: vec!["claim_next".into()],
+                    queues: None,
+                },
+            )
+            .await
+            .unwrap();
+        store.endpoint_revoke(T0 + IDLE, "e1").await.unwrap();
+        assert!(!touch("s1", "e1", T0 + IDLE, None).await, "revoked");
+        assert!(!touch("s6", "e1", T0 + IDLE, None).await, "revoked");
+    });
+}
