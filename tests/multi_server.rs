@@ -22,13 +22,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Proc, listening_on, relay, run_db, temp_dir};
+use common::{Proc, libfaketime, listening_on, relay, run_db, temp_dir};
 use relay_core::time::parse_rfc3339;
 use serde_json::{Value, json};
 
@@ -58,24 +58,6 @@ fn pg_url() -> Option<String> {
             None
         }
     }
-}
-
-/// libfaketime's preload library, as tests/daemon.rs finds it.
-fn libfaketime() -> Option<PathBuf> {
-    let lib = std::fs::read_dir("/usr/lib")
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketime.so.1"))
-        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
-        .find(|p| p.exists());
-    if lib.is_none() {
-        assert!(
-            std::env::var("RELAY_REQUIRE_FAKETIME").as_deref() != Ok("1"),
-            "libfaketime is not installed and RELAY_REQUIRE_FAKETIME=1: apt-get install libfaketime"
-        );
-        eprintln!("NOTE: libfaketime is not installed; the servers run without clock offsets");
-    }
-    lib
 }
 
 /// A `relay serve` child on a free port, its wall clock `offset` seconds off (when libfaketime
@@ -543,6 +525,7 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     let Some(url) = pg_url() else {
         return;
     };
+    // Without libfaketime (and RELAY_REQUIRE_FAKETIME unset) the servers run on true clocks.
     let faketime = libfaketime();
     let dir = temp_dir("multi-server");
     let log = dir.join("servers.log");

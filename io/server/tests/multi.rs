@@ -25,29 +25,6 @@ const VERBS: &[&str] = &[
     "add_todo",
 ];
 
-fn dbs(test: &str) -> Vec<Db> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let mut v = vec![Db::sqlite_temp("relay.db")];
-    match std::env::var("RELAY_TEST_POSTGRES") {
-        Ok(url) if !url.is_empty() => v.push(Db::Postgres {
-            url,
-            schema: format!(
-                "mu_{}_{}",
-                std::process::id(),
-                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ),
-        }),
-        _ => {
-            assert!(
-                std::env::var("RELAY_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "RELAY_REQUIRE_POSTGRES=1 but RELAY_TEST_POSTGRES is unset"
-            );
-            eprintln!("{test}: Postgres skipped (set RELAY_TEST_POSTGRES=postgres://… to run it)");
-        }
-    }
-    v
-}
-
 /// A server over its own handle on `db`; the first one owns the Postgres schema (dropped with it).
 async fn server(
     db: &Db,
@@ -64,7 +41,7 @@ async fn server(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_made_on_one_server_answers_on_another_and_survives_a_restart() {
-    for db in dbs("a_session_made_on_one_server_answers_on_another") {
+    for db in Db::all("mu") {
         let name = db.name();
         let caps = |c: &mut relay_server::server::ServerConfig| c.max_sessions_per_endpoint = 3;
         let a = server(&db, 1, caps).await;
@@ -154,7 +131,7 @@ fn init_body() -> String {
 /// only the notice can ring it inside the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_todo_added_through_one_server_rings_a_stream_held_on_another() {
-    let Some(db) = dbs("a_todo_added_through_one_server_rings").pop() else {
+    let Some(db) = Db::all("mu").pop() else {
         return;
     };
     if !matches!(db, Db::Postgres { .. }) {
