@@ -20,8 +20,17 @@
 //!
 //! # Background work
 //!
-//! [`Server::run_background`] runs two loops; tests call their bodies directly
-//! ([`Server::reap_once`], [`Server::requeue_once`], [`Server::doorbell_once`]).
+//! [`Server::run_background`] runs two loops, and on Postgres the doorbell's notice listener
+//! ([`Server::follow_notices`]); tests call the loops' bodies directly ([`Server::reap_once`],
+//! [`Server::requeue_once`], [`Server::doorbell_once`]).
+//!
+//! # Several servers
+//!
+//! On Postgres several servers may share one database: every lease is computed from the
+//! database's clock (the store reads it), sessions live in the store (this server caches what it
+//! confirmed, for at most [`SESSION_RECHECK`]), the doorbell crosses servers by NOTIFY, and one
+//! server at a time runs each sweep (the store's try-lock). Doorbell streams and the gate stay
+//! per server.
 //! The intervals are in [`ServerConfig`], with the reasoning for their defaults.
 //!
 //! # Never logged
