@@ -91,14 +91,18 @@ fn start_server(db: &str, offset: i64, faketime: Option<&Path>, log: &Path) -> (
 /// The servers behind the balancer; `None` while one is down.
 type Backends = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 
+/// Connections open through the balancer to each backend (one request each: the clients keep
+/// no idle connections), so the nemesis can kill a server with requests in flight.
+type InFlight = Arc<[AtomicUsize; SERVERS]>;
+
 /// Round-robin per connection over the live backends; a backend that refuses is skipped.
-async fn balance(listener: tokio::net::TcpListener, backends: Backends) {
+async fn balance(listener: tokio::net::TcpListener, backends: Backends, in_flight: InFlight) {
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((mut inbound, _)) = listener.accept().await else {
             continue;
         };
-        let (backends, next) = (backends.clone(), next.clone());
+        let (backends, next, in_flight) = (backends.clone(), next.clone(), in_flight.clone());
         tokio::spawn(async move {
             for _ in 0..SERVERS {
                 let i = next.fetch_add(1, Ordering::Relaxed) % SERVERS;
@@ -106,7 +110,9 @@ async fn balance(listener: tokio::net::TcpListener, backends: Backends) {
                     continue;
                 };
                 if let Ok(mut out) = tokio::net::TcpStream::connect(addr).await {
+                    in_flight[i].fetch_add(1, Ordering::SeqCst);
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    in_flight[i].fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
             }
@@ -565,6 +571,7 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     let started = Instant::now();
     let mut servers: Vec<Option<Proc>> = Vec::new();
     let backends: Backends = Arc::new(Mutex::new(vec![None; SERVERS]));
+    let in_flight: InFlight = Arc::new(std::array::from_fn(|_| AtomicUsize::new(0)));
     for (i, offset) in OFFSETS.iter().enumerate() {
         let (p, addr) = start_server(&db, *offset, faketime.as_deref(), &log);
         servers.push(Some(p));
@@ -576,7 +583,7 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     let (balancer_url, handles) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp/w", listener.local_addr().unwrap());
-        tokio::spawn(balance(listener, backends.clone()));
+        tokio::spawn(balance(listener, backends.clone(), in_flight.clone()));
         let mut handles = Vec::new();
         for n in 0..WORKERS {
             handles.push(tokio::spawn(worker(
@@ -603,8 +610,13 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     while started.elapsed() < FAULTY && kills < KILLS {
         std::thread::sleep(Duration::from_millis(2_500));
         let victim = kills % SERVERS;
-        // Killed while the balancer still sends it work: requests in flight lose their answers,
-        // new connections are refused and go to the next server.
+        // Killed while the balancer still sends it work, preferably with a request in flight
+        // (waited for at most a second): in-flight requests lose their answers, committed or
+        // not; new connections are refused and go to the next server.
+        let aim = Instant::now() + Duration::from_secs(1);
+        while in_flight[victim].load(Ordering::SeqCst) == 0 && Instant::now() < aim {
+            std::thread::sleep(Duration::from_micros(200));
+        }
         if let Some(mut p) = servers[victim].take() {
             let _ = p.0.kill();
             let _ = p.0.wait();
@@ -725,6 +737,7 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     assert!(todos.len() >= 100, "only {} todos were added", todos.len());
     assert!(died > 0, "no attempt died: the faults did not bite");
     assert!(t.stale_refused > 0, "no stale report was tried");
+    assert!(t.lost_answers > 0, "no kill caught a request in flight");
     assert_eq!(
         t.sessions_lost, 0,
         "a session did not answer on another server"
