@@ -601,24 +601,6 @@ fn a_partition_longer_than_the_lease_stops_the_process_within_a_second_of_the_de
     d.stop();
 }
 
-/// libfaketime's preload library, from Debian's `libfaketime` (which `.ci/run` installs).
-fn libfaketime() -> Option<PathBuf> {
-    let lib = std::fs::read_dir("/usr/lib")
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketime.so.1"))
-        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
-        .find(|p| p.exists());
-    if lib.is_none() {
-        assert!(
-            std::env::var("RELAY_REQUIRE_FAKETIME").as_deref() != Ok("1"),
-            "libfaketime is not installed and RELAY_REQUIRE_FAKETIME=1: apt-get install libfaketime"
-        );
-        eprintln!("SKIPPED: libfaketime is not installed (apt-get install libfaketime)");
-    }
-    lib
-}
-
 /// The daemon's wall clock steps back an hour (libfaketime, preloaded into the daemon alone,
 /// with `FAKETIME_DONT_FAKE_MONOTONIC=1` so that its monotonic and boot-time clocks stay true)
 /// while its server is unreachable: the agent is still stopped within a second of the true

@@ -319,3 +319,21 @@ pub fn available(what: &str, present: bool, install: &str) -> bool {
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
+
+/// libfaketime's preload library, from Debian's `libfaketime` (which `.ci/run` installs).
+pub fn libfaketime() -> Option<PathBuf> {
+    let lib = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketime.so.1"))
+        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
+        .find(|p| p.exists());
+    if lib.is_none() {
+        assert!(
+            std::env::var("RELAY_REQUIRE_FAKETIME").as_deref() != Ok("1"),
+            "libfaketime is not installed and RELAY_REQUIRE_FAKETIME=1: apt-get install libfaketime"
+        );
+        eprintln!("SKIPPED: libfaketime is not installed (apt-get install libfaketime)");
+    }
+    lib
+}

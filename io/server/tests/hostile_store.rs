@@ -21,29 +21,6 @@ const BACKLOG: i64 = 10_001;
 /// One store to run on, and how to plant rows in it with raw SQL (so that a 10 001-todo backlog
 /// takes one statement, not 10 001 transactions).
 impl Db {
-    fn all() -> Vec<Db> {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let mut v = vec![Db::sqlite_temp("relay.db")];
-        match std::env::var("RELAY_TEST_POSTGRES") {
-            Ok(url) if !url.is_empty() => v.push(Db::Postgres {
-                url,
-                schema: format!(
-                    "hs_{}_{}",
-                    std::process::id(),
-                    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ),
-            }),
-            _ => {
-                assert!(
-                    std::env::var("RELAY_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                    "RELAY_REQUIRE_POSTGRES=1 but RELAY_TEST_POSTGRES is unset"
-                );
-                eprintln!("Postgres: skipped (set RELAY_TEST_POSTGRES=postgres://… to run it)");
-            }
-        }
-        v
-    }
-
     /// `n` pending todos of `endpoint` in queue `backlog`, created before `T0`, ids `bk_<i>`.
     async fn plant_backlog(&self, endpoint: &str, n: i64) {
         let cols = "id, endpoint, queue, title, state, max_attempts, created_at, updated_at";
@@ -98,7 +75,7 @@ impl Drop for Db {
 
 /// The router only (no background loops) over a store on `db`: the test drives the sweeps.
 async fn start(db: &Db) -> Harness {
-    let store = db.open(LedgerConfig::default()).await;
+    let store = db.open_manual(LedgerConfig::default()).await;
     Harness::start_on(store, 13, |_| {}, false).await
 }
 
@@ -135,7 +112,7 @@ async fn add_todo(h: &Harness, name: &str, token: &str) -> Value {
 /// added out of process behind 10 001 older ones (of another endpoint) never rang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
-    for backend in Db::all() {
+    for backend in Db::all("hs") {
         let h = start(&backend).await;
         h.endpoint("bulk", &["add_todo"], None).await;
         let token = h
@@ -183,7 +160,7 @@ async fn an_out_of_process_add_behind_a_large_backlog_still_rings() {
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_above_64_kib_is_invalid_naming_it() {
-    for backend in Db::all() {
+    for backend in Db::all("hs") {
         let h = start(&backend).await;
         let token = h
             .endpoint(
@@ -231,7 +208,7 @@ async fn a_result_above_64_kib_is_invalid_naming_it() {
 /// table names). They answer one generic sentence with an error id now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internal_error_shows_an_error_id_and_no_store_text() {
-    for backend in Db::all() {
+    for backend in Db::all("hs") {
         let h = start(&backend).await;
         let token = h.endpoint("w", &["add_todo", "list_todos"], None).await;
         let id = add_todo(&h, "w", &token).await;

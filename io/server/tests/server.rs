@@ -31,7 +31,9 @@ async fn open_store() -> (Store, Option<(String, String)>) {
         let store =
             relay_server::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
                 .await
-                .unwrap();
+                .unwrap()
+                // These tests drive leases, retries and sessions with a manual clock.
+                .with_clock(relay_server::store::PgClock::Caller);
         return (Store::Postgres(store), Some((url, name)));
     }
     let store = Store::open("sqlite::memory:", LedgerConfig::default())

@@ -263,6 +263,7 @@ async fn admit(server: &Server, name: &str, headers: &HeaderMap) -> Result<Endpo
 /// and DELETE take it; a POST admits itself, since it reads its body before refusing.
 struct Admitted {
     name: String,
+    endpoint: Endpoint,
     headers: HeaderMap,
 }
 
@@ -273,9 +274,10 @@ impl FromRequestParts<Server> for Admitted {
         let Path(name) = Path::<String>::from_request_parts(parts, server)
             .await
             .map_err(IntoResponse::into_response)?;
-        admit(server, &name, &parts.headers).await?;
+        let endpoint = admit(server, &name, &parts.headers).await?;
         Ok(Admitted {
             name,
+            endpoint,
             headers: parts.headers.clone(),
         })
     }
@@ -373,7 +375,11 @@ async fn mcp_post(
 }
 
 async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
-    let Admitted { name, headers } = admitted;
+    let Admitted {
+        name,
+        endpoint,
+        headers,
+    } = admitted;
     let accepts_sse = header_str(&headers, header::ACCEPT)
         .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
     if !accepts_sse {
@@ -384,7 +390,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
             "GET opens the session's doorbell stream; send `Accept: text/event-stream`",
         );
     }
-    let session = match check_session(&server, &name, &headers, &Value::Null) {
+    let session = match check_session(&server, &endpoint, &headers, &Value::Null).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -436,7 +442,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
 }
 
 async fn mcp_delete(State(server): State<Server>, admitted: Admitted) -> Response {
-    let Admitted { name, headers } = admitted;
+    let Admitted { name, headers, .. } = admitted;
     let Some(session) = header_str(&headers, SESSION_HEADER) else {
         return rpc_error(
             StatusCode::BAD_REQUEST,
@@ -445,7 +451,19 @@ async fn mcp_delete(State(server): State<Server>, admitted: Admitted) -> Respons
             "missing Mcp-Session-Id header: name the session to end",
         );
     };
-    if server.end_session(session, &name) {
+    let ended = match server.end_session(session, &name).await {
+        Ok(ended) => ended,
+        Err(e) => {
+            let context = format!("endpoint {} session end", escape_text(&name));
+            return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Null,
+                -32603,
+                &server.internal_message(&context, &e),
+            );
+        }
+    };
+    if ended {
         tracing::info!(endpoint = %escape_text(&name), "session ended by the client");
         StatusCode::NO_CONTENT.into_response()
     } else {

@@ -20,8 +20,17 @@
 //!
 //! # Background work
 //!
-//! [`Server::run_background`] runs two loops; tests call their bodies directly
-//! ([`Server::reap_once`], [`Server::requeue_once`], [`Server::doorbell_once`]).
+//! [`Server::run_background`] runs two loops, and on Postgres the doorbell's notice listener
+//! ([`Server::follow_notices`]); tests call the loops' bodies directly ([`Server::reap_once`],
+//! [`Server::requeue_once`], [`Server::doorbell_once`]).
+//!
+//! # Several servers
+//!
+//! On Postgres several servers may share one database: every lease is computed from the
+//! database's clock (the store reads it), sessions live in the store (this server caches what it
+//! confirmed, for at most [`SESSION_RECHECK`]), the doorbell crosses servers by NOTIFY, and one
+//! server at a time runs each sweep (the store's try-lock). Doorbell streams and the gate stay
+//! per server.
 //! The intervals are in [`ServerConfig`], with the reasoning for their defaults.
 //!
 //! # Never logged
@@ -45,7 +54,7 @@ use base64::Engine as _;
 use rand::SeedableRng as _;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Op, TodoState};
+use relay_core::ledger::{Op, TodoState, TokenHash};
 use relay_core::wire::LeaseToken;
 use tokio::sync::{mpsc, watch};
 
@@ -164,12 +173,18 @@ impl Default for ServerConfig {
     }
 }
 
-/// One MCP session: bound to the endpoint that initialized it.
+/// One MCP session as this server knows it: bound to the endpoint that initialized it. The
+/// session itself lives in the store (any server answers it, a restart keeps it); this is the
+/// server's cache of it, plus the doorbell stream, which stays on the server holding the
+/// connection.
 struct Session {
     endpoint: String,
     /// What the endpoint may claim, for the doorbell.
     grant: relay_core::grant::Grant,
     last_seen: Millis,
+    /// When the store last confirmed the session (and recorded its use): a request within
+    /// [`SESSION_RECHECK`] of it is answered from this cache.
+    checked_at: Millis,
     stream: Option<mpsc::Sender<String>>,
 }
 
@@ -217,6 +232,10 @@ struct Inner {
     /// The ids of todos this server changed, for the Board's live stream. A lagging reader
     /// misses some and reloads anyway (see `board::events`).
     board_notices: tokio::sync::broadcast::Sender<String>,
+    /// Whether the doorbell's NOTIFY listener is up (Postgres): while it is, every todo that
+    /// becomes claimable rings through it, from this server's writes as from any other's, so the
+    /// in-process ring is skipped (one ring per change, not two).
+    notices_live: watch::Sender<bool>,
 }
 
 /// Why a doorbell stream did not open.
@@ -280,6 +299,7 @@ impl Server {
                 in_flight: watch::channel(0).0,
                 unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
                 board_notices: tokio::sync::broadcast::channel(256).0,
+                notices_live: watch::channel(false).0,
             }),
         }
     }
@@ -358,45 +378,40 @@ impl Server {
     // Sessions.
     // -----------------------------------------------------------------------------------------
 
-    fn open_session(&self, endpoint: &crate::store::Endpoint) -> Result<String, Error> {
+    /// Opens a session in the store (admitted against the caps over every server's live
+    /// sessions) and caches it here.
+    async fn open_session(
+        &self,
+        endpoint: &crate::store::Endpoint,
+        protocol: &str,
+    ) -> Result<String, Error> {
         let id = self.random_hex::<16>()?;
         let now = self.now();
-        let mut st = lock(&self.inner.state);
-        let full = |st: &State| {
-            let mine = st
-                .sessions
-                .values()
-                .filter(|s| s.endpoint == endpoint.name)
-                .count();
-            relay_core::limits::admit_session(&self.caps(), st.sessions.len(), mine)
+        let new = crate::store::McpSessionNew {
+            id_hash: TokenHash::of(&id),
+            endpoint: endpoint.name.clone(),
+            protocol: protocol.to_string(),
+            idle: self.idle(),
+            caps: self.caps(),
         };
-        if full(&st).is_err() {
-            // Expired sessions count for nothing: forget them before refusing.
-            let expired: Vec<String> = st
-                .sessions
-                .iter()
-                .filter(|(_, s)| self.session_expired(s, now))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in expired {
-                Self::drop_session(&mut st, &id);
-            }
-            self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            if let Err(message) = full(&st) {
-                return Err(Error::conflict(message));
-            }
-        }
+        self.inner.store.mcp_session_open(now, new).await?;
+        let mut st = lock(&self.inner.state);
         st.sessions.insert(
             id.clone(),
             Session {
                 endpoint: endpoint.name.clone(),
                 grant: endpoint.grant(),
                 last_seen: now,
+                checked_at: now,
                 stream: None,
             },
         );
         self.inner.metrics.sessions.set(st.sessions.len() as i64);
         Ok(id)
+    }
+
+    fn idle(&self) -> Millis {
+        millis(self.inner.config.session_idle_timeout)
     }
 
     fn session_expired(&self, s: &Session, now: Millis) -> bool {
@@ -407,24 +422,66 @@ impl Server {
     }
 
     /// Looks a session up for `endpoint` and marks it used. `false`: unknown, expired or bound to
-    /// another endpoint (all answered 404).
-    fn touch_session(&self, id: &str, endpoint: &str) -> bool {
+    /// another endpoint (all answered 404). A session this server confirmed in the store within
+    /// [`SESSION_RECHECK`] is answered from its cache; otherwise the store decides (and records
+    /// the use), so a session made on another server answers here, and one ended or expired
+    /// there is refused here at most `SESSION_RECHECK` later.
+    async fn touch_session(
+        &self,
+        id: &str,
+        endpoint: &crate::store::Endpoint,
+    ) -> Result<bool, Error> {
         let now = self.now();
-        let mut st = lock(&self.inner.state);
-        let expired = match st.sessions.get(id) {
-            None => return false,
-            Some(s) if s.endpoint != endpoint => return false,
-            Some(s) => self.session_expired(s, now),
+        let stream_open = {
+            let mut st = lock(&self.inner.state);
+            match st.sessions.get(id) {
+                Some(s) if s.endpoint != endpoint.name => return Ok(false),
+                // Idle here may still be in use on another server: the store decides.
+                Some(s)
+                    if !self.session_expired(s, now)
+                        && now < s.checked_at.saturating_add(SESSION_RECHECK) =>
+                {
+                    if let Some(s) = st.sessions.get_mut(id) {
+                        s.last_seen = now;
+                    }
+                    return Ok(true);
+                }
+                Some(s) => s.stream_open(),
+                None => false,
+            }
         };
-        if expired {
-            Self::drop_session(&mut st, id);
+        // An open stream keeps its session alive whatever its age.
+        let idle = (!stream_open).then(|| self.idle());
+        let live = self
+            .inner
+            .store
+            .mcp_session_touch(now, TokenHash::of(id), &endpoint.name, idle)
+            .await?;
+        let mut st = lock(&self.inner.state);
+        if !live {
+            if st
+                .sessions
+                .get(id)
+                .is_some_and(|s| s.endpoint == endpoint.name)
+            {
+                Self::drop_session(&mut st, id);
+            }
             self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            return false;
+            return Ok(false);
         }
-        if let Some(s) = st.sessions.get_mut(id) {
-            s.last_seen = now;
-        }
-        true
+        let s = st
+            .sessions
+            .entry(id.to_string())
+            .or_insert_with(|| Session {
+                endpoint: endpoint.name.clone(),
+                grant: endpoint.grant(),
+                last_seen: now,
+                checked_at: now,
+                stream: None,
+            });
+        (s.last_seen, s.checked_at) = (now, now);
+        self.inner.metrics.sessions.set(st.sessions.len() as i64);
+        Ok(true)
     }
 
     fn drop_session(st: &mut State, id: &str) {
@@ -432,15 +489,22 @@ impl Server {
         st.gate.forget(id);
     }
 
-    /// Ends a session (DELETE). `false` when there was none for this endpoint.
-    fn end_session(&self, id: &str, endpoint: &str) -> bool {
+    /// Ends a session (DELETE), in the store and here. `false` when there was none for this
+    /// endpoint. A stream another server holds for it ends at that server's next keep-alive
+    /// (see [`STREAM_TOUCH`]).
+    async fn end_session(&self, id: &str, endpoint: &str) -> Result<bool, Error> {
+        let ended = self
+            .inner
+            .store
+            .mcp_session_end(TokenHash::of(id), endpoint)
+            .await?;
         let mut st = lock(&self.inner.state);
-        if st.sessions.get(id).is_none_or(|s| s.endpoint != endpoint) {
-            return false;
+        let here = st.sessions.get(id).is_some_and(|s| s.endpoint == endpoint);
+        if here {
+            Self::drop_session(&mut st, id);
         }
-        Self::drop_session(&mut st, id);
         self.inner.metrics.sessions.set(st.sessions.len() as i64);
-        true
+        Ok(ended || here)
     }
 
     fn caps(&self) -> relay_core::limits::Caps {
@@ -539,6 +603,10 @@ impl Server {
 
     fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
         let _ = self.inner.board_notices.send(t.id.clone());
+        if *self.inner.notices_live.borrow() {
+            // The NOTIFY of this change rings it (see `follow_notices`).
+            return;
+        }
         if relay_core::doorbell::worth_a_ring(t) {
             self.ring(&t.endpoint, &t.queue, &t.id, offer);
         }
@@ -607,6 +675,28 @@ impl Server {
             .filter(|e| e.revoked_at.is_none())
             .map(|e| e.name)
             .collect();
+        // The streams this server holds keep their sessions alive in the store; a session ended
+        // or swept meanwhile (by another server) ends its stream here.
+        let streams: Vec<(String, String)> = lock(&self.inner.state)
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.stream_open() && now >= s.checked_at.saturating_add(STREAM_TOUCH))
+            .map(|(id, s)| (id.clone(), s.endpoint.clone()))
+            .collect();
+        for (id, endpoint) in streams {
+            let live = self
+                .inner
+                .store
+                .mcp_session_touch(now, TokenHash::of(&id), &endpoint, None)
+                .await?;
+            let mut st = lock(&self.inner.state);
+            if !live {
+                Self::drop_session(&mut st, &id);
+            } else if let Some(s) = st.sessions.get_mut(&id) {
+                s.checked_at = now;
+            }
+        }
+        self.inner.store.mcp_session_sweep(now, self.idle()).await?;
         {
             let mut st = lock(&self.inner.state);
             let expired: Vec<String> = st
@@ -656,9 +746,62 @@ impl Server {
         Ok(())
     }
 
-    /// Runs the reaper and the requeue/doorbell loops on the configured intervals until
-    /// `shutdown` resolves. A failed sweep is logged and retried on the next tick.
+    /// Whether the doorbell's NOTIFY listener is up, as a watch (tests wait on it).
+    pub fn notices_live(&self) -> watch::Receiver<bool> {
+        self.inner.notices_live.subscribe()
+    }
+
+    /// On Postgres: follows the doorbell's NOTIFY channel on a dedicated connection
+    /// ([`PgStore::listen_ready`](crate::store::PgStore::listen_ready)) and rings this server's
+    /// sessions through the gate for every todo that becomes claimable in the store, whoever
+    /// wrote it (another server, the CLI, this one). A lost connection is reconnected after
+    /// [`NOTICE_RECONNECT`]; meanwhile this server rings its own writes in-process and the
+    /// doorbell scan (every requeue interval) rings what the others wrote. Returns at once on
+    /// SQLite (one process: in-process rings and the scan).
+    pub async fn follow_notices(&self) {
+        let crate::store::Store::Postgres(pg) = &self.inner.store else {
+            return;
+        };
+        loop {
+            match pg.listen_ready().await {
+                Ok(mut listener) => {
+                    tracing::info!("doorbell: listening for notices across servers");
+                    self.inner.notices_live.send_replace(true);
+                    while let Some(r) = listener.recv().await {
+                        self.ring(
+                            &r.endpoint,
+                            &r.queue,
+                            &r.id,
+                            Offer::of_pending(r.attempts_total),
+                        );
+                    }
+                    self.inner.notices_live.send_replace(false);
+                    tracing::warn!(
+                        "doorbell: the notice connection was lost; scanning every requeue                          interval until it is back"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "doorbell: cannot listen for notices; retrying");
+                }
+            }
+            tokio::time::sleep(NOTICE_RECONNECT).await;
+        }
+    }
+
+    /// Runs the reaper and the requeue/doorbell loops on the configured intervals, and the
+    /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
+    /// failed sweep is logged and retried on the next tick.
     pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        let notices = {
+            let s = self.clone();
+            tokio::spawn(async move { s.follow_notices().await })
+        };
+        self.run_sweeps(shutdown).await;
+        notices.abort();
+        self.inner.notices_live.send_replace(false);
+    }
+
+    async fn run_sweeps(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
         use tokio::time::{MissedTickBehavior, interval};
         let mut reap = interval(self.inner.config.reap_interval);
         reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -736,6 +879,17 @@ impl Server {
 pub const PENDING_SCAN_PAGE: usize = 1_000;
 /// Pages per sweep at most; a longer run of new todos continues on the next tick.
 pub const PENDING_SCAN_PAGES: usize = 50;
+/// How long a session the store confirmed is answered from a server's cache: a session ended
+/// (DELETE) or expired on another server keeps answering here for at most this long. 2 s keeps
+/// the store at one session write per session per 2 s, however fast its requests come.
+pub const SESSION_RECHECK: Millis = 2_000;
+/// How often a server holding a session's doorbell stream records its use in the store (so that
+/// no server's idle sweep forgets it), and finds out that it was ended elsewhere: the stream of a
+/// session ended on another server ends within this and one sweep interval. Far below the idle
+/// timeout (30 min).
+pub const STREAM_TOUCH: Millis = 60_000;
+/// How long the doorbell's notice listener waits before reconnecting a lost connection.
+pub const NOTICE_RECONNECT: Duration = Duration::from_secs(1);
 /// See `State::rung_since_scan`.
 const RUNG_SINCE_SCAN_MAX: usize = 100_000;
 

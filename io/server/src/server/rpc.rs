@@ -148,16 +148,16 @@ pub(crate) async fn handle(
         Message::Notification | Message::Response => {
             // Notifications (`notifications/initialized`, cancellations) need no answer, but
             // still belong to a session.
-            return match check_session(server, &endpoint.name, headers, &Value::Null) {
+            return match check_session(server, endpoint, headers, &Value::Null).await {
                 Ok(_) => Reply::Accepted,
                 Err(r) => Reply::Raw(r),
             };
         }
     };
     if method == "initialize" {
-        return initialize(server, endpoint, id, params.as_ref());
+        return initialize(server, endpoint, id, params.as_ref()).await;
     }
-    let session = match check_session(server, &endpoint.name, headers, &id) {
+    let session = match check_session(server, endpoint, headers, &id).await {
         Ok(s) => s,
         Err(r) => return Reply::Raw(r),
     };
@@ -207,7 +207,12 @@ pub(crate) async fn handle(
     }
 }
 
-fn initialize(server: &Server, endpoint: &Endpoint, id: Value, params: Option<&Value>) -> Reply {
+async fn initialize(
+    server: &Server,
+    endpoint: &Endpoint,
+    id: Value,
+    params: Option<&Value>,
+) -> Reply {
     let Some(requested) = params
         .and_then(|p| p.get("protocolVersion"))
         .and_then(Value::as_str)
@@ -223,7 +228,7 @@ fn initialize(server: &Server, endpoint: &Endpoint, id: Value, params: Option<&V
         .find(|v| **v == requested)
         .copied()
         .unwrap_or(PROTOCOL_VERSIONS[0]);
-    let session = match server.open_session(endpoint) {
+    let session = match server.open_session(endpoint, version).await {
         Ok(s) => s,
         Err(e) if e.code == relay_core::ErrorCode::Conflict => {
             tracing::warn!(endpoint = %endpoint.name, "refused a session: at the session cap");

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::Server;
+use crate::store::Endpoint;
 
 pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
 pub(crate) const VERSION_HEADER: &str = "mcp-protocol-version";
@@ -36,9 +37,9 @@ pub(crate) fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -
 }
 
 /// What a request's session headers say, checked. `Err` is the response to send.
-pub(crate) fn check_session(
+pub(crate) async fn check_session(
     server: &Server,
-    endpoint: &str,
+    endpoint: &Endpoint,
     headers: &HeaderMap,
     id: &Value,
 ) -> Result<String, Response> {
@@ -64,7 +65,19 @@ pub(crate) fn check_session(
             ),
         ));
     }
-    if !server.touch_session(session, endpoint) {
+    let live = match server.touch_session(session, endpoint).await {
+        Ok(live) => live,
+        Err(e) => {
+            let context = format!("endpoint {} session check", endpoint.name);
+            return Err(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                id.clone(),
+                -32603,
+                &server.internal_message(&context, &e),
+            ));
+        }
+    };
+    if !live {
         return Err(rpc_error(
             StatusCode::NOT_FOUND,
             id.clone(),

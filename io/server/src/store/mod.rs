@@ -25,8 +25,10 @@
 //! # Values
 //!
 //! Times are stored as `BIGINT` milliseconds since the epoch, exactly the [`Millis`] the ledger
-//! uses, so a store answers bit-for-bit what the ledger answers; `now` always comes from the
-//! caller and SQL never reads a clock. JSON values (payload, work order, result) are stored as
+//! uses, so a store answers bit-for-bit what the ledger answers. On SQLite `now` comes from the
+//! caller; on Postgres, shared by several servers, from the database's clock, read in the
+//! operation's own transaction ([`PgStore::db_now`]; [`PgClock`] says which), so that every
+//! server computes every lease from one clock. JSON values (payload, work order, result) are stored as
 //! their compact text. Every value reaches SQL as a bound parameter, never as SQL text. Only the
 //! SHA-256 of a bearer token or lease token is stored, and neither appears in an error or in
 //! `Debug` output.
@@ -49,7 +51,7 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
-pub use postgres::PgStore;
+pub use postgres::{PgClock, PgStore};
 pub use sqlite::SqliteStore;
 pub use sqlite_threads::Tuning as SqliteTuning;
 
@@ -155,6 +157,31 @@ impl std::fmt::Debug for Operator {
 pub struct BoardSession {
     pub operator: String,
     pub expires_at: Millis,
+}
+
+/// A new MCP session, as [`Store::mcp_session_open`] records it.
+#[derive(Clone)]
+pub struct McpSessionNew {
+    /// The SHA-256 of the session id; the id itself is never stored.
+    pub id_hash: TokenHash,
+    pub endpoint: String,
+    /// The protocol revision `initialize` negotiated.
+    pub protocol: String,
+    /// A session unused this long is gone (it counts for nothing against the caps).
+    pub idle: Millis,
+    pub caps: relay_core::limits::Caps,
+}
+
+// Hand-written so that no hash of a session id reaches a log.
+impl std::fmt::Debug for McpSessionNew {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpSessionNew")
+            .field("id_hash", &"<redacted>")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the out-of-process doorbell scan reads of a todo that is pending: what a ring needs
@@ -272,10 +299,17 @@ impl Store {
     }
 
     /// Applies one ledger operation in one transaction (see `relay_core::ledger::run`).
-    pub async fn apply(&self, op: Op) -> Result<Answer, Error> {
+    /// On Postgres the operation's `now` is replaced by the database's clock, read inside the
+    /// same transaction (see [`PgStore::db_now`]); SQLite keeps the caller's.
+    pub async fn apply(&self, mut op: Op) -> Result<Answer, Error> {
         let (cfg, kind, name, subject) =
             (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
-        run!(self, kind, name, subject, |tx| ledger::run(tx, &cfg, op))
+        run!(self, kind, name, subject, |tx| async {
+            if let Some(now) = op.now_mut() {
+                *now = ops::Tx::clock(tx, name, *now).await?;
+            }
+            ledger::run(tx, &cfg, op).await
+        })
     }
 
     /// How many todos are in each state, by state name (states with none are absent).
@@ -417,6 +451,57 @@ impl Store {
             "board logout",
             String::from("(board)"),
             |tx| ops::session_delete(tx, &id_hash)
+        )
+    }
+
+    /// Records a new MCP session, admitted against `new.caps` over the live sessions in the
+    /// store (every server's). `conflict` with the client's message when a cap is reached.
+    pub async fn mcp_session_open(&self, now: Millis, new: McpSessionNew) -> Result<(), Error> {
+        let subject = new.endpoint.clone();
+        run!(self, ops::TxKind::Write, "initialize", subject, |tx| {
+            ops::mcp_session_open(tx, now, &new)
+        })
+    }
+
+    /// Marks a session of `endpoint` used; `false` when it is gone (see `ops::mcp_session_touch`:
+    /// `idle: None` keeps a session with an open stream alive whatever its age).
+    pub async fn mcp_session_touch(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+        endpoint: &str,
+        idle: Option<Millis>,
+    ) -> Result<bool, Error> {
+        let endpoint = endpoint.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session",
+            endpoint.clone(),
+            |tx| ops::mcp_session_touch(tx, now, &id_hash, &endpoint, idle)
+        )
+    }
+
+    /// Ends a session of `endpoint`; `false` when there was none.
+    pub async fn mcp_session_end(&self, id_hash: TokenHash, endpoint: &str) -> Result<bool, Error> {
+        let endpoint = endpoint.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session end",
+            endpoint.clone(),
+            |tx| ops::mcp_session_end(tx, &id_hash, &endpoint)
+        )
+    }
+
+    /// Forgets the sessions unused for `idle`; how many went.
+    pub async fn mcp_session_sweep(&self, now: Millis, idle: Millis) -> Result<u64, Error> {
+        run!(
+            self,
+            ops::TxKind::Write,
+            "session sweep",
+            String::from("(sessions)"),
+            |tx| ops::mcp_session_sweep(tx, now, idle)
         )
     }
 

@@ -11,7 +11,7 @@ use relay_core::ledger::{LedgerConfig, Op, Rows, Todo, run};
 use relay_core::ledger::TokenHash;
 
 use super::rows::{Row, Val, ms};
-use super::{BoardSession, Endpoint, NewEndpoint, Operator};
+use super::{BoardSession, Endpoint, McpSessionNew, NewEndpoint, Operator};
 
 /// Whether a transaction writes (SQLite `BEGIN IMMEDIATE`) or only reads (a consistent snapshot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +32,16 @@ impl TxKind {
 
 /// One backend transaction: the ledger's rows, and the store's own tables.
 pub(crate) trait Tx: Rows {
+    /// The time this transaction's rules read, given the caller's: SQLite keeps the caller's
+    /// (one process, one clock); Postgres reads the database's (see `PgTx::db_now`), so that
+    /// several servers on one database compute every lease from one clock.
+    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error>;
+    /// Serialises session admissions until the transaction ends, so that the caps hold across
+    /// servers (SQLite's single writer already does; Postgres takes a transaction lock).
+    async fn lock_sessions(&mut self, op: &str) -> Result<(), Error>;
+    /// Whether this transaction may run background sweep `name`: `false` while another server
+    /// runs it (Postgres' try-lock, see `postgres::TRY_SWEEP_LOCK`); always `true` on SQLite.
+    async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error>;
     /// Inserts an attempt as it is (tests plant broken rows with it).
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error>;
@@ -77,6 +87,7 @@ pub(crate) async fn endpoint_create<T: Tx>(
             "endpoint create: the name must not be empty",
         ));
     }
+    let now = tx.clock("endpoint create", now).await?;
     let e = Endpoint {
         name: new.name,
         token_hash: new.token_hash,
@@ -110,6 +121,8 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
     name: &str,
 ) -> Result<(Endpoint, Vec<Todo>), Error> {
     let op = "endpoint revoke";
+    // It closes attempts: their end is stamped by the clock that decides leases.
+    let now = tx.clock(op, now).await?;
     let Some(mut e) = tx.endpoint(name, true).await? else {
         return Err(Error::not_found(format!(
             "{op} {name}: no such endpoint; `relay endpoint list` shows them"
@@ -122,6 +135,9 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
         )));
     }
     tx.set_revoked(name, now).await?;
+    // Its requests are refused 401 from now on; its sessions go with it, on every server.
+    let sql = "DELETE FROM mcp_sessions WHERE endpoint = $1";
+    tx.exec_sql(op, name, sql, vec![text(name)]).await?;
     e.revoked_at = Some(now);
     let revoke = Op::RevokeEndpoint {
         now,
@@ -188,6 +204,7 @@ pub(crate) async fn operator_create<T: Tx>(
 ) -> Result<Operator, Error> {
     let op = "operator create";
     relay_core::board::check_operator_name(op, name)?;
+    let now = tx.clock(op, now).await?;
     let sql = format!(
         "INSERT INTO operators ({OPERATOR_COLS}) VALUES ($1, $2, $3, NULL) ON CONFLICT DO NOTHING"
     );
@@ -218,6 +235,7 @@ pub(crate) async fn operator_revoke<T: Tx>(
     name: &str,
 ) -> Result<Operator, Error> {
     let op = "operator revoke";
+    let now = tx.clock(op, now).await?;
     let sql = format!("SELECT {OPERATOR_COLS} FROM operators WHERE name = $1");
     let Some(mut o) = tx
         .query_sql(op, name, &sql, vec![text(name)], operator_row)
@@ -267,6 +285,7 @@ pub(crate) async fn session_create<T: Tx>(
     operator: &str,
 ) -> Result<BoardSession, Error> {
     let op = "board login";
+    let now = tx.clock(op, now).await?;
     let expires_at = now.saturating_add(relay_core::board::SESSION_TTL);
     // Expired sessions of anyone are deleted on the way, so the table holds live ones only.
     let sql = "DELETE FROM board_sessions WHERE expires_at <= $1";
@@ -292,6 +311,7 @@ pub(crate) async fn session_get<T: Tx>(
     now: Millis,
     id_hash: &TokenHash,
 ) -> Result<Option<BoardSession>, Error> {
+    let now = tx.clock("board session", now).await?;
     let sql = "SELECT s.operator, s.expires_at, o.revoked_at FROM board_sessions s
                JOIN operators o ON o.name = s.operator WHERE s.id_hash = $1";
     let found = tx
@@ -346,4 +366,99 @@ pub(crate) async fn set_paused<T: Tx>(
         ("resume", sql, vec![text(queue)])
     };
     tx.exec_sql(op, queue, sql, vals).await.map(drop)
+}
+
+// ---- MCP sessions ----------------------------------------------------------------------------
+
+/// Opens an MCP session: admitted against the caps counted over the live sessions in the store
+/// (shared by every server on it), after forgetting the idle ones.
+pub(crate) async fn mcp_session_open<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    new: &McpSessionNew,
+) -> Result<(), Error> {
+    let op = "initialize";
+    let now = tx.clock(op, now).await?;
+    tx.lock_sessions(op).await?;
+    let cutoff = now.saturating_sub(new.idle);
+    let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
+    tx.exec_sql(op, &new.endpoint, sql, vec![time(op, cutoff)?])
+        .await?;
+    let sql = "SELECT count(*), coalesce(sum(CASE WHEN endpoint = $1 THEN 1 ELSE 0 END), 0)
+               FROM mcp_sessions";
+    let counts = tx
+        .query_sql(op, &new.endpoint, sql, vec![text(&new.endpoint)], |r| {
+            let n = |i| -> Result<usize, Error> {
+                let v = required(r.int(i), "a session count")?;
+                Ok(usize::try_from(v).unwrap_or(0))
+            };
+            Ok((n(0)?, n(1)?))
+        })
+        .await?;
+    let (total, mine) = counts.first().copied().unwrap_or((0, 0));
+    relay_core::limits::admit_session(&new.caps, total, mine).map_err(Error::conflict)?;
+    let sql = "INSERT INTO mcp_sessions (id_hash, endpoint, protocol, created_at, last_used_at)
+               VALUES ($1, $2, $3, $4, $4)";
+    let vals = vec![
+        hash(&new.id_hash),
+        text(&new.endpoint),
+        text(&new.protocol),
+        time(op, now)?,
+    ];
+    tx.exec_sql(op, &new.endpoint, sql, vals).await.map(drop)
+}
+
+/// Marks a session of `endpoint` used at `now`; `false` when there is none (never made, ended,
+/// swept, or another endpoint's). With `idle`, a session unused for that long counts as gone
+/// too; without, it is kept alive whatever its age (its doorbell stream is open).
+pub(crate) async fn mcp_session_touch<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id_hash: &TokenHash,
+    endpoint: &str,
+    idle: Option<Millis>,
+) -> Result<bool, Error> {
+    let op = "session";
+    let now = tx.clock(op, now).await?;
+    let cutoff = idle.map_or(0, |i| now.saturating_sub(i));
+    let sql = "UPDATE mcp_sessions SET last_used_at = $3
+               WHERE id_hash = $1 AND endpoint = $2 AND last_used_at > $4";
+    let vals = vec![
+        hash(id_hash),
+        text(endpoint),
+        time(op, now)?,
+        if idle.is_some() {
+            time(op, cutoff)?
+        } else {
+            Val::Big(Some(i64::MIN))
+        },
+    ];
+    Ok(tx.exec_sql(op, endpoint, sql, vals).await? == 1)
+}
+
+/// Ends a session of `endpoint` (DELETE); `false` when there was none.
+pub(crate) async fn mcp_session_end<T: Tx>(
+    tx: &mut T,
+    id_hash: &TokenHash,
+    endpoint: &str,
+) -> Result<bool, Error> {
+    let sql = "DELETE FROM mcp_sessions WHERE id_hash = $1 AND endpoint = $2";
+    let vals = vec![hash(id_hash), text(endpoint)];
+    Ok(tx.exec_sql("session end", endpoint, sql, vals).await? == 1)
+}
+
+/// Forgets every session unused for `idle`; how many went.
+pub(crate) async fn mcp_session_sweep<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    idle: Millis,
+) -> Result<u64, Error> {
+    let op = "session sweep";
+    if !tx.try_sweep_lock(op, "sessions").await? {
+        return Ok(0);
+    }
+    let now = tx.clock(op, now).await?;
+    let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
+    tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])
+        .await
 }

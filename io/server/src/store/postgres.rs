@@ -37,6 +37,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "todo_change_seq", MIGRATION_0004),
     (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
+    (7, "mcp_sessions", MIGRATION_0007),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -205,6 +206,90 @@ CREATE TABLE paused_queues (
 );
 "#;
 
+/// MCP sessions in the store (as SQLite's 0007), and the doorbell across servers: a todo that
+/// becomes pending (added, released, reaped, re-queued, retried: from any server or the CLI)
+/// sends a NOTIFY on [`READY_CHANNEL`] from its own transaction, delivered on commit to every
+/// server listening. The payload names the schema, so stores in different schemas of one
+/// database ring only their own. Only a change *into* `pending` notifies (the doorbell scan's
+/// rule: see `rows::pending_since`), so updates of a pending todo cost nothing.
+const MIGRATION_0007: &str = r#"
+CREATE TABLE mcp_sessions (
+    id_hash      bytea  NOT NULL PRIMARY KEY CHECK (octet_length(id_hash) = 32),
+    endpoint     text COLLATE "C" NOT NULL,
+    protocol     text   NOT NULL CHECK (octet_length(protocol) <= 32),
+    created_at   bigint NOT NULL,
+    last_used_at bigint NOT NULL
+);
+CREATE INDEX mcp_sessions_endpoint ON mcp_sessions (endpoint);
+CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
+CREATE FUNCTION todos_ready_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('relay_todo_ready', json_build_object(
+        'schema', current_schema(), 'id', NEW.id, 'endpoint', NEW.endpoint,
+        'queue', NEW.queue, 'attempts_total', NEW.attempts_total)::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER todos_ready_insert AFTER INSERT ON todos
+    FOR EACH ROW WHEN (NEW.state = 'pending') EXECUTE FUNCTION todos_ready_notify();
+CREATE TRIGGER todos_ready_update AFTER UPDATE ON todos
+    FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state <> 'pending')
+    EXECUTE FUNCTION todos_ready_notify();
+"#;
+
+/// The channel of the doorbell's NOTIFY (see migration 0007).
+pub const READY_CHANNEL: &str = "relay_todo_ready";
+
+/// Notices a listener buffers; past it they are dropped (the doorbell scan covers them).
+const READY_BUFFER: usize = 4096;
+
+/// "A todo became claimable": what the doorbell's NOTIFY carries (no title or payload).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ready {
+    pub id: String,
+    pub endpoint: String,
+    pub queue: String,
+    /// 0 for a fresh todo; more for one that ran before.
+    pub attempts_total: u32,
+}
+
+impl Ready {
+    /// A payload of migration 0007's trigger, when it is of `schema` (before the schema is
+    /// known, none is).
+    fn parse(payload: &str, schema: Option<&str>) -> Option<Ready> {
+        let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+        if v["schema"].as_str()? != schema? {
+            return None;
+        }
+        Some(Ready {
+            id: v["id"].as_str()?.to_string(),
+            endpoint: v["endpoint"].as_str()?.to_string(),
+            queue: v["queue"].as_str()?.to_string(),
+            attempts_total: u32::try_from(v["attempts_total"].as_u64()?).ok()?,
+        })
+    }
+}
+
+/// The doorbell's LISTEN connection (see [`PgStore::listen_ready`]); dropping it closes it.
+pub struct ReadyListener {
+    _client: tokio_postgres::Client,
+    rx: tokio::sync::mpsc::Receiver<Ready>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadyListener {
+    /// The next notice; `None` once the connection is lost.
+    pub async fn recv(&mut self) -> Option<Ready> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for ReadyListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The newest migration's number.
 pub(crate) fn latest_migration() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.0)
@@ -213,12 +298,28 @@ pub(crate) fn latest_migration() -> i32 {
 /// Connections the pool keeps at most.
 const POOL_SIZE: usize = 16;
 
+/// Which clock an operation's rules read on Postgres.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgClock {
+    /// The database's `clock_timestamp()`, read in the operation's own transaction: every
+    /// server on one database computes every lease from one clock, whatever its own says.
+    /// What [`PgStore::open`] and [`PgStore::open_in_schema`] use.
+    Database,
+    /// The `now` the caller passed: for tests that drive time with a manual clock, and for the
+    /// model tests that hold the store to the in-memory ledger bit for bit.
+    Caller,
+}
+
 /// The Postgres backend of [`Store`](super::Store).
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
     cfg: LedgerConfig,
     schema: Option<String>,
+    clock: PgClock,
+    /// For the doorbell's dedicated LISTEN connection (outside the pool). Holds the URL's
+    /// password: never printed (see `Debug`).
+    pg: std::sync::Arc<tokio_postgres::Config>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -285,7 +386,7 @@ impl PgStore {
             pg.options(format!("-c search_path={s}"));
         }
         let mgr = Manager::from_config(
-            pg,
+            pg.clone(),
             tokio_postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -299,6 +400,8 @@ impl PgStore {
             pool,
             cfg,
             schema: schema.map(str::to_string),
+            clock: PgClock::Database,
+            pg: std::sync::Arc::new(pg),
         };
         let mut client = store.pool.get().await.map_err(open_err)?;
         if let Some(s) = schema {
@@ -314,6 +417,38 @@ impl PgStore {
 
     pub fn config(&self) -> &LedgerConfig {
         &self.cfg
+    }
+
+    /// The same store reading `clock` (see [`PgClock`]; production keeps `Database`).
+    pub fn with_clock(mut self, clock: PgClock) -> PgStore {
+        self.clock = clock;
+        self
+    }
+
+    pub fn clock(&self) -> PgClock {
+        self.clock
+    }
+
+    /// The database's clock in milliseconds since the epoch, read inside `tx` (so that the time
+    /// and the rows an operation reads come from one transaction), or the caller's `now` under
+    /// [`PgClock::Caller`]. `clock_timestamp()`, not `now()`: the latter is the transaction's
+    /// start, the same for every operation of a batch. It is read before the row locks, so a
+    /// lock waited for makes it early by the wait: a takeover or a reap only ever comes later
+    /// for it, and a lease granted is at most that much shorter by the database's clock.
+    pub(crate) async fn db_now(tx: &PgTx<'_>, op: &str, caller: Millis) -> Result<Millis, Error> {
+        if tx.clock == PgClock::Caller {
+            return Ok(caller);
+        }
+        let rs = tx.query(op, "(clock)", DB_NOW, &[]).await?;
+        let ms: i64 = rs
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| Error::internal(format!("{op}: the database's clock read no row")))?;
+        Millis::try_from(ms).map_err(|_| {
+            Error::internal(format!(
+                "{op}: the database's clock reads {ms} ms, before the epoch; check its time"
+            ))
+        })
     }
 
     /// Applies further migrations up to `target` (tests of a migration).
@@ -353,7 +488,11 @@ impl PgStore {
                 .await
                 .map_err(|e| pg_err(op, "", &e))?;
         }
-        Ok(PgTx { t, kind })
+        Ok(PgTx {
+            t,
+            kind,
+            clock: self.clock,
+        })
     }
 
     /// Commits on `Ok` (a deferred constraint fires here), rolls back on `Err`.
@@ -443,6 +582,56 @@ impl PgStore {
         Ok(rows::pending_page(changes, limit, horizon))
     }
 
+    /// Opens the doorbell's dedicated connection and LISTENs on [`READY_CHANNEL`]: every todo
+    /// of this store's schema that becomes pending, from whichever server or CLI process, is
+    /// delivered once its transaction commits. The listener ends (`recv` answers `None`) when
+    /// the connection is lost; the caller reconnects, and the doorbell scan covers the gap.
+    pub async fn listen_ready(&self) -> Result<ReadyListener, Error> {
+        let op = "doorbell listen";
+        // Named, so that an operator can tell it from the pool's connections.
+        let mut pg = (*self.pg).clone();
+        pg.application_name("relay doorbell");
+        let (client, mut conn) = pg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| pg_err(op, "", &e))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(READY_BUFFER);
+        let schema = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+        let mine = schema.clone();
+        let task = tokio::spawn(async move {
+            use futures_util::StreamExt as _;
+            let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+            while let Some(Ok(m)) = messages.next().await {
+                let tokio_postgres::AsyncMessage::Notification(n) = m else {
+                    continue;
+                };
+                if n.channel() != READY_CHANNEL {
+                    continue;
+                }
+                let Some(ready) = Ready::parse(n.payload(), mine.get().map(String::as_str)) else {
+                    continue;
+                };
+                // A full buffer drops the notice: the doorbell scan rings for it instead.
+                let _ = tx.try_send(ready);
+            }
+        });
+        let current: String = client
+            .query_one("SELECT current_schema()", &[])
+            .await
+            .map_err(|e| pg_err(op, "", &e))?
+            .get(0);
+        let _ = schema.set(current);
+        client
+            .batch_execute(&format!("LISTEN {READY_CHANNEL}"))
+            .await
+            .map_err(|e| pg_err(op, "", &e))?;
+        Ok(ReadyListener {
+            _client: client,
+            rx,
+            task,
+        })
+    }
+
     #[cfg(test)]
     pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
         let mut client = self.client("plant").await?;
@@ -529,7 +718,11 @@ fn pg_err(op: &str, subject: &str, e: &tokio_postgres::Error) -> Error {
 pub(crate) struct PgTx<'c> {
     t: Transaction<'c>,
     kind: TxKind,
+    clock: PgClock,
 }
+
+/// The database's clock in whole milliseconds (see [`PgStore::db_now`]).
+const DB_NOW: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 impl rows::Row for tokio_postgres::Row {
     fn text(&self, i: usize) -> Result<Option<String>, String> {
@@ -710,6 +903,12 @@ impl PgTx<'_> {
     }
 }
 
+/// One server at a time runs each background sweep: a transaction-scoped advisory lock, tried
+/// and skipped when held, released at commit or rollback, and when its holder's connection dies
+/// (a server killed mid-sweep holds nothing). Keyed by the schema and the sweep's name.
+pub(crate) const TRY_SWEEP_LOCK: &str =
+    "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
+
 impl Rows for PgTx<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
@@ -829,6 +1028,17 @@ impl Rows for PgTx<'_> {
             Sweep::Reap { .. } | Sweep::RequeueDue { .. } => " FOR UPDATE SKIP LOCKED",
             Sweep::Revoke { .. } | Sweep::Purge { .. } => " FOR UPDATE",
         };
+        let background = match sweep {
+            Sweep::Reap { .. } => Some("reap"),
+            Sweep::RequeueDue { .. } => Some("requeue"),
+            Sweep::Revoke { .. } | Sweep::Purge { .. } => None,
+        };
+        if let Some(name) = background
+            && !super::ops::Tx::try_sweep_lock(self, op, name).await?
+        {
+            // Another server is running this sweep right now; it closes what this one would.
+            return Ok(Vec::new());
+        }
         let (sql, arg) = SQL.sweep(op, sweep)?;
         let rs = self.query_vals(op, "", &(sql + lock), vec![arg]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
@@ -856,6 +1066,28 @@ impl Rows for PgTx<'_> {
 }
 
 impl Tx for PgTx<'_> {
+    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error> {
+        PgStore::db_now(self, op, caller).await
+    }
+
+    async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error> {
+        let rs = self.query(op, name, TRY_SWEEP_LOCK, &[&name]).await?;
+        rs.first()
+            .and_then(|r| r.try_get::<_, bool>(0).ok())
+            .ok_or_else(|| Error::internal(format!("{op} {name}: the sweep lock read no row")))
+    }
+
+    async fn lock_sessions(&mut self, op: &str) -> Result<(), Error> {
+        self.execute(
+            op,
+            "(sessions)",
+            "SELECT pg_advisory_xact_lock('mcp_sessions'::regclass::oid::bigint)",
+            &[],
+        )
+        .await
+        .map(drop)
+    }
+
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
         self.insert_attempt_row(op, a).await

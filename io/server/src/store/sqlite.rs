@@ -41,6 +41,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (4, "todo_change_seq", MIGRATION_0004),
     (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
+    (7, "mcp_sessions", MIGRATION_0007),
 ];
 
 /// The todos table as it was before attempt history (the design's "before").
@@ -563,6 +564,22 @@ CREATE TABLE paused_queues (
 ) STRICT;
 ";
 
+/// MCP sessions in the store, so that any server on the database answers any session and a
+/// restart keeps them: only the SHA-256 of a session id, its endpoint, the protocol revision it
+/// negotiated and its last use (for the idle sweep). (Postgres' 0007 also adds the doorbell's
+/// NOTIFY trigger; SQLite's doorbell stays in-process.)
+const MIGRATION_0007: &str = "
+CREATE TABLE mcp_sessions (
+    id_hash      BLOB    NOT NULL PRIMARY KEY CHECK (length(id_hash) = 32),
+    endpoint     TEXT    NOT NULL,
+    protocol     TEXT    NOT NULL CHECK (length(protocol) <= 32),
+    created_at   INTEGER NOT NULL,
+    last_used_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX mcp_sessions_endpoint ON mcp_sessions (endpoint);
+CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
+";
+
 static ENDPOINT_GET: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"));
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
@@ -796,6 +813,20 @@ impl Rows for SqliteTx<'_> {
 }
 
 impl Tx for SqliteTx<'_> {
+    async fn clock(&mut self, _op: &str, caller: Millis) -> Result<Millis, Error> {
+        Ok(caller)
+    }
+
+    async fn try_sweep_lock(&mut self, _op: &str, _name: &str) -> Result<bool, Error> {
+        // One writer (and `BEGIN IMMEDIATE` between processes): sweeps never overlap.
+        Ok(true)
+    }
+
+    async fn lock_sessions(&mut self, _op: &str) -> Result<(), Error> {
+        // One writer: every write transaction is alone already.
+        Ok(())
+    }
+
     #[cfg(test)]
     async fn insert_attempt(&mut self, op: &str, a: &Attempt) -> Result<(), Error> {
         self.insert_attempt_row(op, a)

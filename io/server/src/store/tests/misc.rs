@@ -471,7 +471,8 @@ fn the_attempts_migration_backfills_leases_in_flight() {
         rt.block_on(async {
             let p = PgStore::open_at(&schema.url, Some(&schema.name), LedgerConfig::default(), 1)
                 .await
-                .unwrap();
+                .unwrap()
+                .with_clock(crate::store::PgClock::Caller);
             backfill(Store::Postgres(p)).await;
         });
     }

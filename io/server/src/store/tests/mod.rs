@@ -9,6 +9,7 @@ mod board;
 mod concurrency;
 mod misc;
 mod model;
+mod multi;
 mod scan;
 mod text;
 
@@ -25,7 +26,7 @@ use relay_core::time::SECOND;
 use relay_core::{Error, Millis};
 use tokio::runtime::Runtime;
 
-use super::{PgStore, Store};
+use super::{PgClock, PgStore, Store};
 
 pub(super) const T0: Millis = 1_790_000_000_000;
 
@@ -94,7 +95,8 @@ impl PgSchema {
         Store::Postgres(
             PgStore::open_in_schema(&self.url, &self.name, cfg)
                 .await
-                .expect("open the Postgres store"),
+                .expect("open the Postgres store")
+                .with_clock(PgClock::Caller),
         )
     }
 }
