@@ -38,6 +38,7 @@
 //! `schema_migrations`; opening a store applies the missing ones and nothing else.
 
 mod ops;
+mod pg_batch;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
@@ -49,7 +50,7 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
-pub use postgres::PgStore;
+pub use postgres::{PgStore, PgTuning};
 pub use sqlite::SqliteStore;
 pub use sqlite_threads::Tuning as SqliteTuning;
 
@@ -273,6 +274,9 @@ impl Store {
 
     /// Applies one ledger operation in one transaction (see `relay_core::ledger::run`).
     pub async fn apply(&self, op: Op) -> Result<Answer, Error> {
+        if let Store::Postgres(p) = self {
+            return p.apply(op).await;
+        }
         let (cfg, kind, name, subject) =
             (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
         run!(self, kind, name, subject, |tx| ledger::run(tx, &cfg, op))

@@ -367,6 +367,22 @@ impl Shared {
         paused: &[String],
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
+        self.next_claimable_n(op, now, actor, queues, paused, 1, lock)
+    }
+
+    /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
+    /// reads them at once). `now` is the first value bound.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn next_claimable_n(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        paused: &[String],
+        limit: usize,
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
         let now = q.bind(time(op, now)?);
         let owner = q.bind(label(Some(actor.owner())));
@@ -406,7 +422,7 @@ impl Shared {
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1{lock}",
+             ORDER BY t.created_at, t.id LIMIT {limit}{lock}",
             self.todo_select
         );
         Ok((sql, q.vals))
