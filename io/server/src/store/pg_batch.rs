@@ -39,7 +39,7 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
     self, Actor, Answer, Attempt, AttemptWrite, Newest, Op, Rows, Sweep, Todo, TodoFilter,
-    transition,
+    TodoState, transition,
 };
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
@@ -253,12 +253,15 @@ async fn batch(c: &ClientWrapper, store: &PgStore, ops: Vec<Op>) -> Done {
         let _ = c.batch_execute("ROLLBACK").await;
         return Done::RolledBack;
     };
-    match c.batch_execute("COMMIT").await {
+    match b.commit().await {
         Ok(()) => Done::Committed(answers),
-        // The server answered: it rolled the transaction back (a deferred constraint, a
-        // serialization failure).
-        Err(e) if e.as_db_error().is_some() => Done::RolledBack,
-        Err(e) => Done::Unknown(pg_err("commit", "(a batch)", &e)),
+        // The server refused a write or the COMMIT (a deferred constraint, a serialization
+        // failure): the transaction is rolled back. (Outside one, this ROLLBACK only warns.)
+        Err(Fail::Db(_)) => {
+            let _ = c.batch_execute("ROLLBACK").await;
+            Done::RolledBack
+        }
+        Err(Fail::Other(e)) => Done::Unknown(e),
     }
 }
 
@@ -291,7 +294,6 @@ async fn run_ops(
         answers.push(r);
         claims_left -= usize::from(claim);
     }
-    b.pipeline(Vec::new(), false).await.map_err(drop)?;
     Ok(answers)
 }
 
@@ -323,8 +325,6 @@ struct Group {
 struct Stmt {
     st: Statement,
     args: Vec<Box<dyn ToSql + Sync + Send>>,
-    /// The rows a write must touch (`None`: a read, or a write whose count is answered).
-    expect: Option<u64>,
 }
 
 enum Out {
@@ -332,11 +332,50 @@ enum Out {
     Rows(Vec<tokio_postgres::Row>),
 }
 
-type Fut<'a> = Pin<Box<dyn Future<Output = Result<Out, Error>> + Send + 'a>>;
-
-fn pg(e: tokio_postgres::Error) -> Error {
-    pg_err("batch", "", &e)
+/// Why a round trip failed: the server refused a statement (the transaction is then rolled
+/// back, or must be), or something else did (the connection: a COMMIT's outcome is unknown).
+enum Fail {
+    Db(Error),
+    Other(Error),
 }
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Fail {
+        let err = pg_err("batch", "", &e);
+        if e.as_db_error().is_some() {
+            Fail::Db(err)
+        } else {
+            Fail::Other(err)
+        }
+    }
+}
+
+impl Fail {
+    fn into_error(self) -> Error {
+        match self {
+            Fail::Db(e) | Fail::Other(e) => e,
+        }
+    }
+}
+
+type Fut<'a> = Pin<Box<dyn Future<Output = Result<Out, Fail>> + Send + 'a>>;
+
+/// The held writes that must touch exactly one row, each answering one row itself or, when it
+/// touched another number, failing (a text that is no integer), so that the database refuses
+/// the batch before its COMMIT: the todo update, the attempt insert, the open attempt's update.
+static CHECKED: std::sync::LazyLock<(String, String, String)> = std::sync::LazyLock::new(|| {
+    let one = |sql: &str| {
+        format!(
+            "WITH w AS ({sql} RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 0 \
+             ELSE ('a batched write touched ' || count(*) || ' rows, not 1')::int END FROM w"
+        )
+    };
+    (
+        one(&SQL.update_todo),
+        one(&SQL.insert_attempt),
+        one(&SQL.update_open_attempt),
+    )
+});
 
 /// The transaction of one batch, as the ledger's [`Rows`].
 struct Batch<'c> {
@@ -407,6 +446,42 @@ impl<'c> Batch<'c> {
         ids.sort_unstable();
         ids.dedup();
         let (paused, load, open) = self.statements().await?;
+        // Each claim_next scope's rows, read in this round trip too: as many as the batch has
+        // claims in that scope, at the earliest of their callers' `now` (each row is judged
+        // again at its operation's own `now`), assuming no queue is paused (when one is, these
+        // reads match no claim, and the claims read their own).
+        let mut scopes: Vec<(Group, Millis, usize)> = Vec::new();
+        for op in ops {
+            if let Op::ClaimNext {
+                now, actor, queues, ..
+            } = op
+            {
+                let queues = queues.as_deref().map(ledger::storable_queue_filter);
+                let key = claim_key(*now, actor, queues.as_deref(), &[])?;
+                match scopes.iter_mut().find(|(g, ..)| g.key == key) {
+                    Some((_, at, n)) => {
+                        *at = (*at).min(*now);
+                        *n += 1;
+                    }
+                    None => scopes.push((
+                        Group {
+                            key,
+                            last: None,
+                            exhausted: false,
+                        },
+                        *now,
+                        1,
+                    )),
+                }
+            }
+        }
+        let mut claims = Vec::with_capacity(scopes.len());
+        for (g, at, n) in &scopes {
+            let mut vals = g.key.1.clone();
+            vals.insert(0, Val::Big(Some(rows::ms("claim_next", *at)?)));
+            let sql = limited(&g.key.0, *n);
+            claims.push(self.stmt("claim_next", &sql, vals).await?);
+        }
         let c = self.c;
         let begin = format!("BEGIN; {CHANGE_LOCK_SHARED}");
         let none: &[&(dyn ToSql + Sync)] = &[];
@@ -415,28 +490,41 @@ impl<'c> Batch<'c> {
                 c.batch_execute(&begin)
                     .await
                     .map(|()| Out::Count(0))
-                    .map_err(pg)
+                    .map_err(Fail::from)
             }),
             Box::pin(async move {
                 if db_clock {
-                    db_now(&**c).await.map(Out::Count)
+                    db_now(&**c).await.map(Out::Count).map_err(Fail::Other)
                 } else {
                     Ok(Out::Count(0))
                 }
             }),
-            Box::pin(async { c.query(&paused, none).await.map(Out::Rows).map_err(pg) }),
+            Box::pin(async {
+                c.query(&paused, none)
+                    .await
+                    .map(Out::Rows)
+                    .map_err(Fail::from)
+            }),
         ];
         if !ids.is_empty() {
             let ids = &ids;
             let (load, open) = (&load, &open);
             futs.push(Box::pin(async move {
-                c.query(load, &[ids]).await.map(Out::Rows).map_err(pg)
+                c.query(load, &[ids])
+                    .await
+                    .map(Out::Rows)
+                    .map_err(Fail::from)
             }));
             futs.push(Box::pin(async move {
-                c.query(open, &[ids]).await.map(Out::Rows).map_err(pg)
+                c.query(open, &[ids])
+                    .await
+                    .map(Out::Rows)
+                    .map_err(Fail::from)
             }));
         }
-        let mut outs = futures_util::future::try_join_all(futs).await?;
+        futs.extend(claims.iter().map(|s| send(c, s)));
+        let mut outs = in_order(futs).await.map_err(Fail::into_error)?;
+        let claimed = outs.split_off(outs.len() - claims.len());
         let now = match outs[1] {
             Out::Count(t) => db_clock.then_some(t),
             Out::Rows(_) => None,
@@ -449,7 +537,46 @@ impl<'c> Batch<'c> {
         {
             self.keep(&ids, &todos, &opens, true)?;
         }
+        for ((mut g, _, n), out) in scopes.into_iter().zip(claimed) {
+            if let Out::Rows(rs) = out {
+                let (last, len) = self.keep_claimable(&rs).await?;
+                g.last = last;
+                g.exhausted = len < n;
+                self.groups.push(g);
+            }
+        }
         Ok(now)
+    }
+
+    /// Keeps the rows a claim_next read returned (those not kept yet), and answers the last
+    /// one's place and how many there were. Their open attempts are read after the lock (see
+    /// `PgTx::load`), but only for claimed rows (a takeover): any other has none, and were one
+    /// there after all, the deferred one-open-attempt constraint refuses the batch's COMMIT and
+    /// its operations run again alone, where the attempt is read.
+    async fn keep_claimable(
+        &mut self,
+        found: &[tokio_postgres::Row],
+    ) -> Result<(Option<(Millis, String)>, usize), Error> {
+        let mut last = None;
+        let mut takeovers = Vec::new();
+        for r in found {
+            let t = rows::todo(r, 0)?;
+            last = Some((t.created_at, t.id.clone()));
+            if self.rows.contains_key(&t.id) {
+                continue;
+            }
+            if t.state == TodoState::Claimed {
+                takeovers.push(t.id);
+            } else {
+                if self.savepoint {
+                    self.read_in_savepoint.push(t.id.clone());
+                }
+                self.rows
+                    .insert(t.id.clone(), Entry::Row(Box::new(t), Vec::new()));
+            }
+        }
+        self.fetch(takeovers, false).await?;
+        Ok((last, found.len()))
     }
 
     async fn statements(&mut self) -> Result<(Statement, Statement, Statement), Error> {
@@ -536,23 +663,28 @@ impl<'c> Batch<'c> {
     /// its savepoint, which is opened when it has any or when `direct` writes follow), then
     /// `stmts` (reads, or direct writes). Answers what each of `stmts` returned, in order.
     async fn pipeline(&mut self, stmts: Vec<Stmt>, direct: bool) -> Result<Vec<Out>, Error> {
-        let r = self.pipeline_inner(stmts, direct).await;
+        let r = self.pipeline_inner(stmts, direct, false).await;
         if r.is_err() {
             self.broken = true;
         }
-        r
+        r.map_err(Fail::into_error)
     }
 
-    async fn pipeline_inner(&mut self, stmts: Vec<Stmt>, direct: bool) -> Result<Vec<Out>, Error> {
+    async fn pipeline_inner(
+        &mut self,
+        stmts: Vec<Stmt>,
+        direct: bool,
+        commit: bool,
+    ) -> Result<Vec<Out>, Fail> {
         let held: Vec<Held> = self.held.drain(..).collect();
         let mark = std::mem::replace(&mut self.mark, 0).min(held.len());
         let mut before = Vec::with_capacity(mark);
         for h in &held[..mark] {
-            before.push(self.held_stmt(h).await?);
+            before.push(self.held_stmt(h).await.map_err(Fail::Other)?);
         }
         let mut mine = Vec::with_capacity(held.len() - mark);
         for h in &held[mark..] {
-            mine.push(self.held_stmt(h).await?);
+            mine.push(self.held_stmt(h).await.map_err(Fail::Other)?);
         }
         let cmds = std::mem::take(&mut self.cmds).join("; ");
         let savepoint = (direct || !mine.is_empty()) && !self.savepoint;
@@ -565,19 +697,18 @@ impl<'c> Batch<'c> {
                 c.batch_execute(sql)
                     .await
                     .map(|()| Out::Count(0))
-                    .map_err(pg)
+                    .map_err(Fail::from)
             })
         };
         // In the order they are sent: futures are polled, and so sent, in order.
         let mut futs: Vec<Fut<'_>> = Vec::new();
-        let cmds_sent = !cmds.is_empty();
-        if cmds_sent {
+        if !cmds.is_empty() {
             let cmds = &cmds;
             futs.push(Box::pin(async move {
                 c.batch_execute(cmds)
                     .await
                     .map(|()| Out::Count(0))
-                    .map_err(pg)
+                    .map_err(Fail::from)
             }));
         }
         futs.extend(before.iter().map(|s| send(c, s)));
@@ -586,51 +717,38 @@ impl<'c> Batch<'c> {
         }
         futs.extend(mine.iter().map(|s| send(c, s)));
         futs.extend(stmts.iter().map(|s| send(c, s)));
-        let mut outs = futures_util::future::try_join_all(futs).await?;
-        let answered = outs.split_off(outs.len() - stmts.len());
-        let writes = before.iter().chain(mine.iter());
-        // The savepoint's answer sits between the two groups of writes.
-        let mut counts = outs.iter().skip(usize::from(cmds_sent));
-        for (i, s) in writes.enumerate() {
-            if savepoint && i == before.len() {
-                counts.next();
-            }
-            let got = match counts.next() {
-                Some(Out::Count(n)) => Some(*n),
-                _ => None,
-            };
-            if let Some(want) = s.expect
-                && got != Some(want)
-            {
-                return Err(Error::internal(format!(
-                    "batch: a write touched {got:?} rows where the rows read predicted {want}"
-                )));
-            }
+        if commit {
+            // After a refused statement the server answers this COMMIT with a rollback.
+            futs.push(simple("COMMIT"));
         }
-        Ok(answered)
+        let mut outs = in_order(futs).await?;
+        if commit {
+            outs.pop();
+        }
+        Ok(outs.split_off(outs.len() - stmts.len()))
     }
 
-    /// The statement of a held write.
+    /// The last round trip: the held writes and `COMMIT`.
+    async fn commit(&mut self) -> Result<(), Fail> {
+        self.pipeline_inner(Vec::new(), false, true).await.map(drop)
+    }
+
+    /// The statement of a held write. The database itself checks that it touched the one row
+    /// the rows kept predicted (an error rolls the batch back: its COMMIT is sent with it).
     async fn held_stmt(&mut self, h: &Held) -> Result<Stmt, Error> {
         let op = "batch";
-        let (sql, vals, expect): (&str, Vec<Val>, Option<u64>) = match h {
-            Held::Todo(t) => (&SQL.update_todo, rows::todo_update(op, t)?, Some(1)),
-            Held::Open(a) => (&SQL.insert_attempt, rows::attempt_row(op, a)?, Some(1)),
-            Held::Update(a) => (
-                &SQL.update_open_attempt,
-                rows::attempt_update(op, a)?,
-                Some(1),
-            ),
+        let (sql, vals): (&str, Vec<Val>) = match h {
+            Held::Todo(t) => (&CHECKED.0, rows::todo_update(op, t)?),
+            Held::Open(a) => (&CHECKED.1, rows::attempt_row(op, a)?),
+            Held::Update(a) => (&CHECKED.2, rows::attempt_update(op, a)?),
             Held::Prune(id, n) => (
                 &SQL.prune,
                 vec![Val::Text(Some(id.clone())), Val::Count(*n)],
-                None,
             ),
         };
         Ok(Stmt {
             st: self.prepare(op, sql).await?,
             args: pg_vals(op, vals)?,
-            expect,
         })
     }
 
@@ -639,7 +757,6 @@ impl<'c> Batch<'c> {
         Ok(Stmt {
             st: self.prepare(op, sql).await?,
             args,
-            expect: None,
         })
     }
 
@@ -716,14 +833,46 @@ impl<'c> Batch<'c> {
     }
 }
 
+/// Awaits the statements of one round trip, each polled once in order first: that is when each
+/// is sent, so they go out (and the server runs them) in this order, whatever their number.
+async fn in_order(futs: Vec<Fut<'_>>) -> Result<Vec<Out>, Fail> {
+    use futures_util::future::{MaybeDone, maybe_done};
+    let mut futs: Vec<MaybeDone<Fut<'_>>> = futs.into_iter().map(maybe_done).collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut futs {
+            let _ = Pin::new(f).poll(cx);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let mut outs = Vec::with_capacity(futs.len());
+    for mut f in futs {
+        (&mut f).await;
+        match Pin::new(&mut f).take_output() {
+            Some(out) => outs.push(out?),
+            None => {
+                return Err(Fail::Other(Error::internal(
+                    "batch: a statement answered nothing",
+                )));
+            }
+        }
+    }
+    Ok(outs)
+}
+
 /// Sends one statement when first polled: a write answers its count, a read its rows.
 fn send<'a>(c: &'a ClientWrapper, s: &'a Stmt) -> Fut<'a> {
     let args: Vec<&(dyn ToSql + Sync)> = s.args.iter().map(|v| &**v as _).collect();
     let st = &s.st;
     if st.columns().is_empty() {
-        Box::pin(async move { c.execute(st, &args).await.map(Out::Count).map_err(pg) })
+        Box::pin(async move {
+            c.execute(st, &args)
+                .await
+                .map(Out::Count)
+                .map_err(Fail::from)
+        })
     } else {
-        Box::pin(async move { c.query(st, &args).await.map(Out::Rows).map_err(pg) })
+        Box::pin(async move { c.query(st, &args).await.map(Out::Rows).map_err(Fail::from) })
     }
 }
 
@@ -741,6 +890,32 @@ static OPEN_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         rows::select_list("a", &rows::ATTEMPT_COLS)
     )
 });
+
+const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
+
+/// A claim_next scope: its statement and values but `now` (bound first), so that callers whose
+/// clocks differ by a millisecond share one read (each row is still judged at each one's `now`).
+fn claim_key(
+    now: Millis,
+    actor: &Actor,
+    queues: Option<&[String]>,
+    paused: &[String],
+) -> Result<(String, Vec<Val>), Error> {
+    let (sql, vals) = SQL.next_claimable("claim_next", now, actor, queues, paused, CLAIM_LOCK)?;
+    Ok(match vals.split_first() {
+        Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
+        _ => (sql, vals),
+    })
+}
+
+/// A scope's statement with room for `n` rows.
+fn limited(sql: &str, n: usize) -> String {
+    sql.replacen(
+        &format!("LIMIT 1{CLAIM_LOCK}"),
+        &format!("LIMIT {n}{CLAIM_LOCK}"),
+        1,
+    )
+}
 
 fn fifo(t: &Todo) -> (Millis, &str) {
     (t.created_at, t.id.as_str())
@@ -765,14 +940,7 @@ impl Rows for Batch<'_> {
         paused: &[String],
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
-        let lock = " FOR UPDATE SKIP LOCKED";
-        let (sql, vals) = SQL.next_claimable(op, now, actor, queues, paused, lock)?;
-        // `now` is bound first: the scope is the rest, so that callers whose clocks differ by
-        // a millisecond share one read (each still judges each row at its own `now` below).
-        let key = match vals.split_first() {
-            Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
-            _ => (sql, vals.clone()),
-        };
+        let key = claim_key(now, actor, queues, paused)?;
         for _ in 0..3 {
             if let Some(g) = self.groups.iter().find(|g| g.key == key) {
                 // The first claimable row of those kept (read for this scope or any other, or
@@ -808,20 +976,14 @@ impl Rows for Batch<'_> {
             }
             // Read as many rows as the batch has claims left, after its held writes.
             let k = self.claims_left.max(1);
-            let (sql_k, vals_k) = SQL.next_claimable_n(op, now, actor, queues, paused, k, lock)?;
+            let (sql_k, vals_k) =
+                SQL.next_claimable_n(op, now, actor, queues, paused, k, CLAIM_LOCK)?;
             let found = self.read(op, &sql_k, vals_k).await?;
-            let todos = found
-                .iter()
-                .map(|r| rows::todo(r, 0))
-                .collect::<Result<Vec<_>, _>>()?;
-            let last = todos.last().map(|t| (t.created_at, t.id.clone()));
-            let ids: Vec<String> = todos.iter().map(|t| t.id.clone()).collect();
-            // Their open attempts, read after the lock (see `PgTx::load`).
-            self.fetch(ids, false).await?;
+            let (last, len) = self.keep_claimable(&found).await?;
             self.groups.push(Group {
                 key: key.clone(),
                 last,
-                exhausted: todos.len() < k,
+                exhausted: len < k,
             });
         }
         Err(Error::internal(

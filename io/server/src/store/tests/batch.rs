@@ -138,7 +138,9 @@ fn a_batch_answers_each_operation_as_alone() {
 }
 
 /// Triggers on the test's own schema: an immediate one refusing a completion whose result is
-/// `"boom"` (a statement fails inside the batch), a deferred one refusing `"late"` at COMMIT.
+/// `"boom"` (a statement fails inside the batch), a deferred one refusing `"late"` at COMMIT,
+/// and one that makes the close of an attempt summarised `skip` touch no row (the database
+/// disagrees with the rows the batch read, which it must notice before COMMIT).
 const POISON: &str = r#"
 CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
@@ -146,6 +148,9 @@ CREATE TRIGGER boom BEFORE UPDATE ON todos FOR EACH ROW
     WHEN (NEW.result = '"boom"') EXECUTE FUNCTION refuse();
 CREATE CONSTRAINT TRIGGER late AFTER UPDATE ON todos DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW WHEN (NEW.result = '"late"') EXECUTE FUNCTION refuse();
+CREATE FUNCTION skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER skip BEFORE UPDATE ON todo_attempts FOR EACH ROW
+    WHEN (NEW.summary = 'skip') EXECUTE FUNCTION skip();
 "#;
 
 /// When the database refuses a statement of the batch, or its COMMIT, the batch is rolled
@@ -160,13 +165,16 @@ fn a_refused_statement_or_commit_fails_its_operation_alone() {
     multi_thread().block_on(async {
         let mut store = schema.open(LedgerConfig::default()).await;
         super::raw_batch(&store, POISON).await;
-        claimed(&mut store, 4).await;
-        for poison in ["boom", "late"] {
-            let base = if poison == "boom" { 0 } else { 2 };
+        claimed(&mut store, 6).await;
+        for (base, poison) in [(0, "boom"), (2, "late"), (4, "skip")] {
             let (ok, bad) = (format!("td_{base}"), format!("td_{}", base + 1));
+            let mut refused = complete(&bad, &format!("tok-{}", base + 1), json!(poison));
+            if let Op::Complete { report, .. } = &mut refused {
+                report.summary = Some(poison.into());
+            }
             let ops = vec![
                 complete(&ok, &format!("tok-{base}"), json!({"ok": 1})),
-                complete(&bad, &format!("tok-{}", base + 1), json!(poison)),
+                refused,
             ];
             let a = one_batch(&store, ops).await;
             assert_eq!(
@@ -175,10 +183,12 @@ fn a_refused_statement_or_commit_fails_its_operation_alone() {
             );
             let err = a[1].clone().unwrap_err();
             assert_eq!(err.code, ErrorCode::Internal, "{poison}: {err}");
-            assert!(
-                err.message.contains("refused by the test"),
-                "{poison}: {err}"
-            );
+            let why = if poison == "skip" {
+                "closes exactly once"
+            } else {
+                "refused by the test"
+            };
+            assert!(err.message.contains(why), "{poison}: {err}");
             let (t, _) = all_attempts(&store, &ok).await;
             assert_eq!(t.state, TodoState::Done, "{poison}");
             let (t, attempts) = all_attempts(&store, &bad).await;
