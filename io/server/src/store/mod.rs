@@ -452,6 +452,9 @@ impl Store {
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
     pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        if let Store::Postgres(p) = self {
+            return p.endpoint_get(name).await;
+        }
         let name = name.to_string();
         let subject = name.clone();
         run!(self, ops::TxKind::Read, "endpoint get", subject, |tx| {

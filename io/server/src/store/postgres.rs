@@ -401,6 +401,23 @@ impl PgStore {
         self.finish(tx, name, &subject, result).await
     }
 
+    /// One endpoint by name, as one statement outside any transaction: a statement reads one
+    /// snapshot of its own, and every authenticated request asks this (BEGIN and COMMIT around
+    /// it were two of its three round trips).
+    pub(crate) async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        let op = "endpoint get";
+        let client = self.client(op).await?;
+        let st = client
+            .prepare_cached(&ENDPOINT_GET)
+            .await
+            .map_err(|e| pg_err(op, name, &e))?;
+        let rs = client
+            .query(&st, &[&name])
+            .await
+            .map_err(|e| pg_err(op, name, &e))?;
+        rs.first().map(rows::endpoint).transpose()
+    }
+
     /// Tests: holds one writer until `release` is sent, so that what is queued meanwhile runs
     /// as one batch.
     #[cfg(test)]
@@ -681,6 +698,8 @@ pub(crate) const CHANGE_LOCK_SHARED: &str =
     "SELECT pg_advisory_xact_lock_shared('todo_change_seq'::regclass::oid::bigint)";
 static LOAD_FOR_UPDATE: LazyLock<String> =
     LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", SQL.todo_select));
+static ENDPOINT_GET: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = $1"));
 static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", SQL.todo_select));
 
 impl PgTx<'_> {
