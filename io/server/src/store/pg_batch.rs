@@ -678,14 +678,8 @@ impl<'c> Batch<'c> {
     ) -> Result<Vec<Out>, Fail> {
         let held: Vec<Held> = self.held.drain(..).collect();
         let mark = std::mem::replace(&mut self.mark, 0).min(held.len());
-        let mut before = Vec::with_capacity(mark);
-        for h in &held[..mark] {
-            before.push(self.held_stmt(h).await.map_err(Fail::Other)?);
-        }
-        let mut mine = Vec::with_capacity(held.len() - mark);
-        for h in &held[mark..] {
-            mine.push(self.held_stmt(h).await.map_err(Fail::Other)?);
-        }
+        let before = self.held_stmts(&held[..mark]).await.map_err(Fail::Other)?;
+        let mine = self.held_stmts(&held[mark..]).await.map_err(Fail::Other)?;
         let cmds = std::mem::take(&mut self.cmds).join("; ");
         let savepoint = (direct || !mine.is_empty()) && !self.savepoint;
         if savepoint {
@@ -731,6 +725,117 @@ impl<'c> Batch<'c> {
     /// The last round trip: the held writes and `COMMIT`.
     async fn commit(&mut self) -> Result<(), Fail> {
         self.pipeline_inner(Vec::new(), false, true).await.map(drop)
+    }
+
+    /// The statements of held writes, in an order with their effect: attempts inserted, open
+    /// attempts rewritten, closed ones pruned, todos rewritten. Writes of one row are folded
+    /// into its last (an attempt inserted and then rewritten is inserted as rewritten), and
+    /// each kind of write to more than one row is one statement over arrays (`unnest`).
+    async fn held_stmts(&mut self, held: &[Held]) -> Result<Vec<Stmt>, Error> {
+        let op = "batch";
+        let mut opens: Vec<Attempt> = Vec::new();
+        let mut updates: Vec<Attempt> = Vec::new();
+        let mut prunes: Vec<(String, u32)> = Vec::new();
+        let mut todos: Vec<&Todo> = Vec::new();
+        for h in held {
+            match h {
+                Held::Open(a) => opens.push(a.clone()),
+                Held::Update(a) => {
+                    let same = |o: &&mut Attempt| o.todo_id == a.todo_id && o.seq == a.seq;
+                    match opens.iter_mut().find(same) {
+                        Some(o) => *o = a.clone(),
+                        None => match updates.iter_mut().find(same) {
+                            Some(u) => *u = a.clone(),
+                            None => updates.push(a.clone()),
+                        },
+                    }
+                }
+                Held::Prune(id, n) => prunes.push((id.clone(), *n)),
+                Held::Todo(t) => match todos.iter_mut().find(|o| o.id == t.id) {
+                    Some(o) => *o = t,
+                    None => todos.push(t),
+                },
+            }
+        }
+        let mut out = Vec::new();
+        if opens.len() > 1 {
+            let rows = opens
+                .iter()
+                .map(|a| rows::attempt_row(op, a))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(self.many(Many::Insert, rows).await?);
+        } else if let Some(a) = opens.first() {
+            out.push(self.held_stmt(&Held::Open(a.clone())).await?);
+        }
+        if updates.len() > 1 {
+            let rows = updates
+                .iter()
+                .map(|a| rows::attempt_update(op, a))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(self.many(Many::UpdateAttempt, rows).await?);
+        } else if let Some(a) = updates.first() {
+            out.push(self.held_stmt(&Held::Update(a.clone())).await?);
+        }
+        for (id, n) in prunes {
+            out.push(self.held_stmt(&Held::Prune(id, n)).await?);
+        }
+        if todos.len() > 1 {
+            let rows = todos
+                .iter()
+                .map(|t| rows::todo_update(op, t))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(self.many(Many::UpdateTodo, rows).await?);
+        } else if let Some(t) = todos.first() {
+            out.push(self.held_stmt(&Held::Todo((*t).clone())).await?);
+        }
+        Ok(out)
+    }
+
+    /// One statement writing `rows` (each a value per column, as the one-row statement binds
+    /// them) through arrays, checked by the database to touch exactly that many rows.
+    async fn many(&mut self, kind: Many, rows: Vec<Vec<Val>>) -> Result<Stmt, Error> {
+        let op = "batch";
+        let n = rows.len();
+        let (types, mut args) = columns(op, rows)?;
+        let arrays = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${}::{t}[]", i + 2))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let write = match kind {
+            Many::Insert => format!(
+                "INSERT INTO todo_attempts ({}) SELECT * FROM unnest({arrays})",
+                rows::ATTEMPT_COLS.join(", ")
+            ),
+            Many::UpdateAttempt => {
+                let cols = rows::attempt_update_cols();
+                format!(
+                    "UPDATE todo_attempts a SET {} FROM unnest({arrays}) AS v({}) \
+                     WHERE a.todo_id = v.todo_id AND a.seq = v.seq AND a.ended_at IS NULL",
+                    set_from_v(&cols[2..]),
+                    cols.join(", ")
+                )
+            }
+            Many::UpdateTodo => {
+                let cols = rows::todo_update_cols();
+                format!(
+                    "UPDATE todos t SET {} FROM unnest({arrays}) AS v({}) WHERE t.id = v.id",
+                    set_from_v(&cols[1..]),
+                    cols.join(", ")
+                )
+            }
+        };
+        let sql = format!(
+            "WITH w AS ({write} RETURNING 1) SELECT CASE WHEN count(*) = $1::int8 THEN 0 \
+             ELSE ('a batched write touched ' || count(*) || ' rows, not ' || $1::int8)::int \
+             END FROM w"
+        );
+        args.insert(0, Box::new(i64::try_from(n).unwrap_or(i64::MAX)));
+        Ok(Stmt {
+            st: self.prepare(op, &sql).await?,
+            args,
+        })
     }
 
     /// The statement of a held write. The database itself checks that it touched the one row
@@ -858,6 +963,84 @@ async fn in_order(futs: Vec<Fut<'_>>) -> Result<Vec<Out>, Fail> {
         }
     }
     Ok(outs)
+}
+
+/// A bound value.
+type Arg = Box<dyn ToSql + Sync + Send>;
+
+/// Which write [`Batch::many`] makes.
+#[derive(Clone, Copy)]
+enum Many {
+    Insert,
+    UpdateAttempt,
+    UpdateTodo,
+}
+
+/// `col = v.col, …`
+fn set_from_v(cols: &[&str]) -> String {
+    cols.iter()
+        .map(|c| format!("{c} = v.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Rows of values as one array per column, with each column's element type (from the value's
+/// kind: the rows of one statement bind the same kinds in the same places).
+fn columns(op: &str, rows: Vec<Vec<Val>>) -> Result<(Vec<&'static str>, Vec<Arg>), Error> {
+    let width = rows.first().map_or(0, Vec::len);
+    let mut cols: Vec<Vec<Val>> = (0..width).map(|_| Vec::with_capacity(rows.len())).collect();
+    for row in rows {
+        for (c, v) in cols.iter_mut().zip(row) {
+            c.push(v);
+        }
+    }
+    let mut types = Vec::with_capacity(width);
+    let mut args: Vec<Arg> = Vec::with_capacity(width);
+    let mixed = || Error::internal(format!("{op}: a column of a batched write mixes kinds"));
+    for col in cols {
+        let (t, a): (&'static str, Arg) = match col.first() {
+            Some(Val::Text(_)) | None => {
+                let v = col.into_iter().map(|v| match v {
+                    Val::Text(t) => Ok(t),
+                    _ => Err(mixed()),
+                });
+                ("text", Box::new(v.collect::<Result<Vec<_>, _>>()?))
+            }
+            Some(Val::Count(_)) => {
+                let v = col.into_iter().map(|v| match v {
+                    Val::Count(n) => i32::try_from(n)
+                        .map_err(|_| Error::invalid(format!("{op}: count {n} is out of range"))),
+                    _ => Err(mixed()),
+                });
+                ("int4", Box::new(v.collect::<Result<Vec<_>, _>>()?))
+            }
+            Some(Val::Big(_)) => {
+                let v = col.into_iter().map(|v| match v {
+                    Val::Big(n) => Ok(n),
+                    _ => Err(mixed()),
+                });
+                ("int8", Box::new(v.collect::<Result<Vec<_>, _>>()?))
+            }
+            Some(Val::Bool(_)) => {
+                let v = col.into_iter().map(|v| match v {
+                    Val::Bool(b) => Ok(b),
+                    _ => Err(mixed()),
+                });
+                ("bool", Box::new(v.collect::<Result<Vec<_>, _>>()?))
+            }
+            Some(Val::Bytes(_)) => {
+                let v = col.into_iter().map(|v| match v {
+                    Val::Bytes(b) => Ok(b),
+                    _ => Err(mixed()),
+                });
+                ("bytea", Box::new(v.collect::<Result<Vec<_>, _>>()?))
+            }
+            Some(Val::Texts(_)) => return Err(mixed()),
+        };
+        types.push(t);
+        args.push(a);
+    }
+    Ok((types, args))
 }
 
 /// Sends one statement when first polled: a write answers its count, a read its rows.

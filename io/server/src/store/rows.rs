@@ -327,6 +327,22 @@ fn set_list(mark: char, cols: &[&str], from: usize) -> String {
         .join(", ")
 }
 
+/// The columns of [`todo_update`]'s values, in order.
+pub(crate) fn todo_update_cols() -> Vec<&'static str> {
+    std::iter::once(0)
+        .chain(todo_updated())
+        .map(|i| TODO_COLS[i])
+        .collect()
+}
+
+/// The columns of [`attempt_update`]'s values, in order.
+pub(crate) fn attempt_update_cols() -> Vec<&'static str> {
+    [ATTEMPT_COLS[0], ATTEMPT_COLS[1]]
+        .into_iter()
+        .chain(ATTEMPT_COLS[ATTEMPT_REWRITTEN].iter().copied())
+        .collect()
+}
+
 /// The values of [`Shared::update_todo`]: the id, then the rewritten columns.
 pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
     let row = todo_row(op, t)?;
