@@ -13,6 +13,10 @@
 //!    row is an internal error: an attempt closes exactly once), `PruneThrough` deletes closed
 //!    attempts at or below the floor.
 //!
+//! On both backends most write operations share a transaction with others waiting at the same
+//! time (SQLite's writer thread, `sqlite_threads`; Postgres' batch writers, `pg_batch`), each
+//! answering exactly what it would answer as a transaction of its own.
+//!
 //! That sequence is written once, in [`relay_core::ledger::run`], which applies a
 //! [`ledger::Op`](relay_core::ledger::Op) over the rows a backend offers
 //! ([`relay_core::ledger::Rows`]); [`Store::apply`] runs it inside one transaction, and each
