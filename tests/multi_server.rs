@@ -533,7 +533,8 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     };
     // Without libfaketime (and RELAY_REQUIRE_FAKETIME unset) the servers run on true clocks.
     let faketime = libfaketime();
-    let dir = temp_dir("multi-server");
+    let tmp = temp_dir("multi-server");
+    let dir = tmp.path();
     let log = dir.join("servers.log");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
@@ -742,7 +743,6 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
         t.sessions_lost, 0,
         "a session did not answer on another server"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The checker sees each kind of violation (a check that cannot fail proves nothing).

@@ -3,7 +3,12 @@
 //! ```sh
 //! cargo bench -p relay-server --bench store                       # SQLite, a temp file
 //! cargo bench -p relay-server --bench store -- --db postgres://…  # Postgres (a schema of its own)
+//! cargo bench -p relay-server --bench store -- --db postgres://… --writers 2 --batch-max 64 \
+//!     --handles 2 --db-clock   # Postgres knobs: writer tasks, batch bound, store handles, clock
 //! ```
+//!
+//! `--handles N` (Postgres) spreads the callers over N store handles of one database, each with
+//! its own pool and writers, as N server processes would; the double-claim count covers them all.
 //!
 //! On one database, in one run, each figure for about two seconds:
 //! - the floor: single-row UPDATE transactions per second at 1 and at 16 connections;
@@ -32,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use relay_core::ledger::{Actor, Answer, ClaimOpts, LedgerConfig, Op, Report, TokenHash};
 use relay_core::time::SECOND;
-use relay_server::store::Store;
+use relay_server::store::{PgStore, PgTuning, Store};
 use serde_json::json;
 
 use db::Db;
@@ -44,10 +49,21 @@ const TTL: u64 = 300 * SECOND;
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut url = None;
+    let mut knobs = Knobs::default();
+    let num = |v: Option<String>, what: &str| -> usize {
+        v.and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            eprintln!("{what}: give a positive number");
+            std::process::exit(2)
+        })
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--db" => url = args.next(),
             s if s.starts_with("--db=") => url = Some(s["--db=".len()..].to_string()),
+            "--writers" => knobs.tuning.writers = num(args.next(), "--writers"),
+            "--batch-max" => knobs.tuning.batch_max = num(args.next(), "--batch-max"),
+            "--handles" => knobs.handles = num(args.next(), "--handles").max(1),
+            "--db-clock" => knobs.db_clock = true,
             _ => {} // cargo passes --bench
         }
     }
@@ -74,7 +90,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    rt.block_on(run(&db));
+    rt.block_on(run(&db, &knobs));
     if let Db::Postgres { url, schema } = &db {
         rt.block_on(pg_schema::drop_now(url, schema))
             .expect("drop the bench schema");
@@ -106,9 +122,41 @@ fn rate(n: u64, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
-async fn run(db: &Db) {
-    let cfg = LedgerConfig::default();
-    let store = db.open(cfg).await;
+/// Postgres' knobs (see the module doc).
+struct Knobs {
+    tuning: PgTuning,
+    handles: usize,
+    db_clock: bool,
+}
+
+impl Default for Knobs {
+    fn default() -> Knobs {
+        Knobs {
+            tuning: PgTuning::default(),
+            handles: 1,
+            db_clock: false,
+        }
+    }
+}
+
+/// The store handles the callers use: one on SQLite, `--handles` on Postgres.
+async fn open(db: &Db, knobs: &Knobs) -> Vec<Store> {
+    let Db::Postgres { url, schema } = db else {
+        return vec![db.open(LedgerConfig::default()).await];
+    };
+    let mut stores = Vec::new();
+    for _ in 0..knobs.handles {
+        let p = PgStore::open_tuned(url, Some(schema), LedgerConfig::default(), knobs.tuning)
+            .await
+            .expect("open the store");
+        p.set_db_clock(knobs.db_clock);
+        stores.push(Store::Postgres(p));
+    }
+    stores
+}
+
+async fn run(db: &Db, knobs: &Knobs) {
+    let stores = open(db, knobs).await;
     let raw = Raw::connect(db).await;
     let (name, preload) = match db {
         Db::Sqlite { path, .. } => (
@@ -118,7 +166,20 @@ async fn run(db: &Db) {
             ),
             60_000,
         ),
-        Db::Postgres { .. } => ("postgres".to_string(), 30_000),
+        Db::Postgres { .. } => (
+            format!(
+                "postgres ({} writers, batches of at most {}, {} store handles, {} clock)",
+                knobs.tuning.writers,
+                knobs.tuning.batch_max,
+                knobs.handles,
+                if knobs.db_clock {
+                    "the database's"
+                } else {
+                    "the caller's"
+                }
+            ),
+            30_000,
+        ),
     };
     println!("relay store benchmark: {name}");
     let floors = [
@@ -143,7 +204,7 @@ async fn run(db: &Db) {
     for (callers, endpoint) in [(1, "bench-a"), (16, "bench-d")] {
         raw.preload(endpoint, preload).await;
         now += SECOND;
-        let (f, doubles) = cycles(&store, endpoint, callers, now, preload).await;
+        let (f, doubles) = cycles(&stores, endpoint, callers, now, preload).await;
         assert_eq!(doubles, 0, "a todo was held by two claimers at once");
         println!("{callers} callers: double claims {doubles}");
         figures.push(f);
@@ -178,7 +239,7 @@ async fn run(db: &Db) {
 /// `callers` concurrent claimers through the store on `endpoint`'s todos for [`RUN`]; the
 /// figures, and how many times a todo was claimed while another caller held it.
 async fn cycles(
-    store: &Store,
+    stores: &[Store],
     endpoint: &'static str,
     callers: usize,
     now: u64,
@@ -189,7 +250,8 @@ async fn cycles(
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..callers {
-        let (store, held, counts) = (store.clone(), held.clone(), counts.clone());
+        let store = stores[w % stores.len()].clone();
+        let (held, counts) = (held.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
             let actor = Actor::endpoint(endpoint);
             let queues = vec!["q".to_string()];

@@ -1,5 +1,6 @@
 //! Group commit under `kill -9`: a child process (this test binary, re-run as `child`) drives the
-//! SQLite store with 8 concurrent callers (add → claim_next → complete, over and over) and
+//! SQLite store (and, when `RELAY_TEST_POSTGRES` names a server, the Postgres store with its
+//! batch writers, in a schema of its own) with 8 concurrent callers (add → claim_next → complete, over and over) and
 //! prints one line for every operation the store acknowledged. The parent kills it with SIGKILL
 //! once it has seen a number of acknowledgements (wherever the writer is: between batches or
 //! inside one), reopens the file, and checks that every acknowledged operation is there and that
@@ -15,7 +16,10 @@ use relay_core::ledger::{
     Actor, Answer, ClaimOpts, LedgerConfig, NewTodo, Op, Report, TodoFilter, TodoState, TokenHash,
 };
 use relay_core::time::SECOND;
-use relay_server::store::Store;
+use relay_server::store::{PgStore, Store};
+
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
 
 const CHILD_ENV: &str = "RELAY_CRASH_TEST_DB";
 const ENDPOINT: &str = "crash";
@@ -24,10 +28,26 @@ const CALLERS: usize = 8;
 const KILL_AFTER: usize = 600;
 const T0: u64 = 1_790_000_000_000;
 
+/// The store a target names: `sqlite:PATH`, or `pgschema:NAME` (a schema of the database
+/// `RELAY_TEST_POSTGRES` names).
+async fn open(target: &str) -> Store {
+    match target.strip_prefix("pgschema:") {
+        Some(schema) => {
+            let url = std::env::var("RELAY_TEST_POSTGRES").expect("RELAY_TEST_POSTGRES");
+            Store::Postgres(
+                PgStore::open_in_schema(&url, schema, LedgerConfig::default())
+                    .await
+                    .unwrap(),
+            )
+        }
+        None => Store::open(target, LedgerConfig::default()).await.unwrap(),
+    }
+}
+
 /// The child's side: runs only when the parent starts this binary with [`CHILD_ENV`] set.
 #[test]
 fn child() {
-    let Ok(path) = std::env::var(CHILD_ENV) else {
+    let Ok(target) = std::env::var(CHILD_ENV) else {
         return;
     };
     let round: u64 = std::env::var("RELAY_CRASH_TEST_ROUND")
@@ -40,9 +60,7 @@ fn child() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let store = Store::open(&format!("sqlite:{path}"), LedgerConfig::default())
-            .await
-            .unwrap();
+        let store = open(&target).await;
         let mut tasks = Vec::new();
         for w in 0..CALLERS {
             let store = store.clone();
@@ -141,12 +159,44 @@ impl Acked {
 #[test]
 fn every_acknowledged_operation_survives_kill_9_of_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("crash.db");
+    kill_rounds(&format!("sqlite:{}", dir.path().join("crash.db").display()));
+}
+
+/// The same on Postgres: the child's batch writers die with it, a batch in flight is rolled
+/// back by the server, and every batch it acknowledged had committed.
+#[test]
+fn every_acknowledged_operation_survives_kill_9_of_the_postgres_writers() {
+    let url = match std::env::var("RELAY_TEST_POSTGRES") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            assert!(
+                std::env::var("RELAY_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "RELAY_REQUIRE_POSTGRES=1 but RELAY_TEST_POSTGRES is unset"
+            );
+            eprintln!("skipped (set RELAY_TEST_POSTGRES=postgres://… to run it)");
+            return;
+        }
+    };
+    let schema = format!("crash_{}", std::process::id());
+    // Dropped however the test ends.
+    struct DropSchema(String, String);
+    impl Drop for DropSchema {
+        fn drop(&mut self) {
+            pg_schema::drop_schema(self.0.clone(), self.1.clone());
+        }
+    }
+    let _drop = DropSchema(url, schema.clone());
+    kill_rounds(&format!("pgschema:{schema}"));
+}
+
+/// Three rounds of a child driving the store `target` names, killed once it acknowledged
+/// [`KILL_AFTER`] operations, then [`check`].
+fn kill_rounds(target: &str) {
     let mut acked = Acked::default();
     for round in 0..3 {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
-            .env(CHILD_ENV, &path)
+            .env(CHILD_ENV, target)
             .env("RELAY_CRASH_TEST_ROUND", round.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -170,23 +220,18 @@ fn every_acknowledged_operation_survives_kill_9_of_the_writer() {
         for line in lines.map_while(Result::ok) {
             acked.record(&line);
         }
-        check(&path, &acked);
+        check(target, &acked);
     }
 }
 
-/// Reopens the file and holds it to every acknowledgement, and to whole changes only.
-fn check(path: &std::path::Path, acked: &Acked) {
+/// Reopens the store and holds it to every acknowledgement, and to whole changes only.
+fn check(target: &str, acked: &Acked) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let store = Store::open(
-            &format!("sqlite:{}", path.display()),
-            LedgerConfig::default(),
-        )
-        .await
-        .unwrap();
+        let store = open(target).await;
         let list = Op::ListTodos {
             actor: Actor::endpoint(ENDPOINT),
             filter: TodoFilter {

@@ -13,6 +13,10 @@
 //!    row is an internal error: an attempt closes exactly once), `PruneThrough` deletes closed
 //!    attempts at or below the floor.
 //!
+//! On both backends most write operations share a transaction with others waiting at the same
+//! time (SQLite's writer thread, `sqlite_threads`; Postgres' batch writers, `pg_batch`), each
+//! answering exactly what it would answer as a transaction of its own.
+//!
 //! That sequence is written once, in [`relay_core::ledger::run`], which applies a
 //! [`ledger::Op`](relay_core::ledger::Op) over the rows a backend offers
 //! ([`relay_core::ledger::Rows`]); [`Store::apply`] runs it inside one transaction, and each
@@ -40,6 +44,7 @@
 //! `schema_migrations`; opening a store applies the missing ones and nothing else.
 
 mod ops;
+mod pg_batch;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
@@ -51,7 +56,7 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
-pub use postgres::{PgClock, PgStore};
+pub use postgres::{PgClock, PgStore, PgTuning};
 pub use sqlite::SqliteStore;
 pub use sqlite_threads::Tuning as SqliteTuning;
 
@@ -300,8 +305,12 @@ impl Store {
 
     /// Applies one ledger operation in one transaction (see `relay_core::ledger::run`).
     /// On Postgres the operation's `now` is replaced by the database's clock, read inside the
-    /// same transaction (see [`PgStore::db_now`]); SQLite keeps the caller's.
+    /// same transaction (see [`PgStore::db_now`]), and the hot writes share a writer's batch
+    /// (`pg_batch`); SQLite keeps the caller's clock.
     pub async fn apply(&self, mut op: Op) -> Result<Answer, Error> {
+        if let Store::Postgres(p) = self {
+            return p.apply(op).await;
+        }
         let (cfg, kind, name, subject) =
             (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
         run!(self, kind, name, subject, |tx| async {
@@ -533,6 +542,9 @@ impl Store {
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
     pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        if let Store::Postgres(p) = self {
+            return p.endpoint_get(name).await;
+        }
         let name = name.to_string();
         let subject = name.clone();
         run!(self, ops::TxKind::Read, "endpoint get", subject, |tx| {

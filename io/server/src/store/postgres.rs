@@ -11,13 +11,15 @@
 //! REPEATABLE READ, READ ONLY transaction so that a todo and its attempts come from one snapshot.
 //! Connections are plain TCP (`NoTls`); `sslmode=require` URLs are refused by the driver.
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, LedgerConfig, Newest, Rows, Sweep, Todo, TodoFilter,
+    self, Actor, Answer, Attempt, AttemptWrite, LedgerConfig, Newest, Op, Rows, Sweep, Todo,
+    TodoFilter,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -26,8 +28,27 @@ use super::Endpoint;
 #[cfg(test)]
 use super::ops;
 use super::ops::{Tx, TxKind};
+use super::pg_batch::{self, Tuning, Writers};
 use super::rows::{self, ENDPOINT_COLS, Val, ms};
 use super::{PendingChange, PendingPage};
+
+pub use super::pg_batch::Tuning as PgTuning;
+
+/// The database's clock as ms since the epoch, read by one statement inside the caller's
+/// transaction (`clock_timestamp()`, the time of the read, not of `BEGIN`). Sent with
+/// `query_typed`: no statement to prepare, one message, so it pipelines with its neighbours.
+pub(crate) async fn db_now(c: &impl tokio_postgres::GenericClient) -> Result<Millis, Error> {
+    let op = "reading the database's clock";
+    let row = c
+        .query_typed_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .map_err(|e| pg_err(op, "", &e))?;
+    let ms: i64 = row.try_get(0).map_err(|e| pg_err(op, "", &e))?;
+    Millis::try_from(ms).map_err(|_| Error::internal(format!("{op}: {ms} is before the epoch")))
+}
 
 /// The numbered migrations (the same numbers and meaning as SQLite's, in Postgres dialect).
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -316,10 +337,15 @@ pub struct PgStore {
     pool: Pool,
     cfg: LedgerConfig,
     schema: Option<String>,
-    clock: PgClock,
     /// For the doorbell's dedicated LISTEN connection (outside the pool). Holds the URL's
     /// password: never printed (see `Debug`).
     pg: std::sync::Arc<tokio_postgres::Config>,
+    /// Whether an operation's `now` is the database's clock (read in its transaction:
+    /// [`PgClock::Database`], the default) rather than the caller's. Shared by every handle
+    /// and the writers.
+    db_clock: Arc<AtomicBool>,
+    /// The batch writers (`None` in the writers' own handles).
+    writers: Option<Arc<Writers>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -353,6 +379,19 @@ impl PgStore {
     /// Connects and migrates, in the URL's default schema.
     pub async fn open(url: &str, cfg: LedgerConfig) -> Result<PgStore, Error> {
         Self::open_at(url, None, cfg, latest_migration()).await
+    }
+
+    /// Like [`PgStore::open_in_schema`] (`schema: None`: the URL's default), with the writers
+    /// sized by `tuning`.
+    pub async fn open_tuned(
+        url: &str,
+        schema: Option<&str>,
+        cfg: LedgerConfig,
+        tuning: PgTuning,
+    ) -> Result<PgStore, Error> {
+        let mut store = Self::open_at(url, schema, cfg, latest_migration()).await?;
+        store.writers = Some(Arc::new(Writers::start(&store.without_writers(), tuning)));
+        Ok(store)
     }
 
     /// Connects with `search_path` set to `schema` (created when missing) and migrates there.
@@ -396,12 +435,13 @@ impl PgStore {
             .max_size(POOL_SIZE)
             .build()
             .map_err(open_err)?;
-        let store = PgStore {
+        let mut store = PgStore {
             pool,
             cfg,
             schema: schema.map(str::to_string),
-            clock: PgClock::Database,
             pg: std::sync::Arc::new(pg),
+            db_clock: Arc::new(AtomicBool::new(true)),
+            writers: None,
         };
         let mut client = store.pool.get().await.map_err(open_err)?;
         if let Some(s) = schema {
@@ -412,21 +452,109 @@ impl PgStore {
                 .map_err(open_err)?;
         }
         migrate(&mut client, target).await?;
+        store.writers = Some(Arc::new(Writers::start(
+            &store.without_writers(),
+            Tuning::default(),
+        )));
         Ok(store)
+    }
+
+    fn without_writers(&self) -> PgStore {
+        PgStore {
+            writers: None,
+            ..self.clone()
+        }
+    }
+
+    /// Makes every operation of this store (all its handles) take `now` from the database's
+    /// clock, read inside its transaction, instead of the caller's: servers sharing one
+    /// database then compute every lease from one clock.
+    pub fn set_db_clock(&self, on: bool) {
+        self.db_clock.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn db_clock(&self) -> bool {
+        self.db_clock.load(Ordering::Relaxed)
+    }
+
+    /// Applies one ledger operation: the hot write operations in a writer's batch (see
+    /// `pg_batch`), every other one in a transaction of its own.
+    pub(crate) async fn apply(&self, op: Op) -> Result<Answer, Error> {
+        match &self.writers {
+            Some(w) if pg_batch::batched(&op) => w.apply(op).await,
+            _ => self.apply_alone(op).await,
+        }
+    }
+
+    /// Applies one operation in a transaction of its own.
+    pub(crate) async fn apply_alone(&self, mut op: Op) -> Result<Answer, Error> {
+        let (kind, name, subject) = (TxKind::of(&op), op.name(), op.subject());
+        let mut client = self.client(name).await?;
+        let mut tx = self.begin(&mut client, kind, name).await?;
+        let result = async {
+            if let Some(now) = op.now_mut() {
+                *now = PgStore::db_now(&tx, *now).await?;
+            }
+            ledger::run(&mut tx, &self.cfg, op).await
+        }
+        .await;
+        self.finish(tx, name, &subject, result).await
+    }
+
+    /// One endpoint by name, as one statement outside any transaction: a statement reads one
+    /// snapshot of its own, and every authenticated request asks this (BEGIN and COMMIT around
+    /// it were two of its three round trips).
+    pub(crate) async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        let op = "endpoint get";
+        let client = self.client(op).await?;
+        let st = client
+            .prepare_cached(&ENDPOINT_GET)
+            .await
+            .map_err(|e| pg_err(op, name, &e))?;
+        let rs = client
+            .query(&st, &[&name])
+            .await
+            .map_err(|e| pg_err(op, name, &e))?;
+        rs.first().map(rows::endpoint).transpose()
+    }
+
+    /// Tests: holds one writer until `release` is sent, so that what is queued meanwhile runs
+    /// as one batch.
+    #[cfg(test)]
+    pub(crate) fn queue_now(
+        &self,
+        op: Op,
+    ) -> impl std::future::Future<Output = Result<Answer, Error>> + use<> {
+        self.writers
+            .as_ref()
+            .expect("the store's writers")
+            .apply(op)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn hold_writer(&self, release: tokio::sync::oneshot::Receiver<()>) {
+        if let Some(w) = &self.writers {
+            w.hold(release);
+        }
     }
 
     pub fn config(&self) -> &LedgerConfig {
         &self.cfg
     }
 
-    /// The same store reading `clock` (see [`PgClock`]; production keeps `Database`).
-    pub fn with_clock(mut self, clock: PgClock) -> PgStore {
-        self.clock = clock;
+    /// The same store reading `clock` (see [`PgClock`]; production keeps `Database`). Every
+    /// handle of the store, and its writers, switch together ([`PgStore::set_db_clock`]).
+    pub fn with_clock(self, clock: PgClock) -> PgStore {
+        self.set_db_clock(clock == PgClock::Database);
         self
     }
 
     pub fn clock(&self) -> PgClock {
-        self.clock
+        if self.db_clock() {
+            PgClock::Database
+        } else {
+            PgClock::Caller
+        }
     }
 
     /// The database's clock in milliseconds since the epoch, read inside `tx` (so that the time
@@ -435,20 +563,11 @@ impl PgStore {
     /// start, the same for every operation of a batch. It is read before the row locks, so a
     /// lock waited for makes it early by the wait: a takeover or a reap only ever comes later
     /// for it, and a lease granted is at most that much shorter by the database's clock.
-    pub(crate) async fn db_now(tx: &PgTx<'_>, op: &str, caller: Millis) -> Result<Millis, Error> {
-        if tx.clock == PgClock::Caller {
-            return Ok(caller);
+    pub(crate) async fn db_now(tx: &PgTx<'_>, caller: Millis) -> Result<Millis, Error> {
+        match tx.clock {
+            PgClock::Caller => Ok(caller),
+            PgClock::Database => db_now(&*tx.t).await,
         }
-        let rs = tx.query(op, "(clock)", DB_NOW, &[]).await?;
-        let ms: i64 = rs
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| Error::internal(format!("{op}: the database's clock read no row")))?;
-        Millis::try_from(ms).map_err(|_| {
-            Error::internal(format!(
-                "{op}: the database's clock reads {ms} ms, before the epoch; check its time"
-            ))
-        })
     }
 
     /// Applies further migrations up to `target` (tests of a migration).
@@ -491,7 +610,7 @@ impl PgStore {
         Ok(PgTx {
             t,
             kind,
-            clock: self.clock,
+            clock: self.clock(),
         })
     }
 
@@ -688,7 +807,7 @@ async fn migrate(client: &mut Object, target: i32) -> Result<(), Error> {
 /// A database failure as an internal error naming the operation and its todo. For key
 /// violations the server's detail (which names the key, e.g. the todo id) is included; other
 /// details can quote whole rows and are left out.
-fn pg_err(op: &str, subject: &str, e: &tokio_postgres::Error) -> Error {
+pub(crate) fn pg_err(op: &str, subject: &str, e: &tokio_postgres::Error) -> Error {
     let Some(db) = e.as_db_error() else {
         return Error::internal(format!("{op} {subject}: the Postgres store failed: {e}"));
     };
@@ -721,9 +840,6 @@ pub(crate) struct PgTx<'c> {
     clock: PgClock,
 }
 
-/// The database's clock in whole milliseconds (see [`PgStore::db_now`]).
-const DB_NOW: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
 impl rows::Row for tokio_postgres::Row {
     fn text(&self, i: usize) -> Result<Option<String>, String> {
         self.try_get(i).map_err(|e| e.to_string())
@@ -755,16 +871,18 @@ fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
     rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
-static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
+pub(crate) static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('$'));
 
 /// The advisory lock key of this store's change sequence: its object id, so that stores in
 /// different schemas of one database (tests, tenants) do not wait on each other.
 const CHANGE_LOCK_KEY: &str = "'todo_change_seq'::regclass::oid::bigint";
-const CHANGE_LOCK_SHARED: &str =
+pub(crate) const CHANGE_LOCK_SHARED: &str =
     "SELECT pg_advisory_xact_lock_shared('todo_change_seq'::regclass::oid::bigint)";
 static LOAD_FOR_UPDATE: LazyLock<String> =
     LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", SQL.todo_select));
+static ENDPOINT_GET: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = $1"));
 static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = $1", SQL.todo_select));
 
 impl PgTx<'_> {
@@ -848,7 +966,10 @@ impl PgTx<'_> {
 }
 
 /// Values as Postgres binds them: counts as the `integer` the tables store.
-fn pg_vals(op: &str, vals: Vec<Val>) -> Result<Vec<Box<dyn ToSql + Sync + Send>>, Error> {
+pub(crate) fn pg_vals(
+    op: &str,
+    vals: Vec<Val>,
+) -> Result<Vec<Box<dyn ToSql + Sync + Send>>, Error> {
     vals.into_iter()
         .map(|v| -> Result<Box<dyn ToSql + Sync + Send>, Error> {
             Ok(match v {
@@ -1066,8 +1187,8 @@ impl Rows for PgTx<'_> {
 }
 
 impl Tx for PgTx<'_> {
-    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error> {
-        PgStore::db_now(self, op, caller).await
+    async fn clock(&mut self, _op: &str, caller: Millis) -> Result<Millis, Error> {
+        PgStore::db_now(self, caller).await
     }
 
     async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error> {

@@ -327,6 +327,22 @@ fn set_list(mark: char, cols: &[&str], from: usize) -> String {
         .join(", ")
 }
 
+/// The columns of [`todo_update`]'s values, in order.
+pub(crate) fn todo_update_cols() -> Vec<&'static str> {
+    std::iter::once(0)
+        .chain(todo_updated())
+        .map(|i| TODO_COLS[i])
+        .collect()
+}
+
+/// The columns of [`attempt_update`]'s values, in order.
+pub(crate) fn attempt_update_cols() -> Vec<&'static str> {
+    [ATTEMPT_COLS[0], ATTEMPT_COLS[1]]
+        .into_iter()
+        .chain(ATTEMPT_COLS[ATTEMPT_REWRITTEN].iter().copied())
+        .collect()
+}
+
 /// The values of [`Shared::update_todo`]: the id, then the rewritten columns.
 pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
     let row = todo_row(op, t)?;
@@ -365,6 +381,22 @@ impl Shared {
         actor: &Actor,
         queues: Option<&[String]>,
         paused: &[String],
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
+        self.next_claimable_n(op, now, actor, queues, paused, 1, lock)
+    }
+
+    /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
+    /// reads them at once). `now` is the first value bound.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn next_claimable_n(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        paused: &[String],
+        limit: usize,
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
@@ -406,7 +438,7 @@ impl Shared {
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT 1{lock}",
+             ORDER BY t.created_at, t.id LIMIT {limit}{lock}",
             self.todo_select
         );
         Ok((sql, q.vals))

@@ -19,7 +19,15 @@ const TODOS: usize = 48;
 
 /// 16 claimers on one queue: a todo is never held by two at once, every claim's fence token is
 /// the holder's own, and the attempt rows afterwards satisfy `check_todo`.
-async fn sixteen_claimers(mut store: Store) {
+async fn sixteen_claimers(store: Store) {
+    claimers_on(vec![store]).await;
+}
+
+/// [`sixteen_claimers`] with claimer `c` on `stores[c % n]`: handles of one database that share
+/// nothing in the process (on Postgres each has its own pool and batch writers, as two servers
+/// would).
+async fn claimers_on(stores: Vec<Store>) {
+    let mut store = stores[0].clone();
     for i in 0..TODOS {
         store
             .add_todo(T0 + i as u64, "e1", new_todo(&format!("td_{i:02}"), "q"))
@@ -31,7 +39,8 @@ async fn sixteen_claimers(mut store: Store) {
     let doubles: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut tasks = Vec::new();
     for c in 0..CLAIMERS {
-        let (mut store, held, doubles) = (store.clone(), held.clone(), doubles.clone());
+        let mut store = stores[c % stores.len()].clone();
+        let (held, doubles) = (held.clone(), doubles.clone());
         tasks.push(tokio::spawn(async move {
             let actor = Actor::endpoint("e1");
             let queues = vec!["q".to_string()];
@@ -95,6 +104,20 @@ fn sixteen_claimers_never_share_a_todo() {
         LedgerConfig::default(),
         sixteen_claimers,
     );
+}
+
+/// Two handles of one Postgres database (as two server processes) never hand one todo to two
+/// claimers: their batches skip each other's locked rows.
+#[test]
+fn two_postgres_handles_never_share_a_todo() {
+    let Some(schema) = PgSchema::new("two_postgres_handles_never_share_a_todo") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let a = schema.open(LedgerConfig::default()).await;
+        let b = schema.open(LedgerConfig::default()).await;
+        claimers_on(vec![a, b]).await;
+    });
 }
 
 /// The reaper and a taker race for one lapsed lease, many times: the dead attempt is closed

@@ -5,6 +5,7 @@
 //! own, dropped at the end); without it they say they were skipped, unless
 //! `RELAY_REQUIRE_POSTGRES=1`, where they fail instead.
 
+mod batch;
 mod board;
 mod concurrency;
 mod misc;
