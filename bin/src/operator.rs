@@ -528,6 +528,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             let filter = TodoFilter {
                 queues: queue.map(|q| vec![q]),
                 state,
+                after: None,
                 limit,
             };
             let todos = store

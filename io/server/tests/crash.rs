@@ -192,6 +192,7 @@ fn check(path: &std::path::Path, acked: &Acked) {
             filter: TodoFilter {
                 queues: None,
                 state: None,
+                after: None,
                 limit: usize::MAX,
             },
         };

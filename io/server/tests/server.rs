@@ -62,6 +62,7 @@ async fn snapshot(h: &Harness) -> Vec<TodoView> {
             filter: TodoFilter {
                 queues: None,
                 state: None,
+                after: None,
                 limit: 10_000,
             },
         })

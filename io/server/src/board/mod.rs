@@ -476,6 +476,7 @@ async fn queue_page(
         filter: TodoFilter {
             queues: Some(vec![queue.clone()]),
             state,
+            after: None,
             limit: QUEUE_SCAN,
         },
     });

@@ -436,6 +436,12 @@ impl Shared {
         if let Some(qs) = &filter.queues {
             clauses.push(q.queue_in(qs));
         }
+        if let Some((at, id)) = &filter.after {
+            // A row value, so that the (created_at, id) order's index can seek to it.
+            let at = q.bind(Val::Big(Some(i64::try_from(*at).unwrap_or(i64::MAX))));
+            let id = q.bind(label(Some(id)));
+            clauses.push(format!("(t.created_at, t.id) > ({at}, {id})"));
+        }
         let which = if clauses.is_empty() {
             q.always().to_string()
         } else {
