@@ -31,7 +31,7 @@ pub use transition::{
 };
 pub use types::{
     Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
-    LateReport, Outcome, Todo, TodoState, TokenHash,
+    LateReport, Outcome, Todo, TodoState, TokenHash, dead_letter_of,
 };
 
 use crate::error::Error;

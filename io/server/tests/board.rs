@@ -286,6 +286,11 @@ async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
         page.contains("<span class=\"outcome\">released</span>"),
         "{page}"
     );
+    // Closed by that operator, as the timeline says.
+    assert!(
+        page.contains("<dd class=\"closed-by\">alice</dd>"),
+        "{page}"
+    );
     // A refused action says why, on the page, and changes nothing.
     let r = b
         .post(
@@ -324,4 +329,72 @@ async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
         assert_eq!(ev.expect("an event within the bound")["id"], id.as_str());
     }
     assert!(buf.is_empty() || !buf.contains("data:"));
+}
+
+#[tokio::test]
+async fn the_overview_counts_charts_closes_and_lists_lapsing_claims_and_repeated_deaths() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "complete", "fail"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let add = |title: &str, max: u32| json!({"queue": "ci", "title": title, "max_attempts": max});
+    // One millisecond apart, so that claim_next takes them in this order.
+    let mut ids = Vec::new();
+    for (title, max) in [("done", 3), ("flaky <i>", 3), ("dead", 1), ("waiting", 3)] {
+        let t = mcp.ok("add_todo", add(title, max)).await;
+        ids.push(t["id"].as_str().unwrap().to_string());
+        h.clock.advance(1);
+    }
+    let (done, flaky) = (ids[0].clone(), ids[1].clone());
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("complete", json!({"id": done})).await;
+    // flaky's leases lapse twice: each takeover closes the lapsed attempt as lease_expired.
+    for _ in 0..3 {
+        let c = mcp
+            .ok("claim_next", json!({"queue": "ci", "lease_ttl_seconds": 1}))
+            .await;
+        assert_eq!(c["todo"]["id"], flaky.as_str(), "{c}");
+        h.clock.advance(2_000);
+    }
+    let c = mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("fail", json!({"id": c["todo"]["id"]})).await;
+
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let r = b.get("/board/").await;
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+    let row = |class: &str| format!("<td class=\"{class}\">");
+    for (class, n) in [
+        ("n-pending", 1),
+        ("n-claimed", 1),
+        ("n-dead", 1),
+        ("n-done", 1),
+    ] {
+        assert!(
+            page.contains(&format!("{}{n}</td>", row(class))),
+            "{class}: {page}"
+        );
+    }
+    // The chart: one completed, two lease_expired, one failed, in the hour; no inline style.
+    for (outcome, n) in [("completed", 1), ("lease_expired", 2), ("failed", 1)] {
+        assert!(
+            page.contains(&format!("data-outcome=\"{outcome}\">{n}</span>")),
+            "{outcome}: {page}"
+        );
+    }
+    assert!(page.contains("<svg viewBox=") && !page.contains("style="));
+    // flaky is claimed (with a lease that lapses) and died twice; its title stays text.
+    let lapsing = &page[page.find("Claims about to lapse").unwrap()..];
+    assert!(
+        lapsing.contains(&format!("data-todo=\"{flaky}\"")),
+        "{page}"
+    );
+    let died = &page[page.find("Died more than once").unwrap()..];
+    assert!(died.contains(&format!("data-todo=\"{flaky}\"")), "{page}");
+    assert!(died.contains("<td class=\"deaths\">2×</td>"), "{died}");
+    assert!(died.contains("flaky &lt;i&gt;"));
 }

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use relay_core::board::Chart;
 use relay_core::ledger::{Attempt, Todo, TodoState, TodoView};
 use relay_core::time::rfc3339;
 use serde_json::Value;
@@ -72,19 +73,7 @@ pub fn login(message: Option<&str>) -> String {
     )
 }
 
-/// One queue's line on the overview.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueCounts {
-    pub queue: String,
-    pub pending: u64,
-    pub claimed: u64,
-    pub retrying: u64,
-    pub dead_letters: u64,
-    pub done: u64,
-    pub canceled: u64,
-    pub oldest_pending: Option<u64>,
-    pub paused: bool,
-}
+pub use relay_core::board::QueueCounts;
 
 fn time(t: Option<u64>) -> String {
     t.map_or_else(|| "–".to_string(), rfc3339)
@@ -144,12 +133,140 @@ fn todo_rows(now: u64, todos: &[Todo]) -> String {
     out
 }
 
+/// Claimed todos with the time left on their lease (negative: lapsed, not yet reaped).
+fn lapsing_rows(now: u64, todos: &[Todo]) -> String {
+    if todos.is_empty() {
+        return "<p class=\"empty\">none</p>".into();
+    }
+    let mut out = String::from(
+        "<table class=\"lapsing\"><thead><tr><th>id</th><th>title</th><th>queue</th>\
+         <th>attempt</th><th>lease</th></tr></thead><tbody>",
+    );
+    for t in todos {
+        let lease = t.lease_expires_at.map_or_else(
+            || "–".to_string(),
+            |at| {
+                if at > now {
+                    format!("lapses in {}", age(at, Some(now)))
+                } else {
+                    format!("lapsed {} ago", age(now, Some(at)))
+                }
+            },
+        );
+        let _ = write!(
+            out,
+            "<tr data-todo=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td>\
+             <td class=\"lease\">{}</td></tr>",
+            esc(&t.id),
+            todo_link(t),
+            esc(&t.title),
+            esc(&t.queue),
+            t.attempt,
+            t.max_attempts,
+            lease
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// Todos whose attempts died more than once, with the count.
+fn died_rows(now: u64, todos: &[(Todo, u64)]) -> String {
+    if todos.is_empty() {
+        return "<p class=\"empty\">none</p>".into();
+    }
+    let mut out = String::from(
+        "<table class=\"died-again\"><thead><tr><th>id</th><th>title</th><th>queue</th>\
+         <th>state</th><th>died</th><th>updated</th></tr></thead><tbody>",
+    );
+    for (t, n) in todos {
+        let _ = write!(
+            out,
+            "<tr data-todo=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"state\">{}</td>\
+             <td class=\"deaths\">{n}×</td><td>{} ago</td></tr>",
+            esc(&t.id),
+            todo_link(t),
+            esc(&t.title),
+            esc(&t.queue),
+            esc(&state_of(t)),
+            age(now, Some(t.updated_at)),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
 pub struct Overview<'a> {
     pub now: u64,
     pub csrf: &'a str,
     pub queues: &'a [QueueCounts],
+    pub chart: &'a Chart,
     pub dead_letters: &'a [Todo],
     pub lapsing: &'a [Todo],
+    /// Todos with more than one attempt that died, and how many.
+    pub died_again: &'a [(Todo, u64)],
+}
+
+/// The chart's drawing size (SVG user units): one bar per minute.
+const BAR: u64 = 10;
+const CHART_HEIGHT: u64 = 100;
+
+/// Attempts closed per minute, by outcome, as inline SVG: stacked bars coloured by class (the
+/// CSP allows no inline style; the colours are in board.css), a `<title>` per bar for the
+/// numbers, and a legend with the hour's totals. Only our own text goes in: outcome names and
+/// times.
+pub fn chart(c: &Chart) -> String {
+    let peak = c.peak();
+    let width = BAR * c.minutes.len() as u64;
+    let mut svg = format!(
+        "<figure class=\"chart\"><svg viewBox=\"0 0 {width} {CHART_HEIGHT}\" \
+         preserveAspectRatio=\"none\" role=\"img\" aria-label=\"attempts closed per minute \
+         over the last hour, by outcome\" data-peak=\"{peak}\">"
+    );
+    for (i, m) in c.minutes.iter().enumerate() {
+        let x = i as u64 * BAR;
+        let start = c.since + i as u64 * relay_core::time::MINUTE;
+        let total: u64 = m.values().sum();
+        let _ = write!(
+            svg,
+            "<g class=\"minute\" data-closed=\"{total}\"><title>{} · {total} closed{}</title>",
+            rfc3339(start),
+            m.iter()
+                .map(|(o, n)| format!(", {n} {o}"))
+                .collect::<String>()
+        );
+        let mut y = CHART_HEIGHT;
+        for (o, n) in m {
+            // Scaled to the busiest minute; a minute with any close shows at least a sliver.
+            let h = (n * CHART_HEIGHT).div_ceil(peak.max(1)).max(1).min(y);
+            y -= h;
+            let _ = write!(
+                svg,
+                "<rect class=\"o-{o}\" x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{h}\"></rect>",
+                BAR - 1
+            );
+        }
+        svg.push_str("</g>");
+    }
+    svg.push_str("</svg><figcaption><ul class=\"legend\">");
+    let totals = c.totals();
+    if totals.is_empty() {
+        svg.push_str("<li class=\"empty\">no attempt closed in the last hour</li>");
+    }
+    for (o, n) in totals {
+        let _ = write!(
+            svg,
+            "<li><svg class=\"swatch\" viewBox=\"0 0 10 10\" aria-hidden=\"true\"><rect \
+             class=\"o-{o}\" width=\"10\" height=\"10\"></rect></svg>{o} <span class=\"n\" \
+             data-outcome=\"{o}\">{n}</span></li>"
+        );
+    }
+    let _ = write!(
+        svg,
+        "</ul>busiest minute: {peak} · from {} to now</figcaption></figure>",
+        rfc3339(c.since)
+    );
+    svg
 }
 
 pub fn overview(o: &Overview<'_>) -> String {
@@ -188,10 +305,14 @@ pub fn overview(o: &Overview<'_>) -> String {
         }
         body.push_str("</tbody></table>");
     }
+    body.push_str("<h2>Attempts closed per minute, last hour</h2>");
+    body.push_str(&chart(o.chart));
     body.push_str("<h2>Dead letters</h2>");
     body.push_str(&todo_rows(o.now, o.dead_letters));
     body.push_str("<h2>Claims about to lapse</h2>");
-    body.push_str(&todo_rows(o.now, o.lapsing));
+    body.push_str(&lapsing_rows(o.now, o.lapsing));
+    body.push_str("<h2>Died more than once</h2>");
+    body.push_str(&died_rows(o.now, o.died_again));
     page("Overview", Some(o.csrf), &body)
 }
 

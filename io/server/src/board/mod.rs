@@ -350,82 +350,33 @@ async fn logout(State(b): State<Board>, headers: HeaderMap, Form(f): Form<CsrfFo
     r
 }
 
-/// Every todo the overview counts, at most this many (a larger store shows the first ones and
-/// says so).
-const OVERVIEW_SCAN: usize = 100_000;
-
 async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
     let s = match session(&b, &headers, true).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     let now = b.server.now();
-    let all = b.store().apply(Op::ListTodos {
-        actor: Actor::operator(&s.operator),
-        filter: TodoFilter {
-            limit: OVERVIEW_SCAN,
-            ..TodoFilter::default()
-        },
-    });
-    let (all, paused) = match (all.await.and_then(|a| a.todos()), paused(&b).await) {
-        (Ok(a), Ok(p)) => (a, p),
-        (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
+    let read = async {
+        let o = b.store().board_overview(now).await?;
+        let paused = paused(&b).await?;
+        let chart = relay_core::board::chart(now, &o.closed)?;
+        Ok::<_, Error>((o, paused, chart))
     };
-    let mut queues: std::collections::BTreeMap<String, html::QueueCounts> = paused
-        .iter()
-        .map(|q| {
-            let c = html::QueueCounts {
-                queue: q.clone(),
-                paused: true,
-                ..html::QueueCounts::default()
-            };
-            (q.clone(), c)
-        })
-        .collect();
-    for t in &all {
-        let q = queues
-            .entry(t.queue.clone())
-            .or_insert_with(|| html::QueueCounts {
-                queue: t.queue.clone(),
-                ..html::QueueCounts::default()
-            });
-        match t.state {
-            TodoState::Pending => {
-                q.pending += 1;
-                q.oldest_pending = Some(
-                    q.oldest_pending
-                        .map_or(t.created_at, |o| o.min(t.created_at)),
-                );
-            }
-            TodoState::Claimed => q.claimed += 1,
-            TodoState::Failed if t.dead_letter() => q.dead_letters += 1,
-            TodoState::Failed => q.retrying += 1,
-            TodoState::Done => q.done += 1,
-            TodoState::Canceled => q.canceled += 1,
-        }
-    }
-    let dead: Vec<Todo> = all
-        .iter()
-        .filter(|t| t.dead_letter())
-        .take(PAGE)
-        .cloned()
-        .collect();
-    let mut lapsing: Vec<Todo> = all
-        .iter()
-        .filter(|t| t.state == TodoState::Claimed)
-        .cloned()
-        .collect();
-    lapsing.sort_by_key(|t| t.lease_expires_at);
-    lapsing.truncate(10);
-    let queues: Vec<html::QueueCounts> = queues.into_values().collect();
+    let (o, paused, chart) = match read.await {
+        Ok(r) => r,
+        Err(e) => return failure(&b, &s, &e),
+    };
+    let queues = relay_core::board::queue_counts(&o.groups, &paused);
     html(
         StatusCode::OK,
         html::overview(&html::Overview {
             now,
             csrf: &s.csrf,
             queues: &queues,
-            dead_letters: &dead,
-            lapsing: &lapsing,
+            chart: &chart,
+            dead_letters: &o.dead_letters,
+            lapsing: &o.lapsing,
+            died_again: &o.died_again,
         }),
     )
 }

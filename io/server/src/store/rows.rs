@@ -555,13 +555,13 @@ fn bad(what: &str, e: impl std::fmt::Display) -> Error {
     Error::internal(format!("reading {what} from the store: {e}"))
 }
 
-struct Reader<'r, R: Row> {
+struct Reader<'r, R: Row + ?Sized> {
     row: &'r R,
     at: usize,
     what: &'static str,
 }
 
-impl<R: Row> Reader<'_, R> {
+impl<R: Row + ?Sized> Reader<'_, R> {
     fn next(&mut self) -> usize {
         self.at += 1;
         self.at - 1
@@ -625,7 +625,7 @@ impl<R: Row> Reader<'_, R> {
 }
 
 /// Decodes a todo from the 25 columns starting at `at`.
-pub(crate) fn todo<R: Row>(row: &R, at: usize) -> Result<Todo, Error> {
+pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
     let mut r = Reader {
         row,
         at,
