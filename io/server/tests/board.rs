@@ -398,3 +398,182 @@ async fn the_overview_counts_charts_closes_and_lists_lapsing_claims_and_repeated
     assert!(died.contains("<td class=\"deaths\">2×</td>"), "{died}");
     assert!(died.contains("flaky &lt;i&gt;"));
 }
+
+#[tokio::test]
+async fn an_operator_adds_a_todo_for_an_endpoint_and_bad_input_changes_nothing() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    h.endpoint("ci", &["claim_next", "get_todo"], None).await;
+    h.endpoint("narrow", &["claim_next"], Some(&["a"])).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b.get("/board/add?queue=ci").await.text().await.unwrap();
+    assert!(page.contains("<option value=\"ci\""), "{page}");
+    assert!(
+        page.contains("name=\"queue\" required value=\"ci\""),
+        "{page}"
+    );
+    let csrf = b.csrf("/board/add").await;
+    let count = || async {
+        h.store
+            .count_by_state()
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    // Refused: no CSRF token, bad JSON, a queue the owner is not granted, an unknown owner.
+    let r = b
+        .post(
+            "/board/add",
+            &[("endpoint", "ci"), ("queue", "ci"), ("title", "t")],
+        )
+        .await;
+    assert_eq!(r.status(), 403);
+    for (pairs, status, says) in [
+        (
+            vec![
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("title", "t"),
+                ("payload", "{nope"),
+            ],
+            400,
+            "payload: not valid JSON",
+        ),
+        (
+            vec![("endpoint", "narrow"), ("queue", "b"), ("title", "t")],
+            403,
+            "queue b: endpoint narrow is not granted this queue",
+        ),
+        (
+            vec![("endpoint", "ghost"), ("queue", "ci"), ("title", "t")],
+            404,
+            "endpoint ghost: no such endpoint",
+        ),
+        (
+            vec![("endpoint", "ci"), ("queue", "ci"), ("title", "")],
+            400,
+            "title must be non-empty",
+        ),
+    ] {
+        let mut pairs = pairs;
+        pairs.push(("csrf", &csrf));
+        let r = b.post("/board/add", &pairs).await;
+        assert_eq!(r.status(), status, "{pairs:?}");
+        let page = r.text().await.unwrap();
+        assert!(page.contains(says), "{says}: {page}");
+        // The form is shown again, with what was typed.
+        assert!(page.contains("<form method=\"post\" action=\"/board/add\""));
+    }
+    assert_eq!(count().await, 0);
+
+    // Added: owned by the endpoint picked, with the payload; an id given is kept.
+    let r = b
+        .post(
+            "/board/add",
+            &[
+                ("csrf", &csrf),
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("id", "td_from_board"),
+                ("title", "<b>board</b>"),
+                ("payload", "{\"k\": 1}"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/board/todos/td_from_board");
+    let view = h
+        .store
+        .apply(relay_core::ledger::Op::GetTodo {
+            actor: relay_core::ledger::Actor::cli(),
+            id: "td_from_board".into(),
+            attempts_limit: 1,
+        })
+        .await
+        .unwrap()
+        .view()
+        .unwrap();
+    assert_eq!(view.todo.endpoint, "ci");
+    assert_eq!(view.todo.title, "<b>board</b>");
+    assert_eq!(view.todo.payload, Some(json!({"k": 1})));
+    let r = b
+        .post(
+            "/board/add",
+            &[
+                ("csrf", &csrf),
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("title", "drawn"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let to = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/board/todos/td_"), "{to}");
+    assert_eq!(count().await, 2);
+}
+
+#[tokio::test]
+async fn an_operator_revokes_an_endpoint_from_the_board() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h.endpoint("ci", &["claim_next", "add_todo"], None).await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let id = mcp
+        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    assert!(page.contains("data-endpoint=\"ci\"") && page.contains(">Revoke</button>"));
+    // Without the CSRF token: refused, nothing changes.
+    let r = b.post("/board/endpoints/ci/revoke", &[]).await;
+    assert_eq!(r.status(), 403);
+    assert!(
+        h.store
+            .endpoint_get("ci")
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked_at
+            .is_none()
+    );
+    let csrf = b.csrf("/board/endpoints").await;
+    let r = b
+        .post("/board/endpoints/ci/revoke", &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status(), 303);
+    let e = h.store.endpoint_get("ci").await.unwrap().unwrap();
+    assert_eq!(e.revoked_at, Some(h.now()));
+    // As `relay endpoint revoke`: the claim is a dead letter, the token opens nothing.
+    let page = b
+        .get(&format!("/board/todos/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<span class=\"outcome\">revoked</span>"),
+        "{page}"
+    );
+    let r = mcp
+        .post_raw(json!({"jsonrpc": "2.0", "id": 9, "method": "ping"}).to_string())
+        .await;
+    assert_eq!(r.status(), 401);
+    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    assert!(!page.contains(">Revoke</button>"), "{page}");
+    // Twice: the store's conflict, said on the page.
+    let r = b
+        .post("/board/endpoints/ci/revoke", &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status(), 409);
+    assert!(r.text().await.unwrap().contains("already revoked"));
+}

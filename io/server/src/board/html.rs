@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 
 use relay_core::board::Chart;
 use relay_core::ledger::{Attempt, Todo, TodoState, TodoView};
+
+use crate::store::Endpoint;
 use relay_core::time::rfc3339;
 use serde_json::Value;
 
@@ -30,8 +32,9 @@ pub fn esc(s: &str) -> String {
 pub fn page(title: &str, csrf: Option<&str>, body: &str) -> String {
     let nav = match csrf {
         Some(csrf) => format!(
-            "<nav><a href=\"/board/\">relay Board</a><form method=\"post\" action=\"/board/logout\">\
-             {}<button type=\"submit\">Log out</button></form></nav>",
+            "<nav><a href=\"/board/\">relay Board</a><a href=\"/board/add\">Add a todo</a>\
+             <a href=\"/board/endpoints\">Endpoints</a><form method=\"post\" \
+             action=\"/board/logout\">{}<button type=\"submit\">Log out</button></form></nav>",
             csrf_field(csrf)
         ),
         None => "<nav><span>relay Board</span></nav>".to_string(),
@@ -347,6 +350,11 @@ pub fn queue(q: &QueuePage<'_>) -> String {
     body.push_str(&pause_form(q.csrf, q.queue, q.paused));
     let _ = write!(
         body,
+        "<p><a href=\"/board/add?queue={}\">Add a todo to this queue</a></p>",
+        esc(&query_escape(q.queue))
+    );
+    let _ = write!(
+        body,
         "<form method=\"get\" class=\"filter\"><select name=\"state\"><option value=\"\">any state</option>"
     );
     for s in TodoState::ALL {
@@ -544,6 +552,115 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
     }
     body.push_str("</ol>");
     page(&t.title, Some(csrf), &body)
+}
+
+/// What the add form shows in its fields (empty, or what was sent when it was refused).
+pub struct AddValues<'a> {
+    pub endpoint: &'a str,
+    pub queue: &'a str,
+    pub id: &'a str,
+    pub title: &'a str,
+    pub payload: &'a str,
+}
+
+/// The add-todo form: the owner picked from the live endpoints (only it can see and claim the
+/// todo), the queue, an optional id, the title and an optional JSON payload.
+pub fn add_todo(csrf: &str, owners: &[Endpoint], v: &AddValues<'_>, error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Add a todo</h1>");
+    if let Some(e) = error {
+        body.push_str(&error_banner(e));
+    }
+    if owners.is_empty() {
+        body.push_str(
+            "<p class=\"empty\">No live endpoint to own a todo; vend one with \
+             <code>relay endpoint create NAME --verbs …</code>.</p>",
+        );
+    }
+    let _ = write!(
+        body,
+        "<form method=\"post\" action=\"/board/add\" class=\"add\">{}\
+         <label for=\"endpoint\">Owner (endpoint)</label><select id=\"endpoint\" name=\"endpoint\" required>",
+        csrf_field(csrf)
+    );
+    for e in owners {
+        let _ = write!(
+            body,
+            "<option value=\"{0}\"{1}>{0} ({2})</option>",
+            esc(&e.name),
+            if e.name == v.endpoint {
+                " selected"
+            } else {
+                ""
+            },
+            esc(&e
+                .queues
+                .as_ref()
+                .map_or("every queue".to_string(), |q| q.join(", "))),
+        );
+    }
+    let _ = write!(
+        body,
+        "</select><label for=\"queue\">Queue</label>\
+         <input id=\"queue\" name=\"queue\" required value=\"{}\">\
+         <label for=\"id\">Id (optional)</label>\
+         <input id=\"id\" name=\"id\" placeholder=\"drawn when empty\" value=\"{}\">\
+         <label for=\"title\">Title</label><input id=\"title\" name=\"title\" required value=\"{}\">\
+         <label for=\"payload\">Payload (JSON, optional)</label>\
+         <textarea id=\"payload\" name=\"payload\" rows=\"5\">{}</textarea>\
+         <button type=\"submit\">Add</button></form>",
+        esc(v.queue),
+        esc(v.id),
+        esc(v.title),
+        esc(v.payload),
+    );
+    page("Add a todo", Some(csrf), &body)
+}
+
+/// Every endpoint, with a Revoke button on each live one.
+pub fn endpoints(csrf: &str, all: &[Endpoint], error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Endpoints</h1>");
+    if let Some(e) = error {
+        body.push_str(&error_banner(e));
+    }
+    if all.is_empty() {
+        body.push_str(
+            "<p class=\"empty\">No endpoints; vend one with \
+             <code>relay endpoint create NAME --verbs …</code>.</p>",
+        );
+        return page("Endpoints", Some(csrf), &body);
+    }
+    body.push_str(
+        "<table class=\"endpoints\"><thead><tr><th>name</th><th>verbs</th><th>queues</th>\
+         <th>created</th><th>revoked</th><th></th></tr></thead><tbody>",
+    );
+    for e in all {
+        let revoke = if e.revoked_at.is_none() {
+            format!(
+                "<form method=\"post\" action=\"/board/endpoints/{}/revoke\">{}\
+                 <button type=\"submit\">Revoke</button></form>",
+                esc(&e.name),
+                csrf_field(csrf)
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            body,
+            "<tr data-endpoint=\"{0}\"><td>{0}</td><td>{1}</td><td>{2}</td><td>{3}</td>\
+             <td class=\"revoked\">{4}</td><td>{5}</td></tr>",
+            esc(&e.name),
+            esc(&e.verbs.join(", ")),
+            esc(&e
+                .queues
+                .as_ref()
+                .map_or("every queue".to_string(), |q| q.join(", "))),
+            rfc3339(e.created_at),
+            time(e.revoked_at),
+            revoke,
+        );
+    }
+    body.push_str("</tbody></table>");
+    page("Endpoints", Some(csrf), &body)
 }
 
 #[cfg(test)]

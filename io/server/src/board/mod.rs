@@ -32,12 +32,14 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use relay_core::board::{LoginThrottle, SESSION_TTL, csrf_matches, csrf_token};
-use relay_core::ledger::{Actor, Op, Report, Todo, TodoFilter, TodoState, TokenHash, finished};
+use relay_core::ledger::{
+    Actor, NewTodo, Op, Report, Todo, TodoFilter, TodoState, TokenHash, finished,
+};
 use relay_core::{Error, ErrorCode};
 use serde::Deserialize;
 
 use crate::server::Server;
-use crate::store::Store;
+use crate::store::{Endpoint, Store};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "relay_board";
@@ -89,6 +91,9 @@ pub fn router(server: Server) -> Router {
         .route("/board/queues/{queue}/{action}", post(queue_action))
         .route("/board/todos/{id}", get(todo_page).post(todo_action))
         .route("/board/events", get(events))
+        .route("/board/add", get(add_page).post(add_todo))
+        .route("/board/endpoints", get(endpoints_page))
+        .route("/board/endpoints/{name}/revoke", post(endpoint_revoke))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(board)
 }
@@ -628,4 +633,183 @@ async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[derive(Deserialize, Default)]
+struct AddQuery {
+    #[serde(default)]
+    queue: String,
+}
+
+/// The endpoints an operator may pick as a new todo's owner: the live ones.
+async fn owners(b: &Board) -> Result<Vec<Endpoint>, Error> {
+    let all = b.store().endpoint_list().await?;
+    Ok(all.into_iter().filter(|e| e.revoked_at.is_none()).collect())
+}
+
+async fn add_view(b: &Board, s: &Session, f: &AddForm, error: Option<&Error>) -> Response {
+    let owners = match owners(b).await {
+        Ok(o) => o,
+        Err(e) => return failure(b, s, &e),
+    };
+    let status = error.map_or(StatusCode::OK, status_of);
+    let message = error.map(|e| e.message.as_str());
+    html(
+        status,
+        html::add_todo(&s.csrf, &owners, &f.values(), message),
+    )
+}
+
+async fn add_page(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Query(q): Query<AddQuery>,
+) -> Response {
+    match session(&b, &headers, true).await {
+        Ok(s) => {
+            let f = AddForm {
+                queue: q.queue,
+                ..AddForm::default()
+            };
+            add_view(&b, &s, &f, None).await
+        }
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct AddForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    endpoint: String,
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    payload: String,
+}
+
+impl AddForm {
+    fn values(&self) -> html::AddValues<'_> {
+        html::AddValues {
+            endpoint: &self.endpoint,
+            queue: &self.queue,
+            id: &self.id,
+            title: &self.title,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// The Board's add: what `relay todo add` does (the owner checked by the same rule, the same
+/// `Op::AddTodo`), with the owner the operator picks.
+async fn add_op(b: &Board, f: &AddForm) -> Result<Op, Error> {
+    let (endpoint, queue) = (f.endpoint.trim(), f.queue.trim());
+    let found = b.store().endpoint_get(endpoint).await?;
+    relay_core::grant::check_owner(
+        endpoint,
+        found
+            .as_ref()
+            .map(|e| (e.revoked_at.is_some(), e.queues.as_deref())),
+        queue,
+        ["endpoint", "queue"],
+    )?;
+    let payload = match f.payload.trim() {
+        "" => None,
+        p => Some(serde_json::from_str(p).map_err(|e| {
+            Error::invalid(format!(
+                "payload: not valid JSON ({e}); write e.g. {{\"key\": \"value\"}}, or leave it empty"
+            ))
+        })?),
+    };
+    let id = match f.id.trim() {
+        "" => crate::server::new_todo_id()?,
+        id => id.to_string(),
+    };
+    Ok(Op::AddTodo {
+        now: b.server.now(),
+        endpoint: endpoint.to_string(),
+        new: NewTodo {
+            id,
+            queue: queue.to_string(),
+            title: f.title.trim().to_string(),
+            payload,
+            ..NewTodo::default()
+        },
+    })
+}
+
+async fn add_todo(State(b): State<Board>, headers: HeaderMap, Form(f): Form<AddForm>) -> Response {
+    let s = match session(&b, &headers, false).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = csrf_ok(&s, &f.csrf) {
+        return r;
+    }
+    let answer = match add_op(&b, &f).await {
+        Ok(op) => b.store().apply(op).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(relay_core::ledger::Answer::Todo(t)) => {
+            tracing::info!(operator = %s.operator, todo = %t.id, endpoint = %t.endpoint, queue = %t.queue, "board: todo added");
+            b.server.ring_todo(&t, relay_core::doorbell::Offer::Fresh);
+            see_other(&format!("/board/todos/{}", t.id))
+        }
+        Ok(other) => match other.todo() {
+            Ok(t) => see_other(&format!("/board/todos/{}", t.id)),
+            Err(e) => failure(&b, &s, &e),
+        },
+        Err(e) if status_of(&e) == StatusCode::INTERNAL_SERVER_ERROR => failure(&b, &s, &e),
+        Err(e) => add_view(&b, &s, &f, Some(&e)).await,
+    }
+}
+
+async fn endpoints_page(State(b): State<Board>, headers: HeaderMap) -> Response {
+    let s = match session(&b, &headers, true).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match b.store().endpoint_list().await {
+        Ok(all) => html(StatusCode::OK, html::endpoints(&s.csrf, &all, None)),
+        Err(e) => failure(&b, &s, &e),
+    }
+}
+
+/// Revoke: the same `Store::endpoint_revoke` as `relay endpoint revoke` (its token stops
+/// working, its open attempts close as `revoked`, its claimed todos become dead letters).
+async fn endpoint_revoke(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let s = match session(&b, &headers, false).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = csrf_ok(&s, &f.csrf) {
+        return r;
+    }
+    match b.store().endpoint_revoke(b.server.now(), &name).await {
+        Ok((_, todos)) => {
+            tracing::info!(operator = %s.operator, endpoint = %name, dead_lettered = todos.len(), "board: endpoint revoked");
+            b.server
+                .notice(&Ok(relay_core::ledger::Answer::Todos(todos)));
+            see_other("/board/endpoints")
+        }
+        Err(e) if status_of(&e) == StatusCode::INTERNAL_SERVER_ERROR => failure(&b, &s, &e),
+        Err(e) => match b.store().endpoint_list().await {
+            Ok(all) => html(
+                status_of(&e),
+                html::endpoints(&s.csrf, &all, Some(&e.message)),
+            ),
+            Err(e) => failure(&b, &s, &e),
+        },
+    }
 }

@@ -537,7 +537,7 @@ impl Server {
         self.inner.board_notices.subscribe()
     }
 
-    fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
+    pub(crate) fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
         let _ = self.inner.board_notices.send(t.id.clone());
         if relay_core::doorbell::worth_a_ring(t) {
             self.ring(&t.endpoint, &t.queue, &t.id, offer);
