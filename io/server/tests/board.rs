@@ -577,3 +577,59 @@ async fn an_operator_revokes_an_endpoint_from_the_board() {
     assert_eq!(r.status(), 409);
     assert!(r.text().await.unwrap().contains("already revoked"));
 }
+
+#[tokio::test]
+async fn a_change_made_outside_this_server_reaches_an_open_board_stream() {
+    // The server on a SQLite file; a second store handle on the same file writes as
+    // `relay todo add` and `relay todo retry` do, never through this server.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("relay.db").display());
+    let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
+    let h = Harness::start_on(store, 7, |_| {}, false).await;
+    let token = operator(&h, "alice").await;
+    h.endpoint("ci", &["claim_next"], None).await;
+    let cli = Store::open(&url, LedgerConfig::default()).await.unwrap();
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let mut stream = b.get("/board/events").await;
+    assert_eq!(stream.status(), 200);
+    // The first scan only takes the store's watermark.
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let add = relay_core::ledger::Op::AddTodo {
+        now: h.now(),
+        endpoint: "ci".into(),
+        new: relay_core::ledger::NewTodo {
+            id: "td_cli".into(),
+            queue: "ci".into(),
+            title: "from the cli".into(),
+            max_attempts: Some(1),
+            ..Default::default()
+        },
+    };
+    cli.apply(add).await.unwrap();
+    let mut buf = String::new();
+    // The scan's notice arrives.
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+    assert_eq!(ev.expect("an event")["id"], "td_cli");
+    // A retry from outside (a dead letter made pending again) is heard the same way.
+    let actor = relay_core::ledger::Actor::cli();
+    let now = h.now();
+    cli.apply(relay_core::ledger::Op::Cancel {
+        now,
+        actor: actor.clone(),
+        id: "td_cli".into(),
+    })
+    .await
+    .unwrap();
+    cli.apply(relay_core::ledger::Op::Retry {
+        now,
+        actor,
+        id: "td_cli".into(),
+    })
+    .await
+    .unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+    assert_eq!(ev.expect("an event")["id"], "td_cli");
+}

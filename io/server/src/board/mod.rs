@@ -612,7 +612,9 @@ async fn todo_action(
 }
 
 /// The Board's live stream: an SSE event `todo`, data `{"id": ID}`, for each todo this server
-/// changes. A reader that fell behind gets `{"id": null}`, which reloads any page.
+/// changes, and for each todo the doorbell's out-of-process scan finds pending anew (added or
+/// retried by the CLI, requeued by another server on the same database). A reader that fell
+/// behind gets `{"id": null}`, which reloads any page.
 async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     if let Err(r) = session(&b, &headers, false).await {
         return r;
