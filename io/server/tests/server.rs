@@ -568,7 +568,7 @@ async fn malformed_requests_are_answered_cleanly_and_change_nothing() {
     expect(400, -32600)(send(&c, json!({"id": 1, "method": "ping"}).to_string()).await);
     expect(400, -32600)(send(&c, json!({"jsonrpc": "2.0", "id": 1}).to_string()).await);
     expect(400, -32600)(send(&c, "42").await);
-    expect(200, -32601)(c.rpc("resources/list", json!({})).await);
+    expect(200, -32601)(c.rpc("prompts/list", json!({})).await);
     expect(200, -32602)(c.rpc("tools/call", json!({})).await);
     // The tool call whose arguments are not an object.
     let r = c.call("list_todos", json!("all")).await;
