@@ -239,6 +239,13 @@ fn csrf_ok(s: &Session, presented: &str) -> Result<(), Response> {
     }
 }
 
+/// A POST's session and CSRF check together: what every state-changing request passes first.
+async fn posting(b: &Board, headers: &HeaderMap, csrf: &str) -> Result<Session, Response> {
+    let s = session(b, headers, false).await?;
+    csrf_ok(&s, csrf)?;
+    Ok(s)
+}
+
 async fn login_page(State(b): State<Board>, headers: HeaderMap) -> Response {
     if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
         return r;
@@ -337,13 +344,10 @@ struct CsrfForm {
 }
 
 async fn logout(State(b): State<Board>, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     if let Err(e) = b.store().session_delete(TokenHash::of(&s.secret)).await {
         return failure(&b, &s, &e);
     }
@@ -475,13 +479,10 @@ async fn queue_action(
     Path((queue, action)): Path<(String, String)>,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     let paused = match action.as_str() {
         "pause" => true,
         "resume" => false,
@@ -588,13 +589,10 @@ async fn todo_action(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     let op = match action_op(b.server.now(), &s, &id, &f) {
         Ok(op) => op,
         Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
@@ -746,13 +744,10 @@ async fn add_op(b: &Board, f: &AddForm) -> Result<Op, Error> {
 }
 
 async fn add_todo(State(b): State<Board>, headers: HeaderMap, Form(f): Form<AddForm>) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     let answer = match add_op(&b, &f).await {
         Ok(op) => b.store().apply(op).await,
         Err(e) => Err(e),
@@ -791,13 +786,10 @@ async fn endpoint_revoke(
     Path(name): Path<String>,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     match b.store().endpoint_revoke(b.server.now(), &name).await {
         Ok((_, todos)) => {
             tracing::info!(operator = %s.operator, endpoint = %name, dead_lettered = todos.len(), "board: endpoint revoked");
