@@ -633,3 +633,43 @@ async fn a_change_made_outside_this_server_reaches_an_open_board_stream() {
     let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
     assert_eq!(ev.expect("an event")["id"], "td_cli");
 }
+
+#[tokio::test]
+async fn a_retry_on_the_board_rings_the_doorbell_at_once() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "fail"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let id = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "t", "max_attempts": 1}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("fail", json!({"id": id})).await;
+    // The stream opens after the add's own ring; only the retry can ring it.
+    let mut stream = mcp.stream().await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let csrf = b.csrf(&format!("/board/todos/{id}")).await;
+    let r = b
+        .post(
+            &format!("/board/todos/{id}"),
+            &[("csrf", &csrf), ("action", "retry")],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let mut buf = String::new();
+    let ring = harness::next_event(&mut stream, &mut buf, harness::BOUND)
+        .await
+        .expect("a ring within the bound");
+    assert_eq!(ring["method"], "notifications/todo_ready", "{ring}");
+    assert_eq!(ring["params"]["queues"], json!(["ci"]));
+}

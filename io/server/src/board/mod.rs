@@ -598,9 +598,17 @@ async fn todo_action(
         Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
     };
     let answer = b.store().apply(op).await;
-    b.server.notice(&answer);
     match answer.and_then(|a| a.todo()) {
         Ok(t) => {
+            // A todo the action made claimable (Retry, Release) rings the doorbell at once, as
+            // a worker's release does; ring_todo tells the Board too.
+            if t.state == TodoState::Pending {
+                let offer = relay_core::doorbell::Offer::of_pending(t.attempts_total);
+                b.server.ring_todo(&t, offer);
+            } else {
+                b.server
+                    .notice(&Ok(relay_core::ledger::Answer::Todo(t.clone())));
+            }
             tracing::info!(operator = %s.operator, todo = %t.id, action = %f.action, state = %t.state, finished = finished(&t), "board: todo action");
             see_other(&format!("/board/todos/{id}"))
         }
