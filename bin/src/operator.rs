@@ -459,29 +459,14 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             let payload = parse_json("--payload", a.payload)?;
             let work_order = parse_json("--work-order", a.work_order)?;
             let store = open(db).await?;
-            let Some(e) = store.endpoint_get(&a.endpoint).await? else {
-                return Err(Error::not_found(format!(
-                    "--endpoint {}: no such endpoint; `relay endpoint list` shows them",
-                    a.endpoint
-                )));
-            };
-            if e.revoked_at.is_some() {
-                return Err(Error::conflict(format!(
-                    "--endpoint {}: the endpoint is revoked; vend a new one",
-                    a.endpoint
-                )));
-            }
-            if let Some(qs) = &e.queues
-                && !qs.contains(&a.queue)
-            {
-                return Err(Error::forbidden(format!(
-                    "--queue {}: endpoint {} is not granted this queue (it has {}); nobody could \
-                     claim the todo. Use a granted queue",
-                    a.queue,
-                    a.endpoint,
-                    qs.join(", ")
-                )));
-            }
+            let e = store.endpoint_get(&a.endpoint).await?;
+            relay_core::grant::check_owner(
+                &a.endpoint,
+                e.as_ref()
+                    .map(|e| (e.revoked_at.is_some(), e.queues.as_deref())),
+                &a.queue,
+                ["--endpoint", "--queue"],
+            )?;
             let id = relay_server::server::new_todo_id()?;
             let new = NewTodo {
                 id,
@@ -527,6 +512,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             let filter = TodoFilter {
                 queues: queue.map(|q| vec![q]),
                 state,
+                after: None,
                 limit,
             };
             let todos = store

@@ -341,6 +341,7 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
                 filter: TodoFilter {
                     queues: Some(vec![QUEUE.into()]),
                     state: None,
+                    after: None,
                     limit: 100,
                 },
             })

@@ -1,5 +1,6 @@
 //! The Board's rules: operator names, board sessions and their expiry, the CSRF token a session
-//! carries, and the throttle on failed logins. The HTTP shell (`relay_server::board`) moves the
+//! carries, the throttle on failed logins, and what the overview counts (the store only adds
+//! rows up: [`queue_counts`] and [`chart`] say what the sums mean). The HTTP shell (`relay_server::board`) moves the
 //! bytes; every decision about who may open the Board, and for how long, is here.
 //!
 //! Secrets: a session's cookie value and an operator token reach this module only to be hashed
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::ledger::TokenHash;
+use crate::ledger::{Outcome, TodoState, TokenHash, dead_letter_of};
 use crate::time::{MINUTE, Millis};
 
 /// How long a Board session lasts after login (it is not extended by use: log in again).
@@ -127,6 +128,152 @@ impl LoginThrottle {
     }
 }
 
+// ---- the overview --------------------------------------------------------------------------
+
+/// Claims about to lapse, and todos that died more than once, the overview lists at most.
+pub const OVERVIEW_LIST: usize = 10;
+/// Dead letters the overview lists at most (the newest).
+pub const OVERVIEW_DEAD_LETTERS: usize = 50;
+/// The chart's span: attempts closed per minute over the last hour (the last minute is the
+/// current one, still running).
+pub const CHART_MINUTES: usize = 60;
+
+/// One group of todos as the store counts them: a queue's todos in one state, how many of them
+/// have a retry scheduled, and the oldest one's creation time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateCount {
+    pub queue: String,
+    pub state: TodoState,
+    pub todos: u64,
+    pub retry_scheduled: u64,
+    pub oldest_created_at: Option<Millis>,
+}
+
+/// One queue's line on the overview.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub pending: u64,
+    pub claimed: u64,
+    pub retrying: u64,
+    pub dead_letters: u64,
+    pub done: u64,
+    pub canceled: u64,
+    pub oldest_pending: Option<Millis>,
+    pub paused: bool,
+}
+
+/// The overview's lines, by queue name: the store's groups summed into states (a failed todo
+/// is retrying or a dead letter by [`dead_letter_of`]), and every paused queue, also one with no
+/// todos.
+pub fn queue_counts(groups: &[StateCount], paused: &[String]) -> Vec<QueueCounts> {
+    let mut out: BTreeMap<String, QueueCounts> = BTreeMap::new();
+    fn line<'a>(out: &'a mut BTreeMap<String, QueueCounts>, q: &str) -> &'a mut QueueCounts {
+        out.entry(q.to_string()).or_insert_with(|| QueueCounts {
+            queue: q.to_string(),
+            ..QueueCounts::default()
+        })
+    }
+    for q in paused {
+        line(&mut out, q).paused = true;
+    }
+    for g in groups {
+        let c = line(&mut out, &g.queue);
+        let scheduled = g.retry_scheduled.min(g.todos);
+        match g.state {
+            TodoState::Pending => {
+                c.pending += g.todos;
+                c.oldest_pending = match (c.oldest_pending, g.oldest_created_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            TodoState::Claimed => c.claimed += g.todos,
+            TodoState::Failed => {
+                for (retry, n) in [(true, scheduled), (false, g.todos - scheduled)] {
+                    if dead_letter_of(TodoState::Failed, retry) {
+                        c.dead_letters += n;
+                    } else {
+                        c.retrying += n;
+                    }
+                }
+            }
+            TodoState::Done => c.done += g.todos,
+            TodoState::Canceled => c.canceled += g.todos,
+        }
+    }
+    out.into_values().collect()
+}
+
+/// The attempt outcomes that count as a death (the store counts attempts closed with them).
+pub fn died_outcomes() -> Vec<&'static str> {
+    Outcome::ALL
+        .into_iter()
+        .filter(|o| o.died())
+        .map(Outcome::as_str)
+        .collect()
+}
+
+/// When the chart's first minute starts, for a chart drawn at `now`.
+pub fn chart_since(now: Millis) -> Millis {
+    (now / MINUTE).saturating_sub(CHART_MINUTES as Millis - 1) * MINUTE
+}
+
+/// Attempts closed per minute over the last hour, by outcome: `minutes[0]` starts at `since`,
+/// the last is the current minute.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chart {
+    pub since: Millis,
+    pub minutes: Vec<BTreeMap<Outcome, u64>>,
+}
+
+impl Chart {
+    /// The most attempts closed in one minute (the chart's scale).
+    pub fn peak(&self) -> u64 {
+        self.minutes
+            .iter()
+            .map(|m| m.values().sum::<u64>())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every attempt the chart counts, by outcome.
+    pub fn totals(&self) -> BTreeMap<Outcome, u64> {
+        let mut t = BTreeMap::new();
+        for m in &self.minutes {
+            for (o, n) in m {
+                *t.entry(*o).or_default() += n;
+            }
+        }
+        t
+    }
+}
+
+/// The chart at `now` from the store's counts: `(minute number, i.e. ended_at / MINUTE,
+/// outcome name, attempts)`. Counts outside the hour are left out; an outcome this build does
+/// not name is an error (the store holds only names the ledger wrote).
+pub fn chart(now: Millis, counts: &[(u64, String, u64)]) -> Result<Chart, Error> {
+    let since = chart_since(now);
+    let first = since / MINUTE;
+    let mut minutes = vec![BTreeMap::new(); CHART_MINUTES];
+    for (minute, outcome, n) in counts {
+        let Some(o) = Outcome::parse(outcome) else {
+            return Err(Error::internal(format!(
+                "the overview chart: outcome {outcome:?} is not one this build knows"
+            )));
+        };
+        let Some(slot) = minute
+            .checked_sub(first)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| minutes.get_mut(i))
+        else {
+            continue;
+        };
+        *slot.entry(o).or_default() += n;
+    }
+    Ok(Chart { since, minutes })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +325,54 @@ mod tests {
         let stored = TokenHash::of("secret-a");
         let hex: String = stored.0.iter().map(|b| format!("{b:02x}")).collect();
         assert_ne!(a, hex);
+    }
+
+    #[test]
+    fn queue_counts_split_failed_into_retrying_and_dead_letters_and_keep_paused_queues() {
+        let g = |queue: &str, state, todos, retry_scheduled, oldest| StateCount {
+            queue: queue.into(),
+            state,
+            todos,
+            retry_scheduled,
+            oldest_created_at: oldest,
+        };
+        let groups = [
+            g("a", TodoState::Pending, 3, 0, Some(T0 + 5)),
+            g("a", TodoState::Failed, 5, 2, Some(T0)),
+            g("a", TodoState::Done, 1, 0, Some(T0)),
+            g("b", TodoState::Claimed, 2, 0, Some(T0)),
+        ];
+        let c = queue_counts(&groups, &["b".into(), "idle".into()]);
+        let names: Vec<&str> = c.iter().map(|q| q.queue.as_str()).collect();
+        assert_eq!(names, ["a", "b", "idle"]);
+        assert_eq!(
+            (c[0].pending, c[0].retrying, c[0].dead_letters, c[0].done),
+            (3, 2, 3, 1)
+        );
+        assert_eq!(c[0].oldest_pending, Some(T0 + 5));
+        assert!(!c[0].paused && c[1].paused && c[2].paused);
+        assert_eq!((c[1].claimed, c[2].pending), (2, 0));
+    }
+
+    #[test]
+    fn the_chart_holds_the_last_hour_by_minute_and_refuses_unknown_outcomes() {
+        let now = T0 + 30 * 1000;
+        let this = now / MINUTE;
+        let counts = [
+            (this, "completed".to_string(), 4),
+            (this, "reaped".to_string(), 1),
+            (this - 59, "failed".to_string(), 2),
+            (this - 60, "failed".to_string(), 9),
+            (this + 1, "failed".to_string(), 9),
+        ];
+        let c = chart(now, &counts).unwrap();
+        assert_eq!(c.minutes.len(), CHART_MINUTES);
+        assert_eq!(c.since, (this - 59) * MINUTE);
+        assert_eq!(c.minutes[59][&Outcome::Completed], 4);
+        assert_eq!(c.minutes[0][&Outcome::Failed], 2);
+        assert_eq!(c.peak(), 5);
+        assert_eq!(c.totals().values().sum::<u64>(), 7);
+        assert!(chart(now, &[(this, "exploded".into(), 1)]).is_err());
+        assert_eq!(died_outcomes(), ["lease_expired", "reaped"]);
     }
 }

@@ -99,6 +99,40 @@ impl Grant {
     }
 }
 
+/// What an operator's add (`relay todo add`, the Board's form) checks of the endpoint it names
+/// as the todo's owner, before the ledger's own checks: `found` is the endpoint's row (whether
+/// it is revoked, its granted queues; `None`: no such endpoint). A revoked owner or a queue it
+/// is not granted would leave a todo nobody can claim. `fields` name the endpoint and queue
+/// inputs in the caller's words (`--endpoint`, `--queue`).
+pub fn check_owner(
+    endpoint: &str,
+    found: Option<(bool, Option<&[String]>)>,
+    queue: &str,
+    fields: [&str; 2],
+) -> Result<(), Error> {
+    let [ef, qf] = fields;
+    let Some((revoked, queues)) = found else {
+        return Err(Error::not_found(format!(
+            "{ef} {endpoint}: no such endpoint; `relay endpoint list` shows them"
+        )));
+    };
+    if revoked {
+        return Err(Error::conflict(format!(
+            "{ef} {endpoint}: the endpoint is revoked; vend a new one"
+        )));
+    }
+    if let Some(qs) = queues
+        && !qs.iter().any(|q| q == queue)
+    {
+        return Err(Error::forbidden(format!(
+            "{qf} {queue}: endpoint {endpoint} is not granted this queue (it has {}); nobody \
+             could claim the todo. Use a granted queue",
+            qs.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// Endpoint names follow the queue-name rule (a letter or digit, then up to 63 letters, digits,
 /// `_`, `-` or `.`): they stand in the URL path `/mcp/NAME` and in log lines.
 pub fn valid_endpoint_name(name: &str) -> bool {
@@ -141,6 +175,23 @@ mod tests {
 
     fn strings(xs: &[&str]) -> Vec<String> {
         xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_owner_must_exist_be_live_and_be_granted_the_queue() {
+        let f = ["endpoint", "queue"];
+        let qs = strings(&["a"]);
+        let code = |r: Result<(), Error>| r.unwrap_err().code;
+        assert_eq!(code(check_owner("e", None, "a", f)), ErrorCode::NotFound);
+        assert_eq!(
+            code(check_owner("e", Some((true, None)), "a", f)),
+            ErrorCode::Conflict
+        );
+        let e = check_owner("e", Some((false, Some(&qs))), "b", f).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert!(e.message.starts_with("queue b:"), "{}", e.message);
+        assert!(check_owner("e", Some((false, Some(&qs))), "a", f).is_ok());
+        assert!(check_owner("e", Some((false, None)), "b", f).is_ok());
     }
 
     #[test]

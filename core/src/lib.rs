@@ -21,6 +21,7 @@ pub mod limits;
 pub mod mix;
 mod names;
 pub mod relay;
+pub mod resources;
 pub mod serve;
 pub mod time;
 pub mod wire;

@@ -355,6 +355,7 @@ impl Serving {
                 let filter = TodoFilter {
                     queues: grant.scope(Tool::ListTodos, a.queue.as_deref())?,
                     state: a.state,
+                    after: None,
                     limit: a.limit.unwrap_or(wire::LIST_LIMIT_DEFAULT) as usize,
                 };
                 (Op::ListTodos { actor, filter }, Waiting::Todos)

@@ -31,7 +31,7 @@ pub use transition::{
 };
 pub use types::{
     Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
-    LateReport, Outcome, Todo, TodoState, TokenHash,
+    LateReport, Outcome, Todo, TodoState, TokenHash, dead_letter_of,
 };
 
 use crate::error::Error;
@@ -109,7 +109,19 @@ pub struct TodoFilter {
     /// Only todos in these queues (`None`: any queue).
     pub queues: Option<Vec<String>>,
     pub state: Option<TodoState>,
+    /// Keyset paging: only todos strictly after this `(created_at, id)` in list order (the last
+    /// key of the previous page). `None`: from the first.
+    pub after: Option<(Millis, String)>,
     pub limit: usize,
+}
+
+impl TodoFilter {
+    /// Whether a todo lies past the filter's keyset position (list order is `(created_at, id)`).
+    pub fn is_after(&self, t: &Todo) -> bool {
+        self.after
+            .as_ref()
+            .is_none_or(|(at, id)| (t.created_at, t.id.as_str()) > (*at, id.as_str()))
+    }
 }
 
 /// Validates a new todo and builds its row. One rule for every path that adds todos.
@@ -533,6 +545,7 @@ impl Rows for Mem<'_> {
                     .is_none_or(|qs| qs.iter().any(|q| q == &t.queue))
             })
             .filter(|t| filter.state.is_none_or(|s| s == t.state))
+            .filter(|t| filter.is_after(t))
             .take(filter.limit)
             .cloned()
             .collect())

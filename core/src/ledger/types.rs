@@ -161,11 +161,17 @@ pub struct Todo {
     pub max_same_failures: u32,
 }
 
+/// The dead-letter rule on a todo's state and whether a retry is scheduled, for callers that
+/// only count rows (the Board's overview): failed with no retry scheduled.
+pub fn dead_letter_of(state: TodoState, retry_scheduled: bool) -> bool {
+    state == TodoState::Failed && !retry_scheduled
+}
+
 impl Todo {
     /// Failed with no retry scheduled (`dead_letter_reason` says why). Derived, so it cannot
     /// disagree with the state.
     pub fn dead_letter(&self) -> bool {
-        self.state == TodoState::Failed && self.next_retry_at.is_none()
+        dead_letter_of(self.state, self.next_retry_at.is_some())
     }
 
     /// The lease is held and has not lapsed at `now`. A lease is valid strictly before its

@@ -157,13 +157,30 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 id: todo_id(b() % TODOS),
                 attempts_limit: usize::from(b() % 8),
             },
-            14 => Op::ListTodos {
-                actor: actor(b()),
-                filter: TodoFilter {
-                    limit: 100,
-                    ..TodoFilter::default()
-                },
-            },
+            14 => {
+                // One byte, as before keyset paging (so earlier programs decode alike): the
+                // actor, and above it the page: its size, and a keyset position at a time adds
+                // may have used, so that it ties with some todo's created_at and the id decides.
+                let who = b();
+                let k = who / 3;
+                let after = (!k.is_multiple_of(4)).then(|| {
+                    let at = PROGRAM_START + Millis::from(k >> 4) * 5 * SECOND;
+                    (at, todo_id((k >> 2) % TODOS))
+                });
+                let limit = if k.is_multiple_of(2) {
+                    100
+                } else {
+                    usize::from(k >> 5)
+                };
+                Op::ListTodos {
+                    actor: actor(who),
+                    filter: TodoFilter {
+                        after,
+                        limit,
+                        ..TodoFilter::default()
+                    },
+                }
+            }
             15 => Op::DeleteTodo {
                 actor: Actor::cli(),
                 id: todo_id(b() % TODOS),

@@ -266,6 +266,7 @@ async fn check_done(store: &Store, endpoint: &str, cycles: u64) {
         filter: TodoFilter {
             queues: None,
             state: Some(state),
+            after: None,
             limit: usize::MAX,
         },
     };

@@ -286,6 +286,11 @@ async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
         page.contains("<span class=\"outcome\">released</span>"),
         "{page}"
     );
+    // Closed by that operator, as the timeline says.
+    assert!(
+        page.contains("<dd class=\"closed-by\">alice</dd>"),
+        "{page}"
+    );
     // A refused action says why, on the page, and changes nothing.
     let r = b
         .post(
@@ -324,4 +329,347 @@ async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
         assert_eq!(ev.expect("an event within the bound")["id"], id.as_str());
     }
     assert!(buf.is_empty() || !buf.contains("data:"));
+}
+
+#[tokio::test]
+async fn the_overview_counts_charts_closes_and_lists_lapsing_claims_and_repeated_deaths() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "complete", "fail"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let add = |title: &str, max: u32| json!({"queue": "ci", "title": title, "max_attempts": max});
+    // One millisecond apart, so that claim_next takes them in this order.
+    let mut ids = Vec::new();
+    for (title, max) in [("done", 3), ("flaky <i>", 3), ("dead", 1), ("waiting", 3)] {
+        let t = mcp.ok("add_todo", add(title, max)).await;
+        ids.push(t["id"].as_str().unwrap().to_string());
+        h.clock.advance(1);
+    }
+    let (done, flaky) = (ids[0].clone(), ids[1].clone());
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("complete", json!({"id": done})).await;
+    // flaky's leases lapse twice: each takeover closes the lapsed attempt as lease_expired.
+    for _ in 0..3 {
+        let c = mcp
+            .ok("claim_next", json!({"queue": "ci", "lease_ttl_seconds": 1}))
+            .await;
+        assert_eq!(c["todo"]["id"], flaky.as_str(), "{c}");
+        h.clock.advance(2_000);
+    }
+    let c = mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("fail", json!({"id": c["todo"]["id"]})).await;
+
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let r = b.get("/board/").await;
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+    let row = |class: &str| format!("<td class=\"{class}\">");
+    for (class, n) in [
+        ("n-pending", 1),
+        ("n-claimed", 1),
+        ("n-dead", 1),
+        ("n-done", 1),
+    ] {
+        assert!(
+            page.contains(&format!("{}{n}</td>", row(class))),
+            "{class}: {page}"
+        );
+    }
+    // The chart: one completed, two lease_expired, one failed, in the hour; no inline style.
+    for (outcome, n) in [("completed", 1), ("lease_expired", 2), ("failed", 1)] {
+        assert!(
+            page.contains(&format!("data-outcome=\"{outcome}\">{n}</span>")),
+            "{outcome}: {page}"
+        );
+    }
+    assert!(page.contains("<svg viewBox=") && !page.contains("style="));
+    // flaky is claimed (with a lease that lapses) and died twice; its title stays text.
+    let lapsing = &page[page.find("Claims about to lapse").unwrap()..];
+    assert!(
+        lapsing.contains(&format!("data-todo=\"{flaky}\"")),
+        "{page}"
+    );
+    let died = &page[page.find("Died more than once").unwrap()..];
+    assert!(died.contains(&format!("data-todo=\"{flaky}\"")), "{page}");
+    assert!(died.contains("<td class=\"deaths\">2×</td>"), "{died}");
+    assert!(died.contains("flaky &lt;i&gt;"));
+}
+
+#[tokio::test]
+async fn an_operator_adds_a_todo_for_an_endpoint_and_bad_input_changes_nothing() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    h.endpoint("ci", &["claim_next", "get_todo"], None).await;
+    h.endpoint("narrow", &["claim_next"], Some(&["a"])).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b.get("/board/add?queue=ci").await.text().await.unwrap();
+    assert!(page.contains("<option value=\"ci\""), "{page}");
+    assert!(
+        page.contains("name=\"queue\" required value=\"ci\""),
+        "{page}"
+    );
+    let csrf = b.csrf("/board/add").await;
+    let count = || async {
+        h.store
+            .count_by_state()
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    // Refused: no CSRF token, bad JSON, a queue the owner is not granted, an unknown owner.
+    let r = b
+        .post(
+            "/board/add",
+            &[("endpoint", "ci"), ("queue", "ci"), ("title", "t")],
+        )
+        .await;
+    assert_eq!(r.status(), 403);
+    for (pairs, status, says) in [
+        (
+            vec![
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("title", "t"),
+                ("payload", "{nope"),
+            ],
+            400,
+            "payload: not valid JSON",
+        ),
+        (
+            vec![("endpoint", "narrow"), ("queue", "b"), ("title", "t")],
+            403,
+            "queue b: endpoint narrow is not granted this queue",
+        ),
+        (
+            vec![("endpoint", "ghost"), ("queue", "ci"), ("title", "t")],
+            404,
+            "endpoint ghost: no such endpoint",
+        ),
+        (
+            vec![("endpoint", "ci"), ("queue", "ci"), ("title", "")],
+            400,
+            "title must be non-empty",
+        ),
+    ] {
+        let mut pairs = pairs;
+        pairs.push(("csrf", &csrf));
+        let r = b.post("/board/add", &pairs).await;
+        assert_eq!(r.status(), status, "{pairs:?}");
+        let page = r.text().await.unwrap();
+        assert!(page.contains(says), "{says}: {page}");
+        // The form is shown again, with what was typed.
+        assert!(page.contains("<form method=\"post\" action=\"/board/add\""));
+    }
+    assert_eq!(count().await, 0);
+
+    // Added: owned by the endpoint picked, with the payload; an id given is kept.
+    let r = b
+        .post(
+            "/board/add",
+            &[
+                ("csrf", &csrf),
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("id", "td_from_board"),
+                ("title", "<b>board</b>"),
+                ("payload", "{\"k\": 1}"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/board/todos/td_from_board");
+    let view = h
+        .store
+        .apply(relay_core::ledger::Op::GetTodo {
+            actor: relay_core::ledger::Actor::cli(),
+            id: "td_from_board".into(),
+            attempts_limit: 1,
+        })
+        .await
+        .unwrap()
+        .view()
+        .unwrap();
+    assert_eq!(view.todo.endpoint, "ci");
+    assert_eq!(view.todo.title, "<b>board</b>");
+    assert_eq!(view.todo.payload, Some(json!({"k": 1})));
+    let r = b
+        .post(
+            "/board/add",
+            &[
+                ("csrf", &csrf),
+                ("endpoint", "ci"),
+                ("queue", "ci"),
+                ("title", "drawn"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let to = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/board/todos/td_"), "{to}");
+    assert_eq!(count().await, 2);
+}
+
+#[tokio::test]
+async fn an_operator_revokes_an_endpoint_from_the_board() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h.endpoint("ci", &["claim_next", "add_todo"], None).await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let id = mcp
+        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    assert!(page.contains("data-endpoint=\"ci\"") && page.contains(">Revoke</button>"));
+    // Without the CSRF token: refused, nothing changes.
+    let r = b.post("/board/endpoints/ci/revoke", &[]).await;
+    assert_eq!(r.status(), 403);
+    assert!(
+        h.store
+            .endpoint_get("ci")
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked_at
+            .is_none()
+    );
+    let csrf = b.csrf("/board/endpoints").await;
+    let r = b
+        .post("/board/endpoints/ci/revoke", &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status(), 303);
+    let e = h.store.endpoint_get("ci").await.unwrap().unwrap();
+    assert_eq!(e.revoked_at, Some(h.now()));
+    // As `relay endpoint revoke`: the claim is a dead letter, the token opens nothing.
+    let page = b
+        .get(&format!("/board/todos/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<span class=\"outcome\">revoked</span>"),
+        "{page}"
+    );
+    let r = mcp
+        .post_raw(json!({"jsonrpc": "2.0", "id": 9, "method": "ping"}).to_string())
+        .await;
+    assert_eq!(r.status(), 401);
+    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    assert!(!page.contains(">Revoke</button>"), "{page}");
+    // Twice: the store's conflict, said on the page.
+    let r = b
+        .post("/board/endpoints/ci/revoke", &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status(), 409);
+    assert!(r.text().await.unwrap().contains("already revoked"));
+}
+
+#[tokio::test]
+async fn a_change_made_outside_this_server_reaches_an_open_board_stream() {
+    // The server on a SQLite file; a second store handle on the same file writes as
+    // `relay todo add` and `relay todo retry` do, never through this server.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("relay.db").display());
+    let store = Store::open(&url, LedgerConfig::default()).await.unwrap();
+    let h = Harness::start_on(store, 7, |_| {}, false).await;
+    let token = operator(&h, "alice").await;
+    h.endpoint("ci", &["claim_next"], None).await;
+    let cli = Store::open(&url, LedgerConfig::default()).await.unwrap();
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let mut stream = b.get("/board/events").await;
+    assert_eq!(stream.status(), 200);
+    // The first scan only takes the store's watermark.
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let add = relay_core::ledger::Op::AddTodo {
+        now: h.now(),
+        endpoint: "ci".into(),
+        new: relay_core::ledger::NewTodo {
+            id: "td_cli".into(),
+            queue: "ci".into(),
+            title: "from the cli".into(),
+            max_attempts: Some(1),
+            ..Default::default()
+        },
+    };
+    cli.apply(add).await.unwrap();
+    let mut buf = String::new();
+    // The scan's notice arrives.
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+    assert_eq!(ev.expect("an event")["id"], "td_cli");
+    // A retry from outside (a dead letter made pending again) is heard the same way.
+    let actor = relay_core::ledger::Actor::cli();
+    let now = h.now();
+    cli.apply(relay_core::ledger::Op::Cancel {
+        now,
+        actor: actor.clone(),
+        id: "td_cli".into(),
+    })
+    .await
+    .unwrap();
+    cli.apply(relay_core::ledger::Op::Retry {
+        now,
+        actor,
+        id: "td_cli".into(),
+    })
+    .await
+    .unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let ev = harness::next_event(&mut stream, &mut buf, harness::BOUND).await;
+    assert_eq!(ev.expect("an event")["id"], "td_cli");
+}
+
+#[tokio::test]
+async fn a_retry_on_the_board_rings_the_doorbell_at_once() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h
+        .endpoint("ci", &["claim_next", "add_todo", "fail"], None)
+        .await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    let id = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "t", "max_attempts": 1}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim_next", json!({"queue": "ci"})).await;
+    mcp.ok("fail", json!({"id": id})).await;
+    // The stream opens after the add's own ring; only the retry can ring it.
+    let mut stream = mcp.stream().await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let csrf = b.csrf(&format!("/board/todos/{id}")).await;
+    let r = b
+        .post(
+            &format!("/board/todos/{id}"),
+            &[("csrf", &csrf), ("action", "retry")],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let mut buf = String::new();
+    let ring = harness::next_event(&mut stream, &mut buf, harness::BOUND)
+        .await
+        .expect("a ring within the bound");
+    assert_eq!(ring["method"], "notifications/todo_ready", "{ring}");
+    assert_eq!(ring["params"]["queues"], json!(["ci"]));
 }

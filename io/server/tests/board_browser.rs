@@ -1,8 +1,9 @@
 //! The Board in a real browser: headless Chromium from Debian, driven over WebDriver
 //! (chromedriver) with fantoccini. One server, one browser session: log in, read a queue's
 //! counts, open a dead letter and read its attempt timeline (a `<script>` summary shows as text
-//! and never runs), press Retry and see it pending, then watch an open page update live when a
-//! worker completes its todo over MCP.
+//! and never runs), press Retry and see it pending, watch an open page update live when a
+//! worker completes its todo over MCP, and recover a stuck claim with Release (the timeline
+//! then shows the attempt closed `released` by that operator).
 //!
 //! Skips with a message when chromium or chromedriver is missing, unless
 //! `RELAY_REQUIRE_BROWSER=1` (CI sets it), where it fails instead. With
@@ -175,6 +176,28 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .unwrap()
         .to_string();
 
+    // Half an hour of a second queue's history, so that the chart has something to draw: a
+    // few attempts closed each minute, now and then a failure or a release.
+    for minute in 0..30u64 {
+        for k in 0..(minute * 7 % 4 + 1) {
+            mcp.ok(
+                "add_todo",
+                json!({"queue": "nightly", "title": format!("nightly build {minute}.{k}")}),
+            )
+            .await;
+            // Whichever is due first: a new one, or a failed one's retry.
+            let c = mcp.ok("claim_next", json!({"queue": "nightly"})).await;
+            let tool = if (minute + k) % 9 == 4 {
+                "fail"
+            } else {
+                "complete"
+            };
+            mcp.ok(tool, json!({"id": c["todo"]["id"], "summary": "done"}))
+                .await;
+        }
+        h.clock.advance(60_000);
+    }
+
     let driver = chromedriver();
     let profile = tempfile::tempdir().unwrap();
     let c = browser(&driver, profile.path()).await;
@@ -194,6 +217,14 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     // The overview's counts.
     assert_eq!(text(&c, "tr[data-queue='ci'] .n-dead").await, "1");
     assert_eq!(text(&c, "tr[data-queue='ci'] .n-pending").await, "1");
+    // The chart of the hour's closed attempts is drawn (inline SVG), with its legend.
+    let failed = text(&c, ".legend [data-outcome='failed']").await;
+    assert!(failed.parse::<u32>().unwrap() > 1, "{failed}");
+    let bars = c
+        .find_all(Locator::Css("figure.chart svg g.minute"))
+        .await
+        .unwrap();
+    assert_eq!(bars.len(), relay_core::board::CHART_MINUTES);
     screenshot(&c, "board-overview.png").await;
 
     // The dead letter's timeline; the summary is text, and its script never ran.
@@ -249,5 +280,42 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .for_element(Locator::XPath("//dd[@class='state' and text()='done']"))
         .await
         .expect("the page shows the todo done without a manual reload");
+
+    // A stuck claim (its worker is gone): Release recovers it without the fence, and the
+    // timeline shows the attempt closed `released` by this operator.
+    let stuck = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ci", "title": "Stuck on a dead box"}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok(
+        "claim",
+        json!({"id": stuck, "claimant": "harness/box/gone", "require_fence": true}),
+    )
+    .await;
+    c.goto(&format!("{base}/board/todos/{stuck}"))
+        .await
+        .unwrap();
+    assert_eq!(text(&c, "dd.state").await, "claimed");
+    c.find(Locator::XPath("//button[text()='Release']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
+        .await
+        .expect("the released todo shows pending");
+    assert_eq!(
+        text(&c, ".attempt[data-seq='1'] .outcome").await,
+        "released"
+    );
+    assert_eq!(text(&c, ".attempt[data-seq='1'] .closed-by").await, "alice");
     c.close().await.unwrap();
 }

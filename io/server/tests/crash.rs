@@ -237,6 +237,7 @@ fn check(target: &str, acked: &Acked) {
             filter: TodoFilter {
                 queues: None,
                 state: None,
+                after: None,
                 limit: usize::MAX,
             },
         };

@@ -64,6 +64,7 @@ async fn snapshot(h: &Harness) -> Vec<TodoView> {
             filter: TodoFilter {
                 queues: None,
                 state: None,
+                after: None,
                 limit: 10_000,
             },
         })
@@ -569,7 +570,7 @@ async fn malformed_requests_are_answered_cleanly_and_change_nothing() {
     expect(400, -32600)(send(&c, json!({"id": 1, "method": "ping"}).to_string()).await);
     expect(400, -32600)(send(&c, json!({"jsonrpc": "2.0", "id": 1}).to_string()).await);
     expect(400, -32600)(send(&c, "42").await);
-    expect(200, -32601)(c.rpc("resources/list", json!({})).await);
+    expect(200, -32601)(c.rpc("prompts/list", json!({})).await);
     expect(200, -32602)(c.rpc("tools/call", json!({})).await);
     // The tool call whose arguments are not an object.
     let r = c.call("list_todos", json!("all")).await;
@@ -884,4 +885,184 @@ async fn a_seeded_server_issues_replayable_session_ids() {
         ids.push(c.session.clone().unwrap());
     }
     assert_eq!(ids[0], ids[1], "same seed, same session ids");
+}
+
+/// Pages through `resources/list` to the end: every URI, and how many pages it took.
+async fn all_resources(m: &mut Mcp) -> (Vec<String>, usize) {
+    let (mut uris, mut cursor, mut pages) = (Vec::new(), None::<Value>, 0);
+    loop {
+        let params = cursor.map_or(json!({}), |c| json!({ "cursor": c }));
+        let (status, v) = m.rpc("resources/list", params).await;
+        assert_eq!(status, 200, "{v}");
+        pages += 1;
+        for r in v["result"]["resources"].as_array().expect("resources") {
+            assert_eq!(r["mimeType"], "application/json", "{r}");
+            assert!(r["name"].is_string(), "{r}");
+            uris.push(r["uri"].as_str().unwrap().to_string());
+        }
+        match v["result"].get("nextCursor") {
+            Some(c) => cursor = Some(c.clone()),
+            None => return (uris, pages),
+        }
+    }
+}
+
+#[tokio::test]
+async fn todo_resources_page_every_todo_once_and_are_scoped_like_get_todo() {
+    let h = start().await;
+    let verbs = ["add_todo", "list_todos", "claim_next", "complete"];
+    let a = h.endpoint("a", &verbs, None).await;
+    let b = h.endpoint("b", &verbs, None).await;
+    let plain = h.endpoint("plain", &["claim_next", "get_todo"], None).await;
+    let mut a = h.mcp("a", &a);
+    let init = a.init().await;
+    assert_eq!(
+        init["result"]["capabilities"]["resources"],
+        json!({"subscribe": false, "listChanged": false})
+    );
+    // The clock stands still: every todo ties on created_at, so the id orders the pages.
+    let page = relay_core::resources::PAGE;
+    let mut ids = Vec::new();
+    for i in 0..(2 * page + 7) {
+        let q = if i % 3 == 0 { "q2" } else { "q1" };
+        let t = a
+            .ok(
+                "add_todo",
+                json!({"queue": q, "title": format!("todo <{i}>")}),
+            )
+            .await;
+        ids.push(t["id"].as_str().unwrap().to_string());
+    }
+    let mut b = h.mcp("b", &b);
+    b.init().await;
+    let foreign = b
+        .ok("add_todo", json!({"queue": "q1", "title": "b's"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let (uris, pages) = all_resources(&mut a).await;
+    assert_eq!(pages, 3);
+    let mut want: Vec<String> = ids.iter().map(|id| format!("relay://todos/{id}")).collect();
+    want.sort();
+    let mut got = uris.clone();
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), uris.len(), "a todo listed twice");
+    assert_eq!(got, want, "every todo of a, and only a's");
+
+    // A todo added between pages shows on a later page, and nothing repeats.
+    let (_, first) = a.rpc("resources/list", json!({})).await;
+    let cursor = first["result"]["nextCursor"].clone();
+    h.clock.advance(1);
+    let late = a
+        .ok("add_todo", json!({"queue": "q1", "title": "late"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut rest = Vec::new();
+    let mut c = cursor;
+    while !c.is_null() {
+        let (_, v) = a.rpc("resources/list", json!({ "cursor": c })).await;
+        for r in v["result"]["resources"].as_array().unwrap() {
+            rest.push(r["uri"].as_str().unwrap().to_string());
+        }
+        c = v["result"]["nextCursor"].clone();
+    }
+    assert_eq!(rest.len(), ids.len() + 1 - page);
+    assert_eq!(rest.last(), Some(&format!("relay://todos/{late}")));
+
+    // A read is the get_todo answer as JSON, and a short text.
+    a.ok("claim_next", json!({"queue": "q1"})).await;
+    let id = &ids[1];
+    let (_, v) = a
+        .rpc(
+            "resources/read",
+            json!({"uri": format!("relay://todos/{id}")}),
+        )
+        .await;
+    let contents = v["result"]["contents"]
+        .as_array()
+        .expect("contents")
+        .clone();
+    assert_eq!(contents[0]["mimeType"], "application/json");
+    let json: Value = serde_json::from_str(contents[0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(json, a.ok("get_todo", json!({"id": id})).await);
+    let text = contents[1]["text"].as_str().unwrap();
+    assert_eq!(contents[1]["mimeType"], "text/plain");
+    assert!(
+        text.contains("todo <1>") && text.contains("#1 attempt 1: open"),
+        "{text}"
+    );
+
+    // A foreign and an unknown id answer the same not-found error.
+    let before = snapshot(&h).await;
+    let not_found = |v: &Value, id: &str| {
+        assert_eq!(v["error"]["code"], -32002, "{v}");
+        v["error"]["message"].as_str().unwrap().replace(id, "ID")
+    };
+    let (_, v) = a
+        .rpc(
+            "resources/read",
+            json!({"uri": format!("relay://todos/{foreign}")}),
+        )
+        .await;
+    let (_, w) = a
+        .rpc("resources/read", json!({"uri": "relay://todos/td_nosuch"}))
+        .await;
+    assert_eq!(not_found(&v, &foreign), not_found(&w, "td_nosuch"));
+
+    // Bad input: invalid params naming the field and the fix.
+    for (method, params, field) in [
+        (
+            "resources/list",
+            json!({"cursor": "nonsense"}),
+            "params.cursor",
+        ),
+        ("resources/list", json!({"cursor": 3}), "params.cursor"),
+        ("resources/read", json!({}), "params.uri"),
+        (
+            "resources/read",
+            json!({"uri": "https://elsewhere/td_1"}),
+            "params.uri",
+        ),
+        (
+            "resources/read",
+            json!({"uri": "relay://todos/../x"}),
+            "params.uri",
+        ),
+    ] {
+        let (status, v) = a.rpc(method, params).await;
+        assert_eq!(status, 200);
+        assert_eq!(v["error"]["code"], -32602, "{method}: {v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(field) && m.contains("resources/list"), "{m}");
+    }
+
+    // Without list_todos: no capability, and both methods refused.
+    let mut p = h.mcp("plain", &plain);
+    let init = p.init().await;
+    assert!(
+        init["result"]["capabilities"].get("resources").is_none(),
+        "{init}"
+    );
+    for (method, params) in [
+        ("resources/list", json!({})),
+        (
+            "resources/read",
+            json!({"uri": format!("relay://todos/{id}")}),
+        ),
+    ] {
+        let (_, v) = p.rpc(method, params).await;
+        assert_eq!(v["error"]["code"], -32003, "{method}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("list_todos")
+        );
+    }
+    assert_eq!(snapshot(&h).await, before);
 }

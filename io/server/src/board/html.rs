@@ -4,7 +4,10 @@
 
 use std::fmt::Write as _;
 
+use relay_core::board::Chart;
 use relay_core::ledger::{Attempt, Todo, TodoState, TodoView};
+
+use crate::store::Endpoint;
 use relay_core::time::rfc3339;
 use serde_json::Value;
 
@@ -29,8 +32,9 @@ pub fn esc(s: &str) -> String {
 pub fn page(title: &str, csrf: Option<&str>, body: &str) -> String {
     let nav = match csrf {
         Some(csrf) => format!(
-            "<nav><a href=\"/board/\">relay Board</a><form method=\"post\" action=\"/board/logout\">\
-             {}<button type=\"submit\">Log out</button></form></nav>",
+            "<nav><a href=\"/board/\">relay Board</a><a href=\"/board/add\">Add a todo</a>\
+             <a href=\"/board/endpoints\">Endpoints</a><form method=\"post\" \
+             action=\"/board/logout\">{}<button type=\"submit\">Log out</button></form></nav>",
             csrf_field(csrf)
         ),
         None => "<nav><span>relay Board</span></nav>".to_string(),
@@ -72,19 +76,7 @@ pub fn login(message: Option<&str>) -> String {
     )
 }
 
-/// One queue's line on the overview.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueCounts {
-    pub queue: String,
-    pub pending: u64,
-    pub claimed: u64,
-    pub retrying: u64,
-    pub dead_letters: u64,
-    pub done: u64,
-    pub canceled: u64,
-    pub oldest_pending: Option<u64>,
-    pub paused: bool,
-}
+pub use relay_core::board::QueueCounts;
 
 fn time(t: Option<u64>) -> String {
     t.map_or_else(|| "–".to_string(), rfc3339)
@@ -144,12 +136,140 @@ fn todo_rows(now: u64, todos: &[Todo]) -> String {
     out
 }
 
+/// Claimed todos with the time left on their lease (negative: lapsed, not yet reaped).
+fn lapsing_rows(now: u64, todos: &[Todo]) -> String {
+    if todos.is_empty() {
+        return "<p class=\"empty\">none</p>".into();
+    }
+    let mut out = String::from(
+        "<table class=\"lapsing\"><thead><tr><th>id</th><th>title</th><th>queue</th>\
+         <th>attempt</th><th>lease</th></tr></thead><tbody>",
+    );
+    for t in todos {
+        let lease = t.lease_expires_at.map_or_else(
+            || "–".to_string(),
+            |at| {
+                if at > now {
+                    format!("lapses in {}", age(at, Some(now)))
+                } else {
+                    format!("lapsed {} ago", age(now, Some(at)))
+                }
+            },
+        );
+        let _ = write!(
+            out,
+            "<tr data-todo=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td>\
+             <td class=\"lease\">{}</td></tr>",
+            esc(&t.id),
+            todo_link(t),
+            esc(&t.title),
+            esc(&t.queue),
+            t.attempt,
+            t.max_attempts,
+            lease
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// Todos whose attempts died more than once, with the count.
+fn died_rows(now: u64, todos: &[(Todo, u64)]) -> String {
+    if todos.is_empty() {
+        return "<p class=\"empty\">none</p>".into();
+    }
+    let mut out = String::from(
+        "<table class=\"died-again\"><thead><tr><th>id</th><th>title</th><th>queue</th>\
+         <th>state</th><th>died</th><th>updated</th></tr></thead><tbody>",
+    );
+    for (t, n) in todos {
+        let _ = write!(
+            out,
+            "<tr data-todo=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"state\">{}</td>\
+             <td class=\"deaths\">{n}×</td><td>{} ago</td></tr>",
+            esc(&t.id),
+            todo_link(t),
+            esc(&t.title),
+            esc(&t.queue),
+            esc(&state_of(t)),
+            age(now, Some(t.updated_at)),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
 pub struct Overview<'a> {
     pub now: u64,
     pub csrf: &'a str,
     pub queues: &'a [QueueCounts],
+    pub chart: &'a Chart,
     pub dead_letters: &'a [Todo],
     pub lapsing: &'a [Todo],
+    /// Todos with more than one attempt that died, and how many.
+    pub died_again: &'a [(Todo, u64)],
+}
+
+/// The chart's drawing size (SVG user units): one bar per minute.
+const BAR: u64 = 10;
+const CHART_HEIGHT: u64 = 100;
+
+/// Attempts closed per minute, by outcome, as inline SVG: stacked bars coloured by class (the
+/// CSP allows no inline style; the colours are in board.css), a `<title>` per bar for the
+/// numbers, and a legend with the hour's totals. Only our own text goes in: outcome names and
+/// times.
+pub fn chart(c: &Chart) -> String {
+    let peak = c.peak();
+    let width = BAR * c.minutes.len() as u64;
+    let mut svg = format!(
+        "<figure class=\"chart\"><svg viewBox=\"0 0 {width} {CHART_HEIGHT}\" \
+         preserveAspectRatio=\"none\" role=\"img\" aria-label=\"attempts closed per minute \
+         over the last hour, by outcome\" data-peak=\"{peak}\">"
+    );
+    for (i, m) in c.minutes.iter().enumerate() {
+        let x = i as u64 * BAR;
+        let start = c.since + i as u64 * relay_core::time::MINUTE;
+        let total: u64 = m.values().sum();
+        let _ = write!(
+            svg,
+            "<g class=\"minute\" data-closed=\"{total}\"><title>{} · {total} closed{}</title>",
+            rfc3339(start),
+            m.iter()
+                .map(|(o, n)| format!(", {n} {o}"))
+                .collect::<String>()
+        );
+        let mut y = CHART_HEIGHT;
+        for (o, n) in m {
+            // Scaled to the busiest minute; a minute with any close shows at least a sliver.
+            let h = (n * CHART_HEIGHT).div_ceil(peak.max(1)).max(1).min(y);
+            y -= h;
+            let _ = write!(
+                svg,
+                "<rect class=\"o-{o}\" x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{h}\"></rect>",
+                BAR - 1
+            );
+        }
+        svg.push_str("</g>");
+    }
+    svg.push_str("</svg><figcaption><ul class=\"legend\">");
+    let totals = c.totals();
+    if totals.is_empty() {
+        svg.push_str("<li class=\"empty\">no attempt closed in the last hour</li>");
+    }
+    for (o, n) in totals {
+        let _ = write!(
+            svg,
+            "<li><svg class=\"swatch\" viewBox=\"0 0 10 10\" aria-hidden=\"true\"><rect \
+             class=\"o-{o}\" width=\"10\" height=\"10\"></rect></svg>{o} <span class=\"n\" \
+             data-outcome=\"{o}\">{n}</span></li>"
+        );
+    }
+    let _ = write!(
+        svg,
+        "</ul>busiest minute: {peak} · from {} to now</figcaption></figure>",
+        rfc3339(c.since)
+    );
+    svg
 }
 
 pub fn overview(o: &Overview<'_>) -> String {
@@ -188,10 +308,14 @@ pub fn overview(o: &Overview<'_>) -> String {
         }
         body.push_str("</tbody></table>");
     }
+    body.push_str("<h2>Attempts closed per minute, last hour</h2>");
+    body.push_str(&chart(o.chart));
     body.push_str("<h2>Dead letters</h2>");
     body.push_str(&todo_rows(o.now, o.dead_letters));
     body.push_str("<h2>Claims about to lapse</h2>");
-    body.push_str(&todo_rows(o.now, o.lapsing));
+    body.push_str(&lapsing_rows(o.now, o.lapsing));
+    body.push_str("<h2>Died more than once</h2>");
+    body.push_str(&died_rows(o.now, o.died_again));
     page("Overview", Some(o.csrf), &body)
 }
 
@@ -224,6 +348,11 @@ pub struct QueuePage<'a> {
 pub fn queue(q: &QueuePage<'_>) -> String {
     let mut body = format!("<h1>Queue {}</h1>", esc(q.queue));
     body.push_str(&pause_form(q.csrf, q.queue, q.paused));
+    let _ = write!(
+        body,
+        "<p><a href=\"/board/add?queue={}\">Add a todo to this queue</a></p>",
+        esc(&query_escape(q.queue))
+    );
     let _ = write!(
         body,
         "<form method=\"get\" class=\"filter\"><select name=\"state\"><option value=\"\">any state</option>"
@@ -423,6 +552,115 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
     }
     body.push_str("</ol>");
     page(&t.title, Some(csrf), &body)
+}
+
+/// What the add form shows in its fields (empty, or what was sent when it was refused).
+pub struct AddValues<'a> {
+    pub endpoint: &'a str,
+    pub queue: &'a str,
+    pub id: &'a str,
+    pub title: &'a str,
+    pub payload: &'a str,
+}
+
+/// The add-todo form: the owner picked from the live endpoints (only it can see and claim the
+/// todo), the queue, an optional id, the title and an optional JSON payload.
+pub fn add_todo(csrf: &str, owners: &[Endpoint], v: &AddValues<'_>, error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Add a todo</h1>");
+    if let Some(e) = error {
+        body.push_str(&error_banner(e));
+    }
+    if owners.is_empty() {
+        body.push_str(
+            "<p class=\"empty\">No live endpoint to own a todo; vend one with \
+             <code>relay endpoint create NAME --verbs …</code>.</p>",
+        );
+    }
+    let _ = write!(
+        body,
+        "<form method=\"post\" action=\"/board/add\" class=\"add\">{}\
+         <label for=\"endpoint\">Owner (endpoint)</label><select id=\"endpoint\" name=\"endpoint\" required>",
+        csrf_field(csrf)
+    );
+    for e in owners {
+        let _ = write!(
+            body,
+            "<option value=\"{0}\"{1}>{0} ({2})</option>",
+            esc(&e.name),
+            if e.name == v.endpoint {
+                " selected"
+            } else {
+                ""
+            },
+            esc(&e
+                .queues
+                .as_ref()
+                .map_or("every queue".to_string(), |q| q.join(", "))),
+        );
+    }
+    let _ = write!(
+        body,
+        "</select><label for=\"queue\">Queue</label>\
+         <input id=\"queue\" name=\"queue\" required value=\"{}\">\
+         <label for=\"id\">Id (optional)</label>\
+         <input id=\"id\" name=\"id\" placeholder=\"drawn when empty\" value=\"{}\">\
+         <label for=\"title\">Title</label><input id=\"title\" name=\"title\" required value=\"{}\">\
+         <label for=\"payload\">Payload (JSON, optional)</label>\
+         <textarea id=\"payload\" name=\"payload\" rows=\"5\">{}</textarea>\
+         <button type=\"submit\">Add</button></form>",
+        esc(v.queue),
+        esc(v.id),
+        esc(v.title),
+        esc(v.payload),
+    );
+    page("Add a todo", Some(csrf), &body)
+}
+
+/// Every endpoint, with a Revoke button on each live one.
+pub fn endpoints(csrf: &str, all: &[Endpoint], error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Endpoints</h1>");
+    if let Some(e) = error {
+        body.push_str(&error_banner(e));
+    }
+    if all.is_empty() {
+        body.push_str(
+            "<p class=\"empty\">No endpoints; vend one with \
+             <code>relay endpoint create NAME --verbs …</code>.</p>",
+        );
+        return page("Endpoints", Some(csrf), &body);
+    }
+    body.push_str(
+        "<table class=\"endpoints\"><thead><tr><th>name</th><th>verbs</th><th>queues</th>\
+         <th>created</th><th>revoked</th><th></th></tr></thead><tbody>",
+    );
+    for e in all {
+        let revoke = if e.revoked_at.is_none() {
+            format!(
+                "<form method=\"post\" action=\"/board/endpoints/{}/revoke\">{}\
+                 <button type=\"submit\">Revoke</button></form>",
+                esc(&e.name),
+                csrf_field(csrf)
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            body,
+            "<tr data-endpoint=\"{0}\"><td>{0}</td><td>{1}</td><td>{2}</td><td>{3}</td>\
+             <td class=\"revoked\">{4}</td><td>{5}</td></tr>",
+            esc(&e.name),
+            esc(&e.verbs.join(", ")),
+            esc(&e
+                .queues
+                .as_ref()
+                .map_or("every queue".to_string(), |q| q.join(", "))),
+            rfc3339(e.created_at),
+            time(e.revoked_at),
+            revoke,
+        );
+    }
+    body.push_str("</tbody></table>");
+    page("Endpoints", Some(csrf), &body)
 }
 
 #[cfg(test)]

@@ -32,12 +32,14 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use relay_core::board::{LoginThrottle, SESSION_TTL, csrf_matches, csrf_token};
-use relay_core::ledger::{Actor, Op, Report, Todo, TodoFilter, TodoState, TokenHash, finished};
+use relay_core::ledger::{
+    Actor, NewTodo, Op, Report, Todo, TodoFilter, TodoState, TokenHash, finished,
+};
 use relay_core::{Error, ErrorCode};
 use serde::Deserialize;
 
 use crate::server::Server;
-use crate::store::Store;
+use crate::store::{Endpoint, Store};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "relay_board";
@@ -89,6 +91,9 @@ pub fn router(server: Server) -> Router {
         .route("/board/queues/{queue}/{action}", post(queue_action))
         .route("/board/todos/{id}", get(todo_page).post(todo_action))
         .route("/board/events", get(events))
+        .route("/board/add", get(add_page).post(add_todo))
+        .route("/board/endpoints", get(endpoints_page))
+        .route("/board/endpoints/{name}/revoke", post(endpoint_revoke))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(board)
 }
@@ -234,6 +239,13 @@ fn csrf_ok(s: &Session, presented: &str) -> Result<(), Response> {
     }
 }
 
+/// A POST's session and CSRF check together: what every state-changing request passes first.
+async fn posting(b: &Board, headers: &HeaderMap, csrf: &str) -> Result<Session, Response> {
+    let s = session(b, headers, false).await?;
+    csrf_ok(&s, csrf)?;
+    Ok(s)
+}
+
 async fn login_page(State(b): State<Board>, headers: HeaderMap) -> Response {
     if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
         return r;
@@ -332,13 +344,10 @@ struct CsrfForm {
 }
 
 async fn logout(State(b): State<Board>, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     if let Err(e) = b.store().session_delete(TokenHash::of(&s.secret)).await {
         return failure(&b, &s, &e);
     }
@@ -350,82 +359,33 @@ async fn logout(State(b): State<Board>, headers: HeaderMap, Form(f): Form<CsrfFo
     r
 }
 
-/// Every todo the overview counts, at most this many (a larger store shows the first ones and
-/// says so).
-const OVERVIEW_SCAN: usize = 100_000;
-
 async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
     let s = match session(&b, &headers, true).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     let now = b.server.now();
-    let all = b.store().apply(Op::ListTodos {
-        actor: Actor::operator(&s.operator),
-        filter: TodoFilter {
-            limit: OVERVIEW_SCAN,
-            ..TodoFilter::default()
-        },
-    });
-    let (all, paused) = match (all.await.and_then(|a| a.todos()), paused(&b).await) {
-        (Ok(a), Ok(p)) => (a, p),
-        (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
+    let read = async {
+        let o = b.store().board_overview(now).await?;
+        let paused = paused(&b).await?;
+        let chart = relay_core::board::chart(now, &o.closed)?;
+        Ok::<_, Error>((o, paused, chart))
     };
-    let mut queues: std::collections::BTreeMap<String, html::QueueCounts> = paused
-        .iter()
-        .map(|q| {
-            let c = html::QueueCounts {
-                queue: q.clone(),
-                paused: true,
-                ..html::QueueCounts::default()
-            };
-            (q.clone(), c)
-        })
-        .collect();
-    for t in &all {
-        let q = queues
-            .entry(t.queue.clone())
-            .or_insert_with(|| html::QueueCounts {
-                queue: t.queue.clone(),
-                ..html::QueueCounts::default()
-            });
-        match t.state {
-            TodoState::Pending => {
-                q.pending += 1;
-                q.oldest_pending = Some(
-                    q.oldest_pending
-                        .map_or(t.created_at, |o| o.min(t.created_at)),
-                );
-            }
-            TodoState::Claimed => q.claimed += 1,
-            TodoState::Failed if t.dead_letter() => q.dead_letters += 1,
-            TodoState::Failed => q.retrying += 1,
-            TodoState::Done => q.done += 1,
-            TodoState::Canceled => q.canceled += 1,
-        }
-    }
-    let dead: Vec<Todo> = all
-        .iter()
-        .filter(|t| t.dead_letter())
-        .take(PAGE)
-        .cloned()
-        .collect();
-    let mut lapsing: Vec<Todo> = all
-        .iter()
-        .filter(|t| t.state == TodoState::Claimed)
-        .cloned()
-        .collect();
-    lapsing.sort_by_key(|t| t.lease_expires_at);
-    lapsing.truncate(10);
-    let queues: Vec<html::QueueCounts> = queues.into_values().collect();
+    let (o, paused, chart) = match read.await {
+        Ok(r) => r,
+        Err(e) => return failure(&b, &s, &e),
+    };
+    let queues = relay_core::board::queue_counts(&o.groups, &paused);
     html(
         StatusCode::OK,
         html::overview(&html::Overview {
             now,
             csrf: &s.csrf,
             queues: &queues,
-            dead_letters: &dead,
-            lapsing: &lapsing,
+            chart: &chart,
+            dead_letters: &o.dead_letters,
+            lapsing: &o.lapsing,
+            died_again: &o.died_again,
         }),
     )
 }
@@ -476,6 +436,7 @@ async fn queue_page(
         filter: TodoFilter {
             queues: Some(vec![queue.clone()]),
             state,
+            after: None,
             limit: QUEUE_SCAN,
         },
     });
@@ -518,13 +479,10 @@ async fn queue_action(
     Path((queue, action)): Path<(String, String)>,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     let paused = match action.as_str() {
         "pause" => true,
         "resume" => false,
@@ -631,21 +589,26 @@ async fn todo_action(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let s = match session(&b, &headers, false).await {
+    let s = match posting(&b, &headers, &f.csrf).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = csrf_ok(&s, &f.csrf) {
-        return r;
-    }
     let op = match action_op(b.server.now(), &s, &id, &f) {
         Ok(op) => op,
         Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
     };
     let answer = b.store().apply(op).await;
-    b.server.notice(&answer);
     match answer.and_then(|a| a.todo()) {
         Ok(t) => {
+            // A todo the action made claimable (Retry, Release) rings the doorbell at once, as
+            // a worker's release does; ring_todo tells the Board too.
+            if t.state == TodoState::Pending {
+                let offer = relay_core::doorbell::Offer::of_pending(t.attempts_total);
+                b.server.ring_todo(&t, offer);
+            } else {
+                b.server
+                    .notice(&Ok(relay_core::ledger::Answer::Todo(t.clone())));
+            }
             tracing::info!(operator = %s.operator, todo = %t.id, action = %f.action, state = %t.state, finished = finished(&t), "board: todo action");
             see_other(&format!("/board/todos/{id}"))
         }
@@ -655,7 +618,9 @@ async fn todo_action(
 }
 
 /// The Board's live stream: an SSE event `todo`, data `{"id": ID}`, for each todo this server
-/// changes. A reader that fell behind gets `{"id": null}`, which reloads any page.
+/// changes, and for each todo the doorbell's out-of-process scan finds pending anew (added or
+/// retried by the CLI, requeued by another server on the same database). A reader that fell
+/// behind gets `{"id": null}`, which reloads any page.
 async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     if let Err(r) = session(&b, &headers, false).await {
         return r;
@@ -676,4 +641,177 @@ async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[derive(Deserialize, Default)]
+struct AddQuery {
+    #[serde(default)]
+    queue: String,
+}
+
+/// The endpoints an operator may pick as a new todo's owner: the live ones.
+async fn owners(b: &Board) -> Result<Vec<Endpoint>, Error> {
+    let all = b.store().endpoint_list().await?;
+    Ok(all.into_iter().filter(|e| e.revoked_at.is_none()).collect())
+}
+
+async fn add_view(b: &Board, s: &Session, f: &AddForm, error: Option<&Error>) -> Response {
+    let owners = match owners(b).await {
+        Ok(o) => o,
+        Err(e) => return failure(b, s, &e),
+    };
+    let status = error.map_or(StatusCode::OK, status_of);
+    let message = error.map(|e| e.message.as_str());
+    html(
+        status,
+        html::add_todo(&s.csrf, &owners, &f.values(), message),
+    )
+}
+
+async fn add_page(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Query(q): Query<AddQuery>,
+) -> Response {
+    match session(&b, &headers, true).await {
+        Ok(s) => {
+            let f = AddForm {
+                queue: q.queue,
+                ..AddForm::default()
+            };
+            add_view(&b, &s, &f, None).await
+        }
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct AddForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    endpoint: String,
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    payload: String,
+}
+
+impl AddForm {
+    fn values(&self) -> html::AddValues<'_> {
+        html::AddValues {
+            endpoint: &self.endpoint,
+            queue: &self.queue,
+            id: &self.id,
+            title: &self.title,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// The Board's add: what `relay todo add` does (the owner checked by the same rule, the same
+/// `Op::AddTodo`), with the owner the operator picks.
+async fn add_op(b: &Board, f: &AddForm) -> Result<Op, Error> {
+    let (endpoint, queue) = (f.endpoint.trim(), f.queue.trim());
+    let found = b.store().endpoint_get(endpoint).await?;
+    relay_core::grant::check_owner(
+        endpoint,
+        found
+            .as_ref()
+            .map(|e| (e.revoked_at.is_some(), e.queues.as_deref())),
+        queue,
+        ["endpoint", "queue"],
+    )?;
+    let payload = match f.payload.trim() {
+        "" => None,
+        p => Some(serde_json::from_str(p).map_err(|e| {
+            Error::invalid(format!(
+                "payload: not valid JSON ({e}); write e.g. {{\"key\": \"value\"}}, or leave it empty"
+            ))
+        })?),
+    };
+    let id = match f.id.trim() {
+        "" => crate::server::new_todo_id()?,
+        id => id.to_string(),
+    };
+    Ok(Op::AddTodo {
+        now: b.server.now(),
+        endpoint: endpoint.to_string(),
+        new: NewTodo {
+            id,
+            queue: queue.to_string(),
+            title: f.title.trim().to_string(),
+            payload,
+            ..NewTodo::default()
+        },
+    })
+}
+
+async fn add_todo(State(b): State<Board>, headers: HeaderMap, Form(f): Form<AddForm>) -> Response {
+    let s = match posting(&b, &headers, &f.csrf).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let answer = match add_op(&b, &f).await {
+        Ok(op) => b.store().apply(op).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(relay_core::ledger::Answer::Todo(t)) => {
+            tracing::info!(operator = %s.operator, todo = %t.id, endpoint = %t.endpoint, queue = %t.queue, "board: todo added");
+            b.server.ring_todo(&t, relay_core::doorbell::Offer::Fresh);
+            see_other(&format!("/board/todos/{}", t.id))
+        }
+        Ok(other) => match other.todo() {
+            Ok(t) => see_other(&format!("/board/todos/{}", t.id)),
+            Err(e) => failure(&b, &s, &e),
+        },
+        Err(e) if status_of(&e) == StatusCode::INTERNAL_SERVER_ERROR => failure(&b, &s, &e),
+        Err(e) => add_view(&b, &s, &f, Some(&e)).await,
+    }
+}
+
+async fn endpoints_page(State(b): State<Board>, headers: HeaderMap) -> Response {
+    let s = match session(&b, &headers, true).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match b.store().endpoint_list().await {
+        Ok(all) => html(StatusCode::OK, html::endpoints(&s.csrf, &all, None)),
+        Err(e) => failure(&b, &s, &e),
+    }
+}
+
+/// Revoke: the same `Store::endpoint_revoke` as `relay endpoint revoke` (its token stops
+/// working, its open attempts close as `revoked`, its claimed todos become dead letters).
+async fn endpoint_revoke(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let s = match posting(&b, &headers, &f.csrf).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match b.store().endpoint_revoke(b.server.now(), &name).await {
+        Ok((_, todos)) => {
+            tracing::info!(operator = %s.operator, endpoint = %name, dead_lettered = todos.len(), "board: endpoint revoked");
+            b.server
+                .notice(&Ok(relay_core::ledger::Answer::Todos(todos)));
+            see_other("/board/endpoints")
+        }
+        Err(e) if status_of(&e) == StatusCode::INTERNAL_SERVER_ERROR => failure(&b, &s, &e),
+        Err(e) => match b.store().endpoint_list().await {
+            Ok(all) => html(
+                status_of(&e),
+                html::endpoints(&s.csrf, &all, Some(&e.message)),
+            ),
+            Err(e) => failure(&b, &s, &e),
+        },
+    }
 }

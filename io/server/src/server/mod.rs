@@ -601,7 +601,7 @@ impl Server {
         self.inner.board_notices.subscribe()
     }
 
-    fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
+    pub(crate) fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
         let _ = self.inner.board_notices.send(t.id.clone());
         if *self.inner.notices_live.borrow() {
             // The NOTIFY of this change rings it (see `follow_notices`).
@@ -731,6 +731,11 @@ impl Server {
             let full = page.changes.len() >= PENDING_SCAN_PAGE;
             lock(&self.inner.state).scan_watermark = Some(page.watermark);
             after = Some(page.watermark);
+            // An open Board page hears of every change the scan reads, also one this server
+            // rang for already: an extra reload is harmless, a missed change is not.
+            for c in &page.changes {
+                let _ = self.inner.board_notices.send(c.id.clone());
+            }
             for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
                 self.ring(
                     &c.endpoint,

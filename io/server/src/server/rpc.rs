@@ -1,4 +1,5 @@
-//! JSON-RPC 2.0 and the MCP methods: `initialize`, `ping`, `tools/list`, `tools/call`, and the
+//! JSON-RPC 2.0 and the MCP methods: `initialize`, `ping`, `tools/list`, `tools/call`, the todo
+//! resources (`resources/list`, `resources/read`: `relay_core::resources`), and the
 //! notifications and responses a client may send (accepted, 202).
 
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
@@ -10,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use relay_core::grant::Grant;
 use relay_core::ledger::Op;
+use relay_core::resources;
 use relay_core::serve::{self, Caller, Draw, Served, Serving, Step};
 use relay_core::wire::{self, LeaseToken, Tool};
 use relay_core::{Error, ErrorCode};
@@ -196,14 +198,72 @@ pub(crate) async fn handle(
                 Err(e) => ok(id, serve::refusal(&e)),
             }
         }
+        "resources/list" => {
+            let page = match resources::list(&endpoint.name, &grant, params.as_ref()) {
+                Ok(op) => resources::listed(server.store().apply(op).await),
+                Err(e) => Err(e),
+            };
+            resource_reply(server, endpoint, id, &method, page)
+        }
+        "resources/read" => {
+            let read = match resources::read(&grant, params.as_ref()) {
+                Ok((todo, args)) => {
+                    let served = server
+                        .call(endpoint, grant, &session, Tool::GetTodo, Some(&args))
+                        .await;
+                    resources::read_result(&todo, served)
+                }
+                Err(e) => Err(e),
+            };
+            resource_reply(server, endpoint, id, &method, read)
+        }
+        "resources/templates/list" if resources::offered(&grant) => ok(
+            id,
+            json!({"resourceTemplates": [{
+                "uriTemplate": format!("{}{{id}}", resources::URI_PREFIX),
+                "name": "todo",
+                "description": "A todo and its attempt timeline (the get_todo answer)",
+                "mimeType": resources::MIME_JSON,
+            }]}),
+        ),
         other => err(
             id,
             METHOD_NOT_FOUND,
             &format!(
-                "method not found: {other:?}; this server answers initialize, ping, tools/list \
-                 and tools/call"
+                "method not found: {other:?}; this server answers initialize, ping, tools/list, \
+                 tools/call, resources/list and resources/read"
             ),
         ),
+    }
+}
+
+/// MCP's code for a resource that does not exist.
+pub(crate) const RESOURCE_NOT_FOUND: i64 = -32002;
+/// A resource method the endpoint is not granted.
+pub(crate) const FORBIDDEN: i64 = -32003;
+
+/// A resource method's answer: bad params are `invalid params`, naming the field; an unknown or
+/// foreign todo is the same not-found.
+fn resource_reply(
+    server: &Server,
+    endpoint: &Endpoint,
+    id: Value,
+    method: &str,
+    answer: Result<Value, Error>,
+) -> Reply {
+    let e = match answer {
+        Ok(result) => return ok(id, result),
+        Err(e) => e,
+    };
+    tracing::info!(endpoint = %endpoint.name, method, result = e.code.as_str(), "resource refused");
+    match e.code {
+        ErrorCode::Invalid => err(id, INVALID_PARAMS, &e.message),
+        ErrorCode::NotFound => err(id, RESOURCE_NOT_FOUND, &e.message),
+        ErrorCode::Forbidden => err(id, FORBIDDEN, &e.message),
+        _ => {
+            let context = format!("endpoint {} {method}", endpoint.name);
+            err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
+        }
     }
 }
 
@@ -244,7 +304,7 @@ async fn initialize(
         }
     };
     tracing::info!(endpoint = %endpoint.name, protocol = version, "session initialized");
-    let result = json!({
+    let mut result = json!({
         "protocolVersion": version,
         "capabilities": {
             "tools": {"listChanged": false},
@@ -255,6 +315,9 @@ async fn initialize(
             the lease; complete or fail ends the attempt. Open a GET stream on this URL with \
             the session id to hear notifications/todo_ready when work arrives.",
     });
+    if resources::offered(&endpoint.grant()) {
+        result["capabilities"]["resources"] = json!({"subscribe": false, "listChanged": false});
+    }
     Reply::Json {
         status: StatusCode::OK,
         body: json!({"jsonrpc": "2.0", "id": id, "result": result}),

@@ -189,6 +189,22 @@ impl std::fmt::Debug for McpSessionNew {
     }
 }
 
+/// What the Board's overview reads, counted by the database (`relay_core::board` folds it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoardOverview {
+    /// Todos by queue and state.
+    pub groups: Vec<relay_core::board::StateCount>,
+    /// Attempts closed since the chart's first minute: (ended_at / MINUTE, outcome, count).
+    pub closed: Vec<(u64, String, u64)>,
+    /// The newest dead letters.
+    pub dead_letters: Vec<Todo>,
+    /// Claimed todos, the soonest lease expiry first.
+    pub lapsing: Vec<Todo>,
+    /// Todos with more than one attempt that died (among the attempts kept), with how many,
+    /// the most first.
+    pub died_again: Vec<(Todo, u64)>,
+}
+
 /// What the out-of-process doorbell scan reads of a todo that is pending: what a ring needs
 /// (no title, payload or work order), and the change number it was read at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,6 +345,17 @@ impl Store {
             "count todos",
             String::from("(all)"),
             |tx| ops::count_by_state(tx)
+        )
+    }
+
+    /// The Board's overview at `now`, in one read transaction (see [`BoardOverview`]).
+    pub async fn board_overview(&self, now: Millis) -> Result<BoardOverview, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "board overview",
+            String::from("(all)"),
+            |tx| ops::board_overview(tx, now)
         )
     }
 

@@ -11,7 +11,9 @@ use relay_core::ledger::{LedgerConfig, Op, Rows, Todo, run};
 use relay_core::ledger::TokenHash;
 
 use super::rows::{Row, Val, ms};
-use super::{BoardSession, Endpoint, McpSessionNew, NewEndpoint, Operator};
+use relay_core::board::StateCount;
+
+use super::{BoardOverview, BoardSession, Endpoint, McpSessionNew, NewEndpoint, Operator};
 
 /// Whether a transaction writes (SQLite `BEGIN IMMEDIATE`) or only reads (a consistent snapshot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -461,4 +463,96 @@ pub(crate) async fn mcp_session_sweep<T: Tx>(
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
     tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])
         .await
+}
+
+/// What the overview reads, counted by the database: a few grouped sums and short lists,
+/// never every todo. `relay_core::board` says what the sums mean.
+pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<BoardOverview, Error> {
+    use relay_core::board::{OVERVIEW_DEAD_LETTERS, OVERVIEW_LIST, chart_since, died_outcomes};
+    let op = "board overview";
+    let todo_cols = super::rows::select_list("t", &super::rows::TODO_COLS);
+    let limit = |n: usize| Val::Big(Some(i64::try_from(n).unwrap_or(i64::MAX)));
+    let sql = "SELECT queue, state, COUNT(*), COUNT(next_retry_at), MIN(created_at) FROM todos
+               GROUP BY queue, state ORDER BY queue, state";
+    let groups = tx
+        .query_sql(op, "", sql, vec![], |r| {
+            let what = "a todo count";
+            let state: String = required(r.text(1), what)?;
+            Ok(StateCount {
+                queue: required(r.text(0), what)?,
+                state: relay_core::ledger::TodoState::parse(&state).ok_or_else(|| {
+                    Error::internal(format!("reading {what}: unknown state {state:?}"))
+                })?,
+                todos: unsigned(r.int(2), what)?,
+                retry_scheduled: unsigned(r.int(3), what)?,
+                oldest_created_at: millis(r.int(4), what)?,
+            })
+        })
+        .await?;
+    // Minutes are numbered as relay_core::board::chart reads them: ended_at / MINUTE.
+    let sql = "SELECT ended_at / $2, outcome, COUNT(*) FROM todo_attempts
+               WHERE ended_at >= $1 GROUP BY 1, 2 ORDER BY 1, 2";
+    let vals = vec![
+        time(op, chart_since(now))?,
+        time(op, relay_core::time::MINUTE)?,
+    ];
+    let closed = tx
+        .query_sql(op, "", sql, vals, |r| {
+            let what = "a closed-attempt count";
+            Ok((
+                unsigned(r.int(0), what)?,
+                required(r.text(1), what)?,
+                unsigned(r.int(2), what)?,
+            ))
+        })
+        .await?;
+    // mirrors Todo::dead_letter (failed, no retry scheduled); the newest first.
+    let sql = format!(
+        "SELECT {todo_cols} FROM todos t WHERE t.state = 'failed' AND t.next_retry_at IS NULL
+         ORDER BY t.updated_at DESC, t.id LIMIT $1"
+    );
+    let dead_letters = tx
+        .query_sql(op, "", &sql, vec![limit(OVERVIEW_DEAD_LETTERS)], |r| {
+            super::rows::todo(r, 0)
+        })
+        .await?;
+    let sql = format!(
+        "SELECT {todo_cols} FROM todos t WHERE t.state = 'claimed'
+           AND t.lease_expires_at IS NOT NULL ORDER BY t.lease_expires_at, t.id LIMIT $1"
+    );
+    let lapsing = tx
+        .query_sql(op, "", &sql, vec![limit(OVERVIEW_LIST)], |r| {
+            super::rows::todo(r, 0)
+        })
+        .await?;
+    // Which outcomes are deaths is core's rule; the database only counts them.
+    let died = died_outcomes();
+    let marks: Vec<String> = (1..=died.len()).map(|i| format!("${i}")).collect();
+    let sql = format!(
+        "SELECT {todo_cols}, d.n FROM todos t JOIN (SELECT todo_id, COUNT(*) AS n
+           FROM todo_attempts WHERE outcome IN ({}) GROUP BY todo_id HAVING COUNT(*) > 1) d
+           ON d.todo_id = t.id ORDER BY d.n DESC, t.id LIMIT ${}",
+        marks.join(", "),
+        died.len() + 1
+    );
+    let mut vals: Vec<Val> = died.iter().map(|o| text(o)).collect();
+    vals.push(limit(OVERVIEW_LIST));
+    let died_again = tx
+        .query_sql(op, "", &sql, vals, |r| {
+            let n = unsigned(r.int(super::rows::TODO_COLS.len()), "a death count")?;
+            Ok((super::rows::todo(r, 0)?, n))
+        })
+        .await?;
+    Ok(BoardOverview {
+        groups,
+        closed,
+        dead_letters,
+        lapsing,
+        died_again,
+    })
+}
+
+fn unsigned(r: Result<Option<i64>, String>, what: &str) -> Result<u64, Error> {
+    let n = required(r, what)?;
+    u64::try_from(n).map_err(|e| Error::internal(format!("reading {what}: {e}")))
 }

@@ -468,6 +468,12 @@ impl Shared {
         if let Some(qs) = &filter.queues {
             clauses.push(q.queue_in(qs));
         }
+        if let Some((at, id)) = &filter.after {
+            // A row value, so that the (created_at, id) order's index can seek to it.
+            let at = q.bind(Val::Big(Some(i64::try_from(*at).unwrap_or(i64::MAX))));
+            let id = q.bind(label(Some(id)));
+            clauses.push(format!("(t.created_at, t.id) > ({at}, {id})"));
+        }
         let which = if clauses.is_empty() {
             q.always().to_string()
         } else {
@@ -581,13 +587,13 @@ fn bad(what: &str, e: impl std::fmt::Display) -> Error {
     Error::internal(format!("reading {what} from the store: {e}"))
 }
 
-struct Reader<'r, R: Row> {
+struct Reader<'r, R: Row + ?Sized> {
     row: &'r R,
     at: usize,
     what: &'static str,
 }
 
-impl<R: Row> Reader<'_, R> {
+impl<R: Row + ?Sized> Reader<'_, R> {
     fn next(&mut self) -> usize {
         self.at += 1;
         self.at - 1
@@ -651,7 +657,7 @@ impl<R: Row> Reader<'_, R> {
 }
 
 /// Decodes a todo from the 25 columns starting at `at`.
-pub(crate) fn todo<R: Row>(row: &R, at: usize) -> Result<Todo, Error> {
+pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
     let mut r = Reader {
         row,
         at,

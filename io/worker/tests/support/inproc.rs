@@ -167,6 +167,7 @@ impl System {
                 filter: TodoFilter {
                     queues: None,
                     state: Some(TodoState::Done),
+                    after: None,
                     limit: 100_000,
                 },
             })

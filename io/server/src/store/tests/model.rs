@@ -98,3 +98,125 @@ fn postgres_answers_like_the_ledger() {
         })
         .unwrap();
 }
+
+/// The overview as the ledger's rows say it should be: what the store's aggregates must answer.
+fn overview_of(ledger: &Ledger, now: relay_core::Millis) -> crate::store::BoardOverview {
+    use relay_core::board::{
+        OVERVIEW_DEAD_LETTERS, OVERVIEW_LIST, StateCount, chart_since, died_outcomes,
+    };
+    use relay_core::ledger::TodoState;
+    use relay_core::time::MINUTE;
+    use std::collections::BTreeMap;
+    let mut groups: BTreeMap<(String, &str), StateCount> = BTreeMap::new();
+    let mut closed: BTreeMap<(u64, String), u64> = BTreeMap::new();
+    let mut died_again = Vec::new();
+    let died = died_outcomes();
+    for t in ledger.todos() {
+        let g = groups
+            .entry((t.queue.clone(), t.state.as_str()))
+            .or_insert_with(|| StateCount {
+                queue: t.queue.clone(),
+                state: t.state,
+                todos: 0,
+                retry_scheduled: 0,
+                oldest_created_at: None,
+            });
+        g.todos += 1;
+        g.retry_scheduled += u64::from(t.next_retry_at.is_some());
+        g.oldest_created_at = Some(
+            g.oldest_created_at
+                .map_or(t.created_at, |o| o.min(t.created_at)),
+        );
+        let mut deaths = 0;
+        for a in ledger.attempts(&t.id) {
+            let outcome = a.outcome.map(|o| o.as_str());
+            if let (Some(end), Some(o)) = (a.ended_at, outcome)
+                && end >= chart_since(now)
+            {
+                *closed.entry((end / MINUTE, o.to_string())).or_default() += 1;
+            }
+            deaths += u64::from(outcome.is_some_and(|o| died.contains(&o)));
+        }
+        if deaths > 1 {
+            died_again.push((t.clone(), deaths));
+        }
+    }
+    died_again.sort_by(|(a, n), (b, m)| m.cmp(n).then(a.id.cmp(&b.id)));
+    died_again.truncate(OVERVIEW_LIST);
+    let mut dead_letters: Vec<_> = ledger
+        .todos()
+        .filter(|t| t.dead_letter())
+        .cloned()
+        .collect();
+    dead_letters.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(a.id.cmp(&b.id)));
+    dead_letters.truncate(OVERVIEW_DEAD_LETTERS);
+    let mut lapsing: Vec<_> = ledger
+        .todos()
+        .filter(|t| t.state == TodoState::Claimed && t.lease_expires_at.is_some())
+        .cloned()
+        .collect();
+    lapsing.sort_by(|a, b| (a.lease_expires_at, &a.id).cmp(&(b.lease_expires_at, &b.id)));
+    lapsing.truncate(OVERVIEW_LIST);
+    crate::store::BoardOverview {
+        groups: groups.into_values().collect(),
+        closed: closed.into_iter().map(|((m, o), n)| (m, o, n)).collect(),
+        dead_letters,
+        lapsing,
+        died_again,
+    }
+}
+
+fn overview_like_the_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<(), String> {
+    let mut ledger = Ledger::new(cfg());
+    let mut now = relay_core::testing::PROGRAM_START;
+    for op in decode_ops(bytes) {
+        let _ = ledger.apply(op.clone());
+        let _ = store.apply_op(op);
+    }
+    for t in ledger.todos() {
+        now = now.max(t.updated_at);
+    }
+    let want = overview_of(&ledger, now);
+    let got = store
+        .rt
+        .block_on(store.store.board_overview(now))
+        .map_err(|e| format!("overview: {e}"))?;
+    if want != got {
+        return Err(format!("overview:\n  ledger: {want:?}\n  store:  {got:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn sqlite_counts_the_overview_like_the_ledger() {
+    let rt = current_thread();
+    runner(64)
+        .run(&vec(any::<u8>(), 0..600), |bytes| {
+            let store = rt.block_on(sqlite_memory(cfg()));
+            let mut q = Blocking { rt: &rt, store };
+            overview_like_the_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+}
+
+#[test]
+fn postgres_counts_the_overview_like_the_ledger() {
+    let Some(schema) = PgSchema::new("postgres_counts_the_overview_like_the_ledger") else {
+        return;
+    };
+    let rt = current_thread();
+    let store = rt.block_on(schema.open(cfg()));
+    runner(24)
+        .run(&vec(any::<u8>(), 0..600), |bytes| {
+            rt.block_on(super::raw_batch(
+                &store,
+                "TRUNCATE todos, endpoints CASCADE",
+            ));
+            let mut q = Blocking {
+                rt: &rt,
+                store: store.clone(),
+            };
+            overview_like_the_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+}

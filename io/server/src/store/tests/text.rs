@@ -87,6 +87,7 @@ async fn nul_in_ids_and_queue_filters(mut store: Store) {
             &TodoFilter {
                 queues: Some(nul_queue.clone()),
                 state: None,
+                after: None,
                 limit: 10,
             },
         )
