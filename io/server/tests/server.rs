@@ -735,6 +735,32 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     let ring = next_event(&mut stream, &mut buf).await;
     assert_eq!(ring["params"]["queues"], json!(["q3"]));
 
+    // Claimed and given back outside too, after the window: the scan rings it again (the scan's
+    // own earlier ring of it must not make the next scan skip it).
+    h.clock.advance(61_000);
+    let (now, actor) = (h.now(), Actor::cli());
+    let claim = Op::Claim {
+        now,
+        actor: actor.clone(),
+        id: "td_cli".into(),
+        opts: relay_core::ledger::ClaimOpts {
+            ttl: 60_000,
+            ..Default::default()
+        },
+    };
+    h.store.apply(claim).await.unwrap();
+    let release = Op::Release {
+        now,
+        actor,
+        id: "td_cli".into(),
+        summary: None,
+        token_hash: None,
+    };
+    h.store.apply(release).await.unwrap();
+    h.server.doorbell_once(h.now()).await.unwrap();
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["q3"]), "rung again");
+
     // DELETE ends the session, and with it the stream.
     let r = c.request(reqwest::Method::DELETE).send().await.unwrap();
     assert_eq!(r.status(), 204);

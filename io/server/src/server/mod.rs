@@ -547,8 +547,14 @@ impl Server {
     }
 
     /// Tells every interested session that `todo` (of `endpoint`, in `queue`) is claimable, as
-    /// far as the gate lets it.
+    /// far as the gate lets it, and notes it for the next scan to skip.
     fn ring(&self, endpoint: &str, queue: &str, todo: &str, offer: Offer) {
+        self.ring_noted(endpoint, queue, todo, offer, true);
+    }
+
+    /// `ring`; `note: false` for the scan's own rings. Noting them would make the next scan skip
+    /// the todo even when it became pending again outside this server in between.
+    fn ring_noted(&self, endpoint: &str, queue: &str, todo: &str, offer: Offer, note: bool) {
         let now = self.now();
         let mut st = lock(&self.inner.state);
         let State {
@@ -557,7 +563,7 @@ impl Server {
             scan_watermark,
             rung_since_scan,
         } = &mut *st;
-        if scan_watermark.is_some() {
+        if note && scan_watermark.is_some() {
             if rung_since_scan.len() >= RUNG_SINCE_SCAN_MAX {
                 rung_since_scan.clear();
             }
@@ -737,12 +743,8 @@ impl Server {
                 let _ = self.inner.board_notices.send(c.id.clone());
             }
             for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
-                self.ring(
-                    &c.endpoint,
-                    &c.queue,
-                    &c.id,
-                    Offer::of_pending(c.attempts_total),
-                );
+                let offer = Offer::of_pending(c.attempts_total);
+                self.ring_noted(&c.endpoint, &c.queue, &c.id, offer, false);
             }
             if first || !full {
                 break;
