@@ -65,26 +65,27 @@ fn runner(cases: u32) -> TestRunner {
     })
 }
 
-#[test]
-fn sqlite_answers_like_the_ledger() {
+/// Runs `check` on `cases` programs, each on a fresh in-memory SQLite store.
+fn on_sqlite(cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Result<(), String>) {
     let rt = current_thread();
-    runner(256)
+    runner(cases)
         .run(&vec(any::<u8>(), 0..600), |bytes| {
             let store = rt.block_on(sqlite_memory(cfg()));
             let mut q = Blocking { rt: &rt, store };
-            same_as_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
+            check(&mut q, &bytes).map_err(TestCaseError::fail)
         })
         .unwrap();
 }
 
-#[test]
-fn postgres_answers_like_the_ledger() {
-    let Some(schema) = PgSchema::new("postgres_answers_like_the_ledger") else {
+/// Runs `check` on `cases` programs on Postgres, in a schema named for the test, emptied before
+/// each program (skips without a server).
+fn on_postgres(name: &str, cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Result<(), String>) {
+    let Some(schema) = PgSchema::new(name) else {
         return;
     };
     let rt = current_thread();
     let store = rt.block_on(schema.open(cfg()));
-    runner(64)
+    runner(cases)
         .run(&vec(any::<u8>(), 0..600), |bytes| {
             rt.block_on(super::raw_batch(
                 &store,
@@ -94,9 +95,19 @@ fn postgres_answers_like_the_ledger() {
                 rt: &rt,
                 store: store.clone(),
             };
-            same_as_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
+            check(&mut q, &bytes).map_err(TestCaseError::fail)
         })
         .unwrap();
+}
+
+#[test]
+fn sqlite_answers_like_the_ledger() {
+    on_sqlite(256, same_as_ledger);
+}
+
+#[test]
+fn postgres_answers_like_the_ledger() {
+    on_postgres("postgres_answers_like_the_ledger", 64, same_as_ledger);
 }
 
 /// The overview as the ledger's rows say it should be: what the store's aggregates must answer.
@@ -189,34 +200,14 @@ fn overview_like_the_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<()
 
 #[test]
 fn sqlite_counts_the_overview_like_the_ledger() {
-    let rt = current_thread();
-    runner(64)
-        .run(&vec(any::<u8>(), 0..600), |bytes| {
-            let store = rt.block_on(sqlite_memory(cfg()));
-            let mut q = Blocking { rt: &rt, store };
-            overview_like_the_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
-        })
-        .unwrap();
+    on_sqlite(64, overview_like_the_ledger);
 }
 
 #[test]
 fn postgres_counts_the_overview_like_the_ledger() {
-    let Some(schema) = PgSchema::new("postgres_counts_the_overview_like_the_ledger") else {
-        return;
-    };
-    let rt = current_thread();
-    let store = rt.block_on(schema.open(cfg()));
-    runner(24)
-        .run(&vec(any::<u8>(), 0..600), |bytes| {
-            rt.block_on(super::raw_batch(
-                &store,
-                "TRUNCATE todos, endpoints CASCADE",
-            ));
-            let mut q = Blocking {
-                rt: &rt,
-                store: store.clone(),
-            };
-            overview_like_the_ledger(&mut q, &bytes).map_err(TestCaseError::fail)
-        })
-        .unwrap();
+    on_postgres(
+        "postgres_counts_the_overview_like_the_ledger",
+        24,
+        overview_like_the_ledger,
+    );
 }
