@@ -156,11 +156,10 @@ impl Daemon {
         self.track(harness, run_id, task.abort_handle());
     }
 
-    /// Starts the agent (a fork and exec; nothing here waits for it) and hands its wait to a
-    /// task that posts the exit.
-    /// Starts the agent on a blocking thread, not the actor: a fork and exec takes a millisecond
-    /// or more, and twenty harnesses firing at once would otherwise wait for one another's (the
-    /// daemon bench's firing → spawn). The process comes back as `Msg::Spawned`.
+    /// Starts the agent on a blocking thread, not the actor; the process comes back as
+    /// `Msg::Spawned` (see `spawned`), which hands its wait to a task that posts the exit. A fork
+    /// and exec that cannot finish (a hung filesystem under the run log or the workdir) must not
+    /// freeze every other harness, their lease-loss kills included.
     pub(super) fn spawn(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
         if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
