@@ -138,7 +138,8 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.secure_cookies = tls.is_some();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let server = Server::new(store, Arc::new(SystemClock), config, None);
-    out!("listening on {scheme}://{bound}");
+    // Not `out!`: a server whose stdout reader went away keeps serving (the line is only news).
+    let _ = writeln!(std::io::stdout(), "listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
     server
