@@ -331,7 +331,7 @@ impl Store {
             (self.cfg(), ops::TxKind::of(&op), op.name(), op.subject());
         run!(self, kind, name, subject, |tx| async {
             if let Some(now) = op.now_mut() {
-                *now = ops::Tx::clock(tx, name, *now).await?;
+                *now = ops::Tx::clock(tx, *now).await?;
             }
             ledger::run(tx, &cfg, op).await
         })

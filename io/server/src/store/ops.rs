@@ -37,7 +37,7 @@ pub(crate) trait Tx: Rows {
     /// The time this transaction's rules read, given the caller's: SQLite keeps the caller's
     /// (one process, one clock); Postgres reads the database's (see `PgTx::db_now`), so that
     /// several servers on one database compute every lease from one clock.
-    async fn clock(&mut self, op: &str, caller: Millis) -> Result<Millis, Error>;
+    async fn clock(&mut self, caller: Millis) -> Result<Millis, Error>;
     /// Serialises session admissions until the transaction ends, so that the caps hold across
     /// servers (SQLite's single writer already does; Postgres takes a transaction lock).
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error>;
@@ -89,7 +89,7 @@ pub(crate) async fn endpoint_create<T: Tx>(
             "endpoint create: the name must not be empty",
         ));
     }
-    let now = tx.clock("endpoint create", now).await?;
+    let now = tx.clock(now).await?;
     let e = Endpoint {
         name: new.name,
         token_hash: new.token_hash,
@@ -124,7 +124,7 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
 ) -> Result<(Endpoint, Vec<Todo>), Error> {
     let op = "endpoint revoke";
     // It closes attempts: their end is stamped by the clock that decides leases.
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let Some(mut e) = tx.endpoint(name, true).await? else {
         return Err(Error::not_found(format!(
             "{op} {name}: no such endpoint; `relay endpoint list` shows them"
@@ -206,7 +206,7 @@ pub(crate) async fn operator_create<T: Tx>(
 ) -> Result<Operator, Error> {
     let op = "operator create";
     relay_core::board::check_operator_name(op, name)?;
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let sql = format!(
         "INSERT INTO operators ({OPERATOR_COLS}) VALUES ($1, $2, $3, NULL) ON CONFLICT DO NOTHING"
     );
@@ -237,7 +237,7 @@ pub(crate) async fn operator_revoke<T: Tx>(
     name: &str,
 ) -> Result<Operator, Error> {
     let op = "operator revoke";
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let sql = format!("SELECT {OPERATOR_COLS} FROM operators WHERE name = $1");
     let Some(mut o) = tx
         .query_sql(op, name, &sql, vec![text(name)], operator_row)
@@ -287,7 +287,7 @@ pub(crate) async fn session_create<T: Tx>(
     operator: &str,
 ) -> Result<BoardSession, Error> {
     let op = "board login";
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let expires_at = now.saturating_add(relay_core::board::SESSION_TTL);
     // Expired sessions of anyone are deleted on the way, so the table holds live ones only.
     let sql = "DELETE FROM board_sessions WHERE expires_at <= $1";
@@ -313,7 +313,7 @@ pub(crate) async fn session_get<T: Tx>(
     now: Millis,
     id_hash: &TokenHash,
 ) -> Result<Option<BoardSession>, Error> {
-    let now = tx.clock("board session", now).await?;
+    let now = tx.clock(now).await?;
     let sql = "SELECT s.operator, s.expires_at, o.revoked_at FROM board_sessions s
                JOIN operators o ON o.name = s.operator WHERE s.id_hash = $1";
     let found = tx
@@ -380,7 +380,7 @@ pub(crate) async fn mcp_session_open<T: Tx>(
     new: &McpSessionNew,
 ) -> Result<(), Error> {
     let op = "initialize";
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     tx.lock_sessions(op).await?;
     let cutoff = now.saturating_sub(new.idle);
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
@@ -421,7 +421,7 @@ pub(crate) async fn mcp_session_touch<T: Tx>(
     idle: Option<Millis>,
 ) -> Result<bool, Error> {
     let op = "session";
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let cutoff = idle.map_or(0, |i| now.saturating_sub(i));
     let sql = "UPDATE mcp_sessions SET last_used_at = $3
                WHERE id_hash = $1 AND endpoint = $2 AND last_used_at > $4";
@@ -459,7 +459,7 @@ pub(crate) async fn mcp_session_sweep<T: Tx>(
     if !tx.try_sweep_lock(op, "sessions").await? {
         return Ok(0);
     }
-    let now = tx.clock(op, now).await?;
+    let now = tx.clock(now).await?;
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
     tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])
         .await

@@ -1187,7 +1187,7 @@ impl Rows for PgTx<'_> {
 }
 
 impl Tx for PgTx<'_> {
-    async fn clock(&mut self, _op: &str, caller: Millis) -> Result<Millis, Error> {
+    async fn clock(&mut self, caller: Millis) -> Result<Millis, Error> {
         PgStore::db_now(self, caller).await
     }
 

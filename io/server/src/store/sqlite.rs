@@ -813,7 +813,7 @@ impl Rows for SqliteTx<'_> {
 }
 
 impl Tx for SqliteTx<'_> {
-    async fn clock(&mut self, _op: &str, caller: Millis) -> Result<Millis, Error> {
+    async fn clock(&mut self, caller: Millis) -> Result<Millis, Error> {
         Ok(caller)
     }
 
