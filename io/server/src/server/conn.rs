@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use http_body_util::BodyExt as _;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use relay_core::limits::LogThrottle;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{Server, lock};
@@ -122,6 +123,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 }
 
 /// The answer to a connection over the cap: written without waiting, then the socket closes.
+#[cfg(not(madsim))]
 const BUSY_BODY: &str = "too many open connections; try again in a moment\n";
 
 /// Serves one connection until it ends, its watchdog fires, or shutdown has it finish.
@@ -157,7 +159,7 @@ async fn serve_connection<S>(
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
+        .timer(relay_rt::Timer)
         .header_read_timeout(config.header_read_timeout)
         .keep_alive(true);
     let conn = builder.serve_connection(
@@ -207,12 +209,14 @@ pub(crate) async fn accept_loop(
     let permits = Arc::new(Semaphore::new(config.max_connections));
     let (stop, stop_rx) = watch::channel(false);
     let refused = Mutex::new(LogThrottle::new(10_000));
-    let mut tasks = JoinSet::new();
+    // The connections' tasks (not a `JoinSet`, which madsim's runtime lacks): reaped as they
+    // end, aborted when the grace period is over.
+    let mut tasks = FuturesUnordered::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            Some(_) = tasks.next(), if !tasks.is_empty() => continue,
             a = listener.accept() => match a {
                 Ok(a) => a,
                 Err(e) => {
@@ -240,7 +244,7 @@ pub(crate) async fn accept_loop(
         let server = server.clone();
         let stop_rx = stop_rx.clone();
         let tls = tls.clone();
-        tasks.spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let _permit = permit;
             let activity = Arc::new(Activity::new());
             match tls {
@@ -255,7 +259,7 @@ pub(crate) async fn accept_loop(
                     }
                 }
             }
-        });
+        }));
     }
     drop(listener);
     tracing::info!(
@@ -266,7 +270,7 @@ pub(crate) async fn accept_loop(
     stop.send_replace(true);
     server.begin_shutdown();
     let drained = tokio::time::timeout(config.shutdown_grace, async {
-        while tasks.join_next().await.is_some() {}
+        while tasks.next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
@@ -274,11 +278,15 @@ pub(crate) async fn accept_loop(
             dropped = tasks.len(),
             "shutdown grace over: dropping the connections still open (--shutdown-grace)"
         );
-        tasks.shutdown().await;
+        for task in &tasks {
+            task.abort();
+        }
+        while tasks.next().await.is_some() {}
     }
     Ok(())
 }
 
+#[cfg(not(madsim))]
 fn refuse(stream: &TcpStream) {
     // Best effort and never waiting: a client that does not read its answer just sees a close.
     let answer = format!(
@@ -288,6 +296,10 @@ fn refuse(stream: &TcpStream) {
     );
     let _ = stream.try_write(answer.as_bytes());
 }
+
+/// madsim's simulated stream has no non-blocking write: a refused connection just closes.
+#[cfg(madsim)]
+fn refuse(_: &TcpStream) {}
 
 /// A TLS acceptor from a PEM certificate chain and a PEM private key (rustls with ring).
 /// Errors name the file and the fix.

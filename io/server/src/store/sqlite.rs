@@ -358,11 +358,12 @@ impl SqliteStore {
         tuning: Tuning,
     ) -> Result<SqliteStore, Error> {
         let p = path.clone();
-        // Opening is one hop to the blocking pool; the operations after it go to the threads.
-        let threads = tokio::task::spawn_blocking(move || -> Result<Threads, Error> {
+        let open = move || -> Result<Threads, Error> {
             let mut writer = connect(p.as_deref())?;
             migrate(&mut writer, target)?;
-            if p.is_none() {
+            // A madsim build may start no thread (and a thread's answer would arrive at no
+            // deterministic point): its file database runs inline, as one in memory does.
+            if p.is_none() || cfg!(madsim) {
                 return Ok(Threads::inline(writer));
             }
             let mut readers = Vec::new();
@@ -370,9 +371,14 @@ impl SqliteStore {
                 readers.push(connect(p.as_deref())?);
             }
             Ok(Threads::start(writer, readers, tuning))
-        })
-        .await
-        .map_err(|e| open_err("(worker)", e))??;
+        };
+        // Opening is one hop to the blocking pool; the operations after it go to the threads.
+        #[cfg(not(madsim))]
+        let threads = tokio::task::spawn_blocking(open)
+            .await
+            .map_err(|e| open_err("(worker)", e))??;
+        #[cfg(madsim)]
+        let threads = open()?;
         Ok(SqliteStore {
             threads: Arc::new(threads),
             cfg,

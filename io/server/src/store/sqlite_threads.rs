@@ -17,7 +17,9 @@
 //! An in-memory database has only its one connection and does no I/O: it runs each operation
 //! inline on the caller's task, as a batch of one (the same `commit_batch`), with no thread. The
 //! tests on a simulated network (turmoil) need that: their clock runs ahead while a task waits
-//! on a real thread, and an answer from one arrives after simulated timeouts.
+//! on a real thread, and an answer from one arrives after simulated timeouts. A madsim build
+//! (the shell-sim sweep) runs a file database the same way, for the same reason and because
+//! madsim refuses to start a thread.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;

@@ -23,6 +23,10 @@ impl Daemon {
             }
             Command::Spawn { .. } => self.spawn(harness, cmd),
             Command::Signal { run_id, signal } => {
+                #[cfg(madsim)]
+                if canary::on() {
+                    return;
+                }
                 let slot = self.slot(harness);
                 if let Some(pending) = slot.spawning.get_mut(&run_id) {
                     pending.push(signal);

@@ -17,11 +17,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{broadcast, oneshot};
 use tokio::task::AbortHandle;
+#[cfg(not(madsim))]
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::unix::OwnedWriteHalf,
+    net::{UnixListener, UnixStream},
+    sync::{broadcast, oneshot},
+};
 
 use super::{DaemonHandle, Msg};
 
@@ -64,6 +67,7 @@ pub(crate) fn remove(state_dir: &Path) {
 
 /// Binds the socket (replacing a stale one: the journal lock already proved no other daemon
 /// owns this state dir) and answers requests until aborted.
+#[cfg(not(madsim))]
 pub(crate) fn serve(state_dir: &Path, daemon: DaemonHandle) -> std::io::Result<AbortHandle> {
     let path = socket_path(state_dir);
     let _ = std::fs::remove_file(&path);
@@ -83,6 +87,7 @@ pub(crate) fn serve(state_dir: &Path, daemon: DaemonHandle) -> std::io::Result<A
     Ok(task.abort_handle())
 }
 
+#[cfg(not(madsim))]
 async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -110,6 +115,7 @@ async fn answer(stream: UnixStream, daemon: DaemonHandle) -> std::io::Result<()>
     write.shutdown().await
 }
 
+#[cfg(not(madsim))]
 async fn write_line(write: &mut OwnedWriteHalf, line: &str) -> std::io::Result<()> {
     let mut bytes = line.as_bytes().to_vec();
     bytes.push(b'\n');
@@ -124,6 +130,7 @@ async fn write_line(write: &mut OwnedWriteHalf, line: &str) -> std::io::Result<(
 
 /// `events`: the recent events, then (with `follow`) each new one, until the daemon stops, the
 /// reader goes away or falls behind.
+#[cfg(not(madsim))]
 async fn stream_events(
     mut write: OwnedWriteHalf,
     daemon: DaemonHandle,
@@ -191,6 +198,7 @@ impl std::fmt::Display for RequestError {
     }
 }
 
+#[cfg(not(madsim))]
 async fn connect(state_dir: &Path) -> Result<UnixStream, RequestError> {
     let path = socket_path(state_dir);
     UnixStream::connect(&path).await.map_err(|e| {
@@ -205,6 +213,7 @@ async fn connect(state_dir: &Path) -> Result<UnixStream, RequestError> {
 /// `relay events`: sends the request and hands each event line (as the daemon wrote it) to
 /// `on_event` until the daemon ends the stream. A line saying `"ok": false` (the daemon is
 /// stopping, the follower fell behind) is the error.
+#[cfg(not(madsim))]
 pub async fn events(
     state_dir: &Path,
     follow: bool,
@@ -235,6 +244,7 @@ pub async fn events(
 
 /// Sends one request to the daemon of `state_dir` and returns its answer. The error says how
 /// to start a daemon when none listens.
+#[cfg(not(madsim))]
 pub async fn request(
     state_dir: &Path,
     request: &Request,
@@ -273,6 +283,13 @@ pub async fn request(
         return Err(RequestError::Failed(msg.to_string()));
     }
     Ok(answer)
+}
+
+/// A madsim build has no control socket (madsim's Unix streams cannot be split into halves):
+/// the shell-sim sweep drives its daemons through their [`DaemonHandle`]s.
+#[cfg(madsim)]
+pub(crate) fn serve(_: &Path, _: DaemonHandle) -> std::io::Result<AbortHandle> {
+    Ok(tokio::spawn(async {}).abort_handle())
 }
 
 #[cfg(test)]

@@ -67,6 +67,24 @@ pub use metrics::{DaemonMetrics, serve_metrics};
 /// its agent within this long of the resume.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
+/// The shell-sim sweep's planted defect, in a madsim build only: while it is on, the daemon
+/// drops every signal the machine sends an agent (so an agent whose lease was lost goes on
+/// working). The sweep's `--canary` run turns it on and must see its checks catch it.
+#[cfg(madsim)]
+pub mod canary {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    pub fn set(on: bool) {
+        ON.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn on() -> bool {
+        ON.load(Ordering::Relaxed)
+    }
+}
+
 /// The trigger name of a `catch_up` firing.
 pub const CATCH_UP: &str = "catch_up";
 

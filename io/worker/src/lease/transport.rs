@@ -23,7 +23,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// A boxed, `Send` future: what the object-safe [`Transport`] returns.
@@ -438,8 +438,8 @@ impl HyperTransport {
             Box::pin(async move { Ok(Box::new(fut.await?) as Box<dyn DialedIo>) })
         });
         // The timer lets the pool drop idle connections (after 90 s by default).
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
+        let client = Client::builder(relay_rt::Exec)
+            .pool_timer(relay_rt::Timer)
             .build(DialConnector(dial));
         HyperTransport { client }
     }
