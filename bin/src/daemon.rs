@@ -141,6 +141,7 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
             transport,
             daemon_env: std::env::vars().collect(),
             seed: rand::random(),
+            launcher: Arc::new(relay_worker::runner::Processes),
         };
         let (daemon, handle) = match Daemon::start(opts).await {
             Ok(d) => d,

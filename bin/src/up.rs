@@ -291,6 +291,7 @@ async fn up(dir: &Path) -> Result<(), String> {
         transport: Arc::new(transport),
         daemon_env: std::env::vars().collect(),
         seed: rand::random(),
+        launcher: Arc::new(relay_worker::runner::Processes),
     };
     let (daemon, handle) = Daemon::start(opts).await?;
     let running = tokio::spawn(daemon.run());

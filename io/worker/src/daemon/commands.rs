@@ -41,9 +41,9 @@ impl Daemon {
                 let Some(spec) = CheckSpec::from_command(cmd, self.daemon_env.clone(), log) else {
                     return;
                 };
-                match runner::run_check(spec) {
+                match self.launcher.check(spec) {
                     Ok(check) => {
-                        self.slot(harness).checks.insert(run_id, check.group());
+                        self.slot(harness).checks.insert(run_id, check.control.clone());
                         let tx = self.tx.clone();
                         let h = harness.to_string();
                         let task = check.deliver(move |input| {
@@ -179,8 +179,9 @@ impl Daemon {
         let h = harness.to_string();
         // Not tracked with the run's tasks: aborting it could not stop a fork under way, and
         // its answer is what tells a closed run's late process to die.
+        let launcher = self.launcher.clone();
         tokio::task::spawn_blocking(move || {
-            let agent = Box::new(runner::spawn_agent(spec));
+            let agent = Box::new(launcher.agent(spec));
             let _ = tx.send(Msg::Spawned {
                 harness: h,
                 run_id,
@@ -194,7 +195,7 @@ impl Daemon {
         &mut self,
         harness: &str,
         run_id: u64,
-        agent: Result<runner::Agent, runner::StartError>,
+        agent: Result<Launched, runner::StartError>,
     ) {
         let pending = self
             .slots
@@ -207,11 +208,11 @@ impl Daemon {
             (Ok(agent), Some(signals)) => (agent, signals),
         };
         for signal in signals {
-            if let Err(e) = agent.signal(signal) {
+            if let Err(e) = agent.control.signal(signal) {
                 tracing::warn!(harness, run_id, error = %e, "signal not delivered");
             }
         }
-        self.slot(harness).agents.insert(run_id, agent.group());
+        self.slot(harness).agents.insert(run_id, agent.control.clone());
         // Queued before the wait starts, so the machine hears of the spawn before the exit of a
         // process that ends at once.
         self.post(harness, Input::ProcessSpawned { run_id });

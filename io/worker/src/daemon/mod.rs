@@ -57,7 +57,7 @@ use tokio::task::AbortHandle;
 use crate::clock::SharedClock;
 use crate::journal::{DaemonLock, Journal};
 use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
-use crate::runner::{self, AgentSpec, CheckSpec, ProcessGroup};
+use crate::runner::{self, AgentSpec, CheckSpec, Control, Launched, Launcher};
 
 pub use metrics::{DaemonMetrics, serve_metrics};
 
@@ -100,6 +100,8 @@ pub struct DaemonOptions {
     pub daemon_env: Vec<(String, String)>,
     /// Seeds the relays' retry jitter.
     pub seed: u64,
+    /// Starts the agents and checks: `runner::Processes` (real children), or a model of them.
+    pub launcher: Arc<dyn Launcher>,
 }
 
 /// A message to the actor.
@@ -146,7 +148,7 @@ pub enum Msg {
     Spawned {
         harness: String,
         run_id: u64,
-        agent: Box<Result<runner::Agent, runner::StartError>>,
+        agent: Box<Result<Launched, crate::runner::StartError>>,
     },
 }
 
@@ -190,13 +192,13 @@ struct Slot {
     /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
     catch_up: Option<Millis>,
     next_fire: Option<Millis>,
-    /// Process groups of running agents and checks, by run.
-    agents: BTreeMap<u64, ProcessGroup>,
+    /// Running agents and checks (their process groups, for real ones), by run.
+    agents: BTreeMap<u64, Arc<dyn Control>>,
     /// Runs whose agent is being started off the actor, with the signals the machine sent it
     /// meanwhile (delivered once the process exists). A run that closes first leaves this map,
     /// and its process, when it comes, is killed at once.
     spawning: BTreeMap<u64, Vec<relay_core::relay::Signal>>,
-    checks: BTreeMap<u64, ProcessGroup>,
+    checks: BTreeMap<u64, Arc<dyn Control>>,
     /// Runs whose context file could not be written: their spawn fails with this error.
     unwritable: BTreeMap<u64, String>,
     /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
@@ -230,6 +232,7 @@ pub struct Daemon {
     host: String,
     seed: u64,
     transport: Arc<dyn Transport>,
+    launcher: Arc<dyn Launcher>,
     /// The config running now (its `Debug` shows no secret).
     resolved: ResolvedConfig,
     slots: BTreeMap<String, Slot>,
@@ -285,6 +288,7 @@ impl Daemon {
             host: opts.host,
             seed: opts.seed,
             transport: opts.transport,
+            launcher: opts.launcher,
             resolved: prepared.resolved.clone(),
             slots: BTreeMap::new(),
             last_run_ids: BTreeMap::new(),

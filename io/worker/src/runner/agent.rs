@@ -4,63 +4,14 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use relay_core::relay::summary::AGENT_SUMMARY_MAX_BYTES;
-use relay_core::relay::{Command, ExitStatus, Input, ProcessEnv, Signal};
+use relay_core::relay::{ExitStatus, Input, Signal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 
 use super::files::open_append;
 use super::group::{GroupGuard, ProcessGroup};
-use super::{RunnerError, Start, StartError, StartKind, exit_status};
-
-/// Everything [`spawn_agent`] needs: the machine's `Spawn` command plus the driver's part, the
-/// daemon's environment and the run log's path.
-#[derive(Clone, Debug)]
-pub struct AgentSpec {
-    pub run_id: u64,
-    pub argv: Vec<String>,
-    /// Written to the process's stdin, which is then closed; `None` gives it `/dev/null`.
-    pub stdin: Option<Vec<u8>>,
-    pub workdir: String,
-    pub env: ProcessEnv,
-    /// The environment `env` is layered over (see [`super::daemon_env`]).
-    pub daemon_env: Vec<(String, String)>,
-    /// Read (at most 16 KiB) when the process has exited; removed before the spawn.
-    pub summary_file: String,
-    /// Receives the process's stdout and stderr; appended to, created with mode 0600.
-    pub run_log: PathBuf,
-}
-
-impl AgentSpec {
-    /// The spec for a `Command::Spawn`; any other command gives `None`.
-    pub fn from_command(
-        command: Command,
-        daemon_env: Vec<(String, String)>,
-        run_log: PathBuf,
-    ) -> Option<AgentSpec> {
-        match command {
-            Command::Spawn {
-                run_id,
-                argv,
-                stdin,
-                workdir,
-                env,
-                summary_file,
-                ..
-            } => Some(AgentSpec {
-                run_id,
-                argv,
-                stdin,
-                workdir,
-                env,
-                daemon_env,
-                summary_file,
-                run_log,
-            }),
-            _ => None,
-        }
-    }
-}
+use super::{AgentSpec, RunnerError, Start, StartError, StartKind, exit_status};
 
 /// A running agent. Keep its [`ProcessGroup`] to signal it, and hand the rest to a task with
 /// [`Agent::deliver`] (or await [`Agent::wait`]).

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use relay_core::relay::{Command, ExitStatus, Input, ProcessEnv};
+use relay_core::relay::{ExitStatus, Input};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::process::Child;
@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::files::{FILE_MODE, create_parent};
 use super::group::{GroupGuard, ProcessGroup};
-use super::{Start, StartError, StartKind, exit_status};
+use super::{CheckSpec, Start, StartError, StartKind, exit_status};
 
 /// How much of a check's latest output is kept for the summary.
 pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
@@ -19,45 +19,6 @@ pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
 /// How long output is still read after the check exited and what was left of its group was
 /// killed; only a descendant that left the group can keep the pipe open that long.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
-
-/// Everything [`run_check`] needs: the machine's `RunCheck` plus the driver's part.
-#[derive(Clone, Debug)]
-pub struct CheckSpec {
-    pub run_id: u64,
-    pub argv: Vec<String>,
-    pub workdir: String,
-    pub env: ProcessEnv,
-    /// The environment `env` is layered over (see [`super::daemon_env`]).
-    pub daemon_env: Vec<(String, String)>,
-    /// The run log the check's output is appended to.
-    pub run_log: PathBuf,
-}
-
-impl CheckSpec {
-    /// The spec for a `Command::RunCheck`; any other command gives `None`.
-    pub fn from_command(
-        command: Command,
-        daemon_env: Vec<(String, String)>,
-        run_log: PathBuf,
-    ) -> Option<CheckSpec> {
-        match command {
-            Command::RunCheck {
-                run_id,
-                argv,
-                workdir,
-                env,
-            } => Some(CheckSpec {
-                run_id,
-                argv,
-                workdir,
-                env,
-                daemon_env,
-                run_log,
-            }),
-            _ => None,
-        }
-    }
-}
 
 /// A running check. Keep its [`ProcessGroup`] for `KillCheck`, and hand the rest to a task
 /// with [`Check::deliver`] (or await [`Check::wait`]).

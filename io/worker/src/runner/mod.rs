@@ -37,18 +37,29 @@
 //!
 //! Every function must be called inside a tokio runtime.
 
+// The real processes; a madsim build (the shell-sim sweep) has only the `Launcher` seam.
+#[cfg(not(madsim))]
 mod agent;
+#[cfg(not(madsim))]
 mod check;
 mod files;
 mod group;
+mod launch;
+mod spec;
 
 #[cfg(test)]
 mod tests;
 
 use std::path::{Path, PathBuf};
 
-pub use agent::{Agent, AgentSpec, spawn_agent};
-pub use check::{CHECK_TAIL_BYTES, Check, CheckSpec, run_check};
+#[cfg(not(madsim))]
+pub use agent::{Agent, spawn_agent};
+#[cfg(not(madsim))]
+pub use check::{CHECK_TAIL_BYTES, Check, run_check};
+#[cfg(not(madsim))]
+pub use launch::Processes;
+pub use launch::{Control, Launched, Launcher};
+pub use spec::{AgentSpec, CheckSpec};
 pub use files::{
     TAIL_MAX_BYTES, run_log_tail, warn_run_log, write_context_file, write_context_file_now,
 };

@@ -125,6 +125,7 @@ impl System {
             transport: Arc::new(transport),
             daemon_env: std::env::vars().collect(),
             seed: 7,
+            launcher: Arc::new(relay_worker::runner::Processes),
         })
         .await
         .expect("the daemon starts")
