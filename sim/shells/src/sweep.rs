@@ -57,9 +57,12 @@ const QUEUE: &str = "work";
 const FAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// After the heal, every todo must be finished within this long (simulated): liveness.
 const SETTLE: Duration = Duration::from_secs(40 * 60);
-/// How long after its lease ran out the daemon may take to stop its agent (the contract: within
-/// a second), plus the network's worst latency.
-const KILL_SLACK: Millis = 1_000 + 100;
+/// How long after its lease ran out the daemon may take to begin stopping its agent (the
+/// contract: SIGTERM within a second), plus the network's worst latency.
+const STOP_SLACK: Millis = 1_000 + 100;
+/// SIGKILL follows SIGTERM after the kill grace (the default, 10 s): the latest a process that
+/// ignores SIGTERM may end.
+const KILL_SLACK: Millis = STOP_SLACK + relay_core::relay::DEFAULT_KILL_GRACE;
 
 fn server_ip() -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))
@@ -110,6 +113,8 @@ struct ProcRecord {
     todo: String,
     seq: u32,
     start: Millis,
+    /// The first signal the daemon sent it.
+    signaled: Option<Millis>,
     end: Option<Millis>,
     exit: Option<String>,
 }
@@ -148,18 +153,20 @@ fn env_var(spec_env: &relay_core::relay::ProcessEnv, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// A simulated process's handle: signals reach its wait loop.
+/// A simulated process's handle: signals reach its wait loop, and the first is noted.
 struct SimControl {
     tx: tokio::sync::mpsc::UnboundedSender<Signal>,
+    journal: Shared,
+    index: usize,
 }
 
 impl Control for SimControl {
     fn signal(&self, signal: Signal) -> Result<(), RunnerError> {
+        let now = true_ms();
+        if let Some(p) = lock(&self.journal).procs.get_mut(self.index) {
+            p.signaled.get_or_insert(now);
+        }
         let _ = self.tx.send(signal);
-        Ok(())
-    }
-    fn kill(&self) -> Result<(), RunnerError> {
-        let _ = self.tx.send(Signal::Kill);
         Ok(())
     }
 }
@@ -202,6 +209,7 @@ impl SimLauncher {
                 todo: env_var(env, "HARNESS_TODO_ID"),
                 seq: env_var(env, "HARNESS_ATTEMPT_SEQ").parse().unwrap_or(0),
                 start: true_ms(),
+                signaled: None,
                 end: None,
                 exit: None,
             });
@@ -240,7 +248,11 @@ impl SimLauncher {
             finish(exit)
         });
         Launched {
-            control: Arc::new(SimControl { tx }),
+            control: Arc::new(SimControl {
+                tx,
+                journal: self.journal.clone(),
+                index,
+            }),
             wait,
         }
     }
@@ -297,18 +309,23 @@ impl Launcher for SimLauncher {
 struct Opts {
     first: u64,
     seeds: u64,
+    jobs: usize,
     determinism: bool,
     canary: bool,
     verbose: bool,
+    /// Run the one seed `first` in this process and print its result for the coordinator.
+    child: bool,
 }
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
         first: 1,
         seeds: 20,
+        jobs: std::thread::available_parallelism().map_or(1, usize::from),
         determinism: false,
         canary: false,
         verbose: false,
+        child: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -324,12 +341,14 @@ fn parse_args() -> Result<Opts, String> {
                 o.first = num("--seed")?;
                 o.seeds = 1;
             }
+            "--jobs" => o.jobs = usize::try_from(num("--jobs")?.max(1)).unwrap_or(1),
             "--determinism" => o.determinism = true,
             "--canary" => o.canary = true,
             "--verbose" => o.verbose = true,
+            "--child" => o.child = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; use --seeds N, --first N, --seed N, \
+                    "unknown argument {other:?}; use --seeds N, --first N, --seed N, --jobs N, \
                      --determinism, --canary, --verbose"
                 ));
             }
@@ -339,6 +358,7 @@ fn parse_args() -> Result<Opts, String> {
 }
 
 /// What one seed's run found.
+#[derive(Debug, Default)]
 struct SeedResult {
     trace: u64,
     violations: Vec<String>,
@@ -348,6 +368,8 @@ struct SeedResult {
     faults: usize,
 }
 
+/// The coordinator's side: runs each seed in a child process of its own (see [`run_child`]),
+/// `--jobs` at a time, and reports in seed order.
 pub fn main() -> ExitCode {
     let opts = match parse_args() {
         Ok(o) => o,
@@ -356,12 +378,32 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    logs::init();
+    if opts.child {
+        return run_child(opts.first, opts.canary);
+    }
     let started = std::time::Instant::now();
+    let runs: Vec<u64> = (opts.first..opts.first + opts.seeds)
+        .flat_map(|s| std::iter::repeat_n(s, if opts.determinism { 2 } else { 1 }))
+        .collect();
+    let results = run_children(&runs, &opts);
     let (mut sim_ms, mut failed, mut caught) = (0u64, Vec::new(), Vec::new());
-    for seed in opts.first..opts.first + opts.seeds {
-        let out = run_seed(seed, opts.canary);
+    for (k, seed) in runs.iter().enumerate() {
+        let out = &results[k];
         sim_ms += out.sim_ms;
+        let second = opts.determinism && k % 2 == 1;
+        if second {
+            let first = &results[k - 1];
+            if first.trace != out.trace {
+                failed.push(*seed);
+                eprintln!(
+                    "seed {seed}: NOT DETERMINISTIC: trace {:016x} then {:016x}\n  repro: {}",
+                    first.trace,
+                    out.trace,
+                    repro(*seed, &opts)
+                );
+            }
+            continue;
+        }
         if opts.verbose {
             println!(
                 "seed {seed}: trace {:016x}, {} s simulated, {} processes, {} attempts, {} faults, {} violations",
@@ -373,51 +415,39 @@ pub fn main() -> ExitCode {
                 out.violations.len()
             );
         }
-        if opts.determinism {
-            let again = run_seed(seed, opts.canary);
-            if again.trace != out.trace {
-                failed.push(seed);
-                eprintln!(
-                    "seed {seed}: NOT DETERMINISTIC: trace {:016x} then {:016x}",
-                    out.trace, again.trace
-                );
-            }
-        }
         if out.violations.is_empty() {
             continue;
         }
         if opts.canary {
-            caught.push(seed);
+            caught.push(*seed);
             continue;
         }
-        failed.push(seed);
+        failed.push(*seed);
         eprintln!("seed {seed}: {} violation(s):", out.violations.len());
         for v in out.violations.iter().take(10) {
             eprintln!("  {v}");
         }
-        eprintln!("  repro: {}", repro(seed, &opts));
+        eprintln!("  repro: {}", repro(*seed, &opts));
     }
     let wall = started.elapsed().as_secs_f64().max(1e-9);
-    let runs = opts.seeds * if opts.determinism { 2 } else { 1 };
     println!(
-        "shell-sim: {} seeds from {} ({} runs) in {wall:.1} s: {:.0} simulated s per wall s, {:.1} seeds/min",
+        "shell-sim: {} seeds from {} ({} runs, {} at a time) in {wall:.1} s: {:.0} simulated s per wall s, {:.1} seeds/min",
         opts.seeds,
         opts.first,
-        runs,
+        runs.len(),
+        opts.jobs,
         sim_ms as f64 / 1_000.0 / wall,
-        runs as f64 * 60.0 / wall
+        runs.len() as f64 * 60.0 / wall
     );
     if opts.canary {
         println!(
-            "canary (daemon ignores signals): caught by {} of {} seeds; first at seed {:?}",
+            "canary (the daemon drops its agents' signals): caught by {} of {} seeds; first at seed {:?}",
             caught.len(),
             opts.seeds,
             caught.first()
         );
         return if caught.is_empty() || !failed.is_empty() {
-            eprintln!(
-                "the canary was NOT caught: the checks miss a daemon that works past its lease"
-            );
+            eprintln!("the canary was NOT caught: the checks miss a daemon that works past its lease");
             ExitCode::FAILURE
         } else {
             ExitCode::SUCCESS
@@ -439,22 +469,115 @@ fn repro(seed: u64, opts: &Opts) -> String {
     )
 }
 
-/// One seed in a fresh runtime (on a thread of its own: madsim's context is per thread).
-fn run_seed(seed: u64, canary: bool) -> SeedResult {
-    std::thread::spawn(move || {
+/// Runs `runs` (seeds), each as `relay-shell-sim --child --seed N`, `opts.jobs` at once.
+///
+/// A process per seed, because tokio keeps process-wide counters (the seed of each thread's
+/// `select!` fairness generator) that a second world in the same process would continue from:
+/// it would run differently from the same seed run alone, and a failing seed of a sweep would
+/// not replay from its `repro:` line.
+fn run_children(runs: &[u64], opts: &Opts) -> Vec<SeedResult> {
+    let exe = std::env::current_exe().expect("the sweep's own executable");
+    let mut results: Vec<Option<SeedResult>> = (0..runs.len()).map(|_| None).collect();
+    let mut running: Vec<(usize, std::process::Child)> = Vec::new();
+    let mut next = 0;
+    while next < runs.len() || !running.is_empty() {
+        while next < runs.len() && running.len() < opts.jobs {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["--child", "--seed", &runs[next].to_string()]);
+            if opts.canary {
+                cmd.arg("--canary");
+            }
+            cmd.stdout(std::process::Stdio::piped());
+            let child = cmd.spawn().expect("the sweep starts a child");
+            running.push((next, child));
+            next += 1;
+        }
+        // The oldest first: children finish in about the same time.
+        let (k, child) = running.remove(0);
+        let seed = runs[k];
+        let out = child.wait_with_output();
+        results[k] = Some(match out {
+            Ok(o) => parse_child(seed, &String::from_utf8_lossy(&o.stdout), o.status.success()),
+            Err(e) => SeedResult {
+                violations: vec![format!("seed {seed}: the child did not run: {e}")],
+                ..SeedResult::default()
+            },
+        });
+    }
+    results.into_iter().map(Option::unwrap_or_default).collect()
+}
+
+/// Reads a child's `SEED` and `VIOLATION` lines.
+fn parse_child(seed: u64, stdout: &str, ok: bool) -> SeedResult {
+    let mut r = SeedResult::default();
+    let mut seen = false;
+    for line in stdout.lines() {
+        if let Some(v) = line.strip_prefix("VIOLATION ") {
+            r.violations.push(v.to_string());
+        } else if let Some(rest) = line.strip_prefix("SEED ") {
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .map(|x| u64::from_str_radix(x, 16).unwrap_or(0))
+                .collect();
+            if let [_, trace, sim_ms, procs, attempts, faults] = f[..] {
+                seen = true;
+                r.trace = trace;
+                r.sim_ms = sim_ms;
+                r.procs = usize::try_from(procs).unwrap_or(0);
+                r.attempts = usize::try_from(attempts).unwrap_or(0);
+                r.faults = usize::try_from(faults).unwrap_or(0);
+            }
+        }
+    }
+    if !seen || !ok {
+        r.violations.push(format!(
+            "seed {seed}: the world did not finish (a panic: its message is above)"
+        ));
+    }
+    r
+}
+
+/// The child's side: one seed's world, its result on stdout for [`parse_child`].
+fn run_child(seed: u64, canary: bool) -> ExitCode {
+    logs::init();
+    // On a thread of its own: std seeds a thread's hash maps the first time one is built on
+    // it, and this thread has built some already (the log filter's). A fresh thread draws its
+    // keys inside the world, from madsim's seeded generator, so hash map order is the seed's.
+    // Made before the world starts: a name drawn inside it would come from the seed's generator,
+    // so two runs of one seed at once would collide, and drawing again would shift the world.
+    // On tmpfs where there is one: the store's fsyncs cost nothing there, and a world is thrown
+    // away after its run anyway.
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("relay-shell-sim-")
+        .tempdir_in(base)
+        .expect("a temporary folder");
+    let world_thread = std::thread::spawn(move || {
         let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(FAULT_WINDOW + SETTLE + Duration::from_secs(600));
-        rt.block_on(world(seed, canary))
-    })
-    .join()
-    .unwrap_or_else(|_| SeedResult {
-        trace: 0,
-        violations: vec![format!("seed {seed}: the world panicked (see above)")],
-        sim_ms: 0,
-        procs: 0,
-        attempts: 0,
-        faults: 0,
-    })
+        rt.block_on(world(seed, canary, dir))
+    });
+    let Ok(r) = world_thread.join() else {
+        // The panic's message is on stderr; the coordinator sees no SEED line.
+        return ExitCode::FAILURE;
+    };
+    let mut out = format!(
+        "SEED {seed:x} {:x} {:x} {:x} {:x} {:x}\n",
+        r.trace, r.sim_ms, r.procs, r.attempts, r.faults
+    );
+    for v in &r.violations {
+        out.push_str(&format!("VIOLATION {}\n", v.replace('\n', " ")));
+    }
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out.as_bytes());
+    let _ = stdout.flush();
+    ExitCode::SUCCESS
 }
 
 /// The state a seed's world shares with its nodes.
@@ -491,10 +614,10 @@ fn harness_config(url: &str) -> String {
     text
 }
 
-async fn world(seed: u64, canary: bool) -> SeedResult {
+async fn world(seed: u64, canary: bool, dir: tempfile::TempDir) -> SeedResult {
     relay_worker::daemon::canary::set(canary);
     let handle = Handle::current();
-    let world = Arc::new(setup().await);
+    let world = Arc::new(setup(dir).await);
     lock(&world.journal).server_offsets.insert(0);
     let server = start_server(&handle, &world, seed);
     let daemons: Vec<NodeHandle> = (0..DAEMONS)
@@ -557,11 +680,7 @@ async fn world(seed: u64, canary: bool) -> SeedResult {
     }
 }
 
-async fn setup() -> World {
-    let dir = tempfile::Builder::new()
-        .prefix("relay-shell-sim-")
-        .tempdir()
-        .expect("a temporary folder");
+async fn setup(dir: tempfile::TempDir) -> World {
     let db = format!("sqlite:{}", dir.path().join("relay.db").display());
     let store = Store::open(&db, ledger_config())
         .await
@@ -1008,7 +1127,11 @@ async fn check(
     }
     // No process ran past its lease (plus the second the daemon has to stop it).
     let procs = lock(&world.journal).procs.clone();
+    let dump = std::env::var_os("RELAY_SHELL_SIM_DUMP").is_some();
     for p in &procs {
+        if dump {
+            eprintln!("trace: {p:?}");
+        }
         hasher.update(format!("{p:?}").as_bytes());
         let Some(limit) = expiry_true.get(&(p.todo.clone(), p.seq)) else {
             if p.todo.starts_with("td_sweep") {
@@ -1020,14 +1143,23 @@ async fn check(
             continue;
         };
         let end = p.end.unwrap_or(u64::MAX);
-        if end > limit.saturating_add(KILL_SLACK) {
+        let stop_by = limit.saturating_add(STOP_SLACK);
+        if end > stop_by && p.signaled.is_none_or(|at| at > stop_by) {
             violations.push(format!(
-                "{} #{}: the {} on {} ran until {} ms, {} ms past its lease (the daemon has 1 s to stop it)",
+                "{} #{}: the {} on {} ran {} ms past its lease and was not signaled within 1 s of it",
                 p.todo,
                 p.seq,
                 p.kind,
                 p.node,
-                end.saturating_sub(p.start),
+                end.saturating_sub(*limit)
+            ));
+        } else if end > limit.saturating_add(KILL_SLACK) {
+            violations.push(format!(
+                "{} #{}: the {} on {} ran {} ms past its lease, beyond the kill grace",
+                p.todo,
+                p.seq,
+                p.kind,
+                p.node,
                 end.saturating_sub(*limit)
             ));
         }
