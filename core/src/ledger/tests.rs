@@ -250,6 +250,24 @@ fn heartbeat_extends_the_lease_and_records_last_heartbeat_at() {
     l.check().unwrap();
 }
 
+/// The shell-sim sweep found it: a server whose wall clock stepped back after a claim closed the
+/// attempt "before it was claimed", breaking the ledger's own invariant. A close is stamped no
+/// earlier than its claim; the attempt reads as lasting no time.
+#[test]
+fn a_clock_stepped_back_never_closes_an_attempt_before_its_claim() {
+    let mut l = ledger_with(2, 5);
+    l.claim(T0 + 30 * SECOND, &ep("e"), "td_1", &fenced("a")).unwrap();
+    l.claim(T0 + 30 * SECOND, &ep("e"), "td_2", &fenced("b")).unwrap();
+    // Thirty seconds back: an operator cancels one, the worker completes the other.
+    l.cancel(T0, &Actor::operator("cli"), "td_1").unwrap();
+    l.complete(T0, &ep("e"), "td_2", &report(Some("b"))).unwrap();
+    for id in ["td_1", "td_2"] {
+        let a = l.attempts(id).next().unwrap();
+        assert_eq!(a.ended_at, Some(T0 + 30 * SECOND), "{id}");
+    }
+    l.check().unwrap();
+}
+
 #[test]
 fn a_lapsed_lease_cannot_be_revived() {
     let mut l = ledger_with(1, 5);

@@ -425,7 +425,9 @@ fn close(
         )));
     }
     let mut a = open.clone();
-    a.ended_at = Some(now);
+    // Never before the claim: a wall clock that stepped back since (the server's, or the
+    // database's) must not order the ledger's own events backwards.
+    a.ended_at = Some(now.max(open.claimed_at));
     a.outcome = Some(outcome);
     a.disposition = Some(leaves.disposition());
     a.dead_letter_reason = leaves.reason();
