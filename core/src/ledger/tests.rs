@@ -256,11 +256,14 @@ fn heartbeat_extends_the_lease_and_records_last_heartbeat_at() {
 #[test]
 fn a_clock_stepped_back_never_closes_an_attempt_before_its_claim() {
     let mut l = ledger_with(2, 5);
-    l.claim(T0 + 30 * SECOND, &ep("e"), "td_1", &fenced("a")).unwrap();
-    l.claim(T0 + 30 * SECOND, &ep("e"), "td_2", &fenced("b")).unwrap();
+    l.claim(T0 + 30 * SECOND, &ep("e"), "td_1", &fenced("a"))
+        .unwrap();
+    l.claim(T0 + 30 * SECOND, &ep("e"), "td_2", &fenced("b"))
+        .unwrap();
     // Thirty seconds back: an operator cancels one, the worker completes the other.
     l.cancel(T0, &Actor::operator("cli"), "td_1").unwrap();
-    l.complete(T0, &ep("e"), "td_2", &report(Some("b"))).unwrap();
+    l.complete(T0, &ep("e"), "td_2", &report(Some("b")))
+        .unwrap();
     for id in ["td_1", "td_2"] {
         let a = l.attempts(id).next().unwrap();
         assert_eq!(a.ended_at, Some(T0 + 30 * SECOND), "{id}");

@@ -35,6 +35,9 @@ impl hyper::rt::Timer for Timer {
         Box::pin(Sleep(Box::pin(tokio::time::sleep(duration))))
     }
 
+    // tokio's `Instant` is a wrapper of std's; madsim's is std's own, so `into` is needed in
+    // one build and an identity in the other.
+    #[allow(clippy::useless_conversion)]
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(Sleep(Box::pin(tokio::time::sleep_until(deadline.into()))))
     }

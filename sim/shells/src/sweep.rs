@@ -19,6 +19,9 @@
 //! in the daemon (it stops delivering signals to agents, so a lease it lost goes on being
 //! worked) and expects the checks to catch it.
 
+// The sweep's report on stdout is its output.
+#![allow(clippy::print_stdout)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -447,7 +450,9 @@ pub fn main() -> ExitCode {
             caught.first()
         );
         return if caught.is_empty() || !failed.is_empty() {
-            eprintln!("the canary was NOT caught: the checks miss a daemon that works past its lease");
+            eprintln!(
+                "the canary was NOT caught: the checks miss a daemon that works past its lease"
+            );
             ExitCode::FAILURE
         } else {
             ExitCode::SUCCESS
@@ -497,7 +502,11 @@ fn run_children(runs: &[u64], opts: &Opts) -> Vec<SeedResult> {
         let seed = runs[k];
         let out = child.wait_with_output();
         results[k] = Some(match out {
-            Ok(o) => parse_child(seed, &String::from_utf8_lossy(&o.stdout), o.status.success()),
+            Ok(o) => parse_child(
+                seed,
+                &String::from_utf8_lossy(&o.stdout),
+                o.status.success(),
+            ),
             Err(e) => SeedResult {
                 violations: vec![format!("seed {seed}: the child did not run: {e}")],
                 ..SeedResult::default()
@@ -1202,10 +1211,11 @@ fn collect_files(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if p.is_dir() {
             collect_files(&p, out);
-        } else if !name.starts_with("relay.db") && name != "sweep.env" {
-            if let Ok(bytes) = std::fs::read(&p) {
-                out.push((p.display().to_string(), bytes));
-            }
+        } else if !name.starts_with("relay.db")
+            && name != "sweep.env"
+            && let Ok(bytes) = std::fs::read(&p)
+        {
+            out.push((p.display().to_string(), bytes));
         }
     }
 }

@@ -43,7 +43,9 @@ impl Daemon {
                 };
                 match self.launcher.check(spec) {
                     Ok(check) => {
-                        self.slot(harness).checks.insert(run_id, check.control.clone());
+                        self.slot(harness)
+                            .checks
+                            .insert(run_id, check.control.clone());
                         let tx = self.tx.clone();
                         let h = harness.to_string();
                         let task = check.deliver(move |input| {
@@ -212,7 +214,9 @@ impl Daemon {
                 tracing::warn!(harness, run_id, error = %e, "signal not delivered");
             }
         }
-        self.slot(harness).agents.insert(run_id, agent.control.clone());
+        self.slot(harness)
+            .agents
+            .insert(run_id, agent.control.clone());
         // Queued before the wait starts, so the machine hears of the spawn before the exit of a
         // process that ends at once.
         self.post(harness, Input::ProcessSpawned { run_id });

@@ -56,15 +56,15 @@ use std::path::{Path, PathBuf};
 pub use agent::{Agent, spawn_agent};
 #[cfg(not(madsim))]
 pub use check::{CHECK_TAIL_BYTES, Check, run_check};
-#[cfg(not(madsim))]
-pub use launch::Processes;
-pub use launch::{Control, Launched, Launcher};
-pub use spec::{AgentSpec, CheckSpec};
 pub use files::{
     TAIL_MAX_BYTES, run_log_tail, warn_run_log, write_context_file, write_context_file_now,
 };
 pub(crate) use files::{create_dirs, write_private_atomic};
 pub use group::ProcessGroup;
+#[cfg(not(madsim))]
+pub use launch::Processes;
+pub use launch::{Control, Launched, Launcher};
+pub use spec::{AgentSpec, CheckSpec};
 
 use relay_core::relay::{ExitStatus, Input};
 
