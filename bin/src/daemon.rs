@@ -140,6 +140,7 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
             clock: Arc::new(SystemClock),
             transport,
             daemon_env: std::env::vars().collect(),
+            launcher: Arc::new(relay_worker::runner::Processes),
             seed: rand::random(),
         };
         let (daemon, handle) = match Daemon::start(opts).await {

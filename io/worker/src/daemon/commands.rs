@@ -26,8 +26,8 @@ impl Daemon {
                 let slot = self.slot(harness);
                 if let Some(pending) = slot.spawning.get_mut(&run_id) {
                     pending.push(signal);
-                } else if let Some(group) = slot.agents.get(&run_id)
-                    && let Err(e) = group.signal(signal)
+                } else if let Some(control) = slot.agents.get(&run_id)
+                    && let Err(e) = control.signal(signal)
                 {
                     tracing::warn!(harness, run_id, error = %e, "signal not delivered");
                 }
@@ -37,9 +37,10 @@ impl Daemon {
                 let Some(spec) = CheckSpec::from_command(cmd, self.daemon_env.clone(), log) else {
                     return;
                 };
-                match runner::run_check(spec) {
+                match self.launcher.check(spec) {
                     Ok(check) => {
-                        self.slot(harness).checks.insert(run_id, check.group());
+                        let control = check.control.clone();
+                        self.slot(harness).checks.insert(run_id, control);
                         let tx = self.tx.clone();
                         let h = harness.to_string();
                         let task = check.deliver(move |input| {
@@ -51,8 +52,8 @@ impl Daemon {
                 }
             }
             Command::KillCheck { run_id } => {
-                if let Some(group) = self.slot(harness).checks.get(&run_id)
-                    && let Err(e) = group.kill()
+                if let Some(control) = self.slot(harness).checks.get(&run_id)
+                    && let Err(e) = control.kill()
                 {
                     tracing::warn!(harness, run_id, error = %e, "check not killed");
                 }
@@ -173,10 +174,11 @@ impl Daemon {
         self.slot(harness).spawning.insert(run_id, Vec::new());
         let tx = self.tx.clone();
         let h = harness.to_string();
+        let launcher = self.launcher.clone();
         // Not tracked with the run's tasks: aborting it could not stop a fork under way, and
         // its answer is what tells a closed run's late process to die.
         tokio::task::spawn_blocking(move || {
-            let agent = Box::new(runner::spawn_agent(spec));
+            let agent = Box::new(launcher.agent(spec));
             let _ = tx.send(Msg::Spawned {
                 harness: h,
                 run_id,
@@ -190,24 +192,25 @@ impl Daemon {
         &mut self,
         harness: &str,
         run_id: u64,
-        agent: Result<runner::Agent, runner::StartError>,
+        agent: Result<Launched, runner::StartError>,
     ) {
         let pending = self
             .slots
             .get_mut(harness)
             .and_then(|slot| slot.spawning.remove(&run_id));
         let (agent, signals) = match (agent, pending) {
-            // The run closed while the process started: dropping the agent kills its group.
+            // The run closed while the process started: dropping its wait kills it.
             (_, None) => return,
             (Err(e), Some(_)) => return self.post(harness, e.into()),
             (Ok(agent), Some(signals)) => (agent, signals),
         };
         for signal in signals {
-            if let Err(e) = agent.signal(signal) {
+            if let Err(e) = agent.control.signal(signal) {
                 tracing::warn!(harness, run_id, error = %e, "signal not delivered");
             }
         }
-        self.slot(harness).agents.insert(run_id, agent.group());
+        let control = agent.control.clone();
+        self.slot(harness).agents.insert(run_id, control);
         // Queued before the wait starts, so the machine hears of the spawn before the exit of a
         // process that ends at once.
         self.post(harness, Input::ProcessSpawned { run_id });

@@ -57,7 +57,7 @@ use tokio::task::AbortHandle;
 use crate::clock::SharedClock;
 use crate::journal::{DaemonLock, Journal};
 use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
-use crate::runner::{self, AgentSpec, CheckSpec, ProcessGroup};
+use crate::runner::{self, AgentSpec, CheckSpec, Launched, Launcher, ProcessControl};
 
 pub use metrics::{DaemonMetrics, serve_metrics};
 
@@ -82,6 +82,9 @@ pub struct DaemonOptions {
     pub daemon_env: Vec<(String, String)>,
     /// Seeds the relays' retry jitter.
     pub seed: u64,
+    /// Starts agents and checks: [`runner::Processes`] for real children. The daemon starts
+    /// and signals processes only through this, so that a simulation can model them.
+    pub launcher: Arc<dyn Launcher>,
 }
 
 /// A message to the actor.
@@ -128,7 +131,7 @@ pub enum Msg {
     Spawned {
         harness: String,
         run_id: u64,
-        agent: Box<Result<runner::Agent, runner::StartError>>,
+        agent: Box<Result<Launched, runner::StartError>>,
     },
 }
 
@@ -172,13 +175,13 @@ struct Slot {
     /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
     catch_up: Option<Millis>,
     next_fire: Option<Millis>,
-    /// Process groups of running agents and checks, by run.
-    agents: BTreeMap<u64, ProcessGroup>,
+    /// Handles to signal running agents and checks, by run.
+    agents: BTreeMap<u64, Arc<dyn ProcessControl>>,
     /// Runs whose agent is being started off the actor, with the signals the machine sent it
     /// meanwhile (delivered once the process exists). A run that closes first leaves this map,
     /// and its process, when it comes, is killed at once.
     spawning: BTreeMap<u64, Vec<relay_core::relay::Signal>>,
-    checks: BTreeMap<u64, ProcessGroup>,
+    checks: BTreeMap<u64, Arc<dyn ProcessControl>>,
     /// Runs whose context file could not be written: their spawn fails with this error.
     unwritable: BTreeMap<u64, String>,
     /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
@@ -212,6 +215,7 @@ pub struct Daemon {
     host: String,
     seed: u64,
     transport: Arc<dyn Transport>,
+    launcher: Arc<dyn Launcher>,
     /// The config running now (its `Debug` shows no secret).
     resolved: ResolvedConfig,
     slots: BTreeMap<String, Slot>,
@@ -267,6 +271,7 @@ impl Daemon {
             host: opts.host,
             seed: opts.seed,
             transport: opts.transport,
+            launcher: opts.launcher,
             resolved: prepared.resolved.clone(),
             slots: BTreeMap::new(),
             last_run_ids: BTreeMap::new(),

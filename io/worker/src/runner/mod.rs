@@ -35,12 +35,16 @@
 //! no task behind. Dropping an `Agent` or a `Check` (or its `wait` future) before the
 //! child is reaped SIGKILLs the whole group.
 //!
+//! The daemon reaches these through the [`Launcher`] trait ([`Processes`] is the one above),
+//! so that a simulated build can replace real children with a model.
+//!
 //! Every function must be called inside a tokio runtime.
 
 mod agent;
 mod check;
 mod files;
 mod group;
+mod launch;
 
 #[cfg(test)]
 mod tests;
@@ -54,6 +58,7 @@ pub use files::{
 };
 pub(crate) use files::{create_dirs, write_private_atomic};
 pub use group::ProcessGroup;
+pub use launch::{Launched, Launcher, ProcessControl, Processes};
 
 use relay_core::relay::{ExitStatus, Input};
 
