@@ -1,5 +1,6 @@
 //! The daemon in process against a real server: no leaked task — after 100 attempts
-//! the daemon's runtime holds as many tasks as before them.
+//! the daemon's runtime holds as many tasks as before them; a stuck spawn holds up no other
+//! harness; and processes are reached only through the daemon's `Launcher`.
 
 #[path = "support/inproc.rs"]
 mod inproc;
