@@ -140,8 +140,8 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
             clock: Arc::new(SystemClock),
             transport,
             daemon_env: std::env::vars().collect(),
-            seed: rand::random(),
             launcher: Arc::new(relay_worker::runner::Processes),
+            seed: rand::random(),
         };
         let (daemon, handle) = match Daemon::start(opts).await {
             Ok(d) => d,

@@ -290,8 +290,8 @@ async fn up(dir: &Path) -> Result<(), String> {
         clock: clock.clone(),
         transport: Arc::new(transport),
         daemon_env: std::env::vars().collect(),
-        seed: rand::random(),
         launcher: Arc::new(relay_worker::runner::Processes),
+        seed: rand::random(),
     };
     let (daemon, handle) = Daemon::start(opts).await?;
     let running = tokio::spawn(daemon.run());

@@ -1,10 +1,17 @@
 //! The daemon in process against a real server: no leaked task — after 100 attempts
-//! the daemon's runtime holds as many tasks as before them.
+//! the daemon's runtime holds as many tasks as before them; a stuck spawn holds up no other
+//! harness; and processes are reached only through the daemon's `Launcher`.
 
 #[path = "support/inproc.rs"]
 mod inproc;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use relay_core::relay::{ExitStatus, Input, RunOutcome, Signal};
+use relay_worker::runner::{
+    AgentSpec, CheckSpec, Control, Launched, Launcher, RunnerError, StartError, StartKind,
+};
 
 /// Polls `f` until it holds; the bound only turns a hang into a failure.
 async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
@@ -128,4 +135,101 @@ async fn a_stuck_spawn_holds_up_no_other_harness_and_gets_its_signals_once_start
         "{record:?}"
     );
     assert_eq!(system.done().await, 1, "w0's todo was not completed");
+}
+
+/// A launcher that starts no process: each agent it is asked for is a wait that ends with exit
+/// code 0 when the test fires the oneshot it hands over, and a control that records signals.
+struct Modelled {
+    started: tokio::sync::mpsc::UnboundedSender<(AgentSpec, tokio::sync::oneshot::Sender<()>)>,
+    signals: Arc<Mutex<Vec<Signal>>>,
+}
+
+struct Recorded(Arc<Mutex<Vec<Signal>>>);
+
+impl Control for Recorded {
+    fn signal(&self, signal: Signal) -> Result<(), RunnerError> {
+        self.0.lock().expect("signals").push(signal);
+        Ok(())
+    }
+}
+
+impl Launcher for Modelled {
+    fn agent(&self, spec: AgentSpec) -> Result<Launched, StartError> {
+        let (exit, exited) = tokio::sync::oneshot::channel();
+        let run_id = spec.run_id;
+        let _ = self.started.send((spec, exit));
+        Ok(Launched {
+            control: Arc::new(Recorded(self.signals.clone())),
+            wait: Box::pin(async move {
+                let exit = match exited.await {
+                    Ok(()) => ExitStatus::Code(0),
+                    Err(_) => ExitStatus::Signal(9),
+                };
+                Input::ProcessExited {
+                    run_id,
+                    exit,
+                    summary_file: None,
+                }
+            }),
+        })
+    }
+
+    fn check(&self, spec: CheckSpec) -> Result<Launched, StartError> {
+        Err(StartError {
+            run_id: spec.run_id,
+            kind: StartKind::Check,
+            message: "this test configures no check".into(),
+        })
+    }
+}
+
+/// The daemon starts and ends agents only through its `Launcher`: with one that starts no
+/// process (and an agent program that does not exist), a claimed todo stays open until the
+/// modelled agent exits, then is done and its run closed as a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_runs_agents_only_through_its_launcher() {
+    let system = inproc::System::start();
+    let config = system
+        .config(1, &["/nonexistent/agent"], "schedule = \"@every 1s\"")
+        .await;
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let signals = Arc::new(Mutex::new(Vec::new()));
+    let launcher = Modelled {
+        started,
+        signals: signals.clone(),
+    };
+    let (daemon, handle) = system.daemon_with(&config, Arc::new(launcher)).await;
+    let running = tokio::spawn(daemon.run());
+    system.add(1).await;
+
+    let (spec, exit) = tokio::time::timeout(Duration::from_secs(120), starts.recv())
+        .await
+        .expect("the agent is launched")
+        .expect("the launcher is kept");
+    assert_eq!(spec.argv, ["/nonexistent/agent"]);
+    assert_eq!(system.done().await, 0, "done before the agent exited");
+    exit.send(()).expect("the wait is awaited");
+    until("the todo done", async || system.done().await == 1).await;
+
+    let journal =
+        relay_worker::journal::Journal::open(system.path().join("state")).expect("journal");
+    until("the run closed", async || {
+        journal
+            .record("w0", spec.run_id)
+            .expect("journal")
+            .is_some_and(|r| r.outcome != RunOutcome::Running)
+    })
+    .await;
+    let record = journal.record("w0", spec.run_id).expect("journal");
+    assert_eq!(
+        record.map(|r| r.outcome),
+        Some(RunOutcome::Success),
+        "the modelled agent's exit 0 closes the run as a success"
+    );
+    assert!(
+        signals.lock().expect("signals").is_empty(),
+        "an agent that exits on its own is not signalled"
+    );
+    handle.stop();
+    running.await.expect("the daemon stops");
 }

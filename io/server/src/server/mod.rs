@@ -766,9 +766,15 @@ impl Server {
     /// doorbell scan (every requeue interval) rings what the others wrote. Returns at once on
     /// SQLite (one process: in-process rings and the scan).
     pub async fn follow_notices(&self) {
-        let crate::store::Store::Postgres(pg) = &self.inner.store else {
-            return;
-        };
+        #[cfg(feature = "postgres")]
+        if let crate::store::Store::Postgres(pg) = &self.inner.store {
+            self.follow_pg_notices(pg).await;
+        }
+    }
+
+    /// The loop of [`Server::follow_notices`]; it never returns.
+    #[cfg(feature = "postgres")]
+    async fn follow_pg_notices(&self, pg: &crate::store::PgStore) {
         loop {
             match pg.listen_ready().await {
                 Ok(mut listener) => {

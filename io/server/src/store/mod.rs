@@ -44,21 +44,31 @@
 //! `schema_migrations`; opening a store applies the missing ones and nothing else.
 
 mod ops;
+// The Postgres store, behind the `postgres` feature (on by default): a build for a simulated
+// runtime, which cannot host tokio-postgres, leaves it out and keeps SQLite.
+#[cfg(feature = "postgres")]
 mod pg_batch;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod sqlite_threads;
-#[cfg(test)]
+// Most store tests run on both backends (`on_both_stores`), so they go with Postgres.
+#[cfg(all(test, feature = "postgres"))]
 mod tests;
 
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{self, Answer, LedgerConfig, Op, Todo, TokenHash};
 
+#[cfg(feature = "postgres")]
 pub use postgres::{PgClock, PgStore, PgTuning};
 pub use sqlite::SqliteStore;
 pub use sqlite_threads::Tuning as SqliteTuning;
+
+/// What opening a `postgres://` URL answers in a build without the `postgres` feature.
+#[cfg(not(feature = "postgres"))]
+pub const NO_POSTGRES: &str = "this build of relay has no Postgres support; use sqlite:PATH";
 
 /// The accepted `--db` forms, for error messages.
 pub const DB_URL_FORMS: &str = "sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB";
@@ -67,6 +77,7 @@ pub const DB_URL_FORMS: &str = "sqlite:PATH, sqlite::memory: or postgres://USER@
 #[derive(Clone, Debug)]
 pub enum Store {
     Sqlite(SqliteStore),
+    #[cfg(feature = "postgres")]
     Postgres(PgStore),
 }
 
@@ -262,6 +273,9 @@ impl DbUrl {
             return Ok(DbUrl::SqliteFile(path.to_string()));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::invalid(NO_POSTGRES));
+            #[cfg(feature = "postgres")]
             return Ok(DbUrl::Postgres(url.to_string()));
         }
         let scheme = url.split(':').next().unwrap_or("");
@@ -284,6 +298,7 @@ macro_rules! run {
                 })
                 .await
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(p) => {
                 let mut client = p.client($op).await?;
                 let mut pg_tx = p.begin(&mut client, $kind, $op).await?;
@@ -303,7 +318,10 @@ impl Store {
         match DbUrl::parse(url)? {
             DbUrl::SqliteMemory => Ok(Store::Sqlite(SqliteStore::open_memory(cfg).await?)),
             DbUrl::SqliteFile(path) => Ok(Store::Sqlite(SqliteStore::open_file(path, cfg).await?)),
+            #[cfg(feature = "postgres")]
             DbUrl::Postgres(url) => Ok(Store::Postgres(PgStore::open(&url, cfg).await?)),
+            #[cfg(not(feature = "postgres"))]
+            DbUrl::Postgres(_) => Err(Error::invalid(NO_POSTGRES)),
         }
     }
 
@@ -311,6 +329,7 @@ impl Store {
     pub fn config(&self) -> &LedgerConfig {
         match self {
             Store::Sqlite(s) => s.config(),
+            #[cfg(feature = "postgres")]
             Store::Postgres(p) => p.config(),
         }
     }
@@ -324,6 +343,7 @@ impl Store {
     /// same transaction (see [`PgStore::db_now`]), and the hot writes share a writer's batch
     /// (`pg_batch`); SQLite keeps the caller's clock.
     pub async fn apply(&self, mut op: Op) -> Result<Answer, Error> {
+        #[cfg(feature = "postgres")]
         if let Store::Postgres(p) = self {
             return p.apply(op).await;
         }
@@ -372,6 +392,7 @@ impl Store {
         let limit = limit.max(1);
         match self {
             Store::Sqlite(s) => s.pending_since(after, limit).await,
+            #[cfg(feature = "postgres")]
             Store::Postgres(p) => p.pending_since(after, limit).await,
         }
     }
@@ -546,6 +567,7 @@ impl Store {
     pub async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
         match self {
             Store::Sqlite(s) => s.probe_write(timeout).await,
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => {
                 let probe = async {
                     run!(
@@ -569,6 +591,7 @@ impl Store {
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
     pub async fn endpoint_get(&self, name: &str) -> Result<Option<Endpoint>, Error> {
+        #[cfg(feature = "postgres")]
         if let Store::Postgres(p) = self {
             return p.endpoint_get(name).await;
         }

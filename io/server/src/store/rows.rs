@@ -327,7 +327,8 @@ fn set_list(mark: char, cols: &[&str], from: usize) -> String {
         .join(", ")
 }
 
-/// The columns of [`todo_update`]'s values, in order.
+/// The columns of [`todo_update`]'s values, in order: only the Postgres batch writer names them.
+#[cfg(feature = "postgres")]
 pub(crate) fn todo_update_cols() -> Vec<&'static str> {
     std::iter::once(0)
         .chain(todo_updated())
@@ -335,7 +336,8 @@ pub(crate) fn todo_update_cols() -> Vec<&'static str> {
         .collect()
 }
 
-/// The columns of [`attempt_update`]'s values, in order.
+/// The columns of [`attempt_update`]'s values, in order (for the Postgres batch writer).
+#[cfg(feature = "postgres")]
 pub(crate) fn attempt_update_cols() -> Vec<&'static str> {
     [ATTEMPT_COLS[0], ATTEMPT_COLS[1]]
         .into_iter()

@@ -2,8 +2,9 @@
 //! listener of each `[channel.<name>]` source, and the receipt client of each `[cairn.<name>]`
 //! source, over one HTTP seam.
 //!
-//! - [`Transport`] is the seam: [`ReqwestTransport`] in production, [`HyperTransport`] (hyper-util
-//!   over a pluggable dialer) where the network is simulated (turmoil).
+//! - [`Transport`] is the seam: `ReqwestTransport` in production (the `reqwest` feature, on by
+//!   default), [`HyperTransport`] (hyper-util over a pluggable dialer) where the network is
+//!   simulated (turmoil).
 //! - [`LeaseClient`] turns the relay machine's `SendClaimNext`, `SendHeartbeat` and `SendReport`
 //!   commands into `tools/call`s and their answers into the machine's inputs
 //!   ([`LeaseClient::execute`]), on a session used for `tools/list` and `tools/call` only. It
@@ -28,7 +29,8 @@ pub mod receipt;
 pub mod sse;
 mod transport;
 
-#[cfg(test)]
+// Most of these drive the clients over `ReqwestTransport`.
+#[cfg(all(test, feature = "reqwest"))]
 mod tests;
 
 pub use client::{
@@ -39,7 +41,9 @@ pub use doorbell::{Doorbell, DoorbellListener, ReconnectBackoff};
 pub use mcp::{DEFAULT_TIMEOUT, PROTOCOL_VERSION};
 pub use receipt::{ReceiptClient, ReceiptError, compose_receipt};
 pub use sse::{SseEvent, SseParser, parse_sse};
+#[cfg(feature = "reqwest")]
+pub use transport::ReqwestTransport;
 pub use transport::{
     Answer, BodyStream, BoxFuture, DialedIo, HttpRequest, HttpResponse, HyperTransport,
-    MAX_RESPONSE_BYTES, ReqwestTransport, Response, StreamResponse, Transport, TransportError,
+    MAX_RESPONSE_BYTES, Response, StreamResponse, Transport, TransportError,
 };

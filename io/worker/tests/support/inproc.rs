@@ -116,6 +116,16 @@ impl System {
     }
 
     pub async fn daemon(&self, config: &Path) -> (Daemon, DaemonHandle) {
+        self.daemon_with(config, Arc::new(relay_worker::runner::Processes))
+            .await
+    }
+
+    /// A daemon whose agents and checks `launcher` starts.
+    pub async fn daemon_with(
+        &self,
+        config: &Path,
+        launcher: Arc<dyn relay_worker::runner::Launcher>,
+    ) -> (Daemon, DaemonHandle) {
         let transport = relay_worker::lease::ReqwestTransport::new().expect("http client");
         Daemon::start(DaemonOptions {
             config: config.to_path_buf(),
@@ -124,8 +134,8 @@ impl System {
             clock: Arc::new(SystemClock),
             transport: Arc::new(transport),
             daemon_env: std::env::vars().collect(),
+            launcher,
             seed: 7,
-            launcher: Arc::new(relay_worker::runner::Processes),
         })
         .await
         .expect("the daemon starts")
