@@ -843,24 +843,8 @@ async fn operator(store: Store, world: Arc<World>, added: Arc<Mutex<Vec<String>>
         let roll: u32 = thread_rng().gen_range(0..100);
         if n < TODOS && roll < 60 {
             n += 1;
-            let new = NewTodo {
-                id: format!("td_sweep{n:02}"),
-                queue: QUEUE.into(),
-                title: format!("simulated todo {n}"),
-                max_attempts: Some(thread_rng().gen_range(1..5)),
-                ..NewTodo::default()
-            };
-            let op = Op::AddTodo {
-                now,
-                endpoint: ENDPOINT.into(),
-                new,
-            };
-            if store.apply(op).await.is_ok() {
-                added
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(format!("td_sweep{n:02}"));
-            }
+            let max_attempts = thread_rng().gen_range(1..5);
+            add(&store, now, n, max_attempts, &added).await;
             continue;
         }
         let Ok(todos) = list(&store).await else {
@@ -891,23 +875,26 @@ async fn operator(store: Store, world: Arc<World>, added: Arc<Mutex<Vec<String>>
     // Whatever was not added yet is added now, so every seed works all of them.
     while n < TODOS {
         n += 1;
-        let op = Op::AddTodo {
-            now: world.server_clock.wall(),
-            endpoint: ENDPOINT.into(),
-            new: NewTodo {
-                id: format!("td_sweep{n:02}"),
-                queue: QUEUE.into(),
-                title: format!("simulated todo {n}"),
-                max_attempts: Some(3),
-                ..NewTodo::default()
-            },
-        };
-        if store.apply(op).await.is_ok() {
-            added
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(format!("td_sweep{n:02}"));
-        }
+        add(&store, world.server_clock.wall(), n, 3, &added).await;
+    }
+}
+
+/// Adds todo number `n`, noting its id once the store acknowledged it.
+async fn add(store: &Store, now: Millis, n: usize, max_attempts: u32, added: &Mutex<Vec<String>>) {
+    let id = format!("td_sweep{n:02}");
+    let op = Op::AddTodo {
+        now,
+        endpoint: ENDPOINT.into(),
+        new: NewTodo {
+            id: id.clone(),
+            queue: QUEUE.into(),
+            title: format!("simulated todo {n}"),
+            max_attempts: Some(max_attempts),
+            ..NewTodo::default()
+        },
+    };
+    if store.apply(op).await.is_ok() {
+        added.lock().unwrap_or_else(|e| e.into_inner()).push(id);
     }
 }
 
