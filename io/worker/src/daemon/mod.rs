@@ -148,7 +148,7 @@ pub enum Msg {
     Spawned {
         harness: String,
         run_id: u64,
-        agent: Box<Result<Launched, crate::runner::StartError>>,
+        agent: Box<Result<Launched, runner::StartError>>,
     },
 }
 
