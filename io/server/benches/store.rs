@@ -5,6 +5,7 @@
 //! cargo bench -p relay-server --bench store -- --db postgres://…  # Postgres (a schema of its own)
 //! cargo bench -p relay-server --bench store -- --db postgres://… --writers 2 --batch-max 64 \
 //!     --handles 2 --db-clock   # Postgres knobs: writer tasks, batch bound, store handles, clock
+//! cargo bench -p relay-server --bench store -- --only-callers 16  # one figure, for a profiler
 //! ```
 //!
 //! `--handles N` (Postgres) spreads the callers over N store handles of one database, each with
@@ -64,6 +65,7 @@ fn main() {
             "--batch-max" => knobs.tuning.batch_max = num(args.next(), "--batch-max"),
             "--handles" => knobs.handles = num(args.next(), "--handles").max(1),
             "--db-clock" => knobs.db_clock = true,
+            "--only-callers" => knobs.only = Some(num(args.next(), "--only-callers").max(1)),
             _ => {} // cargo passes --bench
         }
     }
@@ -127,6 +129,8 @@ struct Knobs {
     tuning: PgTuning,
     handles: usize,
     db_clock: bool,
+    /// Only the cycles of this many callers, for a profiler: no floors, no other figure.
+    only: Option<usize>,
 }
 
 impl Default for Knobs {
@@ -135,6 +139,7 @@ impl Default for Knobs {
             tuning: PgTuning::default(),
             handles: 1,
             db_clock: false,
+            only: None,
         }
     }
 }
@@ -182,6 +187,13 @@ async fn run(db: &Db, knobs: &Knobs) {
         ),
     };
     println!("relay store benchmark: {name}");
+    if let Some(callers) = knobs.only {
+        raw.preload("bench-d", preload).await;
+        let (f, doubles) = cycles(&stores, "bench-d", callers, T0 + 11 * SECOND, preload).await;
+        assert_eq!(doubles, 0, "a todo was held by two claimers at once");
+        println!("{callers} callers: {:.0} cycles/s (--only-callers: no floor)", f.rate);
+        return;
+    }
     let floors = [
         measure::floor(db, 1, RUN).await,
         measure::floor(db, 16, RUN).await,

@@ -403,20 +403,9 @@ impl Shared {
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
         let now = q.bind(time(op, now)?);
-        let owner = q.bind(label(Some(actor.owner())));
+        let owner = q.bind_text(actor.owner());
         let scope = match actor {
-            // CAST: SQLite (3.54) re-prepares a cached statement with `column = ?` on this table
-            // after every use, which cost more than the query; the cast keeps the index usable
-            // without that.
-            Actor::Endpoint { endpoint, .. } if q.sqlite() => {
-                format!(
-                    "t.endpoint = CAST({} AS TEXT)",
-                    q.bind(label(Some(endpoint)))
-                )
-            }
-            Actor::Endpoint { endpoint, .. } => {
-                format!("t.endpoint = {}", q.bind(label(Some(endpoint))))
-            }
+            Actor::Endpoint { endpoint, .. } => format!("t.endpoint = {}", q.bind_text(endpoint)),
             Actor::Operator { .. } => q.always().into(),
         };
         let queues = match queues {
@@ -557,6 +546,21 @@ impl Query {
     fn bind(&mut self, v: Val) -> String {
         self.vals.push(v);
         format!("{}{}", self.mark, self.vals.len())
+    }
+
+    /// A text value compared with a column of the todos table. On SQLite it is cast: SQLite
+    /// (3.5x) marks a cached statement with a bare `column = ?` there as depending on the bound
+    /// value, so rusqlite's statement cache (which clears the bindings of a statement it takes
+    /// back) made SQLite re-prepare the statement on every use, which cost more than running it.
+    /// The cast keeps the index usable without that; `cached_statements_are_not_reprepared`
+    /// checks it.
+    fn bind_text(&mut self, v: &str) -> String {
+        let mark = self.bind(label(Some(v)));
+        if self.sqlite() {
+            format!("CAST({mark} AS TEXT)")
+        } else {
+            mark
+        }
     }
 
     /// A clause that holds for every row.
