@@ -191,7 +191,10 @@ async fn run(db: &Db, knobs: &Knobs) {
         raw.preload("bench-d", preload).await;
         let (f, doubles) = cycles(&stores, "bench-d", callers, T0 + 11 * SECOND, preload).await;
         assert_eq!(doubles, 0, "a todo was held by two claimers at once");
-        println!("{callers} callers: {:.0} cycles/s (--only-callers: no floor)", f.rate);
+        println!(
+            "{callers} callers: {:.0} cycles/s (--only-callers: no floor)",
+            f.rate
+        );
         return;
     }
     let floors = [
