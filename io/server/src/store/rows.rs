@@ -7,6 +7,7 @@ use relay_core::ledger::{
     Todo, TodoFilter, TodoState, TokenHash,
 };
 use serde_json::Value;
+use std::sync::LazyLock;
 
 use super::Endpoint;
 
@@ -231,33 +232,40 @@ fn opt_time(op: &str, v: Option<Millis>) -> Result<Val, Error> {
 
 /// A todo row's values in [`TODO_COLS`] order, for [`Shared::insert_todo`].
 pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
-    Ok(vec![
-        label(Some(&t.id)),
-        label(Some(&t.endpoint)),
-        label(Some(&t.queue)),
-        label(Some(&t.title)),
-        text(&t.kind),
-        text(&t.source),
-        Val::Text(json_text(&t.payload)),
-        Val::Text(json_text(&t.work_order)),
-        text(&t.assignee),
-        label(Some(t.state.as_str())),
-        text(&t.owner),
-        Val::Count(t.attempt),
-        Val::Count(t.max_attempts),
-        Val::Count(t.attempts_total),
-        Val::Count(t.attempts_pruned),
-        opt_time(op, t.lease_expires_at)?,
-        opt_time(op, t.claimed_at)?,
-        opt_time(op, t.next_retry_at)?,
-        Val::Text(json_text(&t.result)),
-        time(op, t.created_at)?,
-        time(op, t.updated_at)?,
-        label(t.dead_letter_reason.map(DeadLetterReason::as_str)),
-        text(&t.idempotency_key),
-        opt_time(op, t.deadline_at)?,
-        Val::Count(t.max_same_failures),
-    ])
+    (0..TODO_COLS.len()).map(|i| todo_val(op, t, i)).collect()
+}
+
+/// The value of column `i` of [`TODO_COLS`]: one at a time, so that an update serialises only
+/// the columns it rewrites (not the payload and work order, which no transition changes).
+fn todo_val(op: &str, t: &Todo, i: usize) -> Result<Val, Error> {
+    Ok(match TODO_COLS[i] {
+        "id" => label(Some(&t.id)),
+        "endpoint" => label(Some(&t.endpoint)),
+        "queue" => label(Some(&t.queue)),
+        "title" => label(Some(&t.title)),
+        "kind" => text(&t.kind),
+        "source" => text(&t.source),
+        "payload" => Val::Text(json_text(&t.payload)),
+        "work_order" => Val::Text(json_text(&t.work_order)),
+        "assignee" => text(&t.assignee),
+        "state" => label(Some(t.state.as_str())),
+        "owner" => text(&t.owner),
+        "attempt" => Val::Count(t.attempt),
+        "max_attempts" => Val::Count(t.max_attempts),
+        "attempts_total" => Val::Count(t.attempts_total),
+        "attempts_pruned" => Val::Count(t.attempts_pruned),
+        "lease_expires_at" => opt_time(op, t.lease_expires_at)?,
+        "claimed_at" => opt_time(op, t.claimed_at)?,
+        "next_retry_at" => opt_time(op, t.next_retry_at)?,
+        "result" => Val::Text(json_text(&t.result)),
+        "created_at" => time(op, t.created_at)?,
+        "updated_at" => time(op, t.updated_at)?,
+        "dead_letter_reason" => label(t.dead_letter_reason.map(DeadLetterReason::as_str)),
+        "idempotency_key" => text(&t.idempotency_key),
+        "deadline_at" => opt_time(op, t.deadline_at)?,
+        "max_same_failures" => Val::Count(t.max_same_failures),
+        other => unreachable!("todo column {other} has no value"),
+    })
 }
 
 /// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
@@ -311,7 +319,12 @@ const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 fn todo_updated() -> impl Iterator<Item = usize> {
-    (0..TODO_COLS.len()).filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
+    static UPDATED: LazyLock<Vec<usize>> = LazyLock::new(|| {
+        (0..TODO_COLS.len())
+            .filter(|&i| !TODO_FIXED.split_whitespace().any(|f| f == TODO_COLS[i]))
+            .collect()
+    });
+    UPDATED.iter().copied()
 }
 
 /// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to
@@ -347,11 +360,10 @@ pub(crate) fn attempt_update_cols() -> Vec<&'static str> {
 
 /// The values of [`Shared::update_todo`]: the id, then the rewritten columns.
 pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
-    let row = todo_row(op, t)?;
-    Ok(std::iter::once(0)
+    std::iter::once(0)
         .chain(todo_updated())
-        .map(|i| row[i].clone())
-        .collect())
+        .map(|i| todo_val(op, t, i))
+        .collect()
 }
 
 /// The values of [`Shared::update_open_attempt`].
