@@ -630,10 +630,19 @@ CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
 static ENDPOINT_GET: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {ENDPOINT_COLS} FROM endpoints WHERE name = ?1"));
 static PENDING_SINCE: LazyLock<String> = LazyLock::new(|| rows::pending_since('?'));
-// The todo and its open attempt are read by two statements, not one join: SQLite re-prepares a
-// join of these two tables on every new id (its statement status counts a re-prepare per call),
-// which cost more than the second statement.
-static LOAD: LazyLock<String> = LazyLock::new(|| format!("{} WHERE t.id = ?1", SQL.todo_select));
+// A todo and its open attempt in one statement: the todo's columns, then the attempt's (NULL
+// without one; two rows with two). One writer, so no row changes between the two reads that a
+// join could mix up (unlike Postgres' `FOR UPDATE`, see `PgTx::load`). The id is cast for the
+// reason `rows::Query::bind_text` gives: a bare `a.todo_id = t.id AND t.id = ?1` made SQLite
+// re-prepare the cached join on every use.
+static LOAD: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}, {} FROM todos t LEFT JOIN todo_attempts a \
+         ON a.todo_id = t.id AND a.ended_at IS NULL WHERE t.id = CAST(?1 AS TEXT)",
+        rows::select_list("t", &rows::TODO_COLS),
+        rows::select_list("a", &rows::ATTEMPT_COLS)
+    )
+});
 
 /// The todo of a query's first row, or `None`.
 fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Option<Todo>, Error> {
@@ -641,6 +650,12 @@ fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Opt
         Some(row) => rows::todo(row, 0).map(Some),
         None => Ok(None),
     }
+}
+
+fn two_open(op: &str, id: &str) -> Error {
+    Error::internal(format!(
+        "{op} {id}: the todo has more than one open attempt"
+    ))
 }
 
 impl SqliteTx<'_> {
@@ -656,9 +671,7 @@ impl SqliteTx<'_> {
         };
         let open = rows::attempt(row, 0)?;
         if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
-            return Err(Error::internal(format!(
-                "{op} {id}: the todo has more than one open attempt"
-            )));
+            return Err(two_open(op, id));
         }
         Ok(open)
     }
@@ -742,12 +755,16 @@ impl Rows for SqliteTx<'_> {
             .c
             .prepare_cached(&LOAD)
             .map_err(|e| sql_err(op, id, e))?;
-        let rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
-        let Some(todo) = first_todo(op, id, rs)? else {
+        let mut rs = st.query(params![id]).map_err(|e| sql_err(op, id, e))?;
+        let Some(row) = rs.next().map_err(|e| sql_err(op, id, e))? else {
             return Ok(None);
         };
-        drop(st);
-        Ok(Some((todo, self.open_attempt(op, id)?)))
+        let todo = rows::todo(row, 0)?;
+        let open = rows::attempt(row, rows::TODO_COLS.len())?;
+        if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
+            return Err(two_open(op, id));
+        }
+        Ok(Some((todo, open)))
     }
 
     async fn next_claimable(
