@@ -66,7 +66,7 @@ fn args() -> Args {
         db: None,
         clients: 16,
         seconds: 3,
-        todos: 30_000,
+        todos: 50_000,
     };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> u64 {
