@@ -1161,7 +1161,8 @@ impl Rows for PgTx<'_> {
             return Ok(Vec::new());
         }
         let (sql, arg) = SQL.sweep(op, sweep)?;
-        let rs = self.query_vals(op, "", &(sql + lock), vec![arg]).await?;
+        let sql = format!("{sql} ORDER BY id{lock}");
+        let rs = self.query_vals(op, "", &sql, vec![arg]).await?;
         Ok(rs.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 

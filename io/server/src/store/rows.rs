@@ -493,34 +493,49 @@ impl Shared {
         (sql, q.vals)
     }
 
-    /// A sweep's candidate query (ids in id order, before the dialect's lock clause) and its
-    /// one parameter.
+    /// A sweep's candidate query (its ids in no order: Postgres adds `ORDER BY id` and its lock
+    /// clause, SQLite sorts them after, so that its planner picks the sweep's partial index
+    /// rather than walking the primary key over every todo) and its one parameter.
     pub(crate) fn sweep(&self, op: &str, sweep: Sweep<'_>) -> Result<(String, Val), Error> {
         let m = self.mark;
+        let sqlite = m == '?';
         Ok(match sweep {
             // mirrors transition::reap
             Sweep::Reap { now } => (
                 format!(
                     "SELECT id FROM todos WHERE state = 'claimed'
-                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1) ORDER BY id"
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1)"
                 ),
                 time(op, now)?,
             ),
-            // mirrors transition::requeue_due
+            // mirrors transition::requeue_due. On SQLite as a UNION ALL (an id in both halves
+            // comes twice; the store drops the repeat), so that each half searches its partial
+            // index (the retry and the deadline one; the second half names the deadline index's
+            // predicate) instead of the OR scanning the table. A plain UNION merges the halves
+            // in id order, which walks the primary key again.
+            Sweep::RequeueDue { now } if sqlite => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts
+                     UNION ALL
+                     SELECT id FROM todos WHERE deadline_at <= {m}1 AND deadline_at IS NOT NULL
+                       AND state IN ('pending', 'failed')
+                       AND (state = 'pending' OR (state = 'failed' AND next_retry_at IS NOT NULL))"
+                ),
+                time(op, now)?,
+            ),
             Sweep::RequeueDue { now } => (
                 format!(
                     "SELECT id FROM todos WHERE (state = 'failed' AND next_retry_at <= {m}1
                        AND attempt < max_attempts)
                        OR (deadline_at <= {m}1 AND (state = 'pending'
-                           OR (state = 'failed' AND next_retry_at IS NOT NULL))) ORDER BY id"
+                           OR (state = 'failed' AND next_retry_at IS NOT NULL)))"
                 ),
                 time(op, now)?,
             ),
             // mirrors transition::revoke
             Sweep::Revoke { endpoint } => (
-                format!(
-                    "SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed' ORDER BY id"
-                ),
+                format!("SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed'"),
                 label(Some(endpoint)),
             ),
             // mirrors ledger::purgeable
@@ -529,7 +544,7 @@ impl Shared {
                     "SELECT id FROM todos WHERE updated_at <= {m}1
                        AND {finished}
                        AND (state IN ('done', 'canceled')
-                            OR (state = 'failed' AND next_retry_at IS NULL)) ORDER BY id",
+                            OR (state = 'failed' AND next_retry_at IS NULL))",
                     finished = Query::new(m).one_of("state", FINISHED)
                 ),
                 time(op, cutoff)?,

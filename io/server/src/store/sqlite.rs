@@ -848,9 +848,14 @@ impl Rows for SqliteTx<'_> {
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
         let op = "sweep";
         let (sql, arg) = SQL.sweep(op, sweep)?;
-        self.rows(op, "", &sql, &[arg], |r| {
+        let mut ids: Vec<String> = self.rows(op, "", &sql, &[arg], |r| {
             r.get(0).map_err(|e| sql_err(op, "", e))
-        })
+        })?;
+        // In id order, as the trait promises (ids sort bytewise in SQLite as in Rust), each
+        // once (the requeue's two halves may both find one).
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
     }
 
     async fn list(&mut self, actor: &Actor, filter: &TodoFilter) -> Result<Vec<Todo>, Error> {
@@ -1021,6 +1026,35 @@ mod tests {
             claim.0
         );
         assert_eq!(update.1, 2, "the update of a todo: temporary b-trees");
+    }
+
+    /// Each sweep searches its partial index: with `ORDER BY id` SQLite walked the primary key
+    /// over every todo instead, on the writer, every reaper and requeue tick.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn sweeps_search_their_partial_indexes() {
+        use relay_core::ledger::Sweep;
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open_file(dir.path().join("p.db"), LedgerConfig::default())
+            .await
+            .unwrap();
+        let sweeps = [
+            (Sweep::Reap { now: 1 }, &["todos_lease"][..]),
+            (
+                Sweep::RequeueDue { now: 1 },
+                &["todos_retry", "todos_deadline"][..],
+            ),
+            (Sweep::Purge { cutoff: 1 }, &["todos_finished"][..]),
+            (Sweep::Revoke { endpoint: "ep" }, &["(endpoint=?)"][..]),
+        ];
+        for (sweep, wanted) in sweeps {
+            let name = format!("{sweep:?}");
+            let (sql, _) = SQL.sweep("sweep", sweep).unwrap();
+            let (plan, _) = s.with_conn(move |c| Ok(plan(c, &sql))).await.unwrap();
+            for w in wanted {
+                assert!(plan.contains(w), "{name}: {plan}");
+            }
+            assert!(!plan.contains("sqlite_autoindex_todos"), "{name}: {plan}");
+        }
     }
 
     /// The statements of the claim → heartbeat → complete cycle run from the writer's statement
