@@ -498,7 +498,7 @@ impl Shared {
     /// rather than walking the primary key over every todo) and its one parameter.
     pub(crate) fn sweep(&self, op: &str, sweep: Sweep<'_>) -> Result<(String, Val), Error> {
         let m = self.mark;
-        let sqlite = m == '?';
+        let q = Query::new(m);
         Ok(match sweep {
             // mirrors transition::reap
             Sweep::Reap { now } => (
@@ -513,7 +513,7 @@ impl Shared {
             // index (the retry and the deadline one; the second half names the deadline index's
             // predicate) instead of the OR scanning the table. A plain UNION merges the halves
             // in id order, which walks the primary key again.
-            Sweep::RequeueDue { now } if sqlite => (
+            Sweep::RequeueDue { now } if q.sqlite() => (
                 format!(
                     "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
                        AND attempt < max_attempts
@@ -545,7 +545,7 @@ impl Shared {
                        AND {finished}
                        AND (state IN ('done', 'canceled')
                             OR (state = 'failed' AND next_retry_at IS NULL))",
-                    finished = Query::new(m).one_of("state", FINISHED)
+                    finished = q.one_of("state", FINISHED)
                 ),
                 time(op, cutoff)?,
             ),
@@ -582,12 +582,12 @@ impl Query {
         format!("{}{}", self.mark, self.vals.len())
     }
 
-    /// A text value compared with a column of the todos table. On SQLite it is cast: SQLite
-    /// (3.5x) marks a cached statement with a bare `column = ?` there as depending on the bound
-    /// value, so rusqlite's statement cache (which clears the bindings of a statement it takes
-    /// back) made SQLite re-prepare the statement on every use, which cost more than running it.
-    /// The cast keeps the index usable without that; `cached_statements_are_not_reprepared`
-    /// checks it.
+    /// A text value compared with a column of the todos table. On SQLite it is cast. SQLite
+    /// (3.5x) marked the plan of the claim's bare `t.assignee = ?` (and of the load's join on
+    /// `t.id = ?`) as depending on the value bound, and rusqlite's statement cache clears a
+    /// statement's bindings when it takes it back, which expires such a statement: SQLite
+    /// re-prepared it on every use, at more cost than running it. The cast keeps the index
+    /// usable without that; `cached_statements_are_not_reprepared` checks it.
     fn bind_text(&mut self, v: &str) -> String {
         let mark = self.bind(label(Some(v)));
         if self.sqlite() {
@@ -597,11 +597,10 @@ impl Query {
         }
     }
 
-    /// `col` is one of the constant `states`, written as the partial index on them is (the query
-    /// planner uses a partial index only for a query naming its predicate in the same form).
-    /// On SQLite that is a chain of `OR`s (see the SQLite migration 8): SQLite evaluates an
-    /// `IN` list of more than two constants through a temporary b-tree it builds on every run
-    /// of the statement.
+    /// `col` is one of the constant `states`, written as the partial index on them writes its
+    /// predicate, so that the planner matches the two term for term. On SQLite that is a chain
+    /// of `OR`s (see the SQLite migration 8): SQLite evaluates an `IN` list of more than two
+    /// constants through a temporary b-tree it builds on every run of the statement.
     fn one_of(&self, col: &str, states: &[&str]) -> String {
         let each: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
         if self.sqlite() {

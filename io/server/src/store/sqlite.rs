@@ -547,45 +547,6 @@ impl rows::Row for rusqlite::Row<'_> {
 
 static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('?'));
 
-/// The write path's hidden work, cut.
-///
-/// The partial indexes on a list of states name them as `OR`s instead of `IN`. SQLite evaluates
-/// `state IN (a, b, c)` (a constant list of more than two) through a temporary b-tree that it
-/// builds and frees on every run of a statement, and every update of a todo's state evaluates
-/// the predicate of each of these indexes for the old row and the new one: four temporary
-/// b-trees an update, each a fresh page cache to allocate and free, were a third of the
-/// writer's time under 16 callers. An `OR` of equalities compares in place. The queries the
-/// indexes serve name the predicates in the same form (`rows::Query::one_of`): SQLite uses a
-/// partial index only for a query whose WHERE implies its predicate. The CHECK constraints keep
-/// their lists: changing one means rebuilding the table.
-///
-/// The change sequence numbers only rows that are pending after the write: the doorbell scan
-/// reads pending rows alone, and a todo that becomes pending takes a new number then. Every other
-/// write (a claim, a heartbeat, a close) no longer runs the triggers' two extra updates.
-const MIGRATION_0008: &str = "
-DROP INDEX todos_fifo;
-CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
-    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
-DROP INDEX todos_finished;
-CREATE INDEX todos_finished ON todos (updated_at)
-    WHERE (state = 'done' OR state = 'canceled' OR state = 'failed');
-DROP TRIGGER todos_change_insert;
-DROP TRIGGER todos_change_update;
-CREATE TRIGGER todos_change_insert AFTER INSERT ON todos WHEN NEW.state = 'pending' BEGIN
-    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
-    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
-        WHERE id = NEW.id;
-END;
-CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, kind, source,
-    payload, work_order, assignee, state, owner, attempt, max_attempts, lease_expires_at,
-    claimed_at, next_retry_at, result, created_at, updated_at, attempts_total, attempts_pruned,
-    dead_letter_reason, idempotency_key, deadline_at, max_same_failures
-    ON todos WHEN NEW.state = 'pending' BEGIN
-    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
-    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
-        WHERE id = NEW.id;
-END;
-";
 /// The Board: operators (only the SHA-256 of a token), their sessions (only the SHA-256 of the
 /// cookie's secret; a revoke deletes them), the operator who closed an attempt, and the paused
 /// queues.
@@ -625,6 +586,46 @@ CREATE TABLE mcp_sessions (
 ) STRICT;
 CREATE INDEX mcp_sessions_endpoint ON mcp_sessions (endpoint);
 CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
+";
+
+/// The write path's hidden work, cut.
+///
+/// The partial indexes on a list of states name them as `OR`s instead of `IN`. SQLite evaluates
+/// `state IN (a, b, c)` (a constant list of more than two) through a temporary b-tree that it
+/// builds and frees on every run of a statement, and every update of a todo's state evaluates
+/// the predicate of each of these indexes for the old row and the new one: four temporary
+/// b-trees an update, each a fresh page cache to allocate and free, were a third of the
+/// writer's time under 16 callers. An `OR` of equalities compares in place. The queries the
+/// indexes serve write the predicates in the same form (`rows::Query::one_of`), so that the
+/// planner matches them term for term. The CHECK constraints keep their lists: changing one
+/// means rebuilding the table.
+///
+/// The change sequence numbers only rows that are pending after the write: the doorbell scan
+/// reads pending rows alone, and a todo that becomes pending takes a new number then. Every other
+/// write (a claim, a heartbeat, a close) no longer runs the triggers' two extra updates.
+const MIGRATION_0008: &str = "
+DROP INDEX todos_fifo;
+CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
+    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
+DROP INDEX todos_finished;
+CREATE INDEX todos_finished ON todos (updated_at)
+    WHERE (state = 'done' OR state = 'canceled' OR state = 'failed');
+DROP TRIGGER todos_change_insert;
+DROP TRIGGER todos_change_update;
+CREATE TRIGGER todos_change_insert AFTER INSERT ON todos WHEN NEW.state = 'pending' BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
+CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, kind, source,
+    payload, work_order, assignee, state, owner, attempt, max_attempts, lease_expires_at,
+    claimed_at, next_retry_at, result, created_at, updated_at, attempts_total, attempts_pruned,
+    dead_letter_reason, idempotency_key, deadline_at, max_same_failures
+    ON todos WHEN NEW.state = 'pending' BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
 ";
 
 static ENDPOINT_GET: LazyLock<String> =
