@@ -942,9 +942,7 @@ impl<'c> Batch<'c> {
             Entry::Row(t, open) => match open.as_slice() {
                 [] => Ok(Some(((**t).clone(), None))),
                 [a] => Ok(Some(((**t).clone(), Some(a.clone())))),
-                _ => Err(Error::internal(format!(
-                    "{op} {id}: the todo has more than one open attempt"
-                ))),
+                _ => Err(rows::two_open_attempts(op, id)),
             },
         }
     }

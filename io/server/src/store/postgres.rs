@@ -922,9 +922,7 @@ impl PgTx<'_> {
         match rs {
             [] => Ok(None),
             [row] => rows::attempt(row, 0),
-            _ => Err(Error::internal(format!(
-                "{op} {id}: the todo has more than one open attempt"
-            ))),
+            _ => Err(rows::two_open_attempts(op, id)),
         }
     }
 

@@ -268,6 +268,14 @@ fn todo_val(op: &str, t: &Todo, i: usize) -> Result<Val, Error> {
     })
 }
 
+/// The error of a todo with more than one open attempt (the stores' schema refuses one, so it
+/// is a broken store, not a caller's mistake).
+pub(crate) fn two_open_attempts(op: &str, id: &str) -> Error {
+    Error::internal(format!(
+        "{op} {id}: the todo has more than one open attempt"
+    ))
+}
+
 /// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
 pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     Ok(vec![

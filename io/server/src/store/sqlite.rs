@@ -653,12 +653,6 @@ fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Opt
     }
 }
 
-fn two_open(op: &str, id: &str) -> Error {
-    Error::internal(format!(
-        "{op} {id}: the todo has more than one open attempt"
-    ))
-}
-
 impl SqliteTx<'_> {
     /// The open attempt of a todo; two open attempts are an internal error.
     fn open_attempt(&self, op: &str, id: &str) -> Result<Option<Attempt>, Error> {
@@ -672,7 +666,7 @@ impl SqliteTx<'_> {
         };
         let open = rows::attempt(row, 0)?;
         if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
-            return Err(two_open(op, id));
+            return Err(rows::two_open_attempts(op, id));
         }
         Ok(open)
     }
@@ -763,7 +757,7 @@ impl Rows for SqliteTx<'_> {
         let todo = rows::todo(row, 0)?;
         let open = rows::attempt(row, rows::TODO_COLS.len())?;
         if rs.next().map_err(|e| sql_err(op, id, e))?.is_some() {
-            return Err(two_open(op, id));
+            return Err(rows::two_open_attempts(op, id));
         }
         Ok(Some((todo, open)))
     }
@@ -975,6 +969,15 @@ mod tests {
     use super::*;
     use relay_core::ledger::{Actor, Answer, ClaimOpts, NewTodo, Op, Report, TokenHash};
 
+    /// A store on a database file of its own (with a writer thread and readers, as a server's).
+    async fn file_store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open_file(dir.path().join("p.db"), LedgerConfig::default())
+            .await
+            .unwrap();
+        (dir, s)
+    }
+
     /// The plan of `sql` (EXPLAIN QUERY PLAN's details, one string), and how many temporary
     /// b-trees a run of it opens (EXPLAIN's `OpenEphemeral`).
     fn plan(c: &Connection, sql: &str) -> (String, usize) {
@@ -1003,10 +1006,7 @@ mod tests {
     /// b-tree only for its CHECK constraints' lists (two), none for an index predicate.
     #[tokio::test(flavor = "multi_thread")]
     async fn partial_index_predicates_build_no_temporary_btree() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open_file(dir.path().join("p.db"), LedgerConfig::default())
-            .await
-            .unwrap();
+        let (_dir, s) = file_store().await;
         let actor = Actor::endpoint("ep");
         let (claim, _) = SQL
             .next_claimable("claim_next", 1, &actor, Some(&["q".into()]), &[], "")
@@ -1034,10 +1034,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn sweeps_search_their_partial_indexes() {
         use relay_core::ledger::Sweep;
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open_file(dir.path().join("p.db"), LedgerConfig::default())
-            .await
-            .unwrap();
+        let (_dir, s) = file_store().await;
         let sweeps = [
             (Sweep::Reap { now: 1 }, &["todos_lease"][..]),
             (
@@ -1064,10 +1061,7 @@ mod tests {
     /// writer's time under 16 callers).
     #[tokio::test(flavor = "multi_thread")]
     async fn cached_statements_are_not_reprepared() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open_file(dir.path().join("p.db"), LedgerConfig::default())
-            .await
-            .unwrap();
+        let (_dir, s) = file_store().await;
         let store = super::super::Store::Sqlite(s.clone());
         let actor = Actor::endpoint("ep");
         let t0 = 1_790_000_000_000;
