@@ -694,8 +694,8 @@ async fn setup(dir: tempfile::TempDir) -> World {
     let store = Store::open(&db, ledger_config())
         .await
         .expect("the store opens");
-    // The world's RNG, not `relay_server::server::new_bearer_token` (the OS's): a twin run must vend the
-    // same token, or the traces differ.
+    // The world's RNG, not `relay_server::server::new_bearer_token` (the OS's): a twin run
+    // must vend the same token, or the traces differ.
     let mut bytes = [0u8; 24];
     thread_rng().fill(&mut bytes);
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
