@@ -86,15 +86,15 @@ pub struct Served {
 
 impl Served {
     /// The `tools/call` result.
-    pub fn result(&self) -> Value {
-        wire::call_result(&self.answer, false)
+    pub fn result(self) -> Value {
+        wire::call_result(self.answer, false)
     }
 }
 
 /// The `tools/call` result of a refused call: the error as a tool error.
 pub fn refusal(e: &Error) -> Value {
     let out = serde_json::to_value(ErrorOut::from(e)).unwrap_or_default();
-    wire::call_result(&out, true)
+    wire::call_result(out, true)
 }
 
 /// The tool a `tools/call`'s params name, and its arguments. The error is the sentence a

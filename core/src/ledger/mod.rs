@@ -326,12 +326,19 @@ impl Ledger {
     /// rows (a second open attempt, closing a closed one) is refused as an internal error with
     /// nothing applied. The simulator's canaries call it directly to plant such bugs.
     pub fn apply_change(&mut self, change: Change) -> Result<Todo, Error> {
-        let id = change.todo.id.clone();
+        self.write_rows(&change.todo, &change.writes)?;
+        Ok(change.todo)
+    }
+
+    /// [`Ledger::apply_change`] on borrowed rows, as [`Rows::write`] hands them over: each row is
+    /// copied once, into the map.
+    fn write_rows(&mut self, todo: &Todo, writes: &[AttemptWrite]) -> Result<(), Error> {
+        let id = &todo.id;
         let entry = self
             .todos
-            .get(&id)
+            .get(id)
             .ok_or_else(|| Error::internal(format!("apply {id}: the todo vanished")))?;
-        for w in &change.writes {
+        for w in writes {
             match w {
                 AttemptWrite::Open(a) if entry.attempts.contains_key(&a.seq) => {
                     return Err(Error::internal(format!(
@@ -359,26 +366,26 @@ impl Ledger {
                 _ => {}
             }
         }
-        let entry = self.todos.get_mut(&id).expect("checked above");
-        for w in change.writes {
+        let entry = self.todos.get_mut(id).expect("checked above");
+        for w in writes {
             match w {
                 AttemptWrite::Open(a) | AttemptWrite::Update(a) => {
-                    entry.attempts.insert(a.seq, a);
+                    entry.attempts.insert(a.seq, a.clone());
                 }
                 // Only the late reports: the rest of a closed attempt is immutable.
                 AttemptWrite::Late(a) => {
                     if let Some(kept) = entry.attempts.get_mut(&a.seq) {
-                        kept.late_reports = a.late_reports;
+                        kept.late_reports.clone_from(&a.late_reports);
                         kept.late_reports_total = a.late_reports_total;
                     }
                 }
                 AttemptWrite::PruneThrough(n) => {
-                    entry.attempts.retain(|seq, a| *seq > n || a.is_open());
+                    entry.attempts.retain(|seq, a| seq > n || a.is_open());
                 }
             }
         }
-        entry.todo = change.todo;
-        Ok(entry.todo.clone())
+        entry.todo.clone_from(todo);
+        Ok(())
     }
 
     /// One todo by id, unscoped (for checkers and tests).
@@ -491,11 +498,8 @@ impl Rows for Mem<'_> {
         todo: &Todo,
         writes: &[AttemptWrite],
     ) -> Result<Vec<u64>, Error> {
-        // apply_change refuses a write that touches no open row, so each touched one.
-        self.0.apply_change(Change {
-            todo: todo.clone(),
-            writes: writes.to_vec(),
-        })?;
+        // write_rows refuses a write that touches no open row, so each touched one.
+        self.0.write_rows(todo, writes)?;
         Ok(vec![1; writes.len()])
     }
 
@@ -516,19 +520,25 @@ impl Rows for Mem<'_> {
     }
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
-        // By state alone, a superset of what SQL reads: the transitions still decide every time
-        // and owner test (see `Sweep`), while a sweep no longer loads (clones) every todo.
+        // No filter of SQL's: a todo of the sweep's states is a candidate when the sweep's own
+        // transition acts on it (or refuses it: the error surfaces when [`run`] transits it).
+        // So the transitions decide every time and owner test, the model holds SQL's narrower
+        // filters to them, and a sweep loads (clones) only the todos it changes.
         let state = |t: &Todo| match sweep {
             Sweep::Reap { .. } | Sweep::Revoke { .. } => t.state == TodoState::Claimed,
             // Failed todos whose retry is due, and pending or failed ones past a deadline.
             Sweep::RequeueDue { .. } => matches!(t.state, TodoState::Failed | TodoState::Pending),
             Sweep::Purge { .. } => !matches!(t.state, TodoState::Pending | TodoState::Claimed),
         };
+        let acts = |e: &Entry| match sweep {
+            Sweep::Purge { .. } => true,
+            _ => !matches!(sweep.change(&e.todo, e.open()), Ok(None)),
+        };
         Ok(self
             .0
             .todos
             .iter()
-            .filter(|(_, e)| state(&e.todo))
+            .filter(|(_, e)| state(&e.todo) && acts(e))
             .map(|(id, _)| id.clone())
             .collect())
     }

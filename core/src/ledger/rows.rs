@@ -33,9 +33,25 @@ pub enum Sweep<'a> {
     /// with a retry scheduled, past the deadline.
     RequeueDue { now: Millis },
     /// mirrors transition::revoke (scoped to one endpoint): claimed.
-    Revoke { endpoint: &'a str },
+    Revoke { now: Millis, endpoint: &'a str },
     /// mirrors ledger::purgeable: finished, untouched since `cutoff`.
     Purge { cutoff: Millis },
+}
+
+impl Sweep<'_> {
+    /// What the sweep does to one candidate: its transition (the revocation only on the
+    /// endpoint's own todos), which decides whatever rows a backend read. A purge deletes
+    /// instead of transiting: `None` for it.
+    pub fn change(&self, t: &Todo, open: Option<&Attempt>) -> Result<Option<Change>, Error> {
+        match *self {
+            Sweep::Reap { now } => transition::reap(now, t, open),
+            Sweep::RequeueDue { now } => Ok(transition::requeue_due(now, t)),
+            Sweep::Revoke { now, endpoint } if t.endpoint == endpoint => {
+                transition::revoke(now, t, open)
+            }
+            Sweep::Revoke { .. } | Sweep::Purge { .. } => Ok(None),
+        }
+    }
 }
 
 /// Which of a todo's attempts [`Rows::attempts`] reads: the newest `limit`, all or only closed.
@@ -256,29 +272,18 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         })
         .await
         .map(Answer::Todo),
-        Op::Reap { now } => sweep(rows, "reap", Sweep::Reap { now }, |t, open| {
-            transition::reap(now, t, open)
-        })
-        .await
-        .map(Answer::Todos),
-        Op::RequeueDue { now } => sweep(rows, "requeue_due", Sweep::RequeueDue { now }, |t, _| {
-            Ok(transition::requeue_due(now, t))
-        })
-        .await
-        .map(Answer::Todos),
+        Op::Reap { now } => sweep(rows, "reap", Sweep::Reap { now })
+            .await
+            .map(Answer::Todos),
+        Op::RequeueDue { now } => sweep(rows, "requeue_due", Sweep::RequeueDue { now })
+            .await
+            .map(Answer::Todos),
         Op::RevokeEndpoint { now, endpoint } => {
             let which = Sweep::Revoke {
+                now,
                 endpoint: &endpoint,
             };
-            sweep(rows, "revoke", which, |t, open| {
-                if t.endpoint == endpoint {
-                    transition::revoke(now, t, open)
-                } else {
-                    Ok(None)
-                }
-            })
-            .await
-            .map(Answer::Todos)
+            sweep(rows, "revoke", which).await.map(Answer::Todos)
         }
         Op::GetTodo {
             actor,
@@ -513,19 +518,14 @@ async fn claim<R: Rows>(
 }
 
 /// Applies `f` to every candidate of the sweep; rows whose transition yields `None` are skipped.
-async fn sweep<R: Rows>(
-    rows: &mut R,
-    op: &str,
-    which: Sweep<'_>,
-    f: impl Fn(&Todo, Option<&Attempt>) -> Result<Option<Change>, Error>,
-) -> Result<Vec<Todo>, Error> {
+async fn sweep<R: Rows>(rows: &mut R, op: &str, which: Sweep<'_>) -> Result<Vec<Todo>, Error> {
     let mut changed = Vec::new();
     for id in rows.candidates(which).await? {
         // A candidate deleted meanwhile is simply gone.
         let Some((todo, open)) = rows.load(op, &id).await? else {
             continue;
         };
-        if let Some(change) = f(&todo, open.as_ref())? {
+        if let Some(change) = which.change(&todo, open.as_ref())? {
             changed.push(write(rows, op, &todo, change).await?);
         }
     }
@@ -560,6 +560,7 @@ async fn purge_finished<R: Rows>(
 ///
 /// # Panics
 /// When the future does wait: such rows belong on an executor.
+#[inline(always)]
 pub fn ready<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
     match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {

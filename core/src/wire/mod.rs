@@ -754,12 +754,14 @@ impl From<&Error> for ErrorOut {
 }
 
 /// A `tools/call` result: the answer as `structuredContent` and the same JSON as text.
-pub fn call_result(answer: &Value, is_error: bool) -> Value {
-    json!({
-        "content": [{"type": "text", "text": answer.to_string()}],
-        "structuredContent": answer,
-        "isError": is_error,
-    })
+/// It takes the answer by value and moves it in: `json!` would copy it by serializing it anew.
+pub fn call_result(answer: Value, is_error: bool) -> Value {
+    let text = json!([{"type": "text", "text": answer.to_string()}]);
+    let mut result = serde_json::Map::with_capacity(3);
+    result.insert("content".into(), text);
+    result.insert("structuredContent".into(), answer);
+    result.insert("isError".into(), Value::Bool(is_error));
+    Value::Object(result)
 }
 
 #[cfg(test)]

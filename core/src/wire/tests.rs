@@ -209,7 +209,7 @@ fn a_lease_token_never_shows_in_debug_output() {
 #[test]
 fn errors_and_results_have_the_contract_shape() {
     let e = crate::Error::conflict("nope");
-    let r = call_result(&serde_json::to_value(ErrorOut::from(&e)).unwrap(), true);
+    let r = call_result(serde_json::to_value(ErrorOut::from(&e)).unwrap(), true);
     assert_eq!(r["isError"], true);
     assert_eq!(
         r["structuredContent"],

@@ -448,7 +448,7 @@ fn call_params_name_the_tool_beside_its_arguments() {
 
 #[test]
 fn tool_results_are_read_structured_or_from_their_text() {
-    let structured = crate::wire::call_result(&contract_only(), false);
+    let structured = crate::wire::call_result(contract_only(), false);
     let text_only = json!({"content": [{"type": "text", "text": contract_only().to_string()}]});
     for result in [structured, text_only] {
         match result_input(&claim(None), &result) {
@@ -466,7 +466,7 @@ fn tool_results_are_read_structured_or_from_their_text() {
         result_input(&heartbeat(), &json!("nope")),
         Some(Err(ResultError::NotAnObject))
     );
-    let malformed = crate::wire::call_result(&json!({"todo": {}}), false);
+    let malformed = crate::wire::call_result(json!({"todo": {}}), false);
     assert!(matches!(
         result_input(&claim(None), &malformed),
         Some(Err(ResultError::Malformed(_)))
@@ -475,7 +475,7 @@ fn tool_results_are_read_structured_or_from_their_text() {
 
 #[test]
 fn tool_errors_carry_their_code_and_an_unknown_one_goes_through_quote() {
-    let err = |body: Value| crate::wire::call_result(&body, true);
+    let err = |body: Value| crate::wire::call_result(body, true);
     let quote = |s: &str| format!("<{s}>");
     let kind = |result: &Value| match result_input(&heartbeat(), result) {
         Some(Err(e)) => e.kind(quote),

@@ -542,7 +542,7 @@ impl Shared {
                 time(op, now)?,
             ),
             // mirrors transition::revoke
-            Sweep::Revoke { endpoint } => (
+            Sweep::Revoke { endpoint, .. } => (
                 format!("SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed'"),
                 label(Some(endpoint)),
             ),

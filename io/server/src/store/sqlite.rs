@@ -1042,7 +1042,13 @@ mod tests {
                 &["todos_retry", "todos_deadline"][..],
             ),
             (Sweep::Purge { cutoff: 1 }, &["todos_finished"][..]),
-            (Sweep::Revoke { endpoint: "ep" }, &["(endpoint=?)"][..]),
+            (
+                Sweep::Revoke {
+                    now: 1,
+                    endpoint: "ep",
+                },
+                &["(endpoint=?)"][..],
+            ),
         ];
         for (sweep, wanted) in sweeps {
             let name = format!("{sweep:?}");

@@ -181,7 +181,7 @@ fn rpc_answer(id: &Value, result: Value) -> Value {
 }
 
 fn tool_result(answer: &Value, is_error: bool) -> Value {
-    relay_core::wire::call_result(answer, is_error)
+    relay_core::wire::call_result(answer.clone(), is_error)
 }
 
 async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
