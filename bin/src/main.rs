@@ -25,6 +25,10 @@ mod up;
 
 use std::process::ExitCode;
 
+/// mimalloc, not the system allocator: see the workspace's Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
