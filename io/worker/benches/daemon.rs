@@ -23,6 +23,10 @@
 #[path = "../tests/support/inproc.rs"]
 mod inproc;
 
+/// The allocator the `relay` binary ships with (see the workspace's Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const AGENT: &str = "date +%s%N > \"$HARNESS_RELAY_FILE.start\"";

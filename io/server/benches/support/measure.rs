@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 
 use super::db::Db;
 
+/// The allocator the `relay` binary ships with (see the workspace's Cargo.toml), so that the
+/// benches measure what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Latencies of one kind of call, in microseconds.
 #[derive(Default)]
 pub struct Lat(Vec<u64>);
