@@ -520,10 +520,11 @@ impl Rows for Mem<'_> {
     }
 
     async fn candidates(&mut self, sweep: Sweep<'_>) -> Result<Vec<String>, Error> {
-        // No filter of SQL's: a todo of the sweep's states is a candidate when the sweep's own
-        // transition acts on it (or refuses it: the error surfaces when [`run`] transits it).
-        // So the transitions decide every time and owner test, the model holds SQL's narrower
-        // filters to them, and a sweep loads (clones) only the todos it changes.
+        // Not SQL's narrower filters: a todo in one of the sweep's states is a candidate when
+        // the sweep's own transition (`Sweep::change`) acts on it, or refuses it (the error then
+        // surfaces when `run` transits it). So the transitions decide every time and owner
+        // test, the model tests hold SQL's filters to them, and a sweep loads (clones) only the
+        // todos it changes.
         let state = |t: &Todo| match sweep {
             Sweep::Reap { .. } | Sweep::Revoke { .. } => t.state == TodoState::Claimed,
             // Failed todos whose retry is due, and pending or failed ones past a deadline.

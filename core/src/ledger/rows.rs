@@ -517,7 +517,7 @@ async fn claim<R: Rows>(
     })
 }
 
-/// Applies `f` to every candidate of the sweep; rows whose transition yields `None` are skipped.
+/// Applies the sweep's [`Sweep::change`] to every candidate; rows it yields `None` for are skipped.
 async fn sweep<R: Rows>(rows: &mut R, op: &str, which: Sweep<'_>) -> Result<Vec<Todo>, Error> {
     let mut changed = Vec::new();
     for id in rows.candidates(which).await? {
