@@ -19,7 +19,7 @@ use relay_core::error::ErrorCode;
 use relay_core::relay::{
     Capabilities, Command, Input, LeaseError, LeaseToken, Redactor, ReportVerb, RequestId,
 };
-use relay_core::wire::{Tool, tools_list};
+use relay_core::wire::{Tool, call_result, tools_list};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
@@ -180,10 +180,6 @@ fn rpc_answer(id: &Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
-fn tool_result(answer: &Value, is_error: bool) -> Value {
-    relay_core::wire::call_result(answer.clone(), is_error)
-}
-
 async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
     let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let method = msg["method"].as_str().unwrap_or_default().to_string();
@@ -248,7 +244,7 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
         }
         "tools/call" => match reply.expect("a reply for a call on a live session") {
             Reply::Ok(answer) => {
-                axum::Json(rpc_answer(&id, tool_result(&answer, false))).into_response()
+                axum::Json(rpc_answer(&id, call_result(answer, false))).into_response()
             }
             Reply::Raw(result) => axum::Json(rpc_answer(&id, result)).into_response(),
             Reply::OkSse(answer) => {
@@ -256,7 +252,7 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
                 // client must stop reading at its answer.
                 use futures_util::StreamExt as _;
                 let note = json!({"jsonrpc": "2.0", "method": "notifications/progress"});
-                let data = rpc_answer(&id, tool_result(&answer, false));
+                let data = rpc_answer(&id, call_result(answer, false));
                 let events = vec![
                     Ok::<_, std::convert::Infallible>(Bytes::from(format!(
                         ": note\ndata: {note}\n\n"
@@ -273,7 +269,7 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
             }
             Reply::ToolError(code, message) => {
                 let answer = json!({"error": {"code": code, "message": message}});
-                axum::Json(rpc_answer(&id, tool_result(&answer, true))).into_response()
+                axum::Json(rpc_answer(&id, call_result(answer, true))).into_response()
             }
             Reply::Http(status) => StatusCode::from_u16(status)
                 .expect("status")
