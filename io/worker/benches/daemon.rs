@@ -1,19 +1,21 @@
 //! The daemon's own costs, on loopback against a real server (SQLite):
 //!
-//! 1. claim → spawn latency: from the claim answer's arrival at the daemon (the context file's
-//!    `attempt.claimed_at`; the contract's claim answer carries no time) to the first
-//!    instruction of the agent (it writes its clock), p50 / p99, for one harness fired by hand
-//!    (nothing else going on) and for twenty harnesses whose schedule fires them in the same
-//!    instant (the claims queue at the store); against a baseline measured in the same run:
-//!    starting the same program from tokio directly (spawn → first instruction).
+//! 1. claim → spawn latency: from the daemon's machine taking the claim answer (the context
+//!    file's `attempt.claimed_at`, stamped then; the contract's claim answer carries no time)
+//!    to the first instruction of the agent (it writes its clock), p50 / p99, for one harness
+//!    fired by hand (nothing else going on) and for twenty harnesses whose schedule fires them
+//!    in the same instant (the claims queue at the store); against a baseline measured in the
+//!    same run: starting the same program from tokio directly (spawn → first instruction).
 //! 2. Memory: the process's resident set before and after a daemon with 100 leased harnesses
 //!    has started and verified its lease source, idle.
 //!
-//!    Also firing → spawn: from the run record's `started_at` (the firing, before admission and
-//!    the claim request), so the claim's wait at the store counts too.
+//!    Also store claim → spawn: from the attempt's `claimed_at` in the store (the server's claim),
+//!    so the answer's way back and its wait in the daemon's queue before the machine takes it
+//!    count too; and firing → spawn: from the run record's `started_at` (the firing, before
+//!    admission and the claim request), so the claim's wait at the store counts as well.
 //!
-//! Each figure is also one `RESULT bench=daemon … path=claim_spawn|fire_spawn harnesses=N
-//! p50_ms=… p99_ms=…` line.
+//! Each figure is also one `RESULT bench=daemon … path=claim_spawn|store_claim_spawn|fire_spawn
+//! harnesses=N p50_ms=… p99_ms=…` line.
 //!
 //! `cargo bench -p relay-worker --bench daemon`
 
@@ -134,6 +136,7 @@ async fn latencies(
                 .expect("ns")
                 / 1e6;
             l.claim.push(started - claimed);
+            l.store.push(started - at_server);
             l.fire.push(started - fired);
             l.to_server.push(at_server - fired);
             l.to_answer.push(claimed - at_server);
@@ -141,6 +144,7 @@ async fn latencies(
     }
     for v in [
         &mut l.claim,
+        &mut l.store,
         &mut l.fire,
         &mut l.to_server,
         &mut l.to_answer,
@@ -153,6 +157,7 @@ async fn latencies(
 #[derive(Default)]
 struct Latencies {
     claim: Vec<f64>,
+    store: Vec<f64>,
     fire: Vec<f64>,
     to_server: Vec<f64>,
     to_answer: Vec<f64>,
@@ -201,6 +206,7 @@ async fn scenario(harnesses: usize, todos: usize, by_hand: bool) -> Latencies {
 fn report(what: &str, harnesses: usize, l: &Latencies, base: &[f64]) {
     for (path, from, lat) in [
         ("claim_spawn", "claim", &l.claim),
+        ("store_claim_spawn", "store claim", &l.store),
         ("fire_spawn", "firing", &l.fire),
     ] {
         println!(

@@ -525,7 +525,7 @@ impl Drop for DaemonLock {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use relay_core::relay::{Capabilities, Command, RelayOutcome};
@@ -536,7 +536,8 @@ mod tests {
 
     const TOKEN: &str = "lease-T0K3N-q3vZw-planted";
 
-    fn record(harness: &str, run_id: u64, outcome: RunOutcome) -> RunRecord {
+    /// A leased run's record, as the machine writes it.
+    pub(crate) fn record(harness: &str, run_id: u64, outcome: RunOutcome) -> RunRecord {
         RunRecord {
             harness: harness.into(),
             run_id,

@@ -1083,9 +1083,16 @@ impl Daemon {
     }
 }
 
+/// How many queued run records [`record_writer`] takes at once, at most.
+const RECORD_BATCH: usize = 64;
+
 /// The one task that writes run records, in the order the machines wrote them (a run's
 /// records replace one another), each synced to disk, off the actor; after a run's closing
-/// record it prunes the harness to its `keep_runs`.
+/// record it prunes the harness to its `keep_runs`. It takes every record waiting (up to
+/// [`RECORD_BATCH`]) in one trip to the blocking pool, and of a run's records among them
+/// writes only the newest: the older ones were already replaced in memory, and writing them
+/// would only replace them on disk a file and an fsync later. Under a burst of short attempts,
+/// a firing's and a claim's records are often both superseded by the closing one.
 fn record_writer(
     journal: Journal,
 ) -> (
@@ -1094,16 +1101,20 @@ fn record_writer(
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(RunRecord, usize)>();
     let task = tokio::spawn(async move {
-        while let Some((record, keep)) = rx.recv().await {
+        let mut waiting = Vec::new();
+        while rx.recv_many(&mut waiting, RECORD_BATCH).await > 0 {
+            let batch = newest_per_run(std::mem::take(&mut waiting));
             let journal = journal.clone();
             let done = tokio::task::spawn_blocking(move || {
-                if let Err(e) = journal.write_record(&record) {
-                    tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
-                }
-                if record.outcome != RunOutcome::Running
-                    && let Err(e) = journal.prune(&record.harness, keep)
-                {
-                    tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
+                for (record, keep) in batch {
+                    if let Err(e) = journal.write_record(&record) {
+                        tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
+                    }
+                    if record.outcome != RunOutcome::Running
+                        && let Err(e) = journal.prune(&record.harness, keep)
+                    {
+                        tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
+                    }
                 }
             })
             .await;
@@ -1113,4 +1124,75 @@ fn record_writer(
         }
     });
     (tx, task)
+}
+
+/// Of `records` (oldest first), the newest of each run, in the order of those newest ones.
+fn newest_per_run<T>(records: Vec<(RunRecord, T)>) -> Vec<(RunRecord, T)> {
+    let mut seen = std::collections::HashSet::new();
+    let mut newest: Vec<_> = records
+        .into_iter()
+        .rev()
+        .filter(|(r, _)| seen.insert((r.harness.clone(), r.run_id)))
+        .collect();
+    newest.reverse();
+    newest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::tests::record;
+
+    fn runs(records: &[(RunRecord, usize)]) -> Vec<(&str, u64, RunOutcome)> {
+        records
+            .iter()
+            .map(|(r, _)| (r.harness.as_str(), r.run_id, r.outcome))
+            .collect()
+    }
+
+    #[test]
+    fn only_the_newest_record_of_each_run_is_written() {
+        let waiting = vec![
+            (record("a", 1, RunOutcome::Running), 1),
+            (record("b", 1, RunOutcome::Running), 2),
+            (record("a", 1, RunOutcome::Running), 3),
+            (record("a", 2, RunOutcome::Running), 4),
+            (record("a", 1, RunOutcome::Success), 5),
+        ];
+        let batch = newest_per_run(waiting);
+        assert_eq!(
+            runs(&batch),
+            [
+                ("b", 1, RunOutcome::Running),
+                ("a", 2, RunOutcome::Running),
+                ("a", 1, RunOutcome::Success),
+            ]
+        );
+        assert_eq!(batch.iter().map(|(_, k)| *k).collect::<Vec<_>>(), [2, 4, 5]);
+    }
+
+    /// Records queued before the writer runs: each run ends on disk as its newest record, and the
+    /// closing one prunes.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_record_writer_leaves_each_run_at_its_newest_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path()).unwrap();
+        let (tx, task) = record_writer(journal.clone());
+        for (run_id, outcome) in [
+            (1, RunOutcome::Success),
+            (2, RunOutcome::Running),
+            (3, RunOutcome::Running),
+            (2, RunOutcome::Running),
+            (3, RunOutcome::Failed),
+        ] {
+            tx.send((record("a", run_id, outcome), 2)).unwrap();
+        }
+        drop(tx);
+        task.await.unwrap();
+        let on_disk = |run_id| journal.record("a", run_id).unwrap().map(|r| r.outcome);
+        // keep_runs 2 after run 3 closed: run 1, the oldest, is pruned.
+        assert_eq!(on_disk(1), None);
+        assert_eq!(on_disk(2), Some(RunOutcome::Running));
+        assert_eq!(on_disk(3), Some(RunOutcome::Failed));
+    }
 }

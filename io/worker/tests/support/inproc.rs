@@ -5,9 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use relay_core::ledger::{
-    Actor, Answer, LedgerConfig, NewTodo, Op, TodoFilter, TodoState, TokenHash,
-};
+use relay_core::ledger::{Answer, LedgerConfig, NewTodo, Op, TodoState, TokenHash};
 use relay_core::time::WallClock;
 use relay_server::server::{Server, ServerConfig, new_bearer_token};
 use relay_server::store::{NewEndpoint, Store};
@@ -172,20 +170,13 @@ impl System {
 
     /// How many todos are done.
     pub async fn done(&self) -> usize {
-        self.store
-            .apply(Op::ListTodos {
-                actor: Actor::cli(),
-                filter: TodoFilter {
-                    queues: None,
-                    state: Some(TodoState::Done),
-                    after: None,
-                    limit: 100_000,
-                },
-            })
-            .await
-            .and_then(Answer::todos)
-            .expect("list")
-            .len()
+        // A count, not a list: a bench polls this while it measures, and decoding every done
+        // todo took a tenth of the machine's CPU then.
+        let counts = self.store.count_by_state().await.expect("count");
+        counts
+            .iter()
+            .find(|(state, _)| state == TodoState::Done.as_str())
+            .map_or(0, |(_, n)| usize::try_from(*n).expect("a count"))
     }
 }
 
