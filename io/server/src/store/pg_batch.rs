@@ -45,7 +45,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
-use super::postgres::{CHANGE_LOCK_SHARED, PgStore, SQL, db_now, pg_err, pg_vals};
+use super::postgres::{CHANGE_LOCK_SHARED, CLAIM_PLAN, PgStore, SQL, db_now, pg_err, pg_vals};
 use super::rows::{self, Val};
 
 /// The sizes of the Postgres store's writers.
@@ -495,7 +495,7 @@ impl<'c> Batch<'c> {
             let sql = limited(&g.key.0, *n);
             claims.push(self.stmt("claim_next", &sql, vals).await?);
         }
-        let begin = format!("BEGIN; {CHANGE_LOCK_SHARED}");
+        let begin = begin_sql(!claims.is_empty());
         let none: &[&(dyn ToSql + Sync)] = &[];
         let mut futs: Vec<Fut<'_>> = vec![
             Box::pin(async {
@@ -1085,6 +1085,15 @@ static OPEN_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 });
 
 const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
+
+/// The batch's first statements: `BEGIN`, the change lock, and for a batch that claims, the
+/// claim's planner setting (every `claim_next` of the batch reads in this transaction).
+pub(super) fn begin_sql(claims: bool) -> String {
+    match claims {
+        true => format!("BEGIN; {CHANGE_LOCK_SHARED}; {CLAIM_PLAN}"),
+        false => format!("BEGIN; {CHANGE_LOCK_SHARED}"),
+    }
+}
 
 /// A claim_next scope: its statement and values but `now` (bound first), so that callers whose
 /// clocks differ by a millisecond share one read (each row is still judged at each one's `now`).

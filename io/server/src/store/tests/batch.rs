@@ -233,3 +233,80 @@ fn a_batch_runs_at_the_database_clock() {
         );
     });
 }
+
+/// The claim's planner setting (`CLAIM_PLAN`). On a todos table without statistics, with a
+/// backlog of 100 000 for the claim's endpoint, Postgres by default plans the claim as a bitmap
+/// scan of every claimable row and a sort of them all; under the setting it walks `todos_fifo`
+/// in order and stops at the rows it takes. Every batch that claims begins with the setting
+/// (the single-operation path sends it before its claim too).
+#[test]
+fn claims_walk_the_fifo_index_without_statistics() {
+    use crate::store::pg_batch::begin_sql;
+    use crate::store::postgres::{CLAIM_PLAN, SQL, pg_vals};
+
+    let Some(schema) = PgSchema::new("claims_walk_the_fifo_index_without_statistics") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let store = schema.open(LedgerConfig::default()).await;
+        super::raw_batch(
+            &store,
+            "ALTER TABLE todos SET (autovacuum_enabled = false);
+             INSERT INTO todos (id, endpoint, queue, title, state, attempt, max_attempts,
+                                created_at, updated_at)
+             SELECT 'td_' || lpad(i::text, 6, '0'), 'e1', 'q', 't', 'pending', 0, 5, i, i
+             FROM generate_series(1, 100000) i",
+        )
+        .await;
+        let Store::Postgres(p) = &store else {
+            unreachable!()
+        };
+        let queues = ["q".to_string()];
+        let (sql, vals) = SQL
+            .next_claimable(
+                "claim_next",
+                T0,
+                &Actor::endpoint("e1"),
+                Some(&queues),
+                &[],
+                " FOR UPDATE SKIP LOCKED",
+            )
+            .unwrap();
+        let mut c = p.client("test").await.unwrap();
+        let mut plan = async |setting: Option<&str>| {
+            let tx = c.transaction().await.unwrap();
+            if let Some(s) = setting {
+                tx.batch_execute(s).await.unwrap();
+            }
+            let vals = pg_vals("claim_next", vals.clone()).unwrap();
+            let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                vals.iter().map(|v| &**v as _).collect();
+            let rows = tx
+                .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &args)
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            rows.iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let default = plan(None).await;
+        assert!(
+            default.contains("Sort") && !default.contains("Index Scan using todos_fifo"),
+            "without statistics the default plan should sort the whole backlog; if it no \
+             longer does, CLAIM_PLAN may not be needed:\n{default}"
+        );
+        let claim = plan(Some(CLAIM_PLAN)).await;
+        assert!(
+            claim.contains("Index Scan using todos_fifo") && !claim.contains("Sort"),
+            "{claim}"
+        );
+        assert!(begin_sql(true).ends_with(CLAIM_PLAN), "{}", begin_sql(true));
+        assert!(
+            !begin_sql(false).contains(CLAIM_PLAN),
+            "{}",
+            begin_sql(false)
+        );
+    });
+}
