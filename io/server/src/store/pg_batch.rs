@@ -45,7 +45,9 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
-use super::postgres::{CHANGE_LOCK_SHARED, CLAIM_PLAN, PgStore, SQL, db_now, pg_err, pg_vals};
+use super::postgres::{
+    CHANGE_LOCK_SHARED, CLAIM_LOCK, CLAIM_PLAN, PgStore, SQL, db_now, pg_err, pg_vals,
+};
 use super::rows::{self, Val};
 
 /// The sizes of the Postgres store's writers.
@@ -1083,8 +1085,6 @@ static OPEN_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         rows::select_list("a", &rows::ATTEMPT_COLS)
     )
 });
-
-const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
 
 /// The batch's first statements: `BEGIN`, the change lock, and for a batch that claims, the
 /// claim's planner setting (every `claim_next` of the batch reads in this transaction).

@@ -751,6 +751,25 @@ impl PgStore {
         })
     }
 
+    /// A planner setting's value inside an operation's own transaction, after the claim of
+    /// `claim_next` ran there alone (outside a batch).
+    #[cfg(test)]
+    pub(crate) async fn setting_after_claim(&self, setting: &str, actor: &Actor) -> String {
+        let mut client = self.client("test").await.expect("a connection");
+        let mut tx = self
+            .begin(&mut client, TxKind::Write, "test")
+            .await
+            .expect("a transaction");
+        Rows::next_claimable(&mut tx, 0, actor, None, &[])
+            .await
+            .expect("the claim's read");
+        let row =
+            tx.t.query_one("SELECT current_setting($1)", &[&setting])
+                .await
+                .expect("the setting");
+        row.get(0)
+    }
+
     #[cfg(test)]
     pub(crate) async fn plant_attempt(&self, a: Attempt) -> Result<(), Error> {
         let mut client = self.client("plant").await?;
@@ -890,6 +909,8 @@ pub(crate) const CHANGE_LOCK_SHARED: &str =
 /// transactions: a sweep's plan (its partial index, then a sort by id) is right as it is. The
 /// claim statements only ever run under it, so a plan Postgres caches for them is this one.
 pub(crate) const CLAIM_PLAN: &str = "SET LOCAL enable_sort = off";
+/// `claim_next`'s lock clause: a row another transaction holds is skipped, not waited for.
+pub(crate) const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
 static LOAD_FOR_UPDATE: LazyLock<String> =
     LazyLock::new(|| format!("{} WHERE t.id = $1 FOR UPDATE", SQL.todo_select));
 static ENDPOINT_GET: LazyLock<String> =
@@ -1073,8 +1094,7 @@ impl Rows for PgTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let lock = " FOR UPDATE SKIP LOCKED";
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, lock)?;
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, CLAIM_LOCK)?;
         self.t
             .batch_execute(CLAIM_PLAN)
             .await

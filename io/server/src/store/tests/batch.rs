@@ -237,12 +237,12 @@ fn a_batch_runs_at_the_database_clock() {
 /// The claim's planner setting (`CLAIM_PLAN`). On a todos table without statistics, with a
 /// backlog of 100 000 for the claim's endpoint, Postgres by default plans the claim as a bitmap
 /// scan of every claimable row and a sort of them all; under the setting it walks `todos_fifo`
-/// in order and stops at the rows it takes. Every batch that claims begins with the setting
-/// (the single-operation path sends it before its claim too).
+/// in order and stops at the rows it takes. Every batch that claims begins with the setting, and
+/// a claim outside a batch sends it before its read.
 #[test]
 fn claims_walk_the_fifo_index_without_statistics() {
     use crate::store::pg_batch::begin_sql;
-    use crate::store::postgres::{CLAIM_PLAN, SQL, pg_vals};
+    use crate::store::postgres::{CLAIM_LOCK, CLAIM_PLAN, SQL, pg_vals};
 
     let Some(schema) = PgSchema::new("claims_walk_the_fifo_index_without_statistics") else {
         return;
@@ -269,7 +269,7 @@ fn claims_walk_the_fifo_index_without_statistics() {
                 &Actor::endpoint("e1"),
                 Some(&queues),
                 &[],
-                " FOR UPDATE SKIP LOCKED",
+                CLAIM_LOCK,
             )
             .unwrap();
         let mut c = p.client("test").await.unwrap();
@@ -303,6 +303,13 @@ fn claims_walk_the_fifo_index_without_statistics() {
             "{claim}"
         );
         assert!(begin_sql(true).ends_with(CLAIM_PLAN), "{}", begin_sql(true));
+        let alone = p
+            .setting_after_claim("enable_sort", &Actor::endpoint("e1"))
+            .await;
+        assert_eq!(
+            alone, "off",
+            "a claim outside a batch runs under CLAIM_PLAN too"
+        );
         assert!(
             !begin_sql(false).contains(CLAIM_PLAN),
             "{}",
