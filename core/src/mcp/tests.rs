@@ -293,3 +293,39 @@ fn a_listen_names_granted_queues_only() {
         crate::ErrorCode::Forbidden
     );
 }
+
+proptest::proptest! {
+    /// The fuzz body over arbitrary bytes, and over requests shaped like either era's.
+    #[test]
+    fn decoding_either_era_never_panics(pick: u8, data: Vec<u8>) {
+        let mut input = vec![pick];
+        input.extend(data);
+        crate::testing::mcp_decode(&input);
+    }
+
+    #[test]
+    fn decoding_shaped_requests_holds_the_rules(
+        pick: u8,
+        method in proptest::sample::select(vec![
+            "server/discover", "tools/list", "tools/call", "resources/read", "resources/list",
+            "subscriptions/listen", "initialize", "ping", "nope",
+        ]),
+        name in "[ -~]{0,12}",
+        meta in proptest::option::of(proptest::sample::select(vec![
+            json!({}), json!({"io.modelcontextprotocol/protocolVersion": MODERN}),
+            json!({"io.modelcontextprotocol/protocolVersion": MODERN,
+                   "io.modelcontextprotocol/clientCapabilities": {}}),
+            json!({"io.modelcontextprotocol/protocolVersion": "2099-01-01",
+                   "io.modelcontextprotocol/clientCapabilities": {}}),
+        ])),
+    ) {
+        let mut params = json!({"name": name, "uri": name});
+        if let Some(m) = meta {
+            params["_meta"] = m;
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let mut input = vec![pick];
+        input.extend(body.to_string().into_bytes());
+        crate::testing::mcp_decode(&input);
+    }
+}
