@@ -250,6 +250,28 @@ async fn sessions_are_capped_per_endpoint_and_in_total() {
     assert!(full.contains("maximum of 3 sessions"), "{full}");
 }
 
+/// A session that holds a doorbell stream is never ended to make room: at the cap with every
+/// session streaming, initialize is refused, and the streaming session still answers.
+#[tokio::test]
+async fn a_session_with_a_stream_is_not_ended_for_room() {
+    let r = start(|c| c.max_sessions_per_endpoint = 1).await;
+    let token = r.endpoint("ep", VERBS, None).await;
+    let first = session_of(&r.initialize("ep", &token).await);
+    let mut stream = r.connect().await;
+    let get = format!(
+        "GET /mcp/ep HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Accept: text/event-stream\r\nMcp-Session-Id: {first}\r\n\r\n"
+    );
+    stream.write_all(get.as_bytes()).await.unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    r.clock.advance(1_000);
+    let over = r.initialize("ep", &token).await;
+    assert!(over.starts_with("HTTP/1.1 503"), "{over}");
+    assert!(over.contains("doorbell stream"), "{over}");
+    drop(stream);
+}
+
 #[tokio::test]
 async fn doorbell_streams_are_capped() {
     let r = start(|c| c.max_streams = 1).await;
