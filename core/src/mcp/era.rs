@@ -177,6 +177,22 @@ pub fn classify(
     }))
 }
 
+/// Whether a message without an answer (a notification, or a client's response) belongs to the
+/// modern era: no session, and a modern version in the header or the envelope. A modern one is
+/// accepted as it is; a legacy one still belongs to its session.
+pub fn notification_is_modern(h: &Headers, params: Option<&Value>) -> bool {
+    let declared = params
+        .and_then(|p| p.get("_meta"))
+        .is_some_and(|m| m.get(META_VERSION).is_some());
+    h.session.is_none() && (declared || h.protocol_version.is_some_and(is_modern_version))
+}
+
+/// Whether a bodiless request (GET, DELETE) speaks the modern era, which has neither: no
+/// session, and a modern version header.
+pub fn bodiless_is_modern(h: &Headers) -> bool {
+    h.session.is_none() && h.protocol_version.is_some_and(is_modern_version)
+}
+
 fn legacy(h: &Headers, method: &str, id: &Value) -> Result<Era, Fault> {
     if let Some(v) = h.protocol_version
         && !LEGACY_VERSIONS.contains(&v)

@@ -34,6 +34,19 @@ pub fn offered(grant: &Grant) -> bool {
     grant.may_claim()
 }
 
+/// Whether an endpoint with `grant` may read the queue resource of `queue`: a queue it may claim
+/// from. Any other reads as not found, like a foreign todo.
+pub fn readable(grant: &Grant, queue: &str) -> Result<(), Error> {
+    if offered(grant) && grant.covers(queue) {
+        return Ok(());
+    }
+    Err(Error::not_found(format!(
+        "resources/read: no queue {} for this endpoint (queue resources are the queues it may \
+         claim from)",
+        crate::limits::escape_text(queue)
+    )))
+}
+
 /// A decoded `subscriptions/listen`: the queues to ring for, and the honoured subset of the
 /// request's filter for the acknowledgement.
 #[derive(Clone, Debug, PartialEq, Eq)]

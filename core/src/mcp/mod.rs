@@ -242,6 +242,36 @@ pub fn server_info() -> Value {
     json!({"name": "relay", "version": env!("CARGO_PKG_VERSION")})
 }
 
+/// The capabilities an endpoint with `grant` is offered in `era`: tools always (they never
+/// change while the endpoint lives); resources when it may list todos or claim (queue
+/// resources), subscribable in the modern era through `subscriptions/listen`; the legacy
+/// doorbell method as an experimental capability.
+pub fn capabilities(grant: &crate::grant::Grant, era: &Era) -> Value {
+    let mut caps = json!({"tools": {"listChanged": false}});
+    if !era.is_modern() {
+        caps["experimental"] = json!({"relay/doorbell": {"method": LEGACY_DOORBELL}});
+    }
+    let listens = listen::offered(grant);
+    if crate::resources::offered(grant) || listens {
+        caps["resources"] = json!({"subscribe": era.is_modern() && listens, "listChanged": false});
+    }
+    caps
+}
+
+/// The legacy era's doorbell notification (on a session's GET stream).
+pub const LEGACY_DOORBELL: &str = "notifications/todo_ready";
+
+/// `server/discover`'s answer for an endpoint with `grant` (framed by [`framed`]).
+pub fn discover(grant: &crate::grant::Grant, era: &Era) -> Value {
+    json!({
+        "supportedVersions": era::MODERN_VERSIONS,
+        "capabilities": capabilities(grant, era),
+        "instructions": "A work queue with fenced leases. claim_next takes work; heartbeat keeps \
+            the lease; complete or fail ends the attempt. Subscribe to relay://queues/<queue> on \
+            subscriptions/listen to hear when work may be waiting.",
+    })
+}
+
 /// A method's result framed for its era: modern results say `resultType`, carry the server's
 /// info in `_meta`, and the cacheable ones `ttlMs` and `cacheScope`; legacy results go as they
 /// are.

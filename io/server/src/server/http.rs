@@ -21,10 +21,11 @@ use serde_json::Value;
 use super::Server;
 use super::rpc::{self, Reply};
 use super::session::{
-    check_session, event_stream, fault_response, header_str, json_response, rpc_error,
+    check_session, event_stream, fault_response, header_str, json_response, protocol_headers,
+    rpc_error,
 };
 use crate::store::Endpoint;
-use relay_core::mcp::era::{SESSION_HEADER, VERSION_HEADER};
+use relay_core::mcp::era::SESSION_HEADER;
 
 pub(crate) const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -378,9 +379,7 @@ async fn mcp_post(
 /// GET and DELETE belong to legacy sessions; the 2026-07-28 era has neither (405), and hears
 /// the doorbell on `subscriptions/listen` instead.
 fn modern_refusal(headers: &HeaderMap) -> Option<Response> {
-    let modern = header_str(headers, SESSION_HEADER).is_none()
-        && header_str(headers, VERSION_HEADER)
-            .is_some_and(|v| !super::PROTOCOL_VERSIONS.contains(&v));
+    let modern = relay_core::mcp::era::bodiless_is_modern(&protocol_headers(headers));
     modern.then(|| {
         let mut r = rpc_error(
             StatusCode::METHOD_NOT_ALLOWED,

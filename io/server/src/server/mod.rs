@@ -70,8 +70,8 @@ pub use relay_core::doorbell::{Gate, Offer};
 /// ones are `relay_core::mcp::era::MODERN_VERSIONS`).
 pub const PROTOCOL_VERSIONS: [&str; 3] = relay_core::mcp::era::LEGACY_VERSIONS;
 
-/// The doorbell's JSON-RPC method.
-pub const TODO_READY: &str = "notifications/todo_ready";
+/// The legacy doorbell's JSON-RPC method.
+pub const TODO_READY: &str = relay_core::mcp::LEGACY_DOORBELL;
 
 /// How the server runs. [`ServerConfig::for_listen`] gives the defaults for an address.
 #[derive(Clone, Debug, PartialEq, Eq)]

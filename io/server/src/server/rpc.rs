@@ -58,33 +58,9 @@ pub(crate) async fn handle(
     let (id, method, params) = match message {
         Message::Request { id, method, params } => (id, method, params),
         Message::Notification { params } => {
-            // A modern notification (e.g. a listen's `notifications/cancelled`) belongs to no
-            // session; a legacy one (`notifications/initialized`) still to its session.
-            let modern = h.session.is_none()
-                && (h
-                    .protocol_version
-                    .is_some_and(|v| !PROTOCOL_VERSIONS.contains(&v))
-                    || params
-                        .as_ref()
-                        .and_then(|p| p.get("_meta"))
-                        .is_some_and(|m| m.get(era::META_VERSION).is_some()));
-            if modern {
-                return Reply::Accepted;
-            }
-            return match check_session(server, endpoint, headers, &Value::Null).await {
-                Ok(_) => Reply::Accepted,
-                Err(r) => Reply::Raw(r),
-            };
+            return accepted(server, endpoint, headers, params.as_ref()).await;
         }
-        Message::Response => {
-            if h.session.is_none() {
-                return Reply::Accepted;
-            }
-            return match check_session(server, endpoint, headers, &Value::Null).await {
-                Ok(_) => Reply::Accepted,
-                Err(r) => Reply::Raw(r),
-            };
-        }
+        Message::Response => return accepted(server, endpoint, headers, None).await,
     };
     let era = match era::classify(&h, &method, params.as_ref(), &id) {
         Ok(era) => era,
@@ -120,18 +96,22 @@ pub(crate) async fn handle(
     }
 }
 
-/// The capabilities an endpoint is offered, in either era.
-fn capabilities(grant: &Grant, era: &Era) -> Value {
-    let mut caps = json!({"tools": {"listChanged": false}});
-    if !era.is_modern() {
-        caps["experimental"] = json!({"relay/doorbell": {"method": super::TODO_READY}});
+/// A message that wants no answer (a notification, a client's response): 202. A modern one
+/// (e.g. a listen's `notifications/cancelled`) belongs to no session; a legacy one
+/// (`notifications/initialized`) still to its session, which must be live.
+async fn accepted(
+    server: &Server,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    params: Option<&Value>,
+) -> Reply {
+    if era::notification_is_modern(&protocol_headers(headers), params) {
+        return Reply::Accepted;
     }
-    if resources::offered(grant) || listen::offered(grant) {
-        // Modern: subscribing is `subscriptions/listen` to a queue resource.
-        let subscribe = era.is_modern() && listen::offered(grant);
-        caps["resources"] = json!({"subscribe": subscribe, "listChanged": false});
+    match check_session(server, endpoint, headers, &Value::Null).await {
+        Ok(_) => Reply::Accepted,
+        Err(r) => Reply::Raw(r),
     }
-    caps
 }
 
 /// A method's result (`Err`: its refusal), before the era's frame.
@@ -147,13 +127,7 @@ async fn answer(
     let grant = endpoint.grant();
     match method {
         Method::Ping => Ok(json!({})),
-        Method::Discover => Ok(json!({
-            "supportedVersions": era::MODERN_VERSIONS,
-            "capabilities": capabilities(&grant, era),
-            "instructions": "A work queue with fenced leases. claim_next takes work; heartbeat \
-                keeps the lease; complete or fail ends the attempt. Subscribe to \
-                relay://queues/<queue> on subscriptions/listen to hear when work may be waiting.",
-        })),
+        Method::Discover => Ok(mcp::discover(&grant, era)),
         Method::ToolsList => Ok(wire::tools_list(&grant.tools())),
         Method::ToolsCall => {
             let params = params.unwrap_or_else(|| json!({}));
@@ -300,13 +274,7 @@ async fn read_queue(
     grant: &Grant,
     queue: &str,
 ) -> Result<Value, Error> {
-    if !listen::offered(grant) || !grant.covers(queue) {
-        return Err(Error::not_found(format!(
-            "resources/read: no queue {} for this endpoint (queue resources are the queues it \
-             may claim from)",
-            relay_core::limits::escape_text(queue)
-        )));
-    }
+    listen::readable(grant, queue)?;
     let counts = server
         .store()
         .queue_counts(&endpoint.name, Some(queue))
@@ -419,7 +387,7 @@ async fn initialize(
     tracing::info!(endpoint = %endpoint.name, protocol = version, "session initialized");
     let result = json!({
         "protocolVersion": version,
-        "capabilities": capabilities(&endpoint.grant(), &Era::Legacy { session: None }),
+        "capabilities": mcp::capabilities(&endpoint.grant(), &Era::Legacy { session: None }),
         "serverInfo": mcp::server_info(),
         "instructions": "A work queue with fenced leases. claim_next takes work; heartbeat keeps \
             the lease; complete or fail ends the attempt. Open a GET stream on this URL with \
