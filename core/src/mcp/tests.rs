@@ -329,3 +329,33 @@ proptest::proptest! {
         crate::testing::mcp_decode(&input);
     }
 }
+
+#[test]
+fn answerless_and_bodiless_messages_take_their_era_from_the_session_and_version() {
+    let modern = Headers {
+        protocol_version: Some(MODERN),
+        ..Headers::default()
+    };
+    let legacy = Headers {
+        session: Some("s"),
+        protocol_version: Some("2025-06-18"),
+        ..Headers::default()
+    };
+    assert!(era::notification_is_modern(&modern, None));
+    assert!(era::notification_is_modern(
+        &Headers::default(),
+        Some(&modern_params(json!({})))
+    ));
+    assert!(!era::notification_is_modern(&legacy, None));
+    assert!(!era::notification_is_modern(&Headers::default(), None));
+    assert!(era::bodiless_is_modern(&modern));
+    assert!(!era::bodiless_is_modern(&legacy));
+    let both = Headers {
+        session: Some("s"),
+        ..modern
+    };
+    assert!(
+        !era::bodiless_is_modern(&both),
+        "a session keeps the legacy era"
+    );
+}
