@@ -21,8 +21,8 @@ use serde_json::Value;
 use super::Server;
 use super::rpc::{self, Reply};
 use super::session::{
-    check_session, event_stream, fault_response, header_str, json_response, protocol_headers,
-    rpc_error,
+    StreamEnd, check_session, event_stream, fault_response, header_str, json_response,
+    protocol_headers, rpc_error,
 };
 use crate::store::Endpoint;
 use relay_core::mcp::era::SESSION_HEADER;
@@ -449,7 +449,12 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
         tracing::warn!(endpoint = %escape_text(&name), error = %e, "could not note the doorbell stream in the store");
     }
     tracing::info!(endpoint = %escape_text(&name), "doorbell stream opened");
-    event_stream(&server, rx, None)
+    let end = StreamEnd::Session {
+        server: server.clone(),
+        id: session,
+        endpoint: endpoint.name.clone(),
+    };
+    event_stream(&server, rx, None, end)
 }
 
 async fn mcp_delete(State(server): State<Server>, admitted: Admitted) -> Response {

@@ -589,6 +589,22 @@ impl Server {
         Ok(())
     }
 
+    /// Notes in the store that the session's stream ended, once its client went (called when
+    /// the stream's response is dropped). A failure only leaves the note to lapse.
+    pub(crate) fn note_stream_end(&self, id: &str, endpoint: &str) {
+        let (server, id_hash, endpoint) = (self.clone(), TokenHash::of(id), endpoint.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = server
+                .inner
+                .store
+                .mcp_session_stream_end(id_hash, &endpoint)
+                .await
+            {
+                tracing::warn!(endpoint = %endpoint, error = %e, "could not note the end of a doorbell stream; the note lapses on its own");
+            }
+        });
+    }
+
     /// Doorbell streams open on this server: legacy GET streams and modern listens.
     fn streams_open(st: &State) -> usize {
         st.sessions.values().filter(|s| s.stream_open()).count()

@@ -20,7 +20,7 @@ use relay_core::wire::{self, LeaseToken, Tool};
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
 
-use super::session::{check_session, event_stream, fault_response, protocol_headers};
+use super::session::{StreamEnd, check_session, event_stream, fault_response, protocol_headers};
 use super::{PROTOCOL_VERSIONS, Server};
 use crate::store::Endpoint;
 
@@ -335,7 +335,7 @@ fn open_listen(
     match server.open_listen(&endpoint.name, listen, id.clone()) {
         Ok(rx) => {
             tracing::info!(endpoint = %endpoint.name, "listen stream opened");
-            Reply::Raw(event_stream(server, rx, Some(farewell)))
+            Reply::Raw(event_stream(server, rx, Some(farewell), StreamEnd::Listen))
         }
         Err(message) => {
             tracing::warn!(endpoint = %endpoint.name, "refused a listen stream: at the stream cap");

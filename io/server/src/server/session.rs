@@ -105,18 +105,44 @@ pub(crate) async fn check_session(
     Ok(session.to_string())
 }
 
+/// What a stream does when its response is dropped (the client went, or the stream ended).
+pub(crate) enum StreamEnd {
+    /// A modern listen: nothing (the doorbell sweep forgets a closed listener).
+    Listen,
+    /// A legacy session's GET stream: the store forgets that the session holds a stream.
+    Session {
+        server: Server,
+        id: String,
+        endpoint: String,
+    },
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        if let StreamEnd::Session {
+            server,
+            id,
+            endpoint,
+        } = self
+        {
+            server.note_stream_end(id, endpoint);
+        }
+    }
+}
+
 /// A doorbell stream as a server-sent event stream: each message `rx` yields, a keep-alive
 /// comment every 15 s, and at shutdown `farewell` (a modern listen's closing answer) before the
-/// stream ends.
+/// stream ends; `end` runs when the response is dropped.
 pub(crate) fn event_stream(
     server: &Server,
     rx: mpsc::Receiver<String>,
     farewell: Option<String>,
+    end: StreamEnd,
 ) -> Response {
     let shutdown = server.inner.shutdown.subscribe();
     let stream = futures_util::stream::unfold(
-        (rx, shutdown, farewell, false),
-        |(mut rx, mut shutdown, farewell, ended)| async move {
+        (rx, shutdown, farewell, false, end),
+        |(mut rx, mut shutdown, farewell, ended, end)| async move {
             if ended {
                 return None;
             }
@@ -127,12 +153,15 @@ pub(crate) fn event_stream(
             match msg {
                 Some(m) => Some((
                     Ok::<Event, Infallible>(Event::default().data(m)),
-                    (rx, shutdown, farewell, false),
+                    (rx, shutdown, farewell, false, end),
                 )),
                 // The farewell is the last message; the stream ends after it.
-                None => {
-                    farewell.map(|f| (Ok(Event::default().data(f)), (rx, shutdown, None, true)))
-                }
+                None => farewell.map(|f| {
+                    (
+                        Ok(Event::default().data(f)),
+                        (rx, shutdown, None, true, end),
+                    )
+                }),
             }
         },
     );

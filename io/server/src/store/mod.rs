@@ -562,6 +562,22 @@ impl Store {
     }
 
     /// Ends a session of `endpoint`; `false` when there was none.
+    /// Notes that a session's doorbell stream ended (see `ops::mcp_session_stream_end`).
+    pub async fn mcp_session_stream_end(
+        &self,
+        id_hash: TokenHash,
+        endpoint: &str,
+    ) -> Result<(), Error> {
+        let endpoint = endpoint.to_string();
+        run!(
+            self,
+            ops::TxKind::Write,
+            "stream end",
+            endpoint.clone(),
+            |tx| ops::mcp_session_stream_end(tx, &id_hash, &endpoint)
+        )
+    }
+
     pub async fn mcp_session_end(&self, id_hash: TokenHash, endpoint: &str) -> Result<bool, Error> {
         let endpoint = endpoint.to_string();
         run!(

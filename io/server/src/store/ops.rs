@@ -475,6 +475,20 @@ pub(crate) async fn mcp_session_touch<T: Tx>(
     Ok(tx.exec_sql(op, endpoint, sql, vals).await? == 1)
 }
 
+/// Notes that a session's doorbell stream ended (its client went): it may be ended for room
+/// again at once, not only when the note lapses.
+pub(crate) async fn mcp_session_stream_end<T: Tx>(
+    tx: &mut T,
+    id_hash: &TokenHash,
+    endpoint: &str,
+) -> Result<(), Error> {
+    let sql = "UPDATE mcp_sessions SET stream_until = NULL WHERE id_hash = $1 AND endpoint = $2";
+    let vals = vec![hash(id_hash), text(endpoint)];
+    tx.exec_sql("stream end", endpoint, sql, vals)
+        .await
+        .map(drop)
+}
+
 /// Ends a session of `endpoint` (DELETE); `false` when there was none.
 pub(crate) async fn mcp_session_end<T: Tx>(
     tx: &mut T,
