@@ -244,7 +244,9 @@ fn named<'a>(method: &str, params: Option<&'a Value>) -> Option<(&'static str, O
     let field = match method {
         "tools/call" | "prompts/get" => "name",
         "resources/read" => "uri",
-        m if m.starts_with("tasks/") => "taskId",
+        // The Tasks extension's routed methods; its removed ones (`tasks/list`,
+        // `tasks/result`) carry no name and are answered method-not-found.
+        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
         _ => return None,
     };
     Some((

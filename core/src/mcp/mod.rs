@@ -321,5 +321,30 @@ pub fn resource_not_found(era: &Era, id: Value, uri: Option<&str>, message: &str
     }
 }
 
+/// A resource method's refusal of `e` in `era` (`None` for an internal error, which the server
+/// answers with an error id): bad params are invalid params naming the field, with `data.uri`
+/// in the modern era when a URI was given (a URI relay does not serve names no resource); an
+/// unknown or foreign resource is the era's not-found; a method the grant lacks, `-32003`.
+pub fn resource_refusal(
+    era: &Era,
+    id: Value,
+    uri: Option<&str>,
+    e: &crate::Error,
+) -> Option<Fault> {
+    use crate::ErrorCode;
+    Some(match e.code {
+        ErrorCode::Invalid => {
+            let f = refusal(era, id, INVALID_PARAMS, e.message.clone());
+            match uri {
+                Some(u) if era.is_modern() => f.with_data(json!({"uri": u})),
+                _ => f,
+            }
+        }
+        ErrorCode::NotFound => resource_not_found(era, id, uri, &e.message),
+        ErrorCode::Forbidden => refusal(era, id, FORBIDDEN, e.message.clone()),
+        ErrorCode::Conflict | ErrorCode::Internal => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests;

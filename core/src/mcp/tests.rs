@@ -194,6 +194,21 @@ fn methods_belong_to_their_era() {
     assert_eq!((f.status, f.code), (404, METHOD_NOT_FOUND));
     let f = Method::of("ping", &modern, &json!(1)).unwrap_err();
     assert_eq!((f.status, f.code), (404, METHOD_NOT_FOUND));
+    // The Tasks extension's removed methods carry no name: method-not-found, not a mismatch.
+    let p = modern_params(json!({"taskId": "t"}));
+    let h = headers("tasks/list", None);
+    let era_of = era::classify(&h, "tasks/list", Some(&p), &json!(1)).unwrap();
+    assert_eq!(
+        Method::of("tasks/list", &era_of, &json!(1))
+            .unwrap_err()
+            .status,
+        404
+    );
+    let h = headers("tasks/get", None);
+    assert_eq!(
+        code(era::classify(&h, "tasks/get", Some(&p), &json!(1))),
+        (400, HEADER_MISMATCH)
+    );
     let f = Method::of("server/discover", &legacy, &json!(1)).unwrap_err();
     assert_eq!((f.status, f.code), (200, METHOD_NOT_FOUND));
     assert_eq!(Method::of("ping", &legacy, &json!(1)), Ok(Method::Ping));

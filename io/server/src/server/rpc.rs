@@ -283,8 +283,7 @@ async fn read_queue(
     Ok(listen::read_result(queue, &by_state))
 }
 
-/// A resource method's answer: bad params are `invalid params`, naming the field; an unknown or
-/// foreign resource is the era's not-found.
+/// A resource method's answer, or its refusal in the era (`relay_core::mcp::resource_refusal`).
 fn resource_answer(
     server: &Server,
     endpoint: &Endpoint,
@@ -300,18 +299,17 @@ fn resource_answer(
     };
     let method = method.as_str();
     tracing::info!(endpoint = %endpoint.name, method, result = e.code.as_str(), "resource refused");
-    Err(match e.code {
-        ErrorCode::Invalid => mcp::refusal(era, id.clone(), mcp::INVALID_PARAMS, e.message),
-        ErrorCode::NotFound => mcp::resource_not_found(era, id.clone(), uri, &e.message),
-        ErrorCode::Forbidden => mcp::refusal(era, id.clone(), mcp::FORBIDDEN, e.message),
-        _ => internal(
-            server,
-            era,
-            id,
-            &format!("endpoint {} {method}", endpoint.name),
-            &e,
-        ),
-    })
+    Err(
+        mcp::resource_refusal(era, id.clone(), uri, &e).unwrap_or_else(|| {
+            internal(
+                server,
+                era,
+                id,
+                &format!("endpoint {} {method}", endpoint.name),
+                &e,
+            )
+        }),
+    )
 }
 
 /// `subscriptions/listen`: an event stream that starts with the acknowledgement and rings the
