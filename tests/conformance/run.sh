@@ -73,25 +73,31 @@ echo "conformance: relay serve at $server, suite via the auth proxy at $proxy"
 
 # One era: the suite's own baseline (by scenario) from that era's list, so that its exit status
 # means "crashed or unexpected"; compare.py then checks check by check.
-#   era_run ERA EXPECTED_FILE SUITE_ARGS...
-era_run() {
-    local era="$1" expected="$2"; shift 2
-    local baseline="$work/baseline-$era.yml" suite_status status=0
+#   suite_run ERA PART EXPECTED_FILE SUITE_ARGS...   (one invocation; results under results-ERA/PART)
+#   era_check ERA EXPECTED_FILE                       (every invocation of the era against its list)
+suite_status=0
+suite_run() {
+    local era="$1" part="$2" expected="$3"; shift 3
+    local baseline="$work/baseline-$era.yml" log="$work/suite-$era-$part.log"
     { echo "server:"; grep -v '^\s*\(#\|$\)' "$expected" | awk '{print "  - " $1}' | sort -u; } >"$baseline"
     echo "== conformance, $era era: $*"
     set +e
     (cd "$work" && NO_COLOR=1 FORCE_COLOR=0 "$suite" server --url "$proxy/mcp/conformance" \
-        --output-dir "$work/results-$era" --expected-failures "$baseline" "$@") >"$work/suite-$era.log" 2>&1
-    suite_status=$?
+        --output-dir "$work/results-$era/$part" --expected-failures "$baseline" "$@") >"$log" 2>&1
+    [ $? = 0 ] || suite_status=1
     set -e
     # The suite's per-scenario summary, without its "Total:" line (compare.py's line is the verdict).
-    sed -n '/=== SUMMARY ===/,$p' "$work/suite-$era.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -v '^Total:' || true
+    sed -n '/=== SUMMARY ===/,/^Total:/p' "$log" | sed 's/\x1b\[[0-9;]*m//g' | grep -v '^Total:' || true
+}
+era_check() {
+    local era="$1" expected="$2" status=0
     python3 "$here/compare.py" "$work/results-$era" "$expected" || status=1
     if [ "$suite_status" != 0 ] && [ "$status" = 0 ]; then
         echo "conformance: the suite exited $suite_status although every check is as expected; its log:"
-        tail -n 40 "$work/suite-$era.log"
+        tail -n 40 "$work"/suite-"$era"-*.log
         status=1
     fi
+    suite_status=0
     return "$status"
 }
 
@@ -100,9 +106,14 @@ for era in ${ERAS:-modern legacy}; do
     case "$era" in
         # The scored 2026-07-28 set (the runner puts its scenarios on the stateless wire), then
         # the rest of the modern suite (pending and draft scenarios), which --requirements leaves out.
-        modern) era_run modern "$here/expected-failures-modern.txt" --requirements 2026-07-28 || status=1 ;;
+        modern)
+            suite_run modern required "$here/expected-failures-modern.txt" --requirements 2026-07-28
+            suite_run modern rest "$here/expected-failures-modern.txt" --suite draft
+            era_check modern "$here/expected-failures-modern.txt" || status=1 ;;
         # Every scenario of the 2025-11-25 revision, on the initialize/session wire.
-        legacy) era_run legacy "$here/expected-failures-legacy.txt" --requirements 2025-11-25 || status=1 ;;
+        legacy)
+            suite_run legacy required "$here/expected-failures-legacy.txt" --requirements 2025-11-25
+            era_check legacy "$here/expected-failures-legacy.txt" || status=1 ;;
         *) echo "conformance: unknown era $era" >&2; exit 2 ;;
     esac
 done
