@@ -462,8 +462,10 @@ def modern_post(
     return resp.status_code, resp.json()
 
 
-def rpc_error(status: int, doc: dict[str, Any], code: int, *words: str) -> dict[str, Any]:
-    assert status == 400, (status, doc)
+def rpc_error(
+    status: int, doc: dict[str, Any], code: int, *words: str, http: int = 400
+) -> dict[str, Any]:
+    assert status == http, (status, doc)
     assert doc.get("id") == 41, "the error echoes the request id"
     err = doc["error"]
     assert err["code"] == code, err
@@ -507,9 +509,14 @@ def test_modern_bad_input_is_a_clear_error_that_changes_nothing(relay: Relay) ->
         relay, "tools/list", {}, meta=envelope(**{"io.modelcontextprotocol/protocolVersion": 20260728})
     )
     rpc_error(st, doc, -32602, "protocolVersion")
-    # A modern header with no envelope at all.
+    # A modern header with no envelope at all, or an envelope that is no object.
     st, doc = modern_post(relay, "tools/list", {}, meta={})
-    rpc_error(st, doc, -32602)
+    rpc_error(st, doc, -32602, "_meta")
+    st, doc = modern_post(relay, "tools/list", {}, meta="2026-07-28")
+    rpc_error(st, doc, -32602, "_meta")
+    # An unknown method: 404 with a JSON-RPC body (not a legacy transport's bare 404).
+    st, doc = modern_post(relay, "todos/steal", {})
+    rpc_error(st, doc, -32601, "todos/steal", http=404)
 
     # A legacy session id beside a modern envelope: refused, not guessed at.
     init = httpx2.post(
@@ -523,17 +530,19 @@ def test_modern_bad_input_is_a_clear_error_that_changes_nothing(relay: Relay) ->
     )
     session = init.headers["mcp-session-id"]
     st, doc = modern_post(relay, "tools/call", claim, headers={"Mcp-Session-Id": session})
-    err = rpc_error(st, doc, doc.get("error", {}).get("code", 0), "session")
-    assert err["code"] in (-32600, -32602), err
+    rpc_error(st, doc, -32600, "Mcp-Session-Id")
 
-    # A listen for a queue the endpoint is not granted: an error before any stream.
+    # A listen for a queue the endpoint is not granted: an error instead of a stream (in-band,
+    # HTTP 200, like every handler's -32602), naming the queue.
     st, doc = modern_post(
         relay, "subscriptions/listen",
         {"notifications": {"resourceSubscriptions": [f"relay://queues/{SECRET}"]}},
     )
-    assert st in (400, 403) or "error" in doc, (st, doc)
-    assert "error" in doc and "not granted" in doc["error"]["message"], doc
-    assert SECRET in doc["error"]["message"]
+    rpc_error(st, doc, -32602, "not granted", SECRET, http=200)
+    # Reading it: the specification's resource-not-found (-32602 with data.uri).
+    uri = f"relay://queues/{SECRET}"
+    st, doc = modern_post(relay, "resources/read", {"uri": uri}, headers={"Mcp-Name": uri})
+    assert rpc_error(st, doc, -32602, SECRET, http=200)["data"]["uri"] == uri
 
     # Nothing changed: the todo every refused claim named is still pending, never attempted.
     st, doc = modern_post(
