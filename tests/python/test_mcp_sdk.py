@@ -551,6 +551,9 @@ def test_modern_bad_input_is_a_clear_error_that_changes_nothing(relay: Relay) ->
     assert st == 200, doc
     view = doc["result"]["structuredContent"]
     assert view["todo"]["state"] == "pending" and view["attempts_total"] == 0, view
+    # Nothing logged with a token: neither the bearer token nor the legacy session id.
+    log = Path(relay.dir, "serve.log").read_text()
+    assert relay.token not in log and session not in log
 
 
 # ---- no lock-out by forgotten legacy sessions -------------------------------------------------
