@@ -1,8 +1,9 @@
-//! Real MCP clients against the real `relay serve`: the official Python SDK
-//! (tests/python/test_mcp_sdk.py) and the official conformance suite with its committed list of
-//! expected failures (tests/conformance/). Both need tools outside Cargo:
-//! `pip install -r tests/python/requirements.txt` and `(cd tests/conformance && npm ci)`
-//! (`.ci/mcp.sh --install` does both). Without them these tests say so and pass, unless
+//! Real MCP clients against the real `relay serve`: the official Python SDK in both MCP eras
+//! (tests/python/test_mcp_sdk.py), the official TypeScript SDKs (v2 in the 2026-07-28 era, v1 in
+//! the legacy era: tests/typescript/), and the official conformance suite in each era with its
+//! committed lists of expected failures (tests/conformance/). They need tools outside Cargo:
+//! `pip install -r tests/python/requirements.txt`, `(cd tests/typescript && npm ci)` and
+//! `(cd tests/conformance && npm ci)` (`.ci/mcp.sh` does all three). Without them these tests say so and pass, unless
 //! `RELAY_REQUIRE_MCP_CLIENTS=1` (CI sets it), which makes a missing tool a failure.
 
 use std::process::Command;
@@ -37,6 +38,24 @@ fn the_official_python_sdk_drives_the_server() {
         "pip install -r tests/python/requirements.txt",
     ) {
         run("tests/python/run.sh");
+    }
+}
+
+#[test]
+fn the_official_typescript_sdks_drive_the_server() {
+    let present = repo()
+        .join("tests/typescript/node_modules/@modelcontextprotocol/client")
+        .exists()
+        && Command::new("node")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if available(
+        "the TypeScript MCP SDKs",
+        present,
+        "(cd tests/typescript && npm ci)",
+    ) {
+        run("tests/typescript/run.sh");
     }
 }
 

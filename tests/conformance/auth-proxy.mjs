@@ -1,6 +1,6 @@
 // A transparent HTTP proxy that adds `Authorization: Bearer <token>` to every request.
 //
-// Why: @modelcontextprotocol/conformance 0.1.13 connects to a server with a bare URL and has no
+// Why: @modelcontextprotocol/conformance (0.1.x and 0.2.0-alpha.12 alike) connects to a server with a bare URL and has no
 // option for request headers, while every relay endpoint requires a bearer token. Everything
 // else passes through unchanged, in both directions and streamed (SSE included): method, path,
 // body, and the client's own Host and Origin headers (the suite's dns-rebinding scenario sends
