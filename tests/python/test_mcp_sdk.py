@@ -559,15 +559,8 @@ def test_modern_bad_input_is_a_clear_error_that_changes_nothing(relay: Relay) ->
 # ---- no lock-out by forgotten legacy sessions -------------------------------------------------
 
 
-# Today the server notes a session as "holding a doorbell stream" for STREAM_HOLD (180 s) when
-# its GET stream opens (mcp_sessions.stream_until) and does not clear the note when the stream
-# closes, so clients that come and go within that time fill the cap with sessions it will not end.
-# strict: once the note is cleared on close, this XPASSes and fails, and the marker must go.
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay bug (issue 29): a closed legacy GET stream still shields its session for up to "
-    "180 s (stream_until), so the 65th quick client is refused 'too many sessions'",
-)
+# At the per-endpoint cap (64) the server ends the least recently used session without an open
+# doorbell stream, and forgets a stream's note in the store as soon as its connection closes.
 def test_legacy_clients_that_never_end_their_sessions_do_not_lock_out(relay: Relay) -> None:
     """70 legacy clients connect, call a tool and go away without DELETE (as the TypeScript v1
     SDK and the Inspector do); the 71st still connects and calls a tool. Each client opens the

@@ -87,14 +87,9 @@ test('v1 client in the legacy era drains a queue', async () => {
   }
 });
 
-// `todo`: a known relay bug (issue 29) makes this fail today, and node:test reports it without
-// failing the run: the server notes a session as holding a doorbell stream for 180 s when its GET
-// stream opens (mcp_sessions.stream_until) and does not clear the note when the stream closes, so
-// the 65th client in quick succession is refused "too many sessions". The Python twin
-// (tests/python, strict xfail) turns red once that is fixed; then drop `todo` here.
-test('70 v1 clients that never send DELETE do not lock the 71st out', {
-  todo: 'relay bug: a closed legacy GET stream still shields its session (stream_until, 180 s)',
-}, async () => {
+// The server ends the least recently used session without an open stream at the per-endpoint cap
+// (64), and forgets a stream's note in the store as soon as its connection closes.
+test('70 v1 clients that never send DELETE do not lock the 71st out', async () => {
   for (let i = 0; i <= CROWD_CLIENTS; i++) {
     const client = new ClientV1({ name: `relay-ts-crowd-${i}`, version: '0' });
     // The v1 SDK's connect opens the GET stream; its close() aborts it and sends no DELETE.
