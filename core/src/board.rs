@@ -76,6 +76,69 @@ pub fn hash_matches(stored: &TokenHash, presented: &TokenHash) -> bool {
         == 0
 }
 
+/// How long a one-time login link opens the Board: long enough to click it from the terminal
+/// that printed it, short enough that a stale scrollback is worth nothing.
+pub const LOGIN_LINK_TTL: Millis = 10 * MINUTE;
+
+/// A one-time login link (issued by `relay up` for the operator it creates): it opens one Board
+/// session, once, before [`LOGIN_LINK_TTL`] has passed, and only for a client on the same host.
+/// Only the secret's hash is kept; a wrong secret, or a try from elsewhere, does not use it up.
+#[derive(Clone, Debug)]
+pub struct LoginLink {
+    hash: TokenHash,
+    operator: String,
+    expires_at: Millis,
+    used: bool,
+}
+
+impl LoginLink {
+    /// A link for `operator` whose secret hashes to `hash`, issued at `now`.
+    pub fn new(now: Millis, hash: TokenHash, operator: &str) -> LoginLink {
+        LoginLink {
+            hash,
+            operator: operator.to_string(),
+            expires_at: now.saturating_add(LOGIN_LINK_TTL),
+            used: false,
+        }
+    }
+
+    /// Redeems the link at `now` with the presented secret's hash, from a client that is
+    /// (`loopback`) or is not on this host. `Ok` names the operator to open a session for;
+    /// after it, the link opens nothing more.
+    pub fn redeem(
+        &mut self,
+        now: Millis,
+        presented: &TokenHash,
+        loopback: bool,
+    ) -> Result<String, Error> {
+        let again = "run `relay up` again for a new link, or log in with an operator token \
+                     (`relay operator create NAME`)";
+        if !loopback {
+            return Err(Error::forbidden(format!(
+                "a login link opens the Board only from the machine it was printed on (loopback); \
+                 {again}"
+            )));
+        }
+        if !hash_matches(&self.hash, presented) {
+            return Err(Error::forbidden(format!(
+                "this login link is not the one `relay up` printed; {again}"
+            )));
+        }
+        if self.used {
+            return Err(Error::forbidden(format!(
+                "this login link was used already (it opens the Board once); {again}"
+            )));
+        }
+        if now >= self.expires_at {
+            return Err(Error::forbidden(format!(
+                "this login link has expired (it lasts 10 minutes); {again}"
+            )));
+        }
+        self.used = true;
+        Ok(self.operator.clone())
+    }
+}
+
 /// The throttle on failed logins, per client (the shell names a client by its address). Sans-IO:
 /// every call takes `now`.
 #[derive(Clone, Debug, Default)]
@@ -277,6 +340,29 @@ pub fn chart(now: Millis, counts: &[(u64, String, u64)]) -> Result<Chart, Error>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_login_link_opens_once_within_ten_minutes_and_only_from_loopback() {
+        let secret = TokenHash::of("s3cret");
+        let mut link = LoginLink::new(1_000, secret, "relay-up");
+        // Refusals that do not use it up: from elsewhere, with another secret.
+        assert!(link.redeem(2_000, &secret, false).is_err());
+        assert!(link.redeem(2_000, &TokenHash::of("guess"), true).is_err());
+        assert_eq!(link.redeem(2_000, &secret, true).unwrap(), "relay-up");
+        let again = link.redeem(2_001, &secret, true).unwrap_err();
+        assert!(again.message.contains("used already"), "{}", again.message);
+
+        let mut late = LoginLink::new(1_000, secret, "relay-up");
+        let e = late
+            .redeem(1_000 + LOGIN_LINK_TTL, &secret, true)
+            .unwrap_err();
+        assert!(e.message.contains("expired"), "{}", e.message);
+        assert_eq!(
+            late.redeem(1_000 + LOGIN_LINK_TTL - 1, &secret, true)
+                .unwrap(),
+            "relay-up"
+        );
+    }
 
     const T0: Millis = 1_790_000_000_000;
 

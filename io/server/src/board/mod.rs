@@ -78,6 +78,7 @@ pub fn router(server: Server) -> Router {
         .route("/board", get(|| async { see_other("/board/") }))
         .route("/board/", get(overview))
         .route("/board/login", get(login_page).post(login))
+        .route("/board/login/link", get(login_link))
         .route("/board/logout", post(logout))
         .route(
             "/board/assets/board.css",
@@ -297,6 +298,13 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
         }
     };
     lock(&b.throttle).succeeded(THROTTLE_CLIENT);
+    open_session(&b, &operator.name).await
+}
+
+/// Opens a Board session for `operator`: a fresh random secret in the cookie, only its hash in
+/// the store; then on to the overview.
+async fn open_session(b: &Board, operator: &str) -> Response {
+    let now = b.server.now();
     let mut raw = [0u8; 32];
     if let Err(e) = b.server.fill_random(&mut raw) {
         return html(
@@ -308,7 +316,7 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
     if let Err(e) = b
         .store()
-        .session_create(now, TokenHash::of(&secret), &operator.name)
+        .session_create(now, TokenHash::of(&secret), operator)
         .await
     {
         return html(
@@ -316,7 +324,7 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
             html::login(Some(&b.server.internal_message("board login", &e))),
         );
     }
-    tracing::info!(operator = %operator.name, "board: logged in");
+    tracing::info!(operator = %operator, "board: logged in");
     let cookie = format!(
         "{COOKIE}={secret}; Path=/board; HttpOnly; SameSite=Strict; Max-Age={}{}",
         SESSION_TTL / 1000,
@@ -331,6 +339,45 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
+}
+
+#[derive(Deserialize)]
+struct LinkQuery {
+    #[serde(default)]
+    secret: String,
+}
+
+/// The one-time login link `relay up` prints: a GET (it is clicked from a terminal) that opens
+/// a session once, from loopback, within ten minutes (`relay_core::board::LoginLink`). Failed
+/// tries count against the same throttle as failed logins; the secret is never logged.
+async fn login_link(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+    Query(q): Query<LinkQuery>,
+) -> Response {
+    if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
+        return r;
+    }
+    let now = b.server.now();
+    if !lock(&b.throttle).allows(now, THROTTLE_CLIENT) {
+        return html(
+            StatusCode::TOO_MANY_REQUESTS,
+            html::login(Some("Too many failed logins; wait a minute and try again.")),
+        );
+    }
+    // A request that did not come over a socket (a test's in-process router) is not loopback.
+    let loopback = extensions
+        .get::<crate::server::Peer>()
+        .is_some_and(|p| p.0.ip().is_loopback());
+    match b.server.redeem_login_link(q.secret.trim(), loopback) {
+        Ok(operator) => open_session(&b, &operator).await,
+        Err(e) => {
+            lock(&b.throttle).failed(now, THROTTLE_CLIENT);
+            tracing::warn!(code = %e.code.as_str(), "board: refused a one-time login link");
+            html(StatusCode::FORBIDDEN, html::login(Some(&e.message)))
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -637,6 +684,12 @@ async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
             Ok::<_, Infallible>(Event::default().event("todo").data(data)),
             rx,
         ))
+    });
+    // Ends when shutdown begins, as the doorbell streams do: an open Board never holds up a
+    // graceful stop (the browser's EventSource reconnects to whatever serves next).
+    let mut stopping = b.server.shutting_down();
+    let stream = futures_util::StreamExt::take_until(stream, async move {
+        let _ = stopping.wait_for(|v| *v).await;
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

@@ -61,7 +61,7 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::SharedClock;
 use crate::store::Store;
 
-pub use conn::tls_acceptor;
+pub use conn::{Peer, tls_acceptor};
 pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
@@ -236,6 +236,8 @@ struct Inner {
     /// becomes claimable rings through it, from this server's writes as from any other's, so the
     /// in-process ring is skipped (one ring per change, not two).
     notices_live: watch::Sender<bool>,
+    /// The one-time Board login link `relay up` prints, if one was issued (only its hash).
+    login_link: Mutex<Option<relay_core::board::LoginLink>>,
 }
 
 /// Why a doorbell stream did not open.
@@ -300,6 +302,7 @@ impl Server {
                 unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
                 board_notices: tokio::sync::broadcast::channel(256).0,
                 notices_live: watch::channel(false).0,
+                login_link: Mutex::new(None),
             }),
         }
     }
@@ -840,6 +843,43 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Issues the one-time Board login link for `operator` (replacing any earlier one) and
+    /// returns its secret, to be shown once. Only a server listening on loopback issues one: the
+    /// link is for the person at this machine (`relay up`), never for a network.
+    pub fn issue_login_link(&self, operator: &str) -> Result<String, Error> {
+        if !self.inner.config.listen.ip().is_loopback() {
+            return Err(Error::invalid(format!(
+                "a one-time login link is only for a server on loopback, not {}; log in with an \
+                 operator token (`relay operator create NAME`)",
+                self.inner.config.listen
+            )));
+        }
+        let mut raw = [0u8; 32];
+        self.fill_random(&mut raw)?;
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+        let link = relay_core::board::LoginLink::new(self.now(), TokenHash::of(&secret), operator);
+        *lock(&self.inner.login_link) = Some(link);
+        Ok(secret)
+    }
+
+    /// Redeems the one-time login link (see [`relay_core::board::LoginLink::redeem`]).
+    pub(crate) fn redeem_login_link(&self, secret: &str, loopback: bool) -> Result<String, Error> {
+        let now = self.now();
+        match lock(&self.inner.login_link).as_mut() {
+            Some(link) => link.redeem(now, &TokenHash::of(secret), loopback),
+            None => Err(Error::forbidden(
+                "this server issued no login link; log in with an operator token \
+                 (`relay operator create NAME`)",
+            )),
+        }
+    }
+
+    /// Whether shutdown has begun, as a watch: the Board's live stream ends on it, as the
+    /// doorbell streams do, so that a browser left open never holds up a graceful stop.
+    pub(crate) fn shutting_down(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.subscribe()
     }
 
     /// Begins shutdown: every doorbell stream ends, so that graceful shutdown can drain.
