@@ -142,8 +142,13 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     let _ = writeln!(std::io::stdout(), "listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
+    crate::notify::ready();
+    let stop = async {
+        crate::shutdown_signal().await;
+        crate::notify::stopping();
+    };
     server
-        .serve_with_tls(listener, tls, crate::shutdown_signal())
+        .serve_with_tls(listener, tls, stop)
         .await
         .map_err(|e| Error::internal(format!("the server stopped on an I/O error: {e}")))
 }
