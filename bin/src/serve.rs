@@ -2,7 +2,7 @@
 //!
 //! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT`
 //! (`https://` with `--tls-cert`/`--tls-key`), so a script can start it with port 0 and read
-//! the port. Timeouts and caps are flags (README, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
+//! the port. Timeouts and caps are flags (docs/operations.md, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
 //! filter, default `info`; `--log-json` for JSON lines). Ctrl-C or SIGTERM stop it gracefully:
 //! no new connections, in-flight requests finish within `--shutdown-grace`, background sweeps
 //! stop, exit 0.

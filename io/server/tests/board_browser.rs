@@ -8,7 +8,7 @@
 //! Skips with a message when chromium or chromedriver is missing, unless
 //! `RELAY_REQUIRE_BROWSER=1` (CI sets it), where it fails instead. With
 //! `RELAY_BOARD_SCREENSHOTS=DIR` it saves the overview and the todo page as PNGs there (the
-//! README's screenshots under docs/ are made so).
+//! screenshots under docs/ are made so).
 
 #[path = "support/harness.rs"]
 mod harness;

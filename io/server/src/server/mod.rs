@@ -2,7 +2,7 @@
 //!
 //! # What it is
 //!
-//! A narrow JSON-RPC layer of our own on axum (see the README's "Queue server" section for why
+//! A narrow JSON-RPC layer of our own on axum (docs/mcp.md, "Why our own JSON-RPC layer", says why
 //! not rmcp). Every rule about todos is a call into the [`Store`] (which calls
 //! `relay_core::ledger::transition`); every tool's arguments, schemas, answers and error codes
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
