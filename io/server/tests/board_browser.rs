@@ -252,7 +252,8 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .await
         .expect("the retried todo shows pending");
 
-    // An open page updates live when a worker completes its todo over MCP.
+    // An open page updates live, without a reload, when a worker claims and completes its todo
+    // over MCP; the summary the operator is typing meanwhile stays in its field, focused.
     c.goto(&format!("{base}/board/todos/{live}")).await.unwrap();
     c.wait()
         .at_most(WAIT)
@@ -260,26 +261,60 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .await
         .expect("the page's live stream opens");
     assert_eq!(text(&c, "dd.state").await, "pending");
+    // A mark only this page holds: a reload would drop it.
+    c.execute("window.relayMark = 'this page';", vec![])
+        .await
+        .unwrap();
+    let typing = c
+        .find(Locator::Css(
+            "input[name='summary'][aria-label='summary for fail']",
+        ))
+        .await
+        .unwrap();
+    typing.send_keys("the lockfile is half").await.unwrap();
     mcp.ok("claim", json!({"id": live})).await;
-    // The claim reloads the page; complete only once the reloaded page listens again, so that
-    // its event cannot fall between two pages.
     c.wait()
         .at_most(WAIT)
         .for_element(Locator::XPath("//dd[@class='state' and text()='claimed']"))
         .await
-        .expect("the page shows the claim without a manual reload");
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css("body[data-live='on']"))
-        .await
-        .expect("the reloaded page's live stream opens");
+        .expect("the page shows the claim without a reload");
     mcp.ok("complete", json!({"id": live, "summary": "bumped"}))
         .await;
     c.wait()
         .at_most(WAIT)
         .for_element(Locator::XPath("//dd[@class='state' and text()='done']"))
         .await
-        .expect("the page shows the todo done without a manual reload");
+        .expect("the page shows the todo done without a reload");
+    let mark = c.execute("return window.relayMark;", vec![]).await.unwrap();
+    assert_eq!(mark, json!("this page"), "the page was reloaded");
+    let field = c
+        .find(Locator::Css(
+            "input[name='summary'][aria-label='summary for fail']",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        field.prop("value").await.unwrap().as_deref(),
+        Some("the lockfile is half"),
+        "the typed text was thrown away"
+    );
+    let focused = c
+        .execute(
+            "return document.activeElement.getAttribute('aria-label');",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        focused,
+        json!("summary for fail"),
+        "the field lost its focus"
+    );
+    // The timeline was patched in: the completed attempt shows.
+    assert_eq!(
+        text(&c, ".attempt[data-seq='1'] .outcome").await,
+        "completed"
+    );
 
     // A stuck claim (its worker is gone): Release recovers it without the fence, and the
     // timeline shows the attempt closed `released` by this operator.

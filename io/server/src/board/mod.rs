@@ -95,8 +95,46 @@ pub fn router(server: Server) -> Router {
         .route("/board/add", get(add_page).post(add_todo))
         .route("/board/endpoints", get(endpoints_page))
         .route("/board/endpoints/{name}/revoke", post(endpoint_revoke))
+        .layer(axum::middleware::from_fn(fragment))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(board)
+}
+
+/// The request header with which the Board's script asks for a page's `<main>` alone, to patch
+/// the open page with what changed instead of reloading it.
+pub const FRAGMENT: &str = "x-relay-fragment";
+
+/// A page asked for with `X-Relay-Fragment: main` is answered with the inner HTML of its
+/// `<main>` only (and the same header back, so the script knows it got one). Every page has
+/// exactly one `<main>`, and every stored string in it is escaped, so `</main>` cannot appear
+/// inside it.
+async fn fragment(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let wanted = req
+        .headers()
+        .get(FRAGMENT)
+        .is_some_and(|v| v.as_bytes() == b"main");
+    let r = next.run(req).await;
+    let is_html = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if !wanted || !is_html {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let inner = text
+        .split_once("<main>")
+        .and_then(|(_, rest)| rest.rsplit_once("</main>"))
+        .map_or_else(String::new, |(inner, _)| inner.to_string());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(FRAGMENT, HeaderValue::from_static("main"));
+    Response::from_parts(parts, axum::body::Body::from(inner))
 }
 
 async fn secure_headers(mut r: Response) -> Response {
