@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::ledger::{Outcome, TodoState, TokenHash, dead_letter_of};
+use crate::ledger::{DeadLetterReason, Outcome, Todo, TodoState, TokenHash, dead_letter_of};
 use crate::time::{MINUTE, Millis};
 
 /// How long a Board session lasts after login (it is not extended by use: log in again).
@@ -337,9 +337,197 @@ pub fn chart(now: Millis, counts: &[(u64, String, u64)]) -> Result<Chart, Error>
     Ok(Chart { since, minutes })
 }
 
+/// A queue page's filter: a state, a dead-letter reason, and a text searched (case-insensitive)
+/// in the id and the title. The page lists what it matches, and a bulk action acts on the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TodoMatch {
+    pub state: Option<TodoState>,
+    pub reason: Option<DeadLetterReason>,
+    pub text: String,
+}
+
+impl TodoMatch {
+    pub fn matches(&self, t: &Todo) -> bool {
+        let needle = self.text.trim().to_lowercase();
+        self.state.is_none_or(|s| t.state == s)
+            && self.reason.is_none_or(|r| t.dead_letter_reason == Some(r))
+            && (needle.is_empty()
+                || t.id.to_lowercase().contains(&needle)
+                || t.title.to_lowercase().contains(&needle))
+    }
+
+    /// The filter in words, for the confirmation and the record ("state failed, dead-letter
+    /// reason attempts_exhausted, text \"flaky\"", or "every todo").
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.state {
+            parts.push(format!("state {s}"));
+        }
+        if let Some(r) = self.reason {
+            parts.push(format!("dead-letter reason {r}"));
+        }
+        if !self.text.trim().is_empty() {
+            parts.push(format!("text {:?}", self.text.trim()));
+        }
+        if parts.is_empty() {
+            "every todo".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// The Board's bulk actions: the operator's Retry and Cancel, on every todo a filter matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkAction {
+    Retry,
+    Cancel,
+}
+
+crate::names!(BulkAction { Retry => "retry", Cancel => "cancel" });
+
+/// Todos one bulk action lists at most (a queue page searches as many).
+pub const BULK_MAX: usize = 10_000;
+
+/// How a todo stood when a bulk action listed it: its state, and its attempts so far (every
+/// claim adds one, so a todo claimed and closed again since reads as changed too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub state: TodoState,
+    pub attempts_total: u32,
+}
+
+impl Listed {
+    pub fn of(t: &Todo) -> Listed {
+        Listed {
+            state: t.state,
+            attempts_total: t.attempts_total,
+        }
+    }
+}
+
+/// What a bulk action does with one todo it listed, given the todo as it is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkStep {
+    /// Apply the action through the ledger's own transition (which may still refuse it).
+    Apply,
+    /// The action's effect is already there and nothing else happened since: it was applied
+    /// before the server stopped midway, and only its record was missing.
+    AlreadyApplied,
+    /// The todo changed since it was listed (a worker claimed it, someone retried, canceled or
+    /// completed it): the operator confirmed the todos as they were, so it is left alone.
+    Skip(&'static str),
+}
+
+/// The bulk action's rule for one todo. A retry never touches a live claim: a claimed todo is
+/// skipped, whatever was listed (and the ledger refuses to retry one anyway).
+pub fn bulk_step(action: BulkAction, listed: Listed, now: &Todo) -> BulkStep {
+    let result_state = match action {
+        BulkAction::Retry => TodoState::Pending,
+        BulkAction::Cancel => TodoState::Canceled,
+    };
+    if now.attempts_total == listed.attempts_total
+        && listed.state != result_state
+        && now.state == result_state
+    {
+        return BulkStep::AlreadyApplied;
+    }
+    if action == BulkAction::Retry && now.state == TodoState::Claimed {
+        return BulkStep::Skip("claimed by a worker: a live claim is never retried");
+    }
+    if now.state != listed.state || now.attempts_total != listed.attempts_total {
+        return BulkStep::Skip("changed since it was listed");
+    }
+    BulkStep::Apply
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn todo_in(state: TodoState, attempts_total: u32) -> Todo {
+        Todo {
+            id: "td_1".into(),
+            endpoint: "ci".into(),
+            queue: "ci".into(),
+            title: "Fix the Flaky test".into(),
+            kind: None,
+            source: None,
+            payload: None,
+            work_order: None,
+            assignee: None,
+            state,
+            owner: None,
+            attempt: 0,
+            max_attempts: 3,
+            attempts_total,
+            attempts_pruned: 0,
+            lease_expires_at: None,
+            claimed_at: None,
+            next_retry_at: None,
+            result: None,
+            created_at: 0,
+            updated_at: 0,
+            dead_letter_reason: None,
+            idempotency_key: None,
+            deadline_at: None,
+            max_same_failures: 2,
+        }
+    }
+
+    #[test]
+    fn a_filter_matches_state_reason_and_text() {
+        let mut dead = todo_in(TodoState::Failed, 2);
+        dead.dead_letter_reason = Some(DeadLetterReason::AttemptsExhausted);
+        let f = TodoMatch {
+            state: Some(TodoState::Failed),
+            reason: Some(DeadLetterReason::AttemptsExhausted),
+            text: " flaky ".into(),
+        };
+        assert!(f.matches(&dead));
+        assert!(!f.matches(&todo_in(TodoState::Failed, 2)), "no reason");
+        let other = TodoMatch {
+            reason: Some(DeadLetterReason::Deadline),
+            ..TodoMatch::default()
+        };
+        assert!(!other.matches(&dead));
+        assert!(TodoMatch::default().matches(&dead));
+        assert_eq!(TodoMatch::default().describe(), "every todo");
+    }
+
+    #[test]
+    fn a_bulk_step_skips_what_changed_and_never_retries_a_claim() {
+        let listed = Listed::of(&todo_in(TodoState::Failed, 3));
+        let retry = BulkAction::Retry;
+        assert_eq!(
+            bulk_step(retry, listed, &todo_in(TodoState::Failed, 3)),
+            BulkStep::Apply
+        );
+        // Retried and claimed in between: a live claim, never touched.
+        assert!(matches!(
+            bulk_step(retry, listed, &todo_in(TodoState::Claimed, 4)),
+            BulkStep::Skip(_)
+        ));
+        // Retried, claimed and failed again in between: changed, skipped.
+        assert!(matches!(
+            bulk_step(retry, listed, &todo_in(TodoState::Failed, 4)),
+            BulkStep::Skip(_)
+        ));
+        // Pending with no claim since: the retry landed before a stop.
+        assert_eq!(
+            bulk_step(retry, listed, &todo_in(TodoState::Pending, 3)),
+            BulkStep::AlreadyApplied
+        );
+        let cancel = BulkAction::Cancel;
+        assert_eq!(
+            bulk_step(cancel, listed, &todo_in(TodoState::Canceled, 3)),
+            BulkStep::AlreadyApplied
+        );
+        assert!(matches!(
+            bulk_step(cancel, listed, &todo_in(TodoState::Done, 4)),
+            BulkStep::Skip(_)
+        ));
+    }
 
     #[test]
     fn a_login_link_opens_once_within_ten_minutes_and_only_from_loopback() {

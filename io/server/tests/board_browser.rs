@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use harness::{Harness, T0};
-use relay_core::ledger::{LedgerConfig, TokenHash};
+use relay_core::ledger::{Actor, LedgerConfig, Op, TodoState, TokenHash};
+use relay_core::time::WallClock as _;
 use relay_server::store::Store;
 use serde_json::json;
 
@@ -352,5 +353,105 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         "released"
     );
     assert_eq!(text(&c, ".attempt[data-seq='1'] .closed-by").await, "alice");
+
+    // A bulk retry of the dead letters a filter matches: 51 whose attempts ran out, and one
+    // dead-lettered as non-retryable that the filter leaves out.
+    let mut exhausted = Vec::new();
+    for n in 0..51 {
+        let id = mcp
+            .ok(
+                "add_todo",
+                json!({"queue": "bulk", "title": format!("Port module {n}"), "max_attempts": 1}),
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        mcp.ok("claim", json!({"id": id})).await;
+        mcp.ok("fail", json!({"id": id, "summary": "no toolchain"}))
+            .await;
+        exhausted.push(id);
+    }
+    let other = mcp
+        .ok("add_todo", json!({"queue": "bulk", "title": "Forbidden"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim", json!({"id": other})).await;
+    mcp.ok("fail", json!({"id": other, "retryable": false}))
+        .await;
+    c.goto(&format!(
+        "{base}/board/queues/bulk?state=failed&reason=attempts_exhausted"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(text(&c, ".n-matched").await, "51");
+    c.find(Locator::XPath("//button[text()='Retry all']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&c, ".bulk-count").await, "51");
+    // Between the listing and the confirmation a worker claims one of them (an operator retried
+    // it from the CLI first): the bulk retry must leave that live claim alone.
+    let victim = exhausted[17].clone();
+    h.store
+        .apply(Op::Retry {
+            now: h.clock.now(),
+            actor: Actor::cli(),
+            id: victim.clone(),
+        })
+        .await
+        .unwrap();
+    let claimed = mcp
+        .ok(
+            "claim",
+            json!({"id": victim, "claimant": "harness/box/worker", "require_fence": true}),
+        )
+        .await;
+    let seq = claimed["attempt_seq"].as_u64().unwrap();
+    c.find(Locator::XPath("//button[text()='Retry 51 todos']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // The bulk retry finishes (the open page shows it).
+    text(&c, "p.finished").await;
+    assert_eq!(text(&c, ".n-applied").await, "50");
+    assert_eq!(text(&c, ".n-skipped").await, "1");
+    assert_eq!(text(&c, ".n-left").await, "0");
+    assert_eq!(
+        text(&c, &format!("tr[data-todo='{victim}'] .result")).await,
+        "skipped"
+    );
+    let why = text(&c, &format!("tr[data-todo='{victim}'] .note")).await;
+    assert!(why.contains("claimed"), "{why}");
+    let get = |id: &str| {
+        h.store.apply(Op::GetTodo {
+            actor: Actor::cli(),
+            id: id.to_string(),
+            attempts_limit: 10,
+        })
+    };
+    for id in &exhausted {
+        let view = get(id).await.unwrap().view().unwrap();
+        if *id == victim {
+            // The worker's claim is untouched: still claimed, its attempt open.
+            assert_eq!(view.todo.state, TodoState::Claimed, "{id}");
+            let open = view
+                .attempts
+                .iter()
+                .find(|a| u64::from(a.seq) == seq)
+                .unwrap();
+            assert!(open.is_open(), "{open:?}");
+        } else {
+            assert_eq!(view.todo.state, TodoState::Pending, "{id}");
+        }
+    }
+    let left_out = get(&other).await.unwrap().view().unwrap();
+    assert!(left_out.todo.dead_letter(), "{:?}", left_out.todo);
     c.close().await.unwrap();
 }

@@ -605,6 +605,12 @@ impl Server {
         }
     }
 
+    /// Tells the Board's live streams that something else they may show changed (a bulk
+    /// action's progress, under its id).
+    pub(crate) fn board_notice(&self, id: &str) {
+        let _ = self.inner.board_notices.send(id.to_string());
+    }
+
     /// A live stream of the ids of todos this server changes.
     pub(crate) fn board_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.inner.board_notices.subscribe()
@@ -808,6 +814,10 @@ impl Server {
     /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
     /// failed sweep is logged and retried on the next tick.
     pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        // The Board's bulk actions a stop interrupted carry on where they were.
+        if self.inner.config.board {
+            crate::board::resume_bulks(self.clone());
+        }
         let notices = {
             let s = self.clone();
             tokio::spawn(async move { s.follow_notices().await })

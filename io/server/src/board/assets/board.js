@@ -100,7 +100,12 @@
 
   var es = new EventSource("/board/events");
   // Says on the page that it is live (the browser test waits for it before it changes a todo).
-  es.addEventListener("open", function () { document.body.setAttribute("data-live", "on"); });
+  // On (re)connecting, catch up with whatever changed while no stream was open: between the
+  // page's render and this moment, or while the server was away.
+  es.addEventListener("open", function () {
+    document.body.setAttribute("data-live", "on");
+    refresh();
+  });
   es.addEventListener("error", function () { document.body.setAttribute("data-live", "off"); });
   es.addEventListener("todo", function (ev) {
     var id = JSON.parse(ev.data).id;
