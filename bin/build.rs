@@ -35,16 +35,24 @@ fn main() {
             here.join(p)
         }
     };
+    // Only files that exist: Cargo reruns a build script on every build while a path it
+    // watches is missing (a fresh clone has no packed-refs, a packed branch no ref file).
+    let mut watch = Vec::new();
     if let Some(dir) = git(&["rev-parse", "--git-dir"]).map(at) {
-        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        watch.push(dir.join("HEAD"));
     }
     if let Some(common) = git(&["rev-parse", "--git-common-dir"]).map(at) {
-        println!(
-            "cargo:rerun-if-changed={}",
-            common.join("packed-refs").display()
-        );
+        watch.push(common.join("packed-refs"));
         if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={}", common.join(branch).display());
+            watch.push(common.join(branch));
         }
+    }
+    watch.retain(|p| p.exists());
+    for path in &watch {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+    if watch.is_empty() {
+        // No repository: nothing to watch but this script itself.
+        println!("cargo:rerun-if-changed=build.rs");
     }
 }
