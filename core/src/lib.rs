@@ -18,6 +18,7 @@ pub mod error;
 pub mod grant;
 pub mod ledger;
 pub mod limits;
+pub mod mcp;
 pub mod mix;
 mod names;
 pub mod relay;

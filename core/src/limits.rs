@@ -15,26 +15,42 @@ pub struct Caps {
     pub sessions_total: usize,
     /// Live MCP sessions of one endpoint.
     pub sessions_per_endpoint: usize,
-    /// Open doorbell (GET) streams across all sessions.
+    /// Open doorbell streams (legacy GET streams and modern listen streams) at once.
     pub streams: usize,
 }
 
-/// Whether one more session may open, given the live ones; `Err` is the message for the client.
-pub fn admit_session(caps: &Caps, total: usize, for_endpoint: usize) -> Result<(), String> {
-    if for_endpoint >= caps.sessions_per_endpoint {
+/// How long a server's note that a session holds a doorbell stream lasts: three of its
+/// keep-alive touches (one a minute), so a stream that ended without a word (its server killed)
+/// stops protecting its session from being ended for room within three minutes.
+pub const STREAM_HOLD: Millis = 180_000;
+
+/// Whether one more session may open, given the live sessions: `Ok(n)` to open it after ending
+/// the endpoint's `n` least recently used sessions that hold no doorbell stream (`streamless` of
+/// them exist), `Err` with the message for the client. At the per-endpoint cap the oldest idle
+/// session makes room, so clients that never end their sessions (a common SDK habit) cannot lock
+/// an endpoint out; the cap still holds, and a session with an open stream is never ended for
+/// room. The total cap ends nobody: one endpoint must not push another's sessions out.
+pub fn admit_session(
+    caps: &Caps,
+    total: usize,
+    for_endpoint: usize,
+    streamless: usize,
+) -> Result<usize, String> {
+    let end = (for_endpoint + 1).saturating_sub(caps.sessions_per_endpoint);
+    if end > streamless {
         return Err(format!(
-            "too many sessions for this endpoint ({for_endpoint} open, at most {}); end unused \
-             sessions with DELETE, or wait for idle ones to expire, then initialize again",
+            "too many sessions for this endpoint ({for_endpoint} open, at most {}, each holding a \
+             doorbell stream); close a stream or end a session with DELETE, then initialize again",
             caps.sessions_per_endpoint
         ));
     }
-    if total >= caps.sessions_total {
+    if total - end >= caps.sessions_total {
         return Err(format!(
             "the server holds its maximum of {} sessions; try again once idle sessions expire",
             caps.sessions_total
         ));
     }
-    Ok(())
+    Ok(end)
 }
 
 /// Whether one more doorbell stream may open, given the open ones; `Err` is the message.
@@ -128,15 +144,20 @@ mod tests {
 
     #[test]
     fn sessions_are_capped_per_endpoint_and_in_total() {
-        assert!(admit_session(&CAPS, 0, 0).is_ok());
-        assert!(admit_session(&CAPS, 2, 1).is_ok());
+        assert_eq!(admit_session(&CAPS, 0, 0, 0), Ok(0));
+        assert_eq!(admit_session(&CAPS, 2, 1, 0), Ok(0));
+        // At the endpoint's cap: the oldest streamless session makes room; none, a refusal.
+        assert_eq!(admit_session(&CAPS, 2, 2, 1), Ok(1));
         assert!(
-            admit_session(&CAPS, 2, 2)
+            admit_session(&CAPS, 2, 2, 0)
                 .unwrap_err()
                 .contains("this endpoint")
         );
+        // A lowered cap ends as many as it takes, if there are as many.
+        assert_eq!(admit_session(&CAPS, 3, 3, 3), Ok(2));
+        assert!(admit_session(&CAPS, 3, 3, 1).is_err());
         assert!(
-            admit_session(&CAPS, 3, 0)
+            admit_session(&CAPS, 3, 0, 0)
                 .unwrap_err()
                 .contains("maximum of 3")
         );

@@ -52,6 +52,8 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         // A relay stops reporting at its lease deadline, so late reports come from the stale
         // twin the queue plays after a fail (see queue.rs), and rarely from the wire.
         ("late_report", 50),
+        // both MCP eras on one ledger (half the relays speak 2026-07-28)
+        ("modern_call", 1000),
         // the doorbell gate and operating hours
         ("ring", 1000),
         ("owed_ring", 200),

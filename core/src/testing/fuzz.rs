@@ -27,6 +27,85 @@ pub fn wire_decode(data: &[u8]) {
     }
 }
 
+/// MCP request decoding in both eras. The first byte picks the transport's headers (none; a
+/// legacy session; the headers the client would stamp, with the body stamped too; the stamped
+/// headers over the body as it came), the rest is the body. Never panics; a refusal is HTTP 400
+/// or 404 with a JSON-RPC error that echoes a request's id; a request served modern names a
+/// supported version and frames its answer with `resultType`; and what the client stamps for a
+/// request it could send is always served modern.
+pub fn mcp_decode(data: &[u8]) {
+    use crate::mcp::{self, Era, Message, Method, era};
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let (id, method, params) = match mcp::parse(body) {
+        Ok(Message::Request { id, method, params }) => (id, method, params),
+        Ok(_) => return,
+        Err(f) => {
+            assert_eq!(f.status, 400, "{f:?}");
+            assert!(f.body()["error"]["message"].is_string());
+            return;
+        }
+    };
+    let info = serde_json::json!({"name": "fuzz", "version": "0"});
+    let (stamped, stamp_headers) =
+        era::stamp(&method, params.clone().unwrap_or(Value::Null), &info);
+    let get = |n: &str| {
+        stamp_headers
+            .iter()
+            .find(|(k, _)| *k == n)
+            .map(|(_, v)| v.as_str())
+    };
+    let modern_headers = era::Headers {
+        session: None,
+        protocol_version: get(era::VERSION_HEADER),
+        method: get(era::METHOD_HEADER),
+        name: get(era::NAME_HEADER),
+    };
+    let (headers, body_params) = match pick % 4 {
+        0 => (era::Headers::default(), params.as_ref()),
+        1 => (
+            era::Headers {
+                session: Some("s"),
+                protocol_version: Some(era::LEGACY_VERSIONS[0]),
+                ..Default::default()
+            },
+            params.as_ref(),
+        ),
+        2 => (modern_headers, Some(&stamped)),
+        _ => (modern_headers, params.as_ref()),
+    };
+    let classified = era::classify(&headers, &method, body_params, &id)
+        .and_then(|e| Method::of(&method, &e, &id).map(|m| (e, m)));
+    match &classified {
+        Ok((Era::Modern(env), m)) => {
+            assert!(era::MODERN_VERSIONS.contains(&env.version.as_str()));
+            let framed = mcp::framed(&classified.as_ref().unwrap().0, *m, serde_json::json!({}));
+            assert_eq!(framed["resultType"], "complete");
+        }
+        Ok((Era::Legacy { .. }, _)) => {}
+        Err(f) => {
+            assert!(matches!(f.status, 200 | 400 | 404), "{f:?}");
+            assert_eq!(f.body()["id"], id, "{f:?}");
+            assert!(f.code < 0 && !f.message.is_empty(), "{f:?}");
+        }
+    }
+    // A request the client could send: a known method without surrounding white space, whose
+    // named field (if any) is a string.
+    let named_ok = match method.as_str() {
+        "tools/call" => stamped.get("name").is_some_and(Value::is_string),
+        "resources/read" => stamped.get("uri").is_some_and(Value::is_string),
+        _ => true,
+    };
+    let sendable = Method::parse(&method).is_some_and(|m| m.in_era(true)) && named_ok;
+    if pick % 4 == 2 && sendable {
+        assert!(
+            matches!(classified, Ok((Era::Modern(_), _))),
+            "a stamped {method} was refused: {classified:?}"
+        );
+    }
+}
+
 // ---- config (relay_core::config) --------------------------------------------------------------
 // Property bodies for the config model. Other modules add their own blocks; keep this one apart.
 

@@ -220,20 +220,56 @@ async fn sessions_are_capped_per_endpoint_and_in_total() {
     .await;
     let a = r.endpoint("a", VERBS, None).await;
     let b = r.endpoint("b", VERBS, None).await;
+    let mut sessions = Vec::new();
     for _ in 0..2 {
         let ok = r.initialize("a", &a).await;
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        sessions.push(session_of(&ok));
+        r.clock.advance(1_000);
     }
-    let over = r.initialize("a", &a).await;
-    assert!(over.starts_with("HTTP/1.1 503"), "{over}");
-    assert!(
-        over.contains("too many sessions for this endpoint"),
-        "{over}"
-    );
+    // At the endpoint's cap, a client that never ended its sessions is not locked out: the
+    // least recently used one (without a doorbell stream) makes room, and is gone at once.
+    let third = r.initialize("a", &a).await;
+    assert!(third.starts_with("HTTP/1.1 200"), "{third}");
+    let list = |session: &str| {
+        format!(
+            "POST /mcp/a HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {a}\r\n\
+             Content-Type: application/json\r\nMcp-Session-Id: {session}\r\n\
+             Content-Length: 46\r\nConnection: close\r\n\r\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}}"
+        )
+    };
+    let gone = r.send(&list(&sessions[0])).await;
+    assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
+    let kept = r.send(&list(&sessions[1])).await;
+    assert!(kept.starts_with("HTTP/1.1 200"), "{kept}");
+    // The total cap ends nobody's session.
     assert!(r.initialize("b", &b).await.starts_with("HTTP/1.1 200"));
     let full = r.initialize("b", &b).await;
     assert!(full.starts_with("HTTP/1.1 503"), "{full}");
     assert!(full.contains("maximum of 3 sessions"), "{full}");
+}
+
+/// A session that holds a doorbell stream is never ended to make room: at the cap with every
+/// session streaming, initialize is refused, and the streaming session still answers.
+#[tokio::test]
+async fn a_session_with_a_stream_is_not_ended_for_room() {
+    let r = start(|c| c.max_sessions_per_endpoint = 1).await;
+    let token = r.endpoint("ep", VERBS, None).await;
+    let first = session_of(&r.initialize("ep", &token).await);
+    let mut stream = r.connect().await;
+    let get = format!(
+        "GET /mcp/ep HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Accept: text/event-stream\r\nMcp-Session-Id: {first}\r\n\r\n"
+    );
+    stream.write_all(get.as_bytes()).await.unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    r.clock.advance(1_000);
+    let over = r.initialize("ep", &token).await;
+    assert!(over.starts_with("HTTP/1.1 503"), "{over}");
+    assert!(over.contains("doorbell stream"), "{over}");
+    drop(stream);
 }
 
 #[tokio::test]

@@ -9,50 +9,13 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BOUND, Harness, Mcp, T0};
-use relay_core::ledger::{Actor, Answer, LedgerConfig, Op, TodoFilter, TodoView};
-use relay_server::server::ServerConfig;
-use relay_server::store::Store;
+use harness::{BOUND, Harness, Mcp, T0, start_with};
+use relay_core::ledger::{Actor, Answer, Op, TodoFilter, TodoView};
 use serde_json::{Value, json};
-
-/// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
-/// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
-async fn open_store() -> (Store, Option<(String, String)>) {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    if std::env::var("RELAY_SERVER_TEST_DB").as_deref() == Ok("postgres") {
-        let url = std::env::var("RELAY_TEST_POSTGRES")
-            .expect("RELAY_SERVER_TEST_DB=postgres needs RELAY_TEST_POSTGRES=postgres://…");
-        let name = format!(
-            "srv_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let store =
-            relay_server::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
-                .await
-                .unwrap()
-                // These tests drive leases, retries and sessions with a manual clock.
-                .with_clock(relay_server::store::PgClock::Caller);
-        return (Store::Postgres(store), Some((url, name)));
-    }
-    let store = Store::open("sqlite::memory:", LedgerConfig::default())
-        .await
-        .unwrap();
-    (store, None)
-}
 
 /// Serves only the router (no background loops): tests drive the sweeps by hand.
 async fn start() -> Harness {
     start_with(|_| {}, false).await
-}
-
-/// SQLite in memory, or Postgres (see `open_store`), dropped with the harness.
-async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
-    let (store, pg_schema) = open_store().await;
-    let mut h = Harness::start_on(store, 7, tweak, full_serve).await;
-    h.pg_schema = pg_schema;
-    h
 }
 
 /// Every todo with its whole attempt timeline: what "nothing changed" compares.
@@ -970,6 +933,12 @@ async fn todo_resources_page_every_todo_once_and_are_scoped_like_get_todo() {
 
     let (uris, pages) = all_resources(&mut a).await;
     assert_eq!(pages, 3);
+    // a may claim: the queues it has todos in come first, on the first page, then its todos.
+    assert_eq!(uris[..2], ["relay://queues/q1", "relay://queues/q2"]);
+    let uris: Vec<String> = uris
+        .into_iter()
+        .filter(|u| u.starts_with("relay://todos/"))
+        .collect();
     let mut want: Vec<String> = ids.iter().map(|id| format!("relay://todos/{id}")).collect();
     want.sort();
     let mut got = uris.clone();
@@ -1067,28 +1036,43 @@ async fn todo_resources_page_every_todo_once_and_are_scoped_like_get_todo() {
         assert!(m.contains(field) && m.contains("resources/list"), "{m}");
     }
 
-    // Without list_todos: no capability, and both methods refused.
+    // Without list_todos: only the queue resources (plain may claim), and no todo is read.
     let mut p = h.mcp("plain", &plain);
     let init = p.init().await;
+    assert_eq!(
+        init["result"]["capabilities"]["resources"]["subscribe"], false,
+        "{init}"
+    );
+    let (_, v) = p.rpc("resources/list", json!({})).await;
+    let listed = v["result"]["resources"].as_array().expect("a list").clone();
+    assert!(
+        listed
+            .iter()
+            .all(|r| r["uri"].as_str().unwrap().starts_with("relay://queues/")),
+        "{v}"
+    );
+    let (_, v) = p
+        .rpc(
+            "resources/read",
+            json!({"uri": format!("relay://todos/{id}")}),
+        )
+        .await;
+    assert_eq!(v["error"]["code"], -32003, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("list_todos")
+    );
+    // An endpoint that can neither list nor claim is offered no resources at all.
+    let reader = h.endpoint("reader", &["add_todo"], None).await;
+    let mut r = h.mcp("reader", &reader);
+    let init = r.init().await;
     assert!(
         init["result"]["capabilities"].get("resources").is_none(),
         "{init}"
     );
-    for (method, params) in [
-        ("resources/list", json!({})),
-        (
-            "resources/read",
-            json!({"uri": format!("relay://todos/{id}")}),
-        ),
-    ] {
-        let (_, v) = p.rpc(method, params).await;
-        assert_eq!(v["error"]["code"], -32003, "{method}: {v}");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("list_todos")
-        );
-    }
+    let (_, v) = r.rpc("resources/list", json!({})).await;
+    assert_eq!(v["error"]["code"], -32003, "{v}");
     assert_eq!(snapshot(&h).await, before);
 }

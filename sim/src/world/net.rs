@@ -141,7 +141,11 @@ impl World {
             self.count("request_lost");
             return;
         }
-        let result = self.serve(params);
+        let result = if modern(self.o.seed, r) {
+            self.serve_modern(params)
+        } else {
+            self.serve(params)
+        };
         if self.hosts[r].partitioned
             || (!self.healed && self.net.chance(self.o.faults.response_loss))
         {
@@ -158,5 +162,55 @@ impl World {
                 result,
             },
         );
+    }
+}
+
+/// Whether relay `r` speaks the 2026-07-28 era (the daemon's lease client speaks whichever its
+/// server does): half the relays of a seed, alternating, so that every seed with two relays or
+/// more mixes the eras on one ledger. Derived, not drawn, so that the options' stream is as it
+/// was.
+fn modern(seed: u64, r: usize) -> bool {
+    (seed as usize).wrapping_add(r).is_multiple_of(2)
+}
+
+impl World {
+    /// A `tools/call` in the 2026-07-28 era, through core's era rules on both sides: stamped as
+    /// the client stamps it, classified as the server classifies it (it must be served
+    /// modern, never refused), served, and framed for the era (the relay reads the framed
+    /// answer as liberally as any).
+    fn serve_modern(&mut self, params: &Value) -> Value {
+        use relay_core::mcp::{self, Method, era};
+        let info = json!({"name": "relay-sim", "version": "0"});
+        let (stamped, headers) = era::stamp("tools/call", params.clone(), &info);
+        let get = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.as_str())
+        };
+        let h = era::Headers {
+            session: None,
+            protocol_version: get(era::VERSION_HEADER),
+            method: get(era::METHOD_HEADER),
+            name: get(era::NAME_HEADER),
+        };
+        let id = json!(0);
+        let served = era::classify(&h, "tools/call", Some(&stamped), &id)
+            .and_then(|e| Method::of("tools/call", &e, &id).map(|m| (e, m)));
+        match served {
+            Ok((era, method)) if era.is_modern() => {
+                self.count("modern_call");
+                let result = self.serve(&stamped);
+                mcp::framed(&era, method, result)
+            }
+            other => {
+                self.violate(
+                    Kind::Correctness,
+                    "era",
+                    format!("a stamped 2026-07-28 call was not served in its era: {other:?}"),
+                );
+                relay_core::serve::refusal(&relay_core::Error::invalid("era"))
+            }
+        }
     }
 }

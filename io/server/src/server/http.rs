@@ -4,7 +4,6 @@
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
@@ -13,7 +12,6 @@ use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use relay_core::ledger::TokenHash;
@@ -22,8 +20,12 @@ use serde_json::Value;
 
 use super::Server;
 use super::rpc::{self, Reply};
-use super::session::{SESSION_HEADER, check_session, header_str, json_response, rpc_error};
+use super::session::{
+    check_session, event_stream, fault_response, header_str, json_response, protocol_headers,
+    rpc_error,
+};
 use crate::store::Endpoint;
+use relay_core::mcp::era::SESSION_HEADER;
 
 pub(crate) const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -351,9 +353,9 @@ async fn mcp_post(
             );
         }
     };
-    let message = match rpc::parse(&bytes) {
+    let message = match relay_core::mcp::parse(&bytes) {
         Ok(m) => m,
-        Err(r) => return r,
+        Err(f) => return fault_response(&f),
     };
     match rpc::handle(&server, &endpoint, &headers, message).await {
         Reply::Accepted => StatusCode::ACCEPTED.into_response(),
@@ -374,12 +376,32 @@ async fn mcp_post(
     }
 }
 
+/// GET and DELETE belong to legacy sessions; the 2026-07-28 era has neither (405), and hears
+/// the doorbell on `subscriptions/listen` instead.
+fn modern_refusal(headers: &HeaderMap) -> Option<Response> {
+    let modern = relay_core::mcp::era::bodiless_is_modern(&protocol_headers(headers));
+    modern.then(|| {
+        let mut r = rpc_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Value::Null,
+            -32600,
+            "the 2026-07-28 era has no GET stream and no sessions to DELETE; POST              subscriptions/listen to hear the doorbell",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        r
+    })
+}
+
 async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
     let Admitted {
         name,
         endpoint,
         headers,
     } = admitted;
+    if let Some(r) = modern_refusal(&headers) {
+        return r;
+    }
     let accepts_sse = header_str(&headers, header::ACCEPT)
         .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
     if !accepts_sse {
@@ -421,28 +443,20 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
             );
         }
     };
+    // The store learns that the session holds a stream (it is never ended to make room); a
+    // store error leaves the stream open, at worst unprotected until the next keep-alive.
+    if let Err(e) = server.note_stream(&session, &endpoint.name).await {
+        tracing::warn!(endpoint = %escape_text(&name), error = %e, "could not note the doorbell stream in the store");
+    }
     tracing::info!(endpoint = %escape_text(&name), "doorbell stream opened");
-    let shutdown = server.inner.shutdown.subscribe();
-    let stream =
-        futures_util::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
-            let msg = tokio::select! {
-                m = rx.recv() => m,
-                _ = shutdown.wait_for(|v| *v) => None,
-            };
-            msg.map(|m| {
-                (
-                    Ok::<Event, Infallible>(Event::default().data(m)),
-                    (rx, shutdown),
-                )
-            })
-        });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+    event_stream(&server, rx, None)
 }
 
 async fn mcp_delete(State(server): State<Server>, admitted: Admitted) -> Response {
     let Admitted { name, headers, .. } = admitted;
+    if let Some(r) = modern_refusal(&headers) {
+        return r;
+    }
     let Some(session) = header_str(&headers, SESSION_HEADER) else {
         return rpc_error(
             StatusCode::BAD_REQUEST,

@@ -66,12 +66,12 @@ pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
 
-/// The MCP protocol revisions this server speaks, newest first. `initialize` echoes a requested
-/// one it supports and otherwise answers the newest.
-pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// The legacy MCP protocol revisions this server speaks in sessions, newest first (the modern
+/// ones are `relay_core::mcp::era::MODERN_VERSIONS`).
+pub const PROTOCOL_VERSIONS: [&str; 3] = relay_core::mcp::era::LEGACY_VERSIONS;
 
-/// The doorbell's JSON-RPC method.
-pub const TODO_READY: &str = "notifications/todo_ready";
+/// The legacy doorbell's JSON-RPC method.
+pub const TODO_READY: &str = relay_core::mcp::LEGACY_DOORBELL;
 
 /// How the server runs. [`ServerConfig::for_listen`] gives the defaults for an address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,8 +200,27 @@ impl Session {
     }
 }
 
+/// A modern doorbell stream (`subscriptions/listen`): which of the endpoint's queues it hears.
+/// It lives as long as its connection; nothing of it is in the store.
+struct Listening {
+    endpoint: String,
+    queues: BTreeSet<String>,
+    /// The listen request's id, which tags every message of the stream.
+    subscription: serde_json::Value,
+    tx: mpsc::Sender<String>,
+}
+
+impl Listening {
+    fn wants(&self, endpoint: &str, queue: &str) -> bool {
+        self.endpoint == endpoint && !self.tx.is_closed() && self.queues.contains(queue)
+    }
+}
+
 struct State {
     sessions: BTreeMap<String, Session>,
+    /// Keyed `listen:<n>` (the gate's key too; no session id has a colon).
+    listens: BTreeMap<String, Listening>,
+    next_listen: u64,
     gate: Gate,
     /// Where the out-of-process scan resumes in the store's change sequence (`None` before the
     /// first scan).
@@ -292,6 +311,8 @@ impl Server {
                 random: Mutex::new(random),
                 state: Mutex::new(State {
                     sessions: BTreeMap::new(),
+                    listens: BTreeMap::new(),
+                    next_listen: 0,
                     gate: Gate::new(window),
                     scan_watermark: None,
                     rung_since_scan: BTreeSet::new(),
@@ -397,8 +418,25 @@ impl Server {
             idle: self.idle(),
             caps: self.caps(),
         };
-        self.inner.store.mcp_session_open(now, new).await?;
+        let ended = self.inner.store.mcp_session_open(now, new).await?;
         let mut st = lock(&self.inner.state);
+        if !ended.is_empty() {
+            tracing::info!(
+                endpoint = %endpoint.name,
+                ended = ended.len(),
+                "at the endpoint's session cap: ended its least recently used session without a \
+                 doorbell stream to make room"
+            );
+            let gone: Vec<String> = st
+                .sessions
+                .keys()
+                .filter(|id| ended.contains(&TokenHash::of(id)))
+                .cloned()
+                .collect();
+            for id in gone {
+                Self::drop_session(&mut st, &id);
+            }
+        }
         st.sessions.insert(
             id.clone(),
             Session {
@@ -522,7 +560,7 @@ impl Server {
     /// Opens the session's doorbell stream.
     fn open_stream(&self, id: &str) -> Result<mpsc::Receiver<String>, StreamRefused> {
         let mut st = lock(&self.inner.state);
-        let open = st.sessions.values().filter(|s| s.stream_open()).count();
+        let open = Self::streams_open(&st);
         let Some(s) = st.sessions.get_mut(id) else {
             return Err(StreamRefused::NoSession);
         };
@@ -533,6 +571,58 @@ impl Server {
         // A ring is a nudge: if a client is this far behind, dropping one loses nothing.
         let (tx, rx) = mpsc::channel(16);
         s.stream = Some(tx);
+        Ok(rx)
+    }
+
+    /// Notes in the store that the session's doorbell stream is open here, so that it is never
+    /// ended to make room for another session (see `relay_core::limits::admit_session`).
+    async fn note_stream(&self, id: &str, endpoint: &str) -> Result<(), Error> {
+        let now = self.now();
+        let live = self
+            .inner
+            .store
+            .mcp_session_touch(now, TokenHash::of(id), endpoint, None)
+            .await?;
+        if let Some(s) = lock(&self.inner.state).sessions.get_mut(id) {
+            s.checked_at = now;
+        }
+        if !live {
+            tracing::info!(endpoint = %endpoint, "a doorbell stream opened for a session ended meanwhile");
+        }
+        Ok(())
+    }
+
+    /// Doorbell streams open on this server: legacy GET streams and modern listens.
+    fn streams_open(st: &State) -> usize {
+        st.sessions.values().filter(|s| s.stream_open()).count()
+            + st.listens.values().filter(|l| !l.tx.is_closed()).count()
+    }
+
+    /// Opens a modern listen stream for `endpoint`, its acknowledgement already queued. `Err`:
+    /// the stream cap is reached (the message for the client).
+    fn open_listen(
+        &self,
+        endpoint: &str,
+        listen: relay_core::mcp::listen::Listen,
+        subscription: serde_json::Value,
+    ) -> Result<mpsc::Receiver<String>, String> {
+        let mut st = lock(&self.inner.state);
+        relay_core::limits::admit_stream(&self.caps(), Self::streams_open(&st))?;
+        let (tx, rx) = mpsc::channel(16);
+        let ack = relay_core::mcp::listen::acknowledged(&subscription, &listen);
+        // A new channel has room: the acknowledgement is the stream's first message.
+        let _ = tx.try_send(ack.to_string());
+        let key = format!("listen:{}", st.next_listen);
+        st.next_listen += 1;
+        st.listens.insert(
+            key,
+            Listening {
+                endpoint: endpoint.to_string(),
+                queues: listen.queues,
+                subscription,
+                tx,
+            },
+        );
         Ok(rx)
     }
 
@@ -562,9 +652,11 @@ impl Server {
         let mut st = lock(&self.inner.state);
         let State {
             sessions,
+            listens,
             gate,
             scan_watermark,
             rung_since_scan,
+            ..
         } = &mut *st;
         if note && scan_watermark.is_some() {
             if rung_since_scan.len() >= RUNG_SINCE_SCAN_MAX {
@@ -578,6 +670,21 @@ impl Server {
             }
             if gate.offer(id, todo, queue, offer, now) {
                 self.send_ring(s, &BTreeSet::from([queue.to_string()]));
+            }
+        }
+        for (key, l) in listens.iter() {
+            if l.wants(endpoint, queue) && gate.offer(key, todo, queue, offer, now) {
+                self.send_update(l, &BTreeSet::from([queue.to_string()]));
+            }
+        }
+    }
+
+    /// A modern ring: one resource update per queue.
+    fn send_update(&self, l: &Listening, queues: &BTreeSet<String>) {
+        for q in queues {
+            let frame = relay_core::mcp::listen::updated(&l.subscription, q);
+            if l.tx.try_send(frame.to_string()).is_ok() {
+                self.inner.metrics.doorbell_rings.inc();
             }
         }
     }
@@ -724,9 +831,21 @@ impl Server {
                 Self::drop_session(&mut st, &id);
             }
             self.inner.metrics.sessions.set(st.sessions.len() as i64);
+            let ended: Vec<String> = st
+                .listens
+                .iter()
+                .filter(|(_, l)| l.tx.is_closed() || !live.contains(&l.endpoint))
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in ended {
+                st.listens.remove(&key);
+                st.gate.forget(&key);
+            }
             for (id, queues) in st.gate.flush(now) {
                 if let Some(s) = st.sessions.get(&id) {
                     self.send_ring(s, &queues);
+                } else if let Some(l) = st.listens.get(&id) {
+                    self.send_update(l, &queues);
                 }
             }
         }

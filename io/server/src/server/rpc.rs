@@ -1,6 +1,8 @@
-//! JSON-RPC 2.0 and the MCP methods: `initialize`, `ping`, `tools/list`, `tools/call`, the todo
-//! resources (`resources/list`, `resources/read`: `relay_core::resources`), and the
-//! notifications and responses a client may send (accepted, 202).
+//! The MCP methods of both eras over one endpoint: the legacy handshake and its session
+//! (`initialize`, `ping`), `server/discover` and `subscriptions/listen` (modern), and in both
+//! `tools/list`, `tools/call` and the resources (`relay_core::resources` for todos,
+//! `relay_core::mcp::listen` for queues). Which era a request speaks, its envelope's and
+//! headers' checks, and its answer's frame are `relay_core::mcp`'s; this module dispatches.
 
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
@@ -11,21 +13,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use relay_core::grant::Grant;
 use relay_core::ledger::Op;
+use relay_core::mcp::{self, Era, Fault, Message, Method, era, listen};
 use relay_core::resources;
 use relay_core::serve::{self, Caller, Draw, Served, Serving, Step};
 use relay_core::wire::{self, LeaseToken, Tool};
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
 
-use super::session::{check_session, rpc_error};
+use super::session::{check_session, event_stream, fault_response, protocol_headers};
 use super::{PROTOCOL_VERSIONS, Server};
 use crate::store::Endpoint;
-
-pub(crate) const PARSE_ERROR: i64 = -32700;
-pub(crate) const INVALID_REQUEST: i64 = -32600;
-pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
-pub(crate) const INVALID_PARAMS: i64 = -32602;
-pub(crate) const INTERNAL_ERROR: i64 = -32603;
 
 /// What to answer.
 pub(crate) enum Reply {
@@ -40,101 +37,13 @@ pub(crate) enum Reply {
     Raw(Response),
 }
 
-/// One JSON-RPC message, shape-checked.
-pub(crate) enum Message {
-    Request {
-        id: Value,
-        method: String,
-        params: Option<Value>,
-    },
-    Notification,
-    Response,
-}
-
-/// Parses a body into one JSON-RPC message. Invalid UTF-8 or JSON is a parse error; a batch or
-/// anything that is not a JSON-RPC 2.0 object is an invalid request.
-pub(crate) fn parse(bytes: &[u8]) -> Result<Message, Response> {
-    let parse_error = |what: &str| {
-        rpc_error(
-            StatusCode::BAD_REQUEST,
-            Value::Null,
-            PARSE_ERROR,
-            &format!("parse error: {what}; send one JSON-RPC 2.0 request as a UTF-8 JSON object"),
-        )
-    };
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return Err(parse_error("the body is not valid UTF-8"));
-    };
-    let value: Value = match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(e) => return Err(parse_error(&format!("the body is not JSON ({e})"))),
-    };
-    let invalid = |id: Value, what: &str| {
-        rpc_error(
-            StatusCode::BAD_REQUEST,
-            id,
-            INVALID_REQUEST,
-            &format!("invalid request: {what}"),
-        )
-    };
-    let Value::Object(obj) = value else {
-        if value.is_array() {
-            return Err(invalid(
-                Value::Null,
-                "JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one \
-                 message per request",
-            ));
+impl From<Fault> for Reply {
+    fn from(f: Fault) -> Reply {
+        Reply::Json {
+            status: StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST),
+            body: f.body(),
+            session: None,
         }
-        return Err(invalid(
-            Value::Null,
-            "the body must be a JSON-RPC 2.0 object",
-        ));
-    };
-    let id = obj.get("id").cloned();
-    let id_ok = id
-        .as_ref()
-        .is_none_or(|i| i.is_string() || i.is_i64() || i.is_u64());
-    let echo = id.clone().filter(|_| id_ok).unwrap_or(Value::Null);
-    if obj.get("jsonrpc") != Some(&json!("2.0")) {
-        return Err(invalid(echo, "`jsonrpc` must be \"2.0\""));
-    }
-    if !id_ok {
-        return Err(invalid(Value::Null, "`id` must be a string or an integer"));
-    }
-    match (obj.get("method"), id) {
-        (Some(Value::String(method)), Some(id)) => {
-            let params = obj.get("params").cloned();
-            if params.as_ref().is_some_and(|p| !p.is_object()) {
-                return Err(invalid(id, "`params` must be an object"));
-            }
-            Ok(Message::Request {
-                id,
-                method: method.clone(),
-                params,
-            })
-        }
-        (Some(Value::String(_)), None) => Ok(Message::Notification),
-        (Some(_), _) => Err(invalid(echo, "`method` must be a string")),
-        (None, Some(_)) if obj.contains_key("result") || obj.contains_key("error") => {
-            Ok(Message::Response)
-        }
-        (None, _) => Err(invalid(echo, "a request needs `method`")),
-    }
-}
-
-fn ok(id: Value, result: Value) -> Reply {
-    Reply::Json {
-        status: StatusCode::OK,
-        body: json!({"jsonrpc": "2.0", "id": id, "result": result}),
-        session: None,
-    }
-}
-
-fn err(id: Value, code: i64, message: &str) -> Reply {
-    Reply::Json {
-        status: StatusCode::OK,
-        body: json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
-        session: None,
     }
 }
 
@@ -145,38 +54,86 @@ pub(crate) async fn handle(
     headers: &HeaderMap,
     message: Message,
 ) -> Reply {
+    let h = protocol_headers(headers);
     let (id, method, params) = match message {
         Message::Request { id, method, params } => (id, method, params),
-        Message::Notification | Message::Response => {
-            // Notifications (`notifications/initialized`, cancellations) need no answer, but
-            // still belong to a session.
-            return match check_session(server, endpoint, headers, &Value::Null).await {
-                Ok(_) => Reply::Accepted,
-                Err(r) => Reply::Raw(r),
-            };
+        Message::Notification { params } => {
+            return accepted(server, endpoint, headers, params.as_ref()).await;
+        }
+        Message::Response => return accepted(server, endpoint, headers, None).await,
+    };
+    let era = match era::classify(&h, &method, params.as_ref(), &id) {
+        Ok(era) => era,
+        Err(f) => {
+            tracing::info!(endpoint = %endpoint.name, code = f.code, "request refused by the era rules");
+            return f.into();
         }
     };
-    if method == "initialize" {
+    let method = match Method::of(&method, &era, &id) {
+        Ok(m) => m,
+        Err(f) => return f.into(),
+    };
+    if method == Method::Initialize {
         return initialize(server, endpoint, id, params.as_ref()).await;
     }
-    let session = match check_session(server, endpoint, headers, &id).await {
-        Ok(s) => s,
-        Err(r) => return Reply::Raw(r),
+    let session = match &era {
+        Era::Legacy { .. } => match check_session(server, endpoint, headers, &id).await {
+            Ok(s) => Some(s),
+            Err(r) => return Reply::Raw(r),
+        },
+        Era::Modern(_) => None,
     };
+    if method == Method::Listen {
+        return open_listen(server, endpoint, &era, id, params.as_ref());
+    }
+    match answer(server, endpoint, &era, session, method, &id, params).await {
+        Ok(result) => Reply::Json {
+            status: StatusCode::OK,
+            body: mcp::response(id, mcp::framed(&era, method, result)),
+            session: None,
+        },
+        Err(f) => f.into(),
+    }
+}
+
+/// A message that wants no answer (a notification, a client's response): 202. A modern one
+/// (e.g. a listen's `notifications/cancelled`) belongs to no session; a legacy one
+/// (`notifications/initialized`) still to its session, which must be live.
+async fn accepted(
+    server: &Server,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    params: Option<&Value>,
+) -> Reply {
+    if era::notification_is_modern(&protocol_headers(headers), params) {
+        return Reply::Accepted;
+    }
+    match check_session(server, endpoint, headers, &Value::Null).await {
+        Ok(_) => Reply::Accepted,
+        Err(r) => Reply::Raw(r),
+    }
+}
+
+/// A method's result (`Err`: its refusal), before the era's frame.
+async fn answer(
+    server: &Server,
+    endpoint: &Endpoint,
+    era: &Era,
+    session: Option<String>,
+    method: Method,
+    id: &Value,
+    params: Option<Value>,
+) -> Result<Value, Fault> {
     let grant = endpoint.grant();
-    let tools = grant.tools();
-    match method.as_str() {
-        "ping" => ok(id, json!({})),
-        "tools/list" => ok(id, wire::tools_list(&tools)),
-        "tools/call" => {
+    match method {
+        Method::Ping => Ok(json!({})),
+        Method::Discover => Ok(mcp::discover(&grant, era)),
+        Method::ToolsList => Ok(wire::tools_list(&grant.tools())),
+        Method::ToolsCall => {
             let params = params.unwrap_or_else(|| json!({}));
-            let (tool, arguments) = match serve::tool_of(&params) {
-                Ok(t) => t,
-                Err(message) => return err(id, INVALID_PARAMS, &message),
-            };
-            let answer = server
-                .call(endpoint, grant, &session, tool, arguments)
-                .await;
+            let (tool, arguments) = serve::tool_of(&params)
+                .map_err(|m| mcp::refusal(era, id.clone(), mcp::INVALID_PARAMS, m))?;
+            let answer = server.call(endpoint, grant, session, tool, arguments).await;
             let code = match &answer {
                 Ok(_) => "ok",
                 Err(e) => e.code.as_str(),
@@ -184,85 +141,210 @@ pub(crate) async fn handle(
             server.inner.metrics.tool_call(tool.as_str(), code);
             // Successful calls at debug: under load one line per call costs more than it tells.
             if answer.is_ok() {
-                tracing::debug!(endpoint = %endpoint.name, tool = tool.as_str(), "tools/call ok");
+                tracing::debug!(endpoint = %endpoint.name, tool = tool.as_str(), era = era.name(), "tools/call ok");
             } else {
-                tracing::info!(endpoint = %endpoint.name, tool = tool.as_str(), result = code, "tools/call refused");
+                tracing::info!(endpoint = %endpoint.name, tool = tool.as_str(), era = era.name(), result = code, "tools/call refused");
             }
             match answer {
-                Ok(served) => ok(id, served.result()),
+                Ok(served) => Ok(served.result()),
                 Err(e) if e.code == ErrorCode::Internal => {
                     let context =
                         format!("endpoint {} tools/call {}", endpoint.name, tool.as_str());
-                    err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
+                    Err(internal(server, era, id, &context, &e))
                 }
-                Err(e) => ok(id, serve::refusal(&e)),
+                Err(e) => Ok(serve::refusal(&e)),
             }
         }
-        "resources/list" => {
-            let page = match resources::list(&endpoint.name, &grant, params.as_ref()) {
-                Ok(op) => resources::listed(server.store().apply(op).await),
-                Err(e) => Err(e),
-            };
-            resource_reply(server, endpoint, id, &method, page)
+        Method::ResourcesList => {
+            let listed = list_resources(server, endpoint, &grant, params.as_ref()).await;
+            resource_answer(server, endpoint, era, id, method, None, listed)
         }
-        "resources/read" => {
-            let read = match resources::read(&grant, params.as_ref()) {
-                Ok((todo, args)) => {
-                    let served = server
-                        .call(endpoint, grant, &session, Tool::GetTodo, Some(&args))
-                        .await;
-                    resources::read_result(&todo, served)
-                }
-                Err(e) => Err(e),
+        Method::ResourcesRead => {
+            let uri = params
+                .as_ref()
+                .and_then(|p| p.get("uri"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let read = match uri.as_deref().and_then(listen::queue_of) {
+                Some(queue) => read_queue(server, endpoint, &grant, queue).await,
+                None => match resources::read(&grant, params.as_ref()) {
+                    Ok((todo, args)) => {
+                        let served = server
+                            .call(endpoint, grant, session, Tool::GetTodo, Some(&args))
+                            .await;
+                        resources::read_result(&todo, served)
+                    }
+                    Err(e) => Err(e),
+                },
             };
-            resource_reply(server, endpoint, id, &method, read)
+            resource_answer(server, endpoint, era, id, method, uri.as_deref(), read)
         }
-        "resources/templates/list" if resources::offered(&grant) => ok(
-            id,
-            json!({"resourceTemplates": [{
-                "uriTemplate": format!("{}{{id}}", resources::URI_PREFIX),
-                "name": "todo",
-                "description": "A todo and its attempt timeline (the get_todo answer)",
-                "mimeType": resources::MIME_JSON,
-            }]}),
-        ),
-        other => err(
-            id,
-            METHOD_NOT_FOUND,
-            &format!(
-                "method not found: {other:?}; this server answers initialize, ping, tools/list, \
-                 tools/call, resources/list and resources/read"
-            ),
-        ),
+        Method::ResourcesTemplatesList => {
+            let mut templates = Vec::new();
+            if resources::offered(&grant) {
+                templates.push(json!({
+                    "uriTemplate": format!("{}{{id}}", resources::URI_PREFIX),
+                    "name": "todo",
+                    "description": "A todo and its attempt timeline (the get_todo answer)",
+                    "mimeType": resources::MIME_JSON,
+                }));
+            }
+            if listen::offered(&grant) {
+                templates.push(listen::template());
+            }
+            if templates.is_empty() {
+                return Err(mcp::refusal(
+                    era,
+                    id.clone(),
+                    mcp::METHOD_NOT_FOUND,
+                    "resources/templates/list: this endpoint is offered no resources (they come \
+                     with the list_todos, claim_next and claim verbs)",
+                ));
+            }
+            Ok(json!({"resourceTemplates": templates}))
+        }
+        Method::Initialize | Method::Listen => Err(mcp::refusal(
+            era,
+            id.clone(),
+            mcp::INTERNAL_ERROR,
+            "internal error: this method is answered elsewhere",
+        )),
     }
 }
 
-/// MCP's code for a resource that does not exist.
-pub(crate) const RESOURCE_NOT_FOUND: i64 = -32002;
-/// A resource method the endpoint is not granted.
-pub(crate) const FORBIDDEN: i64 = -32003;
+fn internal(server: &Server, era: &Era, id: &Value, context: &str, e: &Error) -> Fault {
+    mcp::refusal(
+        era,
+        id.clone(),
+        mcp::INTERNAL_ERROR,
+        server.internal_message(context, e),
+    )
+}
 
-/// A resource method's answer: bad params are `invalid params`, naming the field; an unknown or
-/// foreign todo is the same not-found.
-fn resource_reply(
+/// `resources/list`: the endpoint's queues first (on the first page), then its todos, a page at
+/// a time, when it is granted `list_todos`.
+async fn list_resources(
     server: &Server,
     endpoint: &Endpoint,
-    id: Value,
-    method: &str,
+    grant: &Grant,
+    params: Option<&Value>,
+) -> Result<Value, Error> {
+    let first_page = params
+        .and_then(|p| p.get("cursor"))
+        .is_none_or(Value::is_null);
+    let mut out = if resources::offered(grant) {
+        let op = resources::list(&endpoint.name, grant, params)?;
+        resources::listed(server.store().apply(op).await)?
+    } else if listen::offered(grant) {
+        if !first_page {
+            return Err(Error::invalid(
+                "resources/list: cursor: this endpoint's list has one page; list again without \
+                 a cursor",
+            ));
+        }
+        json!({"resources": []})
+    } else {
+        // The todo resources' refusal names the verb to grant.
+        return resources::list(&endpoint.name, grant, params).map(|_| Value::Null);
+    };
+    if first_page && listen::offered(grant) {
+        let queues: Vec<String> = match grant.queues() {
+            Some(qs) => qs.to_vec(),
+            None => {
+                let counts = server.store().queue_counts(&endpoint.name, None).await?;
+                let mut qs: Vec<String> = counts.into_iter().map(|(q, _, _)| q).collect();
+                qs.dedup();
+                qs
+            }
+        };
+        if let Some(list) = out["resources"].as_array_mut() {
+            let todos = std::mem::take(list);
+            list.extend(queues.iter().map(|q| listen::listed(q)));
+            list.extend(todos);
+        }
+    }
+    Ok(out)
+}
+
+/// `resources/read` of `relay://queues/<queue>`: the queue's counts for this endpoint. A queue
+/// the endpoint may not claim from reads as not found, like a foreign todo.
+async fn read_queue(
+    server: &Server,
+    endpoint: &Endpoint,
+    grant: &Grant,
+    queue: &str,
+) -> Result<Value, Error> {
+    listen::readable(grant, queue)?;
+    let counts = server
+        .store()
+        .queue_counts(&endpoint.name, Some(queue))
+        .await?;
+    let by_state: Vec<(String, u64)> = counts.into_iter().map(|(_, s, n)| (s, n)).collect();
+    Ok(listen::read_result(queue, &by_state))
+}
+
+/// A resource method's answer: bad params are `invalid params`, naming the field; an unknown or
+/// foreign resource is the era's not-found.
+fn resource_answer(
+    server: &Server,
+    endpoint: &Endpoint,
+    era: &Era,
+    id: &Value,
+    method: Method,
+    uri: Option<&str>,
     answer: Result<Value, Error>,
-) -> Reply {
+) -> Result<Value, Fault> {
     let e = match answer {
-        Ok(result) => return ok(id, result),
+        Ok(result) => return Ok(result),
         Err(e) => e,
     };
+    let method = method.as_str();
     tracing::info!(endpoint = %endpoint.name, method, result = e.code.as_str(), "resource refused");
-    match e.code {
-        ErrorCode::Invalid => err(id, INVALID_PARAMS, &e.message),
-        ErrorCode::NotFound => err(id, RESOURCE_NOT_FOUND, &e.message),
-        ErrorCode::Forbidden => err(id, FORBIDDEN, &e.message),
-        _ => {
-            let context = format!("endpoint {} {method}", endpoint.name);
-            err(id, INTERNAL_ERROR, &server.internal_message(&context, &e))
+    Err(match e.code {
+        ErrorCode::Invalid => mcp::refusal(era, id.clone(), mcp::INVALID_PARAMS, e.message),
+        ErrorCode::NotFound => mcp::resource_not_found(era, id.clone(), uri, &e.message),
+        ErrorCode::Forbidden => mcp::refusal(era, id.clone(), mcp::FORBIDDEN, e.message),
+        _ => internal(
+            server,
+            era,
+            id,
+            &format!("endpoint {} {method}", endpoint.name),
+            &e,
+        ),
+    })
+}
+
+/// `subscriptions/listen`: an event stream that starts with the acknowledgement and rings the
+/// subscribed queues through the doorbell's gate, until the client goes or the server stops
+/// (then the listen's answer closes it).
+fn open_listen(
+    server: &Server,
+    endpoint: &Endpoint,
+    era: &Era,
+    id: Value,
+    params: Option<&Value>,
+) -> Reply {
+    let listen = match listen::decode(&endpoint.grant(), params) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::info!(endpoint = %endpoint.name, result = e.code.as_str(), "listen refused");
+            return mcp::refusal(era, id, mcp::INVALID_PARAMS, e.message).into();
+        }
+    };
+    let farewell = listen::closed(&id).to_string();
+    match server.open_listen(&endpoint.name, listen, id.clone()) {
+        Ok(rx) => {
+            tracing::info!(endpoint = %endpoint.name, "listen stream opened");
+            Reply::Raw(event_stream(server, rx, Some(farewell)))
+        }
+        Err(message) => {
+            tracing::warn!(endpoint = %endpoint.name, "refused a listen stream: at the stream cap");
+            Reply::Raw(fault_response(&Fault::new(
+                503,
+                id,
+                mcp::INTERNAL_ERROR,
+                message,
+            )))
         }
     }
 }
@@ -277,11 +359,13 @@ async fn initialize(
         .and_then(|p| p.get("protocolVersion"))
         .and_then(Value::as_str)
     else {
-        return err(
+        return mcp::Fault::new(
+            200,
             id,
-            INVALID_PARAMS,
+            mcp::INVALID_PARAMS,
             "initialize needs params.protocolVersion (e.g. \"2025-06-18\")",
-        );
+        )
+        .into();
     };
     let version = PROTOCOL_VERSIONS
         .iter()
@@ -292,35 +376,26 @@ async fn initialize(
         Ok(s) => s,
         Err(e) if e.code == relay_core::ErrorCode::Conflict => {
             tracing::warn!(endpoint = %endpoint.name, "refused a session: at the session cap");
-            return Reply::Json {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                body: json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": e.message}}),
-                session: None,
-            };
+            return Fault::new(503, id, -32000, e.message).into();
         }
         Err(e) => {
             let context = format!("endpoint {} initialize", endpoint.name);
-            return err(id, INTERNAL_ERROR, &server.internal_message(&context, &e));
+            let legacy = Era::Legacy { session: None };
+            return internal(server, &legacy, &id, &context, &e).into();
         }
     };
     tracing::info!(endpoint = %endpoint.name, protocol = version, "session initialized");
-    let mut result = json!({
+    let result = json!({
         "protocolVersion": version,
-        "capabilities": {
-            "tools": {"listChanged": false},
-            "experimental": {"relay/doorbell": {"method": super::TODO_READY}},
-        },
-        "serverInfo": {"name": "relay", "version": env!("CARGO_PKG_VERSION")},
+        "capabilities": mcp::capabilities(&endpoint.grant(), &Era::Legacy { session: None }),
+        "serverInfo": mcp::server_info(),
         "instructions": "A work queue with fenced leases. claim_next takes work; heartbeat keeps \
             the lease; complete or fail ends the attempt. Open a GET stream on this URL with \
             the session id to hear notifications/todo_ready when work arrives.",
     });
-    if resources::offered(&endpoint.grant()) {
-        result["capabilities"]["resources"] = json!({"subscribe": false, "listChanged": false});
-    }
     Reply::Json {
         status: StatusCode::OK,
-        body: json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        body: mcp::response(id, result),
         session: Some(session),
     }
 }
@@ -338,19 +413,19 @@ impl Draw for ServerDraw<'_> {
 }
 
 impl Server {
-    /// Serves one tool call for `endpoint` over `session`: core's serving function over the
+    /// Serves one tool call for `endpoint` (over its legacy session, if any): core's serving function over the
     /// store, with the metrics and the doorbell around it.
     async fn call(
         &self,
         endpoint: &Endpoint,
         grant: Grant,
-        session: &str,
+        session: Option<String>,
         tool: Tool,
         arguments: Option<&Value>,
     ) -> Result<Served, Error> {
         let caller = Caller {
             endpoint: endpoint.name.clone(),
-            session: Some(session.to_string()),
+            session,
             grant,
         };
         let m = &self.inner.metrics;

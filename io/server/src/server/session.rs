@@ -1,19 +1,23 @@
-//! Sessions over headers and the JSON-RPC error reply: what both the routes ([`super::http`])
-//! and the JSON-RPC handler ([`super::rpc`]) use. It imports neither, so neither imports the
-//! other back.
+//! Sessions over headers, the JSON-RPC error reply and the event-stream response: what both the
+//! routes ([`super::http`]) and the JSON-RPC handler ([`super::rpc`]) use. It imports neither,
+//! so neither imports the other back.
 
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.
 #![allow(clippy::result_large_err)]
 
+use std::convert::Infallible;
+use std::time::Duration;
+
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use relay_core::mcp::era::{Headers, METHOD_HEADER, NAME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use relay_core::mcp::{Fault, UNAUTHORIZED};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use super::Server;
 use crate::store::Endpoint;
-
-pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
-pub(crate) const VERSION_HEADER: &str = "mcp-protocol-version";
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     (
@@ -32,11 +36,35 @@ pub(crate) fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str)
     )
 }
 
+/// A refusal decided by core, as the response to send.
+pub(crate) fn fault_response(f: &Fault) -> Response {
+    let status = StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, &f.body())
+}
+
 pub(crate) fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// What a request's session headers say, checked. `Err` is the response to send.
+/// A header as the era rules read it: present but not visible ASCII is still present (so it is
+/// refused as a mismatch, not taken for missing).
+fn protocol_header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .map(|v| v.to_str().unwrap_or("(not visible ASCII)"))
+}
+
+/// The protocol headers of a request, for `relay_core::mcp::era::classify`.
+pub(crate) fn protocol_headers(headers: &HeaderMap) -> Headers<'_> {
+    Headers {
+        session: protocol_header(headers, SESSION_HEADER),
+        protocol_version: protocol_header(headers, VERSION_HEADER),
+        method: protocol_header(headers, METHOD_HEADER),
+        name: protocol_header(headers, NAME_HEADER),
+    }
+}
+
+/// Checks a legacy request's session. `Err` is the response to send.
 pub(crate) async fn check_session(
     server: &Server,
     endpoint: &Endpoint,
@@ -49,22 +77,11 @@ pub(crate) async fn check_session(
             id.clone(),
             -32600,
             "missing Mcp-Session-Id header; send `initialize` first and repeat the session id \
-             it answers on every later request",
+             it answers on every later request, or speak the 2026-07-28 era (no session: \
+             `server/discover`, and the protocol version and client capabilities in each \
+             request's params._meta)",
         ));
     };
-    if let Some(v) = header_str(headers, VERSION_HEADER)
-        && !super::PROTOCOL_VERSIONS.contains(&v)
-    {
-        return Err(rpc_error(
-            StatusCode::BAD_REQUEST,
-            id.clone(),
-            -32600,
-            &format!(
-                "unsupported MCP-Protocol-Version {v:?}; this server speaks {}",
-                super::PROTOCOL_VERSIONS.join(", ")
-            ),
-        ));
-    }
     let live = match server.touch_session(session, endpoint).await {
         Ok(live) => live,
         Err(e) => {
@@ -81,9 +98,49 @@ pub(crate) async fn check_session(
         return Err(rpc_error(
             StatusCode::NOT_FOUND,
             id.clone(),
-            -32001,
+            UNAUTHORIZED,
             "session not found or expired; send `initialize` again for a new session",
         ));
     }
     Ok(session.to_string())
+}
+
+/// A doorbell stream as a server-sent event stream: each message `rx` yields, a keep-alive
+/// comment every 15 s, and at shutdown `farewell` (a modern listen's closing answer) before the
+/// stream ends.
+pub(crate) fn event_stream(
+    server: &Server,
+    rx: mpsc::Receiver<String>,
+    farewell: Option<String>,
+) -> Response {
+    let shutdown = server.inner.shutdown.subscribe();
+    let stream = futures_util::stream::unfold(
+        (rx, shutdown, farewell, false),
+        |(mut rx, mut shutdown, farewell, ended)| async move {
+            if ended {
+                return None;
+            }
+            let msg = tokio::select! {
+                m = rx.recv() => m,
+                _ = shutdown.wait_for(|v| *v) => None,
+            };
+            match msg {
+                Some(m) => Some((
+                    Ok::<Event, Infallible>(Event::default().data(m)),
+                    (rx, shutdown, farewell, false),
+                )),
+                // The farewell is the last message; the stream ends after it.
+                None => {
+                    farewell.map(|f| (Ok(Event::default().data(f)), (rx, shutdown, None, true)))
+                }
+            }
+        },
+    );
+    let mut r = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response();
+    // Proxies must not buffer a stream of rings.
+    r.headers_mut()
+        .insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    r
 }

@@ -394,6 +394,22 @@ impl Store {
         )
     }
 
+    /// An endpoint's todos counted by queue and state: `queue`'s, or every queue's.
+    pub async fn queue_counts(
+        &self,
+        endpoint: &str,
+        queue: Option<&str>,
+    ) -> Result<Vec<(String, String, u64)>, Error> {
+        let (endpoint, queue) = (endpoint.to_string(), queue.map(str::to_string));
+        run!(
+            self,
+            ops::TxKind::Read,
+            "queue counts",
+            endpoint.clone(),
+            |tx| ops::queue_counts(tx, &endpoint, queue.as_deref())
+        )
+    }
+
     /// The Board's overview at `now`, in one read transaction (see [`BoardOverview`]).
     pub async fn board_overview(&self, now: Millis) -> Result<BoardOverview, Error> {
         run!(
@@ -605,8 +621,13 @@ impl Store {
     }
 
     /// Records a new MCP session, admitted against `new.caps` over the live sessions in the
-    /// store (every server's). `conflict` with the client's message when a cap is reached.
-    pub async fn mcp_session_open(&self, now: Millis, new: McpSessionNew) -> Result<(), Error> {
+    /// store (every server's); answers the endpoint's sessions it ended to make room (their id
+    /// hashes). `conflict` with the client's message when a cap is reached.
+    pub async fn mcp_session_open(
+        &self,
+        now: Millis,
+        new: McpSessionNew,
+    ) -> Result<Vec<TokenHash>, Error> {
         let subject = new.endpoint.clone();
         run!(self, ops::TxKind::Write, "initialize", subject, |tx| {
             ops::mcp_session_open(tx, now, &new)
@@ -614,7 +635,8 @@ impl Store {
     }
 
     /// Marks a session of `endpoint` used; `false` when it is gone (see `ops::mcp_session_touch`:
-    /// `idle: None` keeps a session with an open stream alive whatever its age).
+    /// `idle: None` keeps a session with an open stream alive whatever its age and notes the
+    /// stream).
     pub async fn mcp_session_touch(
         &self,
         now: Millis,

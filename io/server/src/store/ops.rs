@@ -186,15 +186,19 @@ fn millis(r: Result<Option<i64>, String>, what: &str) -> Result<Option<Millis>, 
 
 const OPERATOR_COLS: &str = "name, token_hash, created_at, revoked_at";
 
+/// Column `i` of `r` as a SHA-256 (a token's or a session id's).
+fn token_hash(r: &dyn Row, i: usize, what: &str) -> Result<TokenHash, Error> {
+    let bytes = required(r.bytes(i), what)?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map(TokenHash)
+        .map_err(|_| Error::internal(format!("reading {what}: a hash is not 32 bytes")))
+}
+
 fn operator_row(r: &dyn Row) -> Result<Operator, Error> {
     let what = "an operator";
-    let token = required(r.bytes(1), what)?;
     Ok(Operator {
         name: required(r.text(0), what)?,
-        token_hash: TokenHash(
-            <[u8; 32]>::try_from(token.as_slice())
-                .map_err(|_| Error::internal("reading an operator: a hash is not 32 bytes"))?,
-        ),
+        token_hash: token_hash(r, 1, what)?,
         created_at: millis(r.int(2), what)?.unwrap_or_default(),
         revoked_at: millis(r.int(3), what)?,
     })
@@ -375,12 +379,14 @@ pub(crate) async fn set_paused<T: Tx>(
 // ---- MCP sessions ----------------------------------------------------------------------------
 
 /// Opens an MCP session: admitted against the caps counted over the live sessions in the store
-/// (shared by every server on it), after forgetting the idle ones.
+/// (shared by every server on it), after forgetting the idle ones. At the endpoint's cap it ends
+/// the endpoint's least recently used sessions that hold no doorbell stream, as many as
+/// `relay_core::limits::admit_session` says; the ones it ended are the answer.
 pub(crate) async fn mcp_session_open<T: Tx>(
     tx: &mut T,
     now: Millis,
     new: &McpSessionNew,
-) -> Result<(), Error> {
+) -> Result<Vec<TokenHash>, Error> {
     let op = "initialize";
     let now = tx.clock(now).await?;
     tx.lock_sessions(op).await?;
@@ -388,19 +394,43 @@ pub(crate) async fn mcp_session_open<T: Tx>(
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
     tx.exec_sql(op, &new.endpoint, sql, vec![time(op, cutoff)?])
         .await?;
-    let sql = "SELECT count(*), coalesce(sum(CASE WHEN endpoint = $1 THEN 1 ELSE 0 END), 0)
+    let sql = "SELECT count(*),
+                      coalesce(sum(CASE WHEN endpoint = $1 THEN 1 ELSE 0 END), 0),
+                      coalesce(sum(CASE WHEN endpoint = $1
+                                         AND (stream_until IS NULL OR stream_until <= $2)
+                                        THEN 1 ELSE 0 END), 0)
                FROM mcp_sessions";
+    let vals = vec![text(&new.endpoint), time(op, now)?];
     let counts = tx
-        .query_sql(op, &new.endpoint, sql, vec![text(&new.endpoint)], |r| {
+        .query_sql(op, &new.endpoint, sql, vals, |r| {
             let n = |i| -> Result<usize, Error> {
                 let v = required(r.int(i), "a session count")?;
                 Ok(usize::try_from(v).unwrap_or(0))
             };
-            Ok((n(0)?, n(1)?))
+            Ok((n(0)?, n(1)?, n(2)?))
         })
         .await?;
-    let (total, mine) = counts.first().copied().unwrap_or((0, 0));
-    relay_core::limits::admit_session(&new.caps, total, mine).map_err(Error::conflict)?;
+    let (total, mine, streamless) = counts.first().copied().unwrap_or((0, 0, 0));
+    let end = relay_core::limits::admit_session(&new.caps, total, mine, streamless)
+        .map_err(Error::conflict)?;
+    let mut ended = Vec::new();
+    if end > 0 {
+        let sql = "DELETE FROM mcp_sessions WHERE id_hash IN (
+                       SELECT id_hash FROM mcp_sessions
+                       WHERE endpoint = $1 AND (stream_until IS NULL OR stream_until <= $2)
+                       ORDER BY last_used_at, id_hash LIMIT $3)
+                   RETURNING id_hash";
+        let vals = vec![
+            text(&new.endpoint),
+            time(op, now)?,
+            Val::Big(Some(i64::try_from(end).unwrap_or(i64::MAX))),
+        ];
+        ended = tx
+            .query_sql(op, &new.endpoint, sql, vals, |r| {
+                token_hash(r, 0, "an ended session")
+            })
+            .await?;
+    }
     let sql = "INSERT INTO mcp_sessions (id_hash, endpoint, protocol, created_at, last_used_at)
                VALUES ($1, $2, $3, $4, $4)";
     let vals = vec![
@@ -409,12 +439,14 @@ pub(crate) async fn mcp_session_open<T: Tx>(
         text(&new.protocol),
         time(op, now)?,
     ];
-    tx.exec_sql(op, &new.endpoint, sql, vals).await.map(drop)
+    tx.exec_sql(op, &new.endpoint, sql, vals).await?;
+    Ok(ended)
 }
 
 /// Marks a session of `endpoint` used at `now`; `false` when there is none (never made, ended,
 /// swept, or another endpoint's). With `idle`, a session unused for that long counts as gone
-/// too; without, it is kept alive whatever its age (its doorbell stream is open).
+/// too; without, its doorbell stream is open on the calling server: it is kept alive whatever
+/// its age, and noted as holding a stream for [`relay_core::limits::STREAM_HOLD`].
 pub(crate) async fn mcp_session_touch<T: Tx>(
     tx: &mut T,
     now: Millis,
@@ -424,18 +456,23 @@ pub(crate) async fn mcp_session_touch<T: Tx>(
 ) -> Result<bool, Error> {
     let op = "session";
     let now = tx.clock(now).await?;
-    let cutoff = idle.map_or(0, |i| now.saturating_sub(i));
-    let sql = "UPDATE mcp_sessions SET last_used_at = $3
-               WHERE id_hash = $1 AND endpoint = $2 AND last_used_at > $4";
+    let (sql, cutoff) = match idle {
+        Some(idle) => (
+            "UPDATE mcp_sessions SET last_used_at = $3
+             WHERE id_hash = $1 AND endpoint = $2 AND last_used_at > $4",
+            now.saturating_sub(idle),
+        ),
+        None => (
+            "UPDATE mcp_sessions SET last_used_at = $3, stream_until = $4
+             WHERE id_hash = $1 AND endpoint = $2",
+            now.saturating_add(relay_core::limits::STREAM_HOLD),
+        ),
+    };
     let vals = vec![
         hash(id_hash),
         text(endpoint),
         time(op, now)?,
-        if idle.is_some() {
-            time(op, cutoff)?
-        } else {
-            Val::Big(Some(i64::MIN))
-        },
+        time(op, cutoff)?,
     ];
     Ok(tx.exec_sql(op, endpoint, sql, vals).await? == 1)
 }
@@ -465,6 +502,37 @@ pub(crate) async fn mcp_session_sweep<T: Tx>(
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
     tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])
         .await
+}
+
+/// An endpoint's todos counted by queue and state, for the queue resources
+/// (`relay_core::mcp::listen`): one queue's, or every queue's the endpoint has todos in.
+pub(crate) async fn queue_counts<T: Tx>(
+    tx: &mut T,
+    endpoint: &str,
+    queue: Option<&str>,
+) -> Result<Vec<(String, String, u64)>, Error> {
+    let op = "queue counts";
+    let (sql, vals) = match queue {
+        Some(q) => (
+            "SELECT queue, state, COUNT(*) FROM todos WHERE endpoint = $1 AND queue = $2
+             GROUP BY queue, state ORDER BY queue, state",
+            vec![text(endpoint), text(q)],
+        ),
+        None => (
+            "SELECT queue, state, COUNT(*) FROM todos WHERE endpoint = $1
+             GROUP BY queue, state ORDER BY queue, state",
+            vec![text(endpoint)],
+        ),
+    };
+    tx.query_sql(op, endpoint, sql, vals, |r| {
+        let what = "a queue count";
+        Ok((
+            required(r.text(0), what)?,
+            required(r.text(1), what)?,
+            unsigned(r.int(2), what)?,
+        ))
+    })
+    .await
 }
 
 /// What the overview reads, counted by the database: a few grouped sums and short lists,

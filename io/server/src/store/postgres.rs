@@ -59,7 +59,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (5, "failure_classes", MIGRATION_0005),
     (6, "board", MIGRATION_0006),
     (7, "mcp_sessions", MIGRATION_0007),
-    // 8 is issue 29's (mcp_sessions); this one is numbered after it.
+    (8, "session_streams", MIGRATION_0008),
     (9, "board_bulk", MIGRATION_0009),
 ];
 
@@ -228,6 +228,12 @@ CREATE TABLE paused_queues (
     paused_at bigint NOT NULL
 );
 "#;
+
+/// As SQLite's 0009: which sessions hold a doorbell stream, so that the per-endpoint cap can
+/// make room by ending the least recently used session that holds none.
+const MIGRATION_0008: &str = "
+ALTER TABLE mcp_sessions ADD COLUMN stream_until bigint;
+";
 
 /// MCP sessions in the store (as SQLite's 0007), and the doorbell across servers: a todo that
 /// becomes pending (added, released, reaped, re-queued, retried: from any server or the CLI)

@@ -43,7 +43,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (6, "board", MIGRATION_0006),
     (7, "mcp_sessions", MIGRATION_0007),
     (8, "write_path", MIGRATION_0008),
-    // 9 is issue 29's (mcp_sessions); this one is numbered after it.
+    (9, "session_streams", MIGRATION_0009),
     (10, "board_bulk", MIGRATION_0010),
 ];
 
@@ -588,6 +588,13 @@ CREATE TABLE mcp_sessions (
 ) STRICT;
 CREATE INDEX mcp_sessions_endpoint ON mcp_sessions (endpoint);
 CREATE INDEX mcp_sessions_idle ON mcp_sessions (last_used_at);
+";
+
+/// Which sessions hold a doorbell stream (until when, by the holding server's last keep-alive),
+/// so that a session at the per-endpoint cap can make room by ending the least recently used
+/// session that holds none.
+const MIGRATION_0009: &str = "
+ALTER TABLE mcp_sessions ADD COLUMN stream_until INTEGER;
 ";
 
 /// The write path's hidden work, cut.

@@ -11,11 +11,47 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Millis;
-use relay_core::ledger::TokenHash;
+use relay_core::ledger::{LedgerConfig, TokenHash};
 use relay_core::time::ManualClock;
 use relay_server::server::{Server, ServerConfig};
 use relay_server::store::{NewEndpoint, Store};
 use serde_json::{Value, json};
+
+/// SQLite in memory; or, with `RELAY_SERVER_TEST_DB=postgres`, a fresh schema on the server
+/// `RELAY_TEST_POSTGRES` names (the store tests' convention; `.ci/postgres.sh` starts one).
+pub async fn open_store() -> (Store, Option<(String, String)>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    if std::env::var("RELAY_SERVER_TEST_DB").as_deref() == Ok("postgres") {
+        let url = std::env::var("RELAY_TEST_POSTGRES")
+            .expect("RELAY_SERVER_TEST_DB=postgres needs RELAY_TEST_POSTGRES=postgres://…");
+        let name = format!(
+            "srv_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let store =
+            relay_server::store::PgStore::open_in_schema(&url, &name, LedgerConfig::default())
+                .await
+                .unwrap()
+                // These tests drive leases, retries and sessions with a manual clock.
+                .with_clock(relay_server::store::PgClock::Caller);
+        return (Store::Postgres(store), Some((url, name)));
+    }
+    let store = Store::open("sqlite::memory:", LedgerConfig::default())
+        .await
+        .unwrap();
+    (store, None)
+}
+
+/// A server over `open_store`'s store, dropped with the harness; `full_serve` as in
+/// [`Harness::start_on`].
+pub async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool) -> Harness {
+    let (store, pg_schema) = open_store().await;
+    let mut h = Harness::start_on(store, 7, tweak, full_serve).await;
+    h.pg_schema = pg_schema;
+    h
+}
 
 pub const T0: Millis = 1_790_000_000_000;
 /// A failure bound on every wait, never a sleep.
@@ -125,6 +161,15 @@ impl Harness {
             token: token.to_string(),
             session: None,
             next_id: 1,
+            modern: false,
+        }
+    }
+
+    /// A client of endpoint `name` in the 2026-07-28 era: no session, every request stamped.
+    pub fn mcp_modern(&self, name: &str, token: &str) -> Mcp {
+        Mcp {
+            modern: true,
+            ..self.mcp(name, token)
         }
     }
 
@@ -144,6 +189,8 @@ pub struct Mcp {
     pub token: String,
     pub session: Option<String>,
     pub next_id: u64,
+    /// Speaks the 2026-07-28 era: `_meta` and the protocol headers on every request.
+    pub modern: bool,
 }
 
 impl Mcp {
@@ -168,11 +215,28 @@ impl Mcp {
             .unwrap()
     }
 
-    pub async fn rpc(&mut self, method: &str, params: Value) -> (u16, Value) {
+    /// A request (stamped for the era when modern), whatever its status.
+    pub async fn send(&mut self, method: &str, params: Value) -> reqwest::Response {
         let id = self.next_id;
         self.next_id += 1;
+        let (params, headers) = if self.modern {
+            let info = json!({"name": "test", "version": "0"});
+            relay_core::mcp::era::stamp(method, params, &info)
+        } else {
+            (params, Vec::new())
+        };
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let r = self.post_raw(body.to_string()).await;
+        let mut r = self
+            .request(reqwest::Method::POST)
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        r.body(body.to_string()).send().await.unwrap()
+    }
+
+    pub async fn rpc(&mut self, method: &str, params: Value) -> (u16, Value) {
+        let r = self.send(method, params).await;
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))

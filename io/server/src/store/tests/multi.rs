@@ -214,16 +214,40 @@ fn mcp_sessions_are_bound_kept_swept_ended_and_capped_alike_on_both_stores() {
             caps,
         };
         let h = TokenHash::of;
-        store.mcp_session_open(T0, new("s1", "e1")).await.unwrap();
-        store.mcp_session_open(T0, new("s2", "e1")).await.unwrap();
+        let touch = |id: &'static str, ep: &'static str, now, idle| {
+            let store = store.clone();
+            async move { store.mcp_session_touch(now, h(id), ep, idle).await.unwrap() }
+        };
+        assert_eq!(
+            store.mcp_session_open(T0, new("s1", "e1")).await,
+            Ok(vec![])
+        );
+        assert_eq!(
+            store.mcp_session_open(T0, new("s2", "e1")).await,
+            Ok(vec![])
+        );
+        // At the endpoint's cap, a new session ends the least recently used one that holds no
+        // stream: s1 holds one, so s2 goes, although s1 was opened first.
+        assert!(touch("s1", "e1", T0, None).await, "a stream holds s1");
+        assert_eq!(
+            store.mcp_session_open(T0 + 1, new("s3", "e1")).await,
+            Ok(vec![h("s2")])
+        );
+        assert!(
+            !touch("s2", "e1", T0 + 1, Some(IDLE)).await,
+            "ended for room"
+        );
+        // With every session of the endpoint holding a stream, the cap refuses.
+        assert!(touch("s3", "e1", T0 + 1, None).await);
         let over = store
-            .mcp_session_open(T0, new("s3", "e1"))
+            .mcp_session_open(T0 + 1, new("s3b", "e1"))
             .await
             .unwrap_err();
         assert!(
             over.message.contains("too many sessions for this endpoint"),
             "{over:?}"
         );
+        // The total cap ends nobody's session.
         store.mcp_session_open(T0, new("s4", "e2")).await.unwrap();
         let full = store
             .mcp_session_open(T0, new("s5", "e2"))
@@ -231,10 +255,6 @@ fn mcp_sessions_are_bound_kept_swept_ended_and_capped_alike_on_both_stores() {
             .unwrap_err();
         assert!(full.message.contains("maximum of 3 sessions"), "{full:?}");
 
-        let touch = |id: &'static str, ep: &'static str, now, idle| {
-            let store = store.clone();
-            async move { store.mcp_session_touch(now, h(id), ep, idle).await.unwrap() }
-        };
         assert!(
             touch("s1", "e1", T0 + IDLE - 1, Some(IDLE)).await,
             "used: kept"
@@ -244,18 +264,18 @@ fn mcp_sessions_are_bound_kept_swept_ended_and_capped_alike_on_both_stores() {
             "another endpoint's"
         );
         assert!(!touch("nope", "e1", T0, Some(IDLE)).await, "unknown");
-        // s2 is idle past the bound, unless a stream holds it (no bound).
-        assert!(!touch("s2", "e1", T0 + IDLE, Some(IDLE)).await, "idle");
+        // s3 is idle past the bound, unless a stream holds it (no bound).
+        assert!(!touch("s3", "e1", T0 + IDLE + 1, Some(IDLE)).await, "idle");
         assert!(
-            touch("s2", "e1", T0 + IDLE, None).await,
+            touch("s3", "e1", T0 + IDLE + 1, None).await,
             "a stream keeps it"
         );
-        // The sweep forgets s4 (unused since T0), not s1 or s2 (used at T0 + IDLE - 1 / IDLE).
+        // The sweep forgets s4 (unused since T0), not s1 or s3 (used at T0 + IDLE - 1 / + 1).
         assert_eq!(store.mcp_session_sweep(T0 + IDLE, IDLE).await.unwrap(), 1);
         assert!(!touch("s4", "e2", T0 + IDLE, None).await, "swept");
         // Ended once; its place under the cap is free again.
-        assert!(store.mcp_session_end(h("s2"), "e1").await.unwrap());
-        assert!(!store.mcp_session_end(h("s2"), "e1").await.unwrap());
+        assert!(store.mcp_session_end(h("s3"), "e1").await.unwrap());
+        assert!(!store.mcp_session_end(h("s3"), "e1").await.unwrap());
         store
             .mcp_session_open(T0 + IDLE, new("s6", "e1"))
             .await
