@@ -172,7 +172,7 @@ pub fn run(args: Args) -> ExitCode {
     // Only warnings, so that the progress view stays readable.
     crate::logs::init("warn", false);
     // Without --dir the files live as long as the run: the TempDir removes them when dropped.
-    let (dir, _temp) = match args.dir {
+    let (dir, temp) = match args.dir {
         Some(d) => {
             if d.join("relay.db").exists() {
                 return fail(format!(
@@ -194,7 +194,7 @@ pub fn run(args: Args) -> ExitCode {
         .enable_all()
         .build()
         .expect("the tokio runtime starts");
-    let kept = _temp.is_none();
+    let kept = temp.is_none();
     match rt.block_on(up(&dir, args.until_drained, kept)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),

@@ -1011,6 +1011,7 @@ async fn bulk_create(
             queue,
             action,
             filter: m.describe(),
+            // The store stamps it with its own clock.
             created_at: 0,
             confirmed_at: None,
             finished_at: None,
