@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target briefly on the stable toolchain (--sanitizer none). A crash fails
 # CI; its input stays in fuzz/artifacts/<target>/ and is printed here in base64, so it can be
-# added to fuzz/corpus/<target>/ (see README) once fixed.
+# added to fuzz/corpus/<target>/ (see docs/fuzzing.md) once fixed.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs=${RELAY_FUZZ_SECONDS:-20}

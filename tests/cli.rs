@@ -505,3 +505,59 @@ fn a_reader_that_went_away_ends_the_output_quietly() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The README stays a page a newcomer reads (≤ 350 lines) and links every page of docs/; every
+/// relative link in it and in docs/ names a file that exists; no page points at documents the
+/// repository does not hold (the spec's requirement numbers or its file names).
+#[test]
+fn the_readme_is_short_links_every_docs_page_and_no_link_dangles() {
+    let root = common::repo();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 350,
+        "README.md has {} lines; move detail into docs/",
+        readme.lines().count()
+    );
+    let mut pages = vec![("README.md".to_string(), readme.clone())];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                readme.contains(&format!("](docs/{name})")),
+                "README.md does not link docs/{name}"
+            );
+            pages.push((
+                format!("docs/{name}"),
+                std::fs::read_to_string(&path).unwrap(),
+            ));
+        }
+    }
+    for (name, text) in &pages {
+        let base = root.join(name).parent().unwrap().to_path_buf();
+        for link in text.split("](").skip(1) {
+            let target = link.split(')').next().unwrap();
+            let file = target.split('#').next().unwrap();
+            if file.is_empty() || file.contains("://") {
+                continue;
+            }
+            assert!(
+                base.join(file).exists(),
+                "{name}: the link {target} dangles"
+            );
+        }
+        for outside in [
+            "REQ-",
+            "relay-design",
+            "relay-spec",
+            "attempt-history",
+            "Switchboard",
+        ] {
+            assert!(
+                !text.contains(outside),
+                "{name} refers to {outside:?}, which this repository does not hold; say it \
+                 in docs/contract.md in our own words"
+            );
+        }
+    }
+}

@@ -168,9 +168,12 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
         let stopper = handle.clone();
         tokio::spawn(async move {
             crate::shutdown_signal().await;
+            crate::notify::stopping();
             tracing::info!("stopping: attempts in flight are released or failed first");
             stopper.stop();
         });
+        // Ready: the config is loaded, the control socket and any metrics listener are bound.
+        crate::notify::ready();
         daemon.run().await;
         ExitCode::SUCCESS
     })

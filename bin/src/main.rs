@@ -18,6 +18,7 @@ macro_rules! out {
 mod check_config;
 mod daemon;
 mod logs;
+mod notify;
 mod operator;
 mod serve;
 mod sim;
@@ -31,8 +32,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 
+/// `relay --version`: the crate's version and the git revision it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("RELAY_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
-#[command(name = "relay", version, about = "Leased work for AI-agent workers")]
+#[command(name = "relay", version = VERSION, about = "Leased work for AI-agent workers")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -85,8 +94,11 @@ enum Cmd {
     Stop(daemon::HarnessArgs),
     /// The running daemon's events as JSON lines (run_started, relay_claimed, run_finished, …).
     Events(daemon::EventsArgs),
-    /// The quick start: server, daemon and sample work on embedded SQLite, until drained.
+    /// The local dev stack: server, Board, daemon and sample work on embedded SQLite, until
+    /// Ctrl-C (`--until-drained`: the scripted tour).
     Up(up::Args),
+    /// Print a shell completion script: `relay completions bash > /etc/bash_completion.d/relay`.
+    Completions(Completions),
 }
 
 fn main() -> ExitCode {
@@ -111,7 +123,35 @@ fn main() -> ExitCode {
         Cmd::Stop(args) => daemon::stop(args),
         Cmd::Events(args) => daemon::events(args),
         Cmd::Up(args) => up::run(args),
+        Cmd::Completions(c) => completions(c.shell),
     }
+}
+
+#[derive(clap::Args)]
+struct Completions {
+    /// The shell to complete for.
+    shell: Shell,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The completion script for `shell`, generated from the same clap definition as `--help`.
+fn completions(shell: Shell) -> ExitCode {
+    use clap::CommandFactory as _;
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "relay", &mut script);
+    out!("{}", String::from_utf8_lossy(&script).trim_end());
+    ExitCode::SUCCESS
 }
 
 /// clap's own help and version go to stdout as usual; its errors become one line on stderr.
@@ -133,7 +173,16 @@ fn usage_error(e: clap::Error) -> ExitCode {
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
-            eprintln!("relay: {first}; run `relay --help` (or `relay <command> --help`) for usage");
+            // A value outside a fixed set: name the set on the same line (clap puts it below).
+            let valid = match e.get(clap::error::ContextKind::ValidValue) {
+                Some(clap::error::ContextValue::Strings(v)) => {
+                    format!("; possible values: {}", v.join(", "))
+                }
+                _ => String::new(),
+            };
+            eprintln!(
+                "relay: {first}{valid}; run `relay --help` (or `relay <command> --help`) for usage"
+            );
             ExitCode::from(2)
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! The first line on stdout, once the socket is bound, is `listening on http://HOST:PORT`
 //! (`https://` with `--tls-cert`/`--tls-key`), so a script can start it with port 0 and read
-//! the port. Timeouts and caps are flags (README, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
+//! the port. Timeouts and caps are flags (docs/operations.md, "Connections, timeouts and TLS"). Logs go to stderr (`RELAY_LOG` sets the
 //! filter, default `info`; `--log-json` for JSON lines). Ctrl-C or SIGTERM stop it gracefully:
 //! no new connections, in-flight requests finish within `--shutdown-grace`, background sweeps
 //! stop, exit 0.
@@ -142,8 +142,13 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     let _ = writeln!(std::io::stdout(), "listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
+    crate::notify::ready();
+    let stop = async {
+        crate::shutdown_signal().await;
+        crate::notify::stopping();
+    };
     server
-        .serve_with_tls(listener, tls, crate::shutdown_signal())
+        .serve_with_tls(listener, tls, stop)
         .await
         .map_err(|e| Error::internal(format!("the server stopped on an I/O error: {e}")))
 }

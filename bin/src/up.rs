@@ -1,7 +1,10 @@
-//! `relay up`: the quick start. One process runs the queue server on an embedded SQLite file,
-//! vends an endpoint, adds sample todos, and runs the daemon with three leased workers whose
-//! agents and success checks are small shell scripts. It shows progress until the sample queue
-//! is drained, prints every attempt, and exits 0.
+//! `relay up`: the local dev stack. One process runs the queue server (with the Board) on an
+//! embedded SQLite file, vends an endpoint, adds sample todos and runs the daemon with three
+//! leased workers whose agents and success checks are small shell scripts. It prints the Board's
+//! URL with a one-time login link (for an operator made for this run) and the MCP endpoint's URL,
+//! shows the samples' progress, and runs until Ctrl-C or SIGTERM: then the daemon releases what
+//! it holds, the server drains, and it exits 0. `--until-drained` is the scripted tour: it stops
+//! once the sample queue is drained and prints every attempt.
 //!
 //! The samples show, each on its own todo: a success; a failure retried to success; a check that
 //! answers "not yet" (exit 75) before it goes green; a lease taken over after its worker was
@@ -28,9 +31,13 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Keep the quick start's files here (default: a fresh temporary folder, kept and printed).
+    /// Keep the run's files here: the SQLite store, harness.toml, the scripts, run logs and run
+    /// records (default: a temporary folder, removed at exit). It must not hold an earlier run.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The scripted tour: stop once the sample queue is drained, print every attempt, exit 0.
+    #[arg(long)]
+    until_drained: bool,
 }
 
 const ENDPOINT: &str = "quickstart";
@@ -157,31 +164,96 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The operator `relay up` makes for its Board login link. Its token is drawn and dropped: the
+/// link is the way in (or `relay operator create` for another).
+const OPERATOR: &str = "relay-up";
+
 pub fn run(args: Args) -> ExitCode {
     // Only warnings, so that the progress view stays readable.
     crate::logs::init("warn", false);
-    let dir = match args.dir {
-        Some(d) => d,
+    // Without --dir the files live as long as the run: the TempDir removes them when dropped.
+    let (dir, temp) = match args.dir {
+        Some(d) => {
+            if d.join("relay.db").exists() {
+                return fail(format!(
+                    "--dir {} already holds a run (relay.db); give a new folder, or remove it",
+                    d.display()
+                ));
+            }
+            if let Err(e) = std::fs::create_dir_all(&d) {
+                return fail(format!("cannot create --dir {}: {e}", d.display()));
+            }
+            (d, None)
+        }
         None => match tempfile::Builder::new().prefix("relay-up-").tempdir() {
-            Ok(t) => t.keep(),
+            Ok(t) => (t.path().to_path_buf(), Some(t)),
             Err(e) => return fail(format!("cannot make a temporary folder: {e}")),
         },
     };
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        return fail(format!("cannot create {}: {e}", dir.display()));
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("the tokio runtime starts");
-    match rt.block_on(up(&dir)) {
+    let kept = temp.is_none();
+    match rt.block_on(up(&dir, args.until_drained, kept)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
 }
 
-async fn up(dir: &Path) -> Result<(), String> {
+/// The running stack: the server, the daemon, and how to stop them.
+struct Stack {
+    store: Store,
+    server: Server,
+    url: String,
+    db: String,
+    ids: Vec<String>,
+    daemon: relay_worker::daemon::DaemonHandle,
+    running: tokio::task::JoinHandle<()>,
+    server_stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Stack {
+    /// Stops in order: the daemon first (it releases what it holds, which needs the server),
+    /// then the server (no new connections, open streams end, requests drain).
+    async fn stop(self) {
+        self.daemon.stop();
+        let _ = self.running.await;
+        let _ = self.server_stop.send(());
+        let _ = self.serving.await;
+    }
+}
+
+async fn up(dir: &Path, until_drained: bool, kept: bool) -> Result<(), String> {
     let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
+    let stack = start(&dir).await?;
+    if until_drained {
+        progress(&stack.store, &stack.ids).await?;
+        let (store, ids) = (stack.store.clone(), stack.ids.clone());
+        stack.stop().await;
+        table(&store, &ids).await?;
+        out!();
+        if kept {
+            out!("files: {}", dir.display());
+            out!(
+                "  relay runs worker-1 --state-dir {}    run records",
+                dir.join("state").display()
+            );
+            out!(
+                "  {}/state/jobs/<worker>/<run>.log    run logs",
+                dir.display()
+            );
+        } else {
+            out!("files: removed (pass --dir DIR to keep the store, run logs and run records)");
+        }
+        return Ok(());
+    }
+    dev(stack, &dir).await
+}
+
+/// Starts the server (with the Board) on loopback, the endpoint, the samples and the daemon.
+async fn start(dir: &Path) -> Result<Stack, String> {
     let clock = Arc::new(SystemClock);
     let mut ledger = LedgerConfig::default();
     ledger.backoff.base = 2 * SECOND;
@@ -191,26 +263,27 @@ async fn up(dir: &Path) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot open {db}: {e}"))?;
 
-    // The server, on a port of its own choosing.
+    // The server, on a loopback port of its own choosing.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("cannot listen on loopback: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let url = format!("http://{bound}");
-    let server = Server::new(
-        store.clone(),
-        clock.clone(),
-        ServerConfig::for_listen(bound),
-        None,
-    );
+    let mut server_config = ServerConfig::for_listen(bound);
+    // Ctrl-C must end the stack within seconds; a dev stack has no long requests to wait for.
+    server_config.shutdown_grace = Duration::from_secs(2);
+    let server = Server::new(store.clone(), clock.clone(), server_config, None);
     let (server_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(async move {
-        server
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let serving = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .serve(listener, async move {
+                    let _ = stopped.await;
+                })
+                .await
+        })
+    };
     let token = new_bearer_token().map_err(|e| e.to_string())?;
     store
         .endpoint_create(
@@ -295,34 +368,147 @@ async fn up(dir: &Path) -> Result<(), String> {
     };
     let (daemon, handle) = Daemon::start(opts).await?;
     let running = tokio::spawn(daemon.run());
+    Ok(Stack {
+        store,
+        server,
+        url,
+        db,
+        ids,
+        daemon: handle,
+        running,
+        server_stop,
+        serving,
+    })
+}
 
-    progress(&store, &ids).await?;
-    handle.stop();
-    let _ = running.await;
-    let _ = server_stop.send(());
-    let _ = serving.await;
-    table(&store, &ids).await?;
-    {
-        out!();
-        out!("files: {}", dir.display());
-        out!(
-            "  relay runs worker-1 --state-dir {}    run records",
-            dir.join("state").display()
-        );
-        out!(
-            "  {}/state/jobs/<worker>/<run>.log    run logs",
-            dir.display()
-        );
+/// The dev stack: the Board's one-time link, the MCP endpoint, then the queue's progress as one
+/// line per change, until Ctrl-C or SIGTERM.
+async fn dev(stack: Stack, dir: &Path) -> Result<(), String> {
+    let now = SystemClock.now();
+    // A fresh operator for this run; its token is never shown (the link is the way in).
+    let unused = new_bearer_token().map_err(|e| e.to_string())?;
+    stack
+        .store
+        .operator_create(now, OPERATOR, TokenHash::of(&unused))
+        .await
+        .map_err(|e| format!("cannot create the operator {OPERATOR}: {e}"))?;
+    let secret = stack
+        .server
+        .issue_login_link(OPERATOR)
+        .map_err(|e| e.to_string())?;
+    let (url, db) = (&stack.url, &stack.db);
+    let env = dir.join("quickstart.env");
+    out!("relay up: the dev stack is running (Ctrl-C to stop)");
+    out!();
+    // The one line that shows a secret, on purpose: the way into the Board for this run.
+    out!("Board: {url}/board/login/link?secret={secret}");
+    out!(
+        "  logs in as operator {OPERATOR} once, within 10 minutes, from this machine; then \
+         {url}/board/"
+    );
+    out!("MCP endpoint: {url}/mcp/{ENDPOINT}");
+    out!(
+        "  Streamable HTTP; endpoint {ENDPOINT}, queue {QUEUE}, every tool granted; its bearer \
+         token is RELAY_TOKEN in {}",
+        env.display()
+    );
+    out!("  point a client at it, e.g.:");
+    out!(
+        "    claude mcp add --transport http relay {url}/mcp/{ENDPOINT} --header \
+         \"Authorization: Bearer $(sed -n 's/^RELAY_TOKEN=//p' {})\"",
+        env.display()
+    );
+    out!("Store: {db}");
+    out!(
+        "  add work: relay --db {db} todo add --endpoint {ENDPOINT} --queue {QUEUE} --title \
+         \"Try it\" --payload '{{\"behaviour\": \"succeed\"}}'"
+    );
+    out!();
+
+    let stop = crate::shutdown_signal();
+    tokio::pin!(stop);
+    let mut last = String::new();
+    loop {
+        let line = counts(&stack.store).await?.line();
+        if line != last {
+            out!("{line}");
+            last = line;
+        }
+        tokio::select! {
+            () = &mut stop => break,
+            // A view for a person: polled, a change shows within a fifth of a second.
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
     }
+    out!("stopping: releasing what the workers hold, draining the server");
+    stack.stop().await;
+    out!("stopped");
     Ok(())
 }
 
-fn finished(todo: &relay_core::ledger::Todo) -> bool {
-    match todo.state {
-        TodoState::Done | TodoState::Canceled => true,
-        TodoState::Failed => todo.dead_letter(),
-        TodoState::Pending | TodoState::Claimed => false,
+/// The sample queue at a glance.
+struct Counts {
+    total: usize,
+    done: usize,
+    dead: usize,
+    canceled: usize,
+    claimed: usize,
+    waiting: usize,
+}
+
+impl Counts {
+    fn finished(&self) -> usize {
+        self.done + self.dead + self.canceled
     }
+
+    fn line(&self) -> String {
+        format!(
+            "queue {QUEUE}: {}/{} finished ({} done, {} dead-lettered, {} canceled); {} leased, \
+             {} waiting to retry",
+            self.finished(),
+            self.total,
+            self.done,
+            self.dead,
+            self.canceled,
+            self.claimed,
+            self.waiting
+        )
+    }
+}
+
+async fn counts(store: &Store) -> Result<Counts, String> {
+    let todos = store
+        .apply(Op::ListTodos {
+            actor: Actor::cli(),
+            filter: TodoFilter {
+                queues: Some(vec![QUEUE.into()]),
+                state: None,
+                after: None,
+                limit: 10_000,
+            },
+        })
+        .await
+        .and_then(Answer::todos)
+        .map_err(|e| e.to_string())?;
+    let mut c = Counts {
+        total: todos.len(),
+        done: 0,
+        dead: 0,
+        canceled: 0,
+        claimed: 0,
+        waiting: 0,
+    };
+    for t in &todos {
+        match t.state {
+            TodoState::Done => c.done += 1,
+            TodoState::Canceled => c.canceled += 1,
+            TodoState::Claimed => c.claimed += 1,
+            TodoState::Failed if t.dead_letter() => c.dead += 1,
+            TodoState::Failed => c.waiting += 1,
+            TodoState::Pending => {}
+        }
+    }
+    Ok(c)
 }
 
 /// A live view until every sample is done or dead-lettered (bounded at three minutes).
@@ -336,32 +522,14 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
-        let todos = store
-            .apply(Op::ListTodos {
-                actor: Actor::cli(),
-                filter: TodoFilter {
-                    queues: Some(vec![QUEUE.into()]),
-                    state: None,
-                    after: None,
-                    limit: 100,
-                },
-            })
-            .await
-            .and_then(Answer::todos)
-            .map_err(|e| e.to_string())?;
-        let done = todos.iter().filter(|t| finished(t)).count();
-        let claimed = todos
-            .iter()
-            .filter(|t| t.state == TodoState::Claimed)
-            .count();
-        let waiting = todos
-            .iter()
-            .filter(|t| t.state == TodoState::Failed && !t.dead_letter())
-            .count();
-        bar.set_position(done as u64);
-        bar.set_message(format!("{claimed} leased, {waiting} waiting to retry"));
+        let c = counts(store).await?;
+        bar.set_position(c.finished() as u64);
+        bar.set_message(format!(
+            "{} leased, {} waiting to retry",
+            c.claimed, c.waiting
+        ));
         bar.tick();
-        if done == ids.len() {
+        if c.finished() == ids.len() {
             bar.finish_with_message("sample queue drained");
             return Ok(());
         }
@@ -373,14 +541,20 @@ async fn progress(store: &Store, ids: &[String]) -> Result<(), String> {
     }
 }
 
+/// Every attempt of every sample, oldest first: its outcome, whether it died, what the ledger
+/// did with the todo (disposition, and the dead letter's reason), how often the success check
+/// ran (each run past the first followed a "not yet"), and the summary's first line.
 async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
     out!();
     out!(
-        "{:<32} {:>3}  {:<14} {:<5}  summary",
+        "{:<30} {:>3}  {:<13} {:<5}  {:<15} {:<18} {:<13}  summary",
         "todo",
         "seq",
         "outcome",
-        "died"
+        "died",
+        "disposition",
+        "dead letter",
+        "checks"
     );
     for id in ids {
         let get = Op::GetTodo {
@@ -395,27 +569,53 @@ async fn table(store: &Store, ids: &[String]) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let mut attempts = view.attempts.clone();
         attempts.sort_by_key(|a| a.seq);
+        let newest = attempts.last().map(|a| a.seq);
         for a in attempts {
             let outcome = a
                 .outcome
                 .map(|o| o.as_str().to_string())
                 .unwrap_or_else(|| "open".into());
+            let disposition = a.disposition.map_or("-", |d| d.as_str());
+            let reason = a.dead_letter_reason.map_or("-", |r| r.as_str());
+            // The todo keeps only its newest report's result, so only the newest attempt's
+            // check runs are known here.
+            let checks = if Some(a.seq) == newest {
+                check_runs(view.todo.result.as_ref())
+            } else {
+                "-".into()
+            };
             let summary = a
                 .summary
                 .as_deref()
                 .and_then(|s| s.lines().next())
                 .unwrap_or("-");
             out!(
-                "{:<32} {:>3}  {:<14} {:<5}  {}",
-                cut(&view.todo.title, 32),
+                "{:<30} {:>3}  {:<13} {:<5}  {:<15} {:<18} {:<13}  {}",
+                cut(&view.todo.title, 30),
                 a.seq,
                 outcome,
                 a.died(),
-                cut(summary, 90)
+                disposition,
+                reason,
+                checks,
+                cut(summary, 70)
             );
         }
     }
     Ok(())
+}
+
+/// "3 (2 not yet)": the success check's runs from a report's result (`harness.check_runs`); a
+/// check runs again only after it answered "not yet" (exit 75).
+fn check_runs(result: Option<&serde_json::Value>) -> String {
+    match result
+        .and_then(|r| r.pointer("/harness/check_runs"))
+        .and_then(serde_json::Value::as_u64)
+    {
+        Some(0) | None => "-".into(),
+        Some(1) => "1".into(),
+        Some(n) => format!("{n} ({} not yet)", n - 1),
+    }
 }
 
 fn cut(s: &str, n: usize) -> String {

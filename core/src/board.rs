@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::ledger::{Outcome, TodoState, TokenHash, dead_letter_of};
+use crate::ledger::{DeadLetterReason, Outcome, Todo, TodoState, TokenHash, dead_letter_of};
 use crate::time::{MINUTE, Millis};
 
 /// How long a Board session lasts after login (it is not extended by use: log in again).
@@ -74,6 +74,69 @@ pub fn hash_matches(stored: &TokenHash, presented: &TokenHash) -> bool {
         .zip(presented.0.iter())
         .fold(0u8, |acc, (a, b)| acc | (a ^ b))
         == 0
+}
+
+/// How long a one-time login link opens the Board: long enough to click it from the terminal
+/// that printed it, short enough that a stale scrollback is worth nothing.
+pub const LOGIN_LINK_TTL: Millis = 10 * MINUTE;
+
+/// A one-time login link (issued by `relay up` for the operator it creates): it opens one Board
+/// session, once, before [`LOGIN_LINK_TTL`] has passed, and only for a client on the same host.
+/// Only the secret's hash is kept; a wrong secret, or a try from elsewhere, does not use it up.
+#[derive(Clone, Debug)]
+pub struct LoginLink {
+    hash: TokenHash,
+    operator: String,
+    expires_at: Millis,
+    used: bool,
+}
+
+impl LoginLink {
+    /// A link for `operator` whose secret hashes to `hash`, issued at `now`.
+    pub fn new(now: Millis, hash: TokenHash, operator: &str) -> LoginLink {
+        LoginLink {
+            hash,
+            operator: operator.to_string(),
+            expires_at: now.saturating_add(LOGIN_LINK_TTL),
+            used: false,
+        }
+    }
+
+    /// Redeems the link at `now` with the presented secret's hash, from a client that is
+    /// (`loopback`) or is not on this host. `Ok` names the operator to open a session for;
+    /// after it, the link opens nothing more.
+    pub fn redeem(
+        &mut self,
+        now: Millis,
+        presented: &TokenHash,
+        loopback: bool,
+    ) -> Result<String, Error> {
+        let again = "run `relay up` again for a new link, or log in with an operator token \
+                     (`relay operator create NAME`)";
+        if !loopback {
+            return Err(Error::forbidden(format!(
+                "a login link opens the Board only from the machine it was printed on (loopback); \
+                 {again}"
+            )));
+        }
+        if !hash_matches(&self.hash, presented) {
+            return Err(Error::forbidden(format!(
+                "this login link is not the one `relay up` printed; {again}"
+            )));
+        }
+        if self.used {
+            return Err(Error::forbidden(format!(
+                "this login link was used already (it opens the Board once); {again}"
+            )));
+        }
+        if now >= self.expires_at {
+            return Err(Error::forbidden(format!(
+                "this login link has expired (it lasts 10 minutes); {again}"
+            )));
+        }
+        self.used = true;
+        Ok(self.operator.clone())
+    }
 }
 
 /// The throttle on failed logins, per client (the shell names a client by its address). Sans-IO:
@@ -274,9 +337,220 @@ pub fn chart(now: Millis, counts: &[(u64, String, u64)]) -> Result<Chart, Error>
     Ok(Chart { since, minutes })
 }
 
+/// A queue page's filter: a state, a dead-letter reason, and a text searched (case-insensitive)
+/// in the id and the title. The page lists what it matches, and a bulk action acts on the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TodoMatch {
+    pub state: Option<TodoState>,
+    pub reason: Option<DeadLetterReason>,
+    pub text: String,
+}
+
+impl TodoMatch {
+    pub fn matches(&self, t: &Todo) -> bool {
+        let needle = self.text.trim().to_lowercase();
+        self.state.is_none_or(|s| t.state == s)
+            && self.reason.is_none_or(|r| t.dead_letter_reason == Some(r))
+            && (needle.is_empty()
+                || t.id.to_lowercase().contains(&needle)
+                || t.title.to_lowercase().contains(&needle))
+    }
+
+    /// The filter in words, for the confirmation and the record ("state failed, dead-letter
+    /// reason attempts_exhausted, text \"flaky\"", or "every todo").
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.state {
+            parts.push(format!("state {s}"));
+        }
+        if let Some(r) = self.reason {
+            parts.push(format!("dead-letter reason {r}"));
+        }
+        if !self.text.trim().is_empty() {
+            parts.push(format!("text {:?}", self.text.trim()));
+        }
+        if parts.is_empty() {
+            "every todo".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// The Board's bulk actions: the operator's Retry and Cancel, on every todo a filter matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkAction {
+    Retry,
+    Cancel,
+}
+
+crate::names!(BulkAction { Retry => "retry", Cancel => "cancel" });
+
+/// Todos one bulk action lists at most (a queue page searches as many).
+pub const BULK_MAX: usize = 10_000;
+
+/// How a todo stood when a bulk action listed it: its state, and its attempts so far (every
+/// claim adds one, so a todo claimed and closed again since reads as changed too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub state: TodoState,
+    pub attempts_total: u32,
+}
+
+impl Listed {
+    pub fn of(t: &Todo) -> Listed {
+        Listed {
+            state: t.state,
+            attempts_total: t.attempts_total,
+        }
+    }
+}
+
+/// What a bulk action does with one todo it listed, given the todo as it is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkStep {
+    /// Apply the action through the ledger's own transition (which may still refuse it).
+    Apply,
+    /// The action's effect is already there and nothing else happened since: it was applied
+    /// before the server stopped midway, and only its record was missing.
+    AlreadyApplied,
+    /// The todo changed since it was listed (a worker claimed it, someone retried, canceled or
+    /// completed it): the operator confirmed the todos as they were, so it is left alone.
+    Skip(&'static str),
+}
+
+/// The bulk action's rule for one todo. A retry never touches a live claim: a claimed todo is
+/// skipped, whatever was listed (and the ledger refuses to retry one anyway).
+pub fn bulk_step(action: BulkAction, listed: Listed, now: &Todo) -> BulkStep {
+    let result_state = match action {
+        BulkAction::Retry => TodoState::Pending,
+        BulkAction::Cancel => TodoState::Canceled,
+    };
+    if now.attempts_total == listed.attempts_total
+        && listed.state != result_state
+        && now.state == result_state
+    {
+        return BulkStep::AlreadyApplied;
+    }
+    if action == BulkAction::Retry && now.state == TodoState::Claimed {
+        return BulkStep::Skip("claimed by a worker: a live claim is never retried");
+    }
+    if now.state != listed.state || now.attempts_total != listed.attempts_total {
+        return BulkStep::Skip("changed since it was listed");
+    }
+    BulkStep::Apply
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn todo_in(state: TodoState, attempts_total: u32) -> Todo {
+        Todo {
+            id: "td_1".into(),
+            endpoint: "ci".into(),
+            queue: "ci".into(),
+            title: "Fix the Flaky test".into(),
+            kind: None,
+            source: None,
+            payload: None,
+            work_order: None,
+            assignee: None,
+            state,
+            owner: None,
+            attempt: 0,
+            max_attempts: 3,
+            attempts_total,
+            attempts_pruned: 0,
+            lease_expires_at: None,
+            claimed_at: None,
+            next_retry_at: None,
+            result: None,
+            created_at: 0,
+            updated_at: 0,
+            dead_letter_reason: None,
+            idempotency_key: None,
+            deadline_at: None,
+            max_same_failures: 2,
+        }
+    }
+
+    #[test]
+    fn a_filter_matches_state_reason_and_text() {
+        let mut dead = todo_in(TodoState::Failed, 2);
+        dead.dead_letter_reason = Some(DeadLetterReason::AttemptsExhausted);
+        let f = TodoMatch {
+            state: Some(TodoState::Failed),
+            reason: Some(DeadLetterReason::AttemptsExhausted),
+            text: " flaky ".into(),
+        };
+        assert!(f.matches(&dead));
+        assert!(!f.matches(&todo_in(TodoState::Failed, 2)), "no reason");
+        let other = TodoMatch {
+            reason: Some(DeadLetterReason::Deadline),
+            ..TodoMatch::default()
+        };
+        assert!(!other.matches(&dead));
+        assert!(TodoMatch::default().matches(&dead));
+        assert_eq!(TodoMatch::default().describe(), "every todo");
+    }
+
+    #[test]
+    fn a_bulk_step_skips_what_changed_and_never_retries_a_claim() {
+        let listed = Listed::of(&todo_in(TodoState::Failed, 3));
+        let retry = BulkAction::Retry;
+        assert_eq!(
+            bulk_step(retry, listed, &todo_in(TodoState::Failed, 3)),
+            BulkStep::Apply
+        );
+        // Retried and claimed in between: a live claim, never touched.
+        assert!(matches!(
+            bulk_step(retry, listed, &todo_in(TodoState::Claimed, 4)),
+            BulkStep::Skip(_)
+        ));
+        // Retried, claimed and failed again in between: changed, skipped.
+        assert!(matches!(
+            bulk_step(retry, listed, &todo_in(TodoState::Failed, 4)),
+            BulkStep::Skip(_)
+        ));
+        // Pending with no claim since: the retry landed before a stop.
+        assert_eq!(
+            bulk_step(retry, listed, &todo_in(TodoState::Pending, 3)),
+            BulkStep::AlreadyApplied
+        );
+        let cancel = BulkAction::Cancel;
+        assert_eq!(
+            bulk_step(cancel, listed, &todo_in(TodoState::Canceled, 3)),
+            BulkStep::AlreadyApplied
+        );
+        assert!(matches!(
+            bulk_step(cancel, listed, &todo_in(TodoState::Done, 4)),
+            BulkStep::Skip(_)
+        ));
+    }
+
+    #[test]
+    fn a_login_link_opens_once_within_ten_minutes_and_only_from_loopback() {
+        let secret = TokenHash::of("s3cret");
+        let mut link = LoginLink::new(1_000, secret, "relay-up");
+        // Refusals that do not use it up: from elsewhere, with another secret.
+        assert!(link.redeem(2_000, &secret, false).is_err());
+        assert!(link.redeem(2_000, &TokenHash::of("guess"), true).is_err());
+        assert_eq!(link.redeem(2_000, &secret, true).unwrap(), "relay-up");
+        let again = link.redeem(2_001, &secret, true).unwrap_err();
+        assert!(again.message.contains("used already"), "{}", again.message);
+
+        let mut late = LoginLink::new(1_000, secret, "relay-up");
+        let e = late
+            .redeem(1_000 + LOGIN_LINK_TTL, &secret, true)
+            .unwrap_err();
+        assert!(e.message.contains("expired"), "{}", e.message);
+        assert_eq!(
+            late.redeem(1_000 + LOGIN_LINK_TTL - 1, &secret, true)
+                .unwrap(),
+            "relay-up"
+        );
+    }
 
     const T0: Millis = 1_790_000_000_000;
 

@@ -66,7 +66,7 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
             Level::Fail,
             format!(
                 "the server does not declare {}: relay needs a queue server with attempt history \
-                 and fenced leases (README: \"Against any queue server\"); upgrade the server",
+                 and fenced leases (docs/daemon.md: \"Against any queue server\"); upgrade the server",
                 arguments.join(", ")
             ),
         ));

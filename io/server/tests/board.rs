@@ -673,3 +673,197 @@ async fn a_retry_on_the_board_rings_the_doorbell_at_once() {
     assert_eq!(ring["method"], "notifications/todo_ready", "{ring}");
     assert_eq!(ring["params"]["queues"], json!(["ci"]));
 }
+
+/// Dead letters of queue `q`: `n` todos with one attempt each, claimed and failed.
+async fn dead_letters(h: &Harness, q: &str, n: usize) -> Vec<String> {
+    let bearer = h.endpoint("w", &["add_todo", "claim", "fail"], None).await;
+    let mut mcp = h.mcp("w", &bearer);
+    mcp.init().await;
+    let mut ids = Vec::new();
+    for k in 0..n {
+        let id = mcp
+            .ok(
+                "add_todo",
+                json!({"queue": q, "title": format!("dead {k}"), "max_attempts": 1}),
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        mcp.ok("claim", json!({"id": id})).await;
+        mcp.ok("fail", json!({"id": id})).await;
+        ids.push(id);
+    }
+    ids.sort();
+    ids
+}
+
+/// The bulk action's id from the redirect that made it.
+fn bulk_id(r: &reqwest::Response) -> String {
+    let to = r.headers()["location"].to_str().unwrap();
+    to.strip_prefix("/board/bulk/").expect(to).to_string()
+}
+
+async fn get(h: &Harness, id: &str) -> relay_core::ledger::TodoView {
+    let op = relay_core::ledger::Op::GetTodo {
+        actor: relay_core::ledger::Actor::cli(),
+        id: id.to_string(),
+        attempts_limit: 1,
+    };
+    h.store.apply(op).await.unwrap().view().unwrap()
+}
+
+async fn finished(h: &Harness, id: &str) -> relay_server::store::Bulk {
+    // A failure bound on a wait for the server's own task, never a sleep to synchronise.
+    for _ in 0..2_000 {
+        let b = h.store.bulk_get(id).await.unwrap().unwrap();
+        if b.finished_at.is_some() {
+            return b;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!(
+        "bulk action {id} did not finish: {:?}",
+        h.store.bulk_get(id).await
+    );
+}
+
+#[tokio::test]
+async fn retry_all_lists_the_filter_confirms_the_count_and_records_each_todo() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let ids = dead_letters(&h, "q", 5).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b
+        .get("/board/queues/q?state=failed&reason=attempts_exhausted")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<span class=\"n-matched\">5</span>"),
+        "{page}"
+    );
+    let csrf = b.csrf("/board/queues/q").await;
+    // A bad reason names the field and the values; nothing is made.
+    let bad = b
+        .post(
+            "/board/bulk",
+            &[
+                ("csrf", &csrf),
+                ("queue", "q"),
+                ("action", "retry"),
+                ("reason", "tired"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("attempts_exhausted"));
+    let r = b
+        .post(
+            "/board/bulk",
+            &[
+                ("csrf", &csrf),
+                ("queue", "q"),
+                ("action", "retry"),
+                ("state", "failed"),
+                ("reason", "attempts_exhausted"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let id = bulk_id(&r);
+    let confirm = b
+        .get(&format!("/board/bulk/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        confirm.contains("<span class=\"bulk-count\">5</span>"),
+        "{confirm}"
+    );
+    assert!(confirm.contains("Retry 5 todos"), "{confirm}");
+    // Listed, not applied: every todo is still a dead letter.
+    let bulk = h.store.bulk_get(&id).await.unwrap().unwrap();
+    assert!(bulk.confirmed_at.is_none());
+    assert_eq!(
+        bulk.items
+            .iter()
+            .map(|i| i.todo_id.clone())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    // Another operator may not confirm it.
+    let mallory = operator(&h, "mallory").await;
+    let mut m = Board::new(&h);
+    m.login(&mallory).await;
+    let mcsrf = m.csrf("/board/").await;
+    let refused = m
+        .post(&format!("/board/bulk/{id}"), &[("csrf", &mcsrf)])
+        .await;
+    assert_eq!(refused.status(), 403);
+
+    let r = b
+        .post(&format!("/board/bulk/{id}"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status(), 303);
+    let done = finished(&h, &id).await;
+    assert!(
+        done.items.iter().all(|i| i.applied == Some(true)),
+        "{done:?}"
+    );
+    for id in &ids {
+        let t = get(&h, id).await;
+        assert_eq!(t.todo.state, relay_core::ledger::TodoState::Pending, "{id}");
+    }
+}
+
+#[tokio::test]
+async fn a_confirmed_bulk_action_resumes_after_a_restart_from_the_todos_left() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let ids = dead_letters(&h, "q", 4).await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let csrf = b.csrf("/board/queues/q").await;
+    let r = b
+        .post(
+            "/board/bulk",
+            &[
+                ("csrf", &csrf),
+                ("queue", "q"),
+                ("action", "cancel"),
+                ("state", "failed"),
+            ],
+        )
+        .await;
+    let id = bulk_id(&r);
+    // The server "stopped" right after the confirmation and two results: confirmed in the
+    // store, no task running it, the first two todos recorded (as skipped, so that the resume
+    // can be told apart from a fresh run: it must not touch them).
+    h.store.bulk_confirm(T0, &id, "alice").await.unwrap();
+    for todo in &ids[..2] {
+        assert!(
+            h.store
+                .bulk_record(T0, &id, todo, false, Some("test"))
+                .await
+                .unwrap()
+        );
+    }
+    // A server starting on the same store (with its background loops) carries on.
+    let again = Harness::start_on(h.store.clone(), 8, |_| {}, true).await;
+    let done = finished(&again, &id).await;
+    let results: Vec<Option<bool>> = done.items.iter().map(|i| i.applied).collect();
+    assert_eq!(results, [Some(false), Some(false), Some(true), Some(true)]);
+    for (k, id) in ids.iter().enumerate() {
+        let t = get(&h, id).await;
+        let want = if k < 2 {
+            relay_core::ledger::TodoState::Failed
+        } else {
+            relay_core::ledger::TodoState::Canceled
+        };
+        assert_eq!(t.todo.state, want, "{id}");
+    }
+}

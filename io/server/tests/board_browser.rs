@@ -8,7 +8,7 @@
 //! Skips with a message when chromium or chromedriver is missing, unless
 //! `RELAY_REQUIRE_BROWSER=1` (CI sets it), where it fails instead. With
 //! `RELAY_BOARD_SCREENSHOTS=DIR` it saves the overview and the todo page as PNGs there (the
-//! README's screenshots under docs/ are made so).
+//! screenshots under docs/ are made so).
 
 #[path = "support/harness.rs"]
 mod harness;
@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use harness::{Harness, T0};
-use relay_core::ledger::{LedgerConfig, TokenHash};
+use relay_core::ledger::{Actor, LedgerConfig, Op, TodoState, TokenHash};
+use relay_core::time::WallClock as _;
 use relay_server::store::Store;
 use serde_json::json;
 
@@ -252,7 +253,8 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .await
         .expect("the retried todo shows pending");
 
-    // An open page updates live when a worker completes its todo over MCP.
+    // An open page updates live, without a reload, when a worker claims and completes its todo
+    // over MCP; the summary the operator is typing meanwhile stays in its field, focused.
     c.goto(&format!("{base}/board/todos/{live}")).await.unwrap();
     c.wait()
         .at_most(WAIT)
@@ -260,26 +262,60 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .await
         .expect("the page's live stream opens");
     assert_eq!(text(&c, "dd.state").await, "pending");
+    // A mark only this page holds: a reload would drop it.
+    c.execute("window.relayMark = 'this page';", vec![])
+        .await
+        .unwrap();
+    let typing = c
+        .find(Locator::Css(
+            "input[name='summary'][aria-label='summary for fail']",
+        ))
+        .await
+        .unwrap();
+    typing.send_keys("the lockfile is half").await.unwrap();
     mcp.ok("claim", json!({"id": live})).await;
-    // The claim reloads the page; complete only once the reloaded page listens again, so that
-    // its event cannot fall between two pages.
     c.wait()
         .at_most(WAIT)
         .for_element(Locator::XPath("//dd[@class='state' and text()='claimed']"))
         .await
-        .expect("the page shows the claim without a manual reload");
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css("body[data-live='on']"))
-        .await
-        .expect("the reloaded page's live stream opens");
+        .expect("the page shows the claim without a reload");
     mcp.ok("complete", json!({"id": live, "summary": "bumped"}))
         .await;
     c.wait()
         .at_most(WAIT)
         .for_element(Locator::XPath("//dd[@class='state' and text()='done']"))
         .await
-        .expect("the page shows the todo done without a manual reload");
+        .expect("the page shows the todo done without a reload");
+    let mark = c.execute("return window.relayMark;", vec![]).await.unwrap();
+    assert_eq!(mark, json!("this page"), "the page was reloaded");
+    let field = c
+        .find(Locator::Css(
+            "input[name='summary'][aria-label='summary for fail']",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        field.prop("value").await.unwrap().as_deref(),
+        Some("the lockfile is half"),
+        "the typed text was thrown away"
+    );
+    let focused = c
+        .execute(
+            "return document.activeElement.getAttribute('aria-label');",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        focused,
+        json!("summary for fail"),
+        "the field lost its focus"
+    );
+    // The timeline was patched in: the completed attempt shows.
+    assert_eq!(
+        text(&c, ".attempt[data-seq='1'] .outcome").await,
+        "completed"
+    );
 
     // A stuck claim (its worker is gone): Release recovers it without the fence, and the
     // timeline shows the attempt closed `released` by this operator.
@@ -317,5 +353,105 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         "released"
     );
     assert_eq!(text(&c, ".attempt[data-seq='1'] .closed-by").await, "alice");
+
+    // A bulk retry of the dead letters a filter matches: 51 whose attempts ran out, and one
+    // dead-lettered as non-retryable that the filter leaves out.
+    let mut exhausted = Vec::new();
+    for n in 0..51 {
+        let id = mcp
+            .ok(
+                "add_todo",
+                json!({"queue": "bulk", "title": format!("Port module {n}"), "max_attempts": 1}),
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        mcp.ok("claim", json!({"id": id})).await;
+        mcp.ok("fail", json!({"id": id, "summary": "no toolchain"}))
+            .await;
+        exhausted.push(id);
+    }
+    let other = mcp
+        .ok("add_todo", json!({"queue": "bulk", "title": "Forbidden"}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim", json!({"id": other})).await;
+    mcp.ok("fail", json!({"id": other, "retryable": false}))
+        .await;
+    c.goto(&format!(
+        "{base}/board/queues/bulk?state=failed&reason=attempts_exhausted"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(text(&c, ".n-matched").await, "51");
+    c.find(Locator::XPath("//button[text()='Retry all']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&c, ".bulk-count").await, "51");
+    // Between the listing and the confirmation a worker claims one of them (an operator retried
+    // it from the CLI first): the bulk retry must leave that live claim alone.
+    let victim = exhausted[17].clone();
+    h.store
+        .apply(Op::Retry {
+            now: h.clock.now(),
+            actor: Actor::cli(),
+            id: victim.clone(),
+        })
+        .await
+        .unwrap();
+    let claimed = mcp
+        .ok(
+            "claim",
+            json!({"id": victim, "claimant": "harness/box/worker", "require_fence": true}),
+        )
+        .await;
+    let seq = claimed["attempt_seq"].as_u64().unwrap();
+    c.find(Locator::XPath("//button[text()='Retry 51 todos']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // The bulk retry finishes (the open page shows it).
+    text(&c, "p.finished").await;
+    assert_eq!(text(&c, ".n-applied").await, "50");
+    assert_eq!(text(&c, ".n-skipped").await, "1");
+    assert_eq!(text(&c, ".n-left").await, "0");
+    assert_eq!(
+        text(&c, &format!("tr[data-todo='{victim}'] .result")).await,
+        "skipped"
+    );
+    let why = text(&c, &format!("tr[data-todo='{victim}'] .note")).await;
+    assert!(why.contains("claimed"), "{why}");
+    let get = |id: &str| {
+        h.store.apply(Op::GetTodo {
+            actor: Actor::cli(),
+            id: id.to_string(),
+            attempts_limit: 10,
+        })
+    };
+    for id in &exhausted {
+        let view = get(id).await.unwrap().view().unwrap();
+        if *id == victim {
+            // The worker's claim is untouched: still claimed, its attempt open.
+            assert_eq!(view.todo.state, TodoState::Claimed, "{id}");
+            let open = view
+                .attempts
+                .iter()
+                .find(|a| u64::from(a.seq) == seq)
+                .unwrap();
+            assert!(open.is_open(), "{open:?}");
+        } else {
+            assert_eq!(view.todo.state, TodoState::Pending, "{id}");
+        }
+    }
+    let left_out = get(&other).await.unwrap().view().unwrap();
+    assert!(left_out.todo.dead_letter(), "{:?}", left_out.todo);
     c.close().await.unwrap();
 }

@@ -338,14 +338,16 @@ pub struct QueuePage<'a> {
     pub csrf: &'a str,
     pub queue: &'a str,
     pub paused: bool,
-    pub state: Option<TodoState>,
-    pub search: &'a str,
+    pub filter: &'a relay_core::board::TodoMatch,
+    /// How many todos the filter matches in all (the page shows one page of them).
+    pub matched: usize,
     pub todos: &'a [Todo],
     pub page: usize,
     pub more: bool,
 }
 
 pub fn queue(q: &QueuePage<'_>) -> String {
+    let f = q.filter;
     let mut body = format!("<h1>Queue {}</h1>", esc(q.queue));
     body.push_str(&pause_form(q.csrf, q.queue, q.paused));
     let _ = write!(
@@ -355,27 +357,58 @@ pub fn queue(q: &QueuePage<'_>) -> String {
     );
     let _ = write!(
         body,
-        "<form method=\"get\" class=\"filter\"><select name=\"state\"><option value=\"\">any state</option>"
+        "<form method=\"get\" class=\"filter\"><select name=\"state\" aria-label=\"state\">\
+         <option value=\"\">any state</option>"
     );
     for s in TodoState::ALL {
         let _ = write!(
             body,
             "<option value=\"{s}\"{}>{s}</option>",
-            if q.state == Some(s) { " selected" } else { "" }
+            if f.state == Some(s) { " selected" } else { "" }
+        );
+    }
+    body.push_str(
+        "</select><select name=\"reason\" aria-label=\"dead-letter reason\">\
+         <option value=\"\">any dead-letter reason</option>",
+    );
+    for r in relay_core::ledger::DeadLetterReason::ALL {
+        let _ = write!(
+            body,
+            "<option value=\"{r}\"{}>{r}</option>",
+            if f.reason == Some(r) { " selected" } else { "" }
         );
     }
     let _ = write!(
         body,
         "</select><input name=\"q\" type=\"search\" placeholder=\"id or title\" value=\"{}\">\
          <button type=\"submit\">Filter</button></form>",
-        esc(q.search)
+        esc(&f.text)
     );
+    let state = f.state.map_or("", |s| s.as_str());
+    let reason = f.reason.map_or("", |r| r.as_str());
+    if q.matched > 0 {
+        // Everything the filter matches, not only this page: the next page confirms the count.
+        let _ = write!(
+            body,
+            "<form method=\"post\" action=\"/board/bulk\" class=\"bulk\" data-key=\"bulk\">{}\
+             <input type=\"hidden\" name=\"queue\" value=\"{}\">\
+             <input type=\"hidden\" name=\"state\" value=\"{state}\">\
+             <input type=\"hidden\" name=\"reason\" value=\"{reason}\">\
+             <input type=\"hidden\" name=\"q\" value=\"{}\">\
+             <span class=\"hint\"><span class=\"n-matched\">{}</span> matching</span> \
+             <button type=\"submit\" name=\"action\" value=\"retry\">Retry all</button>\
+             <button type=\"submit\" name=\"action\" value=\"cancel\">Cancel all</button></form>",
+            csrf_field(q.csrf),
+            esc(q.queue),
+            esc(&f.text),
+            q.matched
+        );
+    }
     body.push_str(&todo_rows(q.now, q.todos));
     let link = |page: usize, label: &str| {
         format!(
-            "<a href=\"?state={}&amp;q={}&amp;page={page}\">{label}</a>",
-            q.state.map_or("", |s| s.as_str()),
-            esc(&query_escape(q.search)),
+            "<a href=\"?state={state}&amp;reason={reason}&amp;q={}&amp;page={page}\">{label}</a>",
+            esc(&query_escape(&f.text)),
         )
     };
     body.push_str("<p class=\"pager\">");
@@ -388,6 +421,84 @@ pub fn queue(q: &QueuePage<'_>) -> String {
     }
     body.push_str("</p>");
     page(&format!("Queue {}", q.queue), Some(q.csrf), &body)
+}
+
+/// A bulk action's page: before confirmation, the count and the confirm button; after it, the
+/// progress (applied, skipped, left) and each listed todo's result.
+pub fn bulk(csrf: &str, operator: &str, b: &crate::store::Bulk) -> String {
+    let verb = match b.action {
+        relay_core::board::BulkAction::Retry => "Retry",
+        relay_core::board::BulkAction::Cancel => "Cancel",
+    };
+    let n = b.items.len();
+    let mut body = format!(
+        "<h1>{verb} all: queue {queue}</h1><p><span class=\"bulk-count\">{n}</span> todos of \
+         queue <a href=\"/board/queues/{link}\">{queue}</a> matched {filter} when {operator} \
+         asked.</p>",
+        queue = esc(&b.queue),
+        link = esc(&query_escape(&b.queue)),
+        filter = esc(&b.filter),
+        operator = esc(&b.operator)
+    );
+    if b.confirmed_at.is_none() {
+        if b.operator == operator {
+            let _ = write!(
+                body,
+                "<p class=\"hint\">Each is {} through the same transition as its own {verb} \
+                 button; a todo that changed since it was listed here (claimed by a worker, retried, \
+                 canceled, completed) is skipped and counted.</p>\
+                 <form method=\"post\" action=\"/board/bulk/{}\" class=\"confirm\">{}\
+                 <button type=\"submit\">{verb} {n} todos</button></form> \
+                 <a href=\"/board/queues/{}\">Back</a>",
+                if verb == "Retry" {
+                    "retried"
+                } else {
+                    "canceled"
+                },
+                esc(&b.id),
+                csrf_field(csrf),
+                esc(&query_escape(&b.queue)),
+            );
+        } else {
+            body.push_str("<p class=\"hint\">Not confirmed: only the operator who asked may.</p>");
+        }
+    } else {
+        let applied = b.items.iter().filter(|i| i.applied == Some(true)).count();
+        let skipped = b.items.iter().filter(|i| i.applied == Some(false)).count();
+        let left = n - applied - skipped;
+        let _ = write!(
+            body,
+            "<p class=\"progress\" data-key=\"progress\">applied <strong class=\"n-applied\">{applied}</strong>, \
+             skipped <strong class=\"n-skipped\">{skipped}</strong>, left \
+             <strong class=\"n-left\">{left}</strong></p>{}",
+            match b.finished_at {
+                Some(t) => format!("<p class=\"finished\">finished {}</p>", rfc3339(t)),
+                None => String::new(),
+            }
+        );
+        body.push_str(
+            "<table class=\"bulk-items\"><thead><tr><th>todo</th><th>listed as</th>\
+             <th>result</th><th>why</th></tr></thead><tbody>",
+        );
+        for i in &b.items {
+            let _ = write!(
+                body,
+                "<tr data-todo=\"{0}\"><td><a href=\"/board/todos/{0}\">{0}</a></td><td>{1} \
+                 (attempts {2})</td><td class=\"result\">{3}</td><td class=\"note\">{4}</td></tr>",
+                esc(&i.todo_id),
+                i.listed.state,
+                i.listed.attempts_total,
+                match i.applied {
+                    Some(true) => "applied",
+                    Some(false) => "skipped",
+                    None => "left",
+                },
+                esc(i.note.as_deref().unwrap_or("")),
+            );
+        }
+        body.push_str("</tbody></table>");
+    }
+    page(&format!("{verb} all: {}", b.queue), Some(csrf), &body)
 }
 
 /// Percent-encodes a query value (then escaped as an attribute by the caller).

@@ -78,6 +78,7 @@ pub fn router(server: Server) -> Router {
         .route("/board", get(|| async { see_other("/board/") }))
         .route("/board/", get(overview))
         .route("/board/login", get(login_page).post(login))
+        .route("/board/login/link", get(login_link))
         .route("/board/logout", post(logout))
         .route(
             "/board/assets/board.css",
@@ -88,14 +89,54 @@ pub fn router(server: Server) -> Router {
             get(|| async { asset("text/javascript", JS) }),
         )
         .route("/board/queues/{queue}", get(queue_page))
+        .route("/board/bulk", post(bulk_create))
+        .route("/board/bulk/{id}", get(bulk_page).post(bulk_confirm))
         .route("/board/queues/{queue}/{action}", post(queue_action))
         .route("/board/todos/{id}", get(todo_page).post(todo_action))
         .route("/board/events", get(events))
         .route("/board/add", get(add_page).post(add_todo))
         .route("/board/endpoints", get(endpoints_page))
         .route("/board/endpoints/{name}/revoke", post(endpoint_revoke))
+        .layer(axum::middleware::from_fn(fragment))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(board)
+}
+
+/// The request header with which the Board's script asks for a page's `<main>` alone, to patch
+/// the open page with what changed instead of reloading it.
+pub const FRAGMENT: &str = "x-relay-fragment";
+
+/// A page asked for with `X-Relay-Fragment: main` is answered with the inner HTML of its
+/// `<main>` only (and the same header back, so the script knows it got one). Every page has
+/// exactly one `<main>`, and every stored string in it is escaped, so `</main>` cannot appear
+/// inside it.
+async fn fragment(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let wanted = req
+        .headers()
+        .get(FRAGMENT)
+        .is_some_and(|v| v.as_bytes() == b"main");
+    let r = next.run(req).await;
+    let is_html = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if !wanted || !is_html {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let inner = text
+        .split_once("<main>")
+        .and_then(|(_, rest)| rest.rsplit_once("</main>"))
+        .map_or_else(String::new, |(inner, _)| inner.to_string());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(FRAGMENT, HeaderValue::from_static("main"));
+    Response::from_parts(parts, axum::body::Body::from(inner))
 }
 
 async fn secure_headers(mut r: Response) -> Response {
@@ -297,6 +338,13 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
         }
     };
     lock(&b.throttle).succeeded(THROTTLE_CLIENT);
+    open_session(&b, &operator.name).await
+}
+
+/// Opens a Board session for `operator`: a fresh random secret in the cookie, only its hash in
+/// the store; then on to the overview.
+async fn open_session(b: &Board, operator: &str) -> Response {
+    let now = b.server.now();
     let mut raw = [0u8; 32];
     if let Err(e) = b.server.fill_random(&mut raw) {
         return html(
@@ -308,7 +356,7 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
     if let Err(e) = b
         .store()
-        .session_create(now, TokenHash::of(&secret), &operator.name)
+        .session_create(now, TokenHash::of(&secret), operator)
         .await
     {
         return html(
@@ -316,7 +364,7 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
             html::login(Some(&b.server.internal_message("board login", &e))),
         );
     }
-    tracing::info!(operator = %operator.name, "board: logged in");
+    tracing::info!(operator = %operator, "board: logged in");
     let cookie = format!(
         "{COOKIE}={secret}; Path=/board; HttpOnly; SameSite=Strict; Max-Age={}{}",
         SESSION_TTL / 1000,
@@ -331,6 +379,45 @@ async fn login(State(b): State<Board>, headers: HeaderMap, Form(f): Form<LoginFo
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
+}
+
+#[derive(Deserialize)]
+struct LinkQuery {
+    #[serde(default)]
+    secret: String,
+}
+
+/// The one-time login link `relay up` prints: a GET (it is clicked from a terminal) that opens
+/// a session once, from loopback, within ten minutes (`relay_core::board::LoginLink`). Failed
+/// tries count against the same throttle as failed logins; the secret is never logged.
+async fn login_link(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+    Query(q): Query<LinkQuery>,
+) -> Response {
+    if let Err(r) = crate::server::host_check(&b.server, "board", &headers) {
+        return r;
+    }
+    let now = b.server.now();
+    if !lock(&b.throttle).allows(now, THROTTLE_CLIENT) {
+        return html(
+            StatusCode::TOO_MANY_REQUESTS,
+            html::login(Some("Too many failed logins; wait a minute and try again.")),
+        );
+    }
+    // A request that did not come over a socket (a test's in-process router) is not loopback.
+    let loopback = extensions
+        .get::<crate::server::Peer>()
+        .is_some_and(|p| p.0.ip().is_loopback());
+    match b.server.redeem_login_link(q.secret.trim(), loopback) {
+        Ok(operator) => open_session(&b, &operator).await,
+        Err(e) => {
+            lock(&b.throttle).failed(now, THROTTLE_CLIENT);
+            tracing::warn!(code = %e.code.as_str(), "board: refused a one-time login link");
+            html(StatusCode::FORBIDDEN, html::login(Some(&e.message)))
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -399,13 +486,76 @@ struct QueueQuery {
     #[serde(default)]
     state: String,
     #[serde(default)]
+    reason: String,
+    #[serde(default)]
     q: String,
     #[serde(default)]
     page: usize,
 }
 
-/// Todos a queue page searches through at most.
-const QUEUE_SCAN: usize = 10_000;
+/// Todos a queue page searches through at most (and a bulk action lists at most).
+const QUEUE_SCAN: usize = relay_core::board::BULK_MAX;
+
+/// A queue page's filter from its fields; a bad state or reason names the field and the values.
+fn todo_match(
+    state: &str,
+    reason: &str,
+    text: &str,
+) -> Result<relay_core::board::TodoMatch, Error> {
+    let state = match state.trim() {
+        "" => None,
+        s => Some(TodoState::parse(s).ok_or_else(|| {
+            Error::invalid(format!(
+                "state {s:?} is not a todo state; use pending, claimed, failed, done or canceled"
+            ))
+        })?),
+    };
+    let reason = match reason.trim() {
+        "" => None,
+        r => Some(
+            relay_core::ledger::DeadLetterReason::parse(r).ok_or_else(|| {
+                let all: Vec<&str> = relay_core::ledger::DeadLetterReason::ALL
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect();
+                Error::invalid(format!(
+                    "reason {r:?} is not a dead-letter reason; use one of {}",
+                    all.join(", ")
+                ))
+            })?,
+        ),
+    };
+    Ok(relay_core::board::TodoMatch {
+        state,
+        reason,
+        text: text.to_string(),
+    })
+}
+
+/// The todos of `queue` that `m` matches, newest first: what a queue page lists and what a
+/// bulk action acts on.
+async fn matching(
+    b: &Board,
+    operator: &str,
+    queue: &str,
+    m: &relay_core::board::TodoMatch,
+) -> Result<Vec<Todo>, Error> {
+    let all = b
+        .store()
+        .apply(Op::ListTodos {
+            actor: Actor::operator(operator),
+            filter: TodoFilter {
+                queues: Some(vec![queue.to_string()]),
+                state: m.state,
+                after: None,
+                limit: QUEUE_SCAN,
+            },
+        })
+        .await?
+        .todos()?;
+    // Newest first: what an operator looks for is usually recent.
+    Ok(all.into_iter().rev().filter(|t| m.matches(t)).collect())
+}
 
 async fn queue_page(
     State(b): State<Board>,
@@ -417,44 +567,17 @@ async fn queue_page(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let state = if query.state.is_empty() {
-        None
-    } else {
-        match TodoState::parse(&query.state) {
-            Some(st) => Some(st),
-            None => {
-                let e = Error::invalid(format!(
-                    "state {:?} is not a todo state; use pending, claimed, failed, done or canceled",
-                    query.state
-                ));
-                return failure(&b, &s, &e);
-            }
-        }
+    let m = match todo_match(&query.state, &query.reason, &query.q) {
+        Ok(m) => m,
+        Err(e) => return failure(&b, &s, &e),
     };
-    let list = b.store().apply(Op::ListTodos {
-        actor: Actor::operator(&s.operator),
-        filter: TodoFilter {
-            queues: Some(vec![queue.clone()]),
-            state,
-            after: None,
-            limit: QUEUE_SCAN,
-        },
-    });
-    let (all, paused) = match (list.await.and_then(|a| a.todos()), paused(&b).await) {
+    let (matching, paused) = match (
+        matching(&b, &s.operator, &queue, &m).await,
+        paused(&b).await,
+    ) {
         (Ok(a), Ok(p)) => (a, p),
         (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
     };
-    let needle = query.q.trim().to_lowercase();
-    // Newest first: what an operator looks for is usually recent.
-    let matching: Vec<Todo> = all
-        .into_iter()
-        .rev()
-        .filter(|t| {
-            needle.is_empty()
-                || t.id.to_lowercase().contains(&needle)
-                || t.title.to_lowercase().contains(&needle)
-        })
-        .collect();
     let start = query.page.saturating_mul(PAGE).min(matching.len());
     let end = (start + PAGE).min(matching.len());
     html(
@@ -464,8 +587,8 @@ async fn queue_page(
             csrf: &s.csrf,
             queue: &queue,
             paused: paused.contains(&queue),
-            state,
-            search: &query.q,
+            filter: &m,
+            matched: matching.len(),
             todos: &matching[start..end],
             page: query.page,
             more: end < matching.len(),
@@ -637,6 +760,12 @@ async fn events(State(b): State<Board>, headers: HeaderMap) -> Response {
             Ok::<_, Infallible>(Event::default().event("todo").data(data)),
             rx,
         ))
+    });
+    // Ends when shutdown begins, as the doorbell streams do: an open Board never holds up a
+    // graceful stop (the browser's EventSource reconnects to whatever serves next).
+    let mut stopping = b.server.shutting_down();
+    let stream = futures_util::StreamExt::take_until(stream, async move {
+        let _ = stopping.wait_for(|v| *v).await;
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
@@ -814,4 +943,232 @@ async fn endpoint_revoke(
             Err(e) => failure(&b, &s, &e),
         },
     }
+}
+
+#[derive(Deserialize, Default)]
+struct BulkForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    q: String,
+}
+
+/// "Retry all" / "Cancel all" on a queue page: lists every todo the page's filter matches, as
+/// it stands now, in a bulk action that waits for the operator's confirmation (the next page
+/// shows the count). Nothing changes until then.
+async fn bulk_create(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Form(f): Form<BulkForm>,
+) -> Response {
+    let s = match posting(&b, &headers, &f.csrf).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let made = async {
+        let action = relay_core::board::BulkAction::parse(f.action.trim()).ok_or_else(|| {
+            Error::invalid(format!(
+                "action {:?} is no bulk action; use retry or cancel",
+                f.action
+            ))
+        })?;
+        let m = todo_match(&f.state, &f.reason, &f.q)?;
+        let queue = f.queue.trim().to_string();
+        let todos = matching(&b, &s.operator, &queue, &m).await?;
+        if todos.is_empty() {
+            return Err(Error::invalid(format!(
+                "no todo of queue {queue} matches {}; nothing to {action}",
+                m.describe()
+            )));
+        }
+        let mut raw = [0u8; 10];
+        b.server.fill_random(&mut raw)?;
+        let id = format!(
+            "bk_{}",
+            raw.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        );
+        let mut items: Vec<crate::store::BulkItem> = todos
+            .iter()
+            .map(|t| crate::store::BulkItem {
+                todo_id: t.id.clone(),
+                listed: relay_core::board::Listed::of(t),
+                applied: None,
+                note: None,
+            })
+            .collect();
+        items.sort_by(|a, c| a.todo_id.cmp(&c.todo_id));
+        let bulk = crate::store::Bulk {
+            id: id.clone(),
+            operator: s.operator.clone(),
+            queue,
+            action,
+            filter: m.describe(),
+            // The store stamps it with its own clock.
+            created_at: 0,
+            confirmed_at: None,
+            finished_at: None,
+            items,
+        };
+        b.store().bulk_create(b.server.now(), bulk).await?;
+        Ok::<_, Error>(id)
+    };
+    match made.await {
+        Ok(id) => see_other(&format!("/board/bulk/{id}")),
+        Err(e) => failure(&b, &s, &e),
+    }
+}
+
+/// A bulk action's page: the confirmation (with the count) until confirmed, then its progress
+/// and every listed todo's result.
+async fn bulk_page(State(b): State<Board>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let s = match session(&b, &headers, true).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match b.store().bulk_get(&id).await {
+        Ok(Some(bulk)) => html(StatusCode::OK, html::bulk(&s.csrf, &s.operator, &bulk)),
+        Ok(None) => failure(
+            &b,
+            &s,
+            &Error::not_found(format!("no bulk action {id}; start one from a queue page")),
+        ),
+        Err(e) => failure(&b, &s, &e),
+    }
+}
+
+/// The confirmation: from now on the action is applied, todo by todo, and resumed after a stop.
+async fn bulk_confirm(
+    State(b): State<Board>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let s = match posting(&b, &headers, &f.csrf).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(e) = b
+        .store()
+        .bulk_confirm(b.server.now(), &id, &s.operator)
+        .await
+    {
+        return failure(&b, &s, &e);
+    }
+    tracing::info!(operator = %s.operator, bulk = %id, "board: bulk action confirmed");
+    tokio::spawn(run_bulk(b.server.clone(), id.clone()));
+    see_other(&format!("/board/bulk/{id}"))
+}
+
+/// Carries on every confirmed bulk action that is not finished (a server starting after a stop
+/// midway). On Postgres several servers may each resume one: each todo's result is recorded
+/// once, and `bulk_step` skips a todo another server already changed.
+pub(crate) fn resume_bulks(server: Server) {
+    tokio::spawn(async move {
+        match server.store().bulk_open().await {
+            Ok(ids) => {
+                for id in ids {
+                    tracing::info!(bulk = %id, "board: resuming a bulk action");
+                    run_bulk(server.clone(), id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "board: cannot list the bulk actions to resume"),
+        }
+    });
+}
+
+/// Applies a confirmed bulk action to each listed todo without a result, in todo id order:
+/// `relay_core::board::bulk_step` decides, and the action is the very `Op::Retry` /
+/// `Op::Cancel` a Retry or Cancel button sends, as the operator who confirmed it. Each result is
+/// recorded as it happens, so a stop loses at most the todo in hand (whose state then shows it).
+async fn run_bulk(server: Server, id: String) {
+    use relay_core::board::{BulkAction, BulkStep, bulk_step};
+    let store = server.store().clone();
+    let bulk = match store.bulk_get(&id).await {
+        Ok(Some(b)) if b.confirmed_at.is_some() && b.finished_at.is_none() => b,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(bulk = %id, error = %e, "board: cannot read a bulk action; it resumes at the next start");
+            return;
+        }
+    };
+    let actor = || Actor::operator(&bulk.operator);
+    for item in bulk.items.iter().filter(|i| i.applied.is_none()) {
+        let get = Op::GetTodo {
+            actor: actor(),
+            id: item.todo_id.clone(),
+            attempts_limit: 1,
+        };
+        let (applied, note): (bool, Option<String>) = match store
+            .apply(get)
+            .await
+            .and_then(|a| a.view())
+        {
+            Err(e) if e.code == ErrorCode::NotFound => (false, Some("deleted since".into())),
+            Err(e) => {
+                tracing::warn!(bulk = %id, error = %e, "board: a bulk action stopped; it resumes at the next start");
+                return;
+            }
+            Ok(view) => match bulk_step(bulk.action, item.listed, &view.todo) {
+                BulkStep::Skip(why) => (false, Some(why.to_string())),
+                BulkStep::AlreadyApplied => (true, Some("applied before a restart".into())),
+                BulkStep::Apply => {
+                    let (now, todo) = (server.now(), item.todo_id.clone());
+                    let op = match bulk.action {
+                        BulkAction::Retry => Op::Retry {
+                            now,
+                            actor: actor(),
+                            id: todo,
+                        },
+                        BulkAction::Cancel => Op::Cancel {
+                            now,
+                            actor: actor(),
+                            id: todo,
+                        },
+                    };
+                    match store.apply(op).await.and_then(|a| a.todo()) {
+                        Ok(t) => {
+                            if t.state == TodoState::Pending {
+                                let offer =
+                                    relay_core::doorbell::Offer::of_pending(t.attempts_total);
+                                server.ring_todo(&t, offer);
+                            } else {
+                                server.notice(&Ok(relay_core::ledger::Answer::Todo(t)));
+                            }
+                            (true, None)
+                        }
+                        // The ledger refused it (it changed in the instant between): skipped.
+                        Err(e) if status_of(&e) != StatusCode::INTERNAL_SERVER_ERROR => {
+                            (false, Some(e.message))
+                        }
+                        Err(e) => {
+                            tracing::warn!(bulk = %id, error = %e, "board: a bulk action stopped; it resumes at the next start");
+                            return;
+                        }
+                    }
+                }
+            },
+        };
+        if let Err(e) = store
+            .bulk_record(server.now(), &id, &item.todo_id, applied, note.as_deref())
+            .await
+        {
+            tracing::warn!(bulk = %id, error = %e, "board: a bulk action stopped; it resumes at the next start");
+            return;
+        }
+        server.board_notice(&id);
+    }
+    if let Err(e) = store.bulk_finish(server.now(), &id).await {
+        tracing::warn!(bulk = %id, error = %e, "board: cannot mark a bulk action finished");
+        return;
+    }
+    tracing::info!(bulk = %id, operator = %bulk.operator, action = %bulk.action, listed = bulk.items.len(), "board: bulk action finished");
+    server.board_notice(&id);
 }

@@ -126,9 +126,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(not(madsim))]
 const BUSY_BODY: &str = "too many open connections; try again in a moment\n";
 
+/// The address a request came from, as a request extension (the Board's one-time login link
+/// opens only for loopback).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// Serves one connection until it ends, its watchdog fires, or shutdown has it finish.
 async fn serve_connection<S>(
     server: Server,
+    peer: std::net::SocketAddr,
     stream: S,
     activity: Arc<Activity>,
     mut shutdown: watch::Receiver<bool>,
@@ -138,25 +144,27 @@ async fn serve_connection<S>(
     let config = server.config().clone();
     let router = server.router();
     let act = activity.clone();
-    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        use tower::Service as _;
-        act.in_flight.fetch_add(1, Ordering::Relaxed);
-        let guard = InFlight(act.clone());
-        let mut router = router.clone();
-        async move {
-            let response = match router.call(req).await {
-                Ok(r) => r,
-                Err(e) => match e {},
-            };
-            // The guard lives as long as the body: a doorbell stream is a request in flight.
-            Ok::<_, Infallible>(response.map(|body| {
-                axum::body::Body::new(body.map_frame(move |f| {
-                    let _ = &guard;
-                    f
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            use tower::Service as _;
+            req.extensions_mut().insert(Peer(peer));
+            act.in_flight.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight(act.clone());
+            let mut router = router.clone();
+            async move {
+                let response = match router.call(req).await {
+                    Ok(r) => r,
+                    Err(e) => match e {},
+                };
+                // The guard lives as long as the body: a doorbell stream is a request in flight.
+                Ok::<_, Infallible>(response.map(|body| {
+                    axum::body::Body::new(body.map_frame(move |f| {
+                        let _ = &guard;
+                        f
+                    }))
                 }))
-            }))
-        }
-    });
+            }
+        });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(relay_rt::Timer)
@@ -248,12 +256,12 @@ pub(crate) async fn accept_loop(
             let _permit = permit;
             let activity = Arc::new(Activity::new());
             match tls {
-                None => serve_connection(server, stream, activity, stop_rx).await,
+                None => serve_connection(server, peer, stream, activity, stop_rx).await,
                 Some(acceptor) => {
                     // The handshake is bounded like a header: a silent TLS client holds nothing.
                     let timeout = server.config().header_read_timeout;
                     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_connection(server, s, activity, stop_rx).await,
+                        Ok(Ok(s)) => serve_connection(server, peer, s, activity, stop_rx).await,
                         Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }

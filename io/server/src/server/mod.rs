@@ -2,7 +2,7 @@
 //!
 //! # What it is
 //!
-//! A narrow JSON-RPC layer of our own on axum (see the README's "Queue server" section for why
+//! A narrow JSON-RPC layer of our own on axum (docs/mcp.md, "Why our own JSON-RPC layer", says why
 //! not rmcp). Every rule about todos is a call into the [`Store`] (which calls
 //! `relay_core::ledger::transition`); every tool's arguments, schemas, answers and error codes
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
@@ -61,7 +61,7 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::SharedClock;
 use crate::store::Store;
 
-pub use conn::tls_acceptor;
+pub use conn::{Peer, tls_acceptor};
 pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
@@ -255,6 +255,8 @@ struct Inner {
     /// becomes claimable rings through it, from this server's writes as from any other's, so the
     /// in-process ring is skipped (one ring per change, not two).
     notices_live: watch::Sender<bool>,
+    /// The one-time Board login link `relay up` prints, if one was issued (only its hash).
+    login_link: Mutex<Option<relay_core::board::LoginLink>>,
 }
 
 /// Why a doorbell stream did not open.
@@ -321,6 +323,7 @@ impl Server {
                 unauthorized_log: Mutex::new(relay_core::limits::LogThrottle::new(10_000)),
                 board_notices: tokio::sync::broadcast::channel(256).0,
                 notices_live: watch::channel(false).0,
+                login_link: Mutex::new(None),
             }),
         }
     }
@@ -725,6 +728,12 @@ impl Server {
         }
     }
 
+    /// Tells the Board's live streams that something else they may show changed (a bulk
+    /// action's progress, under its id).
+    pub(crate) fn board_notice(&self, id: &str) {
+        let _ = self.inner.board_notices.send(id.to_string());
+    }
+
     /// A live stream of the ids of todos this server changes.
     pub(crate) fn board_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.inner.board_notices.subscribe()
@@ -940,6 +949,10 @@ impl Server {
     /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
     /// failed sweep is logged and retried on the next tick.
     pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        // The Board's bulk actions a stop interrupted carry on where they were.
+        if self.inner.config.board {
+            crate::board::resume_bulks(self.clone());
+        }
         let notices = {
             let s = self.clone();
             tokio::spawn(async move { s.follow_notices().await })
@@ -975,6 +988,43 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Issues the one-time Board login link for `operator` (replacing any earlier one) and
+    /// returns its secret, to be shown once. Only a server listening on loopback issues one: the
+    /// link is for the person at this machine (`relay up`), never for a network.
+    pub fn issue_login_link(&self, operator: &str) -> Result<String, Error> {
+        if !self.inner.config.listen.ip().is_loopback() {
+            return Err(Error::invalid(format!(
+                "a one-time login link is only for a server on loopback, not {}; log in with an \
+                 operator token (`relay operator create NAME`)",
+                self.inner.config.listen
+            )));
+        }
+        let mut raw = [0u8; 32];
+        self.fill_random(&mut raw)?;
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+        let link = relay_core::board::LoginLink::new(self.now(), TokenHash::of(&secret), operator);
+        *lock(&self.inner.login_link) = Some(link);
+        Ok(secret)
+    }
+
+    /// Redeems the one-time login link (see [`relay_core::board::LoginLink::redeem`]).
+    pub(crate) fn redeem_login_link(&self, secret: &str, loopback: bool) -> Result<String, Error> {
+        let now = self.now();
+        match lock(&self.inner.login_link).as_mut() {
+            Some(link) => link.redeem(now, &TokenHash::of(secret), loopback),
+            None => Err(Error::forbidden(
+                "this server issued no login link; log in with an operator token \
+                 (`relay operator create NAME`)",
+            )),
+        }
+    }
+
+    /// Whether shutdown has begun, as a watch: the Board's live stream ends on it, as the
+    /// doorbell streams do, so that a browser left open never holds up a graceful stop.
+    pub(crate) fn shutting_down(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.subscribe()
     }
 
     /// Begins shutdown: every doorbell stream ends, so that graceful shutdown can drain.

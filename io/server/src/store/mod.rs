@@ -175,6 +175,32 @@ pub struct BoardSession {
     pub expires_at: Millis,
 }
 
+/// A Board bulk action: a retry or cancel of every todo of `queue` that `filter` (its words)
+/// matched when the operator asked, each listed as it stood then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bulk {
+    pub id: String,
+    pub operator: String,
+    pub queue: String,
+    pub action: relay_core::board::BulkAction,
+    pub filter: String,
+    pub created_at: Millis,
+    /// Set when the operator confirmed it; only a confirmed action is applied.
+    pub confirmed_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    /// In todo id order.
+    pub items: Vec<BulkItem>,
+}
+
+/// One todo a bulk action listed, and what became of it (`applied`: `None` while left to do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BulkItem {
+    pub todo_id: String,
+    pub listed: relay_core::board::Listed,
+    pub applied: Option<bool>,
+    pub note: Option<String>,
+}
+
 /// A new MCP session, as [`Store::mcp_session_open`] records it.
 #[derive(Clone)]
 pub struct McpSessionNew {
@@ -514,6 +540,73 @@ impl Store {
             String::from("(board)"),
             |tx| ops::session_get(tx, now, &id_hash)
         )
+    }
+
+    /// Records a Board bulk action (not yet confirmed) with the todos it lists.
+    pub async fn bulk_create(&self, now: Millis, bulk: Bulk) -> Result<(), Error> {
+        let subject = bulk.id.clone();
+        run!(self, ops::TxKind::Write, "board bulk", subject, |tx| {
+            ops::bulk_create(tx, now, &bulk)
+        })
+    }
+
+    /// A bulk action with its listed todos and their results.
+    pub async fn bulk_get(&self, id: &str) -> Result<Option<Bulk>, Error> {
+        let id = id.to_string();
+        run!(self, ops::TxKind::Read, "board bulk", id.clone(), |tx| {
+            ops::bulk_get(tx, &id)
+        })
+    }
+
+    /// Confirms `operator`'s bulk action (`forbidden` for another operator's).
+    pub async fn bulk_confirm(&self, now: Millis, id: &str, operator: &str) -> Result<(), Error> {
+        let (id, operator) = (id.to_string(), operator.to_string());
+        run!(
+            self,
+            ops::TxKind::Write,
+            "board bulk confirm",
+            id.clone(),
+            |tx| ops::bulk_confirm(tx, now, &id, &operator)
+        )
+    }
+
+    /// The confirmed, unfinished bulk actions (what a starting server resumes).
+    pub async fn bulk_open(&self) -> Result<Vec<String>, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "board bulk resume",
+            String::from("(all)"),
+            |tx| ops::bulk_open(tx)
+        )
+    }
+
+    /// Records one listed todo's result; `false` when it had one already.
+    pub async fn bulk_record(
+        &self,
+        now: Millis,
+        id: &str,
+        todo_id: &str,
+        applied: bool,
+        note: Option<&str>,
+    ) -> Result<bool, Error> {
+        let (id, todo_id) = (id.to_string(), todo_id.to_string());
+        let note = note.map(str::to_string);
+        run!(
+            self,
+            ops::TxKind::Write,
+            "board bulk",
+            todo_id.clone(),
+            |tx| ops::bulk_record(tx, now, &id, &todo_id, applied, note.as_deref())
+        )
+    }
+
+    /// Marks a bulk action finished.
+    pub async fn bulk_finish(&self, now: Millis, id: &str) -> Result<(), Error> {
+        let id = id.to_string();
+        run!(self, ops::TxKind::Write, "board bulk", id.clone(), |tx| {
+            ops::bulk_finish(tx, now, &id)
+        })
     }
 
     /// Ends a Board session (logout); an unknown one is already ended.

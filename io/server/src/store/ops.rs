@@ -13,7 +13,9 @@ use relay_core::ledger::TokenHash;
 use super::rows::{Row, Val, ms};
 use relay_core::board::StateCount;
 
-use super::{BoardOverview, BoardSession, Endpoint, McpSessionNew, NewEndpoint, Operator};
+use super::{
+    BoardOverview, BoardSession, Bulk, BulkItem, Endpoint, McpSessionNew, NewEndpoint, Operator,
+};
 
 /// Whether a transaction writes (SQLite `BEGIN IMMEDIATE`) or only reads (a consistent snapshot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -637,4 +639,182 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
 fn unsigned(r: Result<Option<i64>, String>, what: &str) -> Result<u64, Error> {
     let n = required(r, what)?;
     u64::try_from(n).map_err(|e| Error::internal(format!("reading {what}: {e}")))
+}
+
+// The Board's bulk actions (`relay_core::board::bulk_step` decides each todo; these only keep
+// the record).
+
+const BULK_COLS: &str =
+    "id, operator, queue, action, filter, created_at, confirmed_at, finished_at";
+const BULK_ITEM_COLS: &str = "todo_id, listed_state, listed_attempts, result, note";
+/// Items one INSERT writes: 100 rows of 4 values stays far below either backend's parameter cap.
+const BULK_INSERT_ROWS: usize = 100;
+
+fn bulk_row(r: &dyn Row) -> Result<Bulk, Error> {
+    let what = "a bulk action";
+    let action = required(r.text(3), what)?;
+    Ok(Bulk {
+        id: required(r.text(0), what)?,
+        operator: required(r.text(1), what)?,
+        queue: required(r.text(2), what)?,
+        action: relay_core::board::BulkAction::parse(&action)
+            .ok_or_else(|| Error::internal(format!("reading {what}: action {action:?}")))?,
+        filter: required(r.text(4), what)?,
+        created_at: millis(r.int(5), what)?.unwrap_or_default(),
+        confirmed_at: millis(r.int(6), what)?,
+        finished_at: millis(r.int(7), what)?,
+        items: Vec::new(),
+    })
+}
+
+fn bulk_item_row(r: &dyn Row) -> Result<BulkItem, Error> {
+    let what = "a bulk action's todo";
+    let state = required(r.text(1), what)?;
+    let attempts = required(r.int(2), what)?;
+    Ok(BulkItem {
+        todo_id: required(r.text(0), what)?,
+        listed: relay_core::board::Listed {
+            state: relay_core::ledger::TodoState::parse(&state)
+                .ok_or_else(|| Error::internal(format!("reading {what}: state {state:?}")))?,
+            attempts_total: u32::try_from(attempts)
+                .map_err(|e| Error::internal(format!("reading {what}: {e}")))?,
+        },
+        applied: column(r.text(3), what)?.map(|v| v == "applied"),
+        note: column(r.text(4), what)?,
+    })
+}
+
+/// Records a bulk action, not yet confirmed, with every todo it lists as it stands.
+pub(crate) async fn bulk_create<T: Tx>(tx: &mut T, now: Millis, new: &Bulk) -> Result<(), Error> {
+    let op = "board bulk";
+    let now = tx.clock(now).await?;
+    let sql =
+        format!("INSERT INTO board_bulk ({BULK_COLS}) VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL)");
+    let vals = vec![
+        text(&new.id),
+        text(&new.operator),
+        text(&new.queue),
+        text(new.action.as_str()),
+        text(&new.filter),
+        time(op, now)?,
+    ];
+    tx.exec_sql(op, &new.id, &sql, vals).await?;
+    for chunk in new.items.chunks(BULK_INSERT_ROWS) {
+        let mut sql = String::from(
+            "INSERT INTO board_bulk_items (bulk_id, todo_id, listed_state, listed_attempts) VALUES ",
+        );
+        let mut vals = Vec::with_capacity(chunk.len() * 4);
+        for (k, item) in chunk.iter().enumerate() {
+            let n = k * 4;
+            if k > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("(${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4));
+            vals.extend([
+                text(&new.id),
+                text(&item.todo_id),
+                text(item.listed.state.as_str()),
+                Val::Count(item.listed.attempts_total),
+            ]);
+        }
+        tx.exec_sql(op, &new.id, &sql, vals).await?;
+    }
+    Ok(())
+}
+
+/// A bulk action with every todo it listed (in id order), or `None`.
+pub(crate) async fn bulk_get<T: Tx>(tx: &mut T, id: &str) -> Result<Option<Bulk>, Error> {
+    let op = "board bulk";
+    let sql = format!("SELECT {BULK_COLS} FROM board_bulk WHERE id = $1");
+    let Some(mut bulk) = tx
+        .query_sql(op, id, &sql, vec![text(id)], bulk_row)
+        .await?
+        .pop()
+    else {
+        return Ok(None);
+    };
+    let sql = format!(
+        "SELECT {BULK_ITEM_COLS} FROM board_bulk_items WHERE bulk_id = $1 ORDER BY todo_id"
+    );
+    bulk.items = tx
+        .query_sql(op, id, &sql, vec![text(id)], bulk_item_row)
+        .await?;
+    Ok(Some(bulk))
+}
+
+/// Confirms a bulk action for `operator` (only the one who asked for it may); from then on a
+/// server applies it, and resumes it after a stop. Confirming twice changes nothing.
+pub(crate) async fn bulk_confirm<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id: &str,
+    operator: &str,
+) -> Result<(), Error> {
+    let op = "board bulk confirm";
+    let now = tx.clock(now).await?;
+    let sql = "UPDATE board_bulk SET confirmed_at = $1
+               WHERE id = $2 AND operator = $3 AND confirmed_at IS NULL";
+    let changed = tx
+        .exec_sql(op, id, sql, vec![time(op, now)?, text(id), text(operator)])
+        .await?;
+    if changed == 1 {
+        return Ok(());
+    }
+    let sql = format!("SELECT {BULK_COLS} FROM board_bulk WHERE id = $1");
+    match tx
+        .query_sql(op, id, &sql, vec![text(id)], bulk_row)
+        .await?
+        .pop()
+    {
+        None => Err(Error::not_found(format!("{op}: no bulk action {id}"))),
+        Some(b) if b.operator != operator => Err(Error::forbidden(format!(
+            "{op}: bulk action {id} is {}'s to confirm; make your own from the queue page",
+            b.operator
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The confirmed bulk actions not yet finished, oldest first: what a starting server resumes.
+pub(crate) async fn bulk_open<T: Tx>(tx: &mut T) -> Result<Vec<String>, Error> {
+    let sql = "SELECT id FROM board_bulk
+               WHERE finished_at IS NULL AND confirmed_at IS NOT NULL ORDER BY created_at, id";
+    tx.query_sql("board bulk resume", "", sql, vec![], |r| {
+        required(r.text(0), "a bulk action's id")
+    })
+    .await
+}
+
+/// Records what became of one listed todo; `false` when it was recorded already (another
+/// server resuming the same action got there first).
+pub(crate) async fn bulk_record<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id: &str,
+    todo_id: &str,
+    applied: bool,
+    note: Option<&str>,
+) -> Result<bool, Error> {
+    let op = "board bulk";
+    let now = tx.clock(now).await?;
+    let sql = "UPDATE board_bulk_items SET result = $1, note = $2, done_at = $3
+               WHERE bulk_id = $4 AND todo_id = $5 AND result IS NULL";
+    let vals = vec![
+        text(if applied { "applied" } else { "skipped" }),
+        Val::Text(note.map(str::to_string)),
+        time(op, now)?,
+        text(id),
+        text(todo_id),
+    ];
+    Ok(tx.exec_sql(op, todo_id, sql, vals).await? == 1)
+}
+
+/// Marks a bulk action finished (every listed todo has its result).
+pub(crate) async fn bulk_finish<T: Tx>(tx: &mut T, now: Millis, id: &str) -> Result<(), Error> {
+    let op = "board bulk";
+    let now = tx.clock(now).await?;
+    let sql = "UPDATE board_bulk SET finished_at = $1 WHERE id = $2 AND finished_at IS NULL";
+    tx.exec_sql(op, id, sql, vec![time(op, now)?, text(id)])
+        .await
+        .map(drop)
 }

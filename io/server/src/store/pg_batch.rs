@@ -61,7 +61,7 @@ pub struct Tuning {
 }
 
 impl Default for Tuning {
-    /// 64 operations a batch, 2 writers (measured with the store bench, see the README: one
+    /// 64 operations a batch, 2 writers (measured with the store bench, see docs/benchmarks.md: one
     /// batch fills while the other waits for its commit).
     fn default() -> Tuning {
         Tuning {

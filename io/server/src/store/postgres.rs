@@ -60,6 +60,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (6, "board", MIGRATION_0006),
     (7, "mcp_sessions", MIGRATION_0007),
     (8, "session_streams", MIGRATION_0008),
+    (9, "board_bulk", MIGRATION_0009),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -267,6 +268,31 @@ CREATE TRIGGER todos_ready_update AFTER UPDATE ON todos
 
 /// The channel of the doorbell's NOTIFY (see migration 0007).
 pub const READY_CHANNEL: &str = "relay_todo_ready";
+
+/// The Board's bulk actions (as SQLite's 0010).
+const MIGRATION_0009: &str = r#"
+CREATE TABLE board_bulk (
+    id           text COLLATE "C" NOT NULL PRIMARY KEY,
+    operator     text   NOT NULL,
+    queue        text   NOT NULL,
+    action       text   NOT NULL CHECK (action = 'retry' OR action = 'cancel'),
+    filter       text   NOT NULL,
+    created_at   bigint NOT NULL,
+    confirmed_at bigint,
+    finished_at  bigint
+);
+CREATE INDEX board_bulk_open ON board_bulk (created_at) WHERE finished_at IS NULL;
+CREATE TABLE board_bulk_items (
+    bulk_id         text COLLATE "C" NOT NULL REFERENCES board_bulk (id) ON DELETE CASCADE,
+    todo_id         text COLLATE "C" NOT NULL,
+    listed_state    text    NOT NULL,
+    listed_attempts integer NOT NULL,
+    result          text    CHECK (result = 'applied' OR result = 'skipped'),
+    note            text,
+    done_at         bigint,
+    PRIMARY KEY (bulk_id, todo_id)
+);
+"#;
 
 /// Notices a listener buffers; past it they are dropped (the doorbell scan covers them).
 const READY_BUFFER: usize = 4096;

@@ -44,6 +44,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (7, "mcp_sessions", MIGRATION_0007),
     (8, "write_path", MIGRATION_0008),
     (9, "session_streams", MIGRATION_0009),
+    (10, "board_bulk", MIGRATION_0010),
 ];
 
 /// The todos table as it was before attempt history (the design's "before").
@@ -634,6 +635,33 @@ CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, k
     UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
         WHERE id = NEW.id;
 END;
+";
+
+/// The Board's bulk actions: what an operator asked for (a retry or cancel of every todo a
+/// queue's filter matched), each todo listed as it stood then, and what became of it. Items
+/// without a result are what is left to do: a server that stops midway resumes from them.
+const MIGRATION_0010: &str = "
+CREATE TABLE board_bulk (
+    id           TEXT    NOT NULL PRIMARY KEY,
+    operator     TEXT    NOT NULL,
+    queue        TEXT    NOT NULL,
+    action       TEXT    NOT NULL CHECK (action = 'retry' OR action = 'cancel'),
+    filter       TEXT    NOT NULL,
+    created_at   INTEGER NOT NULL,
+    confirmed_at INTEGER,
+    finished_at  INTEGER
+) STRICT;
+CREATE INDEX board_bulk_open ON board_bulk (created_at) WHERE finished_at IS NULL;
+CREATE TABLE board_bulk_items (
+    bulk_id         TEXT    NOT NULL REFERENCES board_bulk (id) ON DELETE CASCADE,
+    todo_id         TEXT    NOT NULL,
+    listed_state    TEXT    NOT NULL,
+    listed_attempts INTEGER NOT NULL,
+    result          TEXT    CHECK (result = 'applied' OR result = 'skipped'),
+    note            TEXT,
+    done_at         INTEGER,
+    PRIMARY KEY (bulk_id, todo_id)
+) STRICT;
 ";
 
 static ENDPOINT_GET: LazyLock<String> =

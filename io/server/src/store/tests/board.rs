@@ -126,3 +126,87 @@ fn a_paused_queue_answers_claim_next_empty_on_both_stores() {
         pause,
     );
 }
+
+async fn bulk_actions(store: Store) {
+    use crate::store::{Bulk, BulkItem};
+    use relay_core::board::{BulkAction, Listed};
+    use relay_core::ledger::TodoState;
+    // 250 items: more than one INSERT's worth of rows.
+    let items: Vec<BulkItem> = (0..250)
+        .map(|k| BulkItem {
+            todo_id: format!("td_{k:04}"),
+            listed: Listed {
+                state: TodoState::Failed,
+                attempts_total: k % 3,
+            },
+            applied: None,
+            note: None,
+        })
+        .collect();
+    let bulk = Bulk {
+        id: "bk_1".into(),
+        operator: "alice".into(),
+        queue: "q".into(),
+        action: BulkAction::Retry,
+        filter: "state failed".into(),
+        created_at: 0,
+        confirmed_at: None,
+        finished_at: None,
+        items: items.clone(),
+    };
+    store.bulk_create(T0, bulk).await.unwrap();
+    let got = store.bulk_get("bk_1").await.unwrap().unwrap();
+    assert_eq!((got.created_at, got.confirmed_at), (T0, None));
+    assert_eq!(got.items, items);
+    // Unconfirmed: nothing to resume; another operator may not confirm it.
+    assert!(store.bulk_open().await.unwrap().is_empty());
+    let e = store.bulk_confirm(T0, "bk_1", "mallory").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+    store.bulk_confirm(T0 + 1, "bk_1", "alice").await.unwrap();
+    store.bulk_confirm(T0 + 2, "bk_1", "alice").await.unwrap();
+    assert_eq!(store.bulk_open().await.unwrap(), ["bk_1"]);
+    // A result is recorded once.
+    assert!(
+        store
+            .bulk_record(T0, "bk_1", "td_0001", true, None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .bulk_record(T0, "bk_1", "td_0001", false, Some("again"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .bulk_record(T0, "bk_1", "td_0002", false, Some("changed"))
+            .await
+            .unwrap()
+    );
+    let got = store.bulk_get("bk_1").await.unwrap().unwrap();
+    assert_eq!(got.confirmed_at, Some(T0 + 1));
+    assert_eq!(
+        (got.items[1].applied, got.items[1].note.as_deref()),
+        (Some(true), None)
+    );
+    assert_eq!(got.items[2].applied, Some(false));
+    assert_eq!(got.items[2].note.as_deref(), Some("changed"));
+    store.bulk_finish(T0 + 3, "bk_1").await.unwrap();
+    assert!(store.bulk_open().await.unwrap().is_empty());
+    assert!(store.bulk_get("bk_nope").await.unwrap().is_none());
+    let e = store
+        .bulk_confirm(T0, "bk_nope", "alice")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+}
+
+#[test]
+fn bulk_actions_are_recorded_and_resumable_on_both_stores() {
+    on_both_stores(
+        "bulk_actions_are_recorded_and_resumable_on_both_stores",
+        cfg(),
+        bulk_actions,
+    );
+}
