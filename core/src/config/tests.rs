@@ -892,10 +892,15 @@ fn mcp_era_is_auto_by_default_and_forced_by_the_key() {
     assert_eq!(c.queues["a"].address.mcp_era, EraChoice::Auto);
     assert_eq!(c.queues["b"].address.mcp_era, EraChoice::Legacy);
     assert_eq!(c.channels["c"].address.mcp_era, EraChoice::Modern);
-    let e = global("[queue.a]\nurl = \"https://h.example.com/mcp/e\"\nmcp_era = \"2026\"\n").unwrap_err();
+    let e = global("[queue.a]\nurl = \"https://h.example.com/mcp/e\"\nmcp_era = \"2026\"\n")
+        .unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("mcp_era = \"2026\" is not an MCP era"), "{text}");
+    assert!(
+        text.contains("mcp_era = \"2026\" is not an MCP era"),
+        "{text}"
+    );
     assert!(text.contains("\"auto\""), "{text}");
-    let e = global("[cairn.a]\nurl = \"https://h.example.com/\"\nmcp_era = \"legacy\"\n").unwrap_err();
+    let e =
+        global("[cairn.a]\nurl = \"https://h.example.com/\"\nmcp_era = \"legacy\"\n").unwrap_err();
     assert!(e.to_string().contains("mcp_era"), "{e}");
 }

@@ -282,14 +282,18 @@ mod tests {
         let ring = crate::mcp::listen::updated(&sub, "a");
         assert_eq!(listen_frame(&ring, &sub), ListenFrame::Ring("a".into()));
         assert_eq!(listen_frame(&ring, &json!(8)), ListenFrame::Other);
-        let untagged = json!({"jsonrpc": "2.0", "method": UPDATED, "params": {"uri": "relay://queues/b"}});
+        let untagged =
+            json!({"jsonrpc": "2.0", "method": UPDATED, "params": {"uri": "relay://queues/b"}});
         assert_eq!(listen_frame(&untagged, &sub), ListenFrame::Ring("b".into()));
         let foreign = json!({"jsonrpc": "2.0", "method": UPDATED, "params": {"uri": "file:///x"}});
         assert_eq!(listen_frame(&foreign, &sub), ListenFrame::Other);
         let closed = crate::mcp::listen::closed(&sub);
         assert_eq!(listen_frame(&closed, &sub), ListenFrame::Closed(None));
         let refused = json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "x"}});
-        assert_eq!(listen_frame(&refused, &sub), ListenFrame::Closed(Some(-32602)));
+        assert_eq!(
+            listen_frame(&refused, &sub),
+            ListenFrame::Closed(Some(-32602))
+        );
         let listed = json!({"resources": [{"uri": "relay://queues/a"}, {"uri": "relay://todos/t1"},
                                           {"uri": "relay://queues/b"}]});
         assert_eq!(
