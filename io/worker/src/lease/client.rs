@@ -168,8 +168,8 @@ fn rpc_failure(ep: &SourceLink, operation: &str, e: &RpcError) -> LeaseCallError
         ),
         RpcError::EraGone { .. } => (
             LeaseError::Transport,
-            "the server answered server/discover as a 2026-07-28 server but refuses its requests; \
-             see the server's log, or set mcp_era = \"legacy\" on the source"
+            "the server refuses 2026-07-28 requests right after a probe or mcp_era chose that \
+             era; see the server's log, or set mcp_era = \"legacy\" on the source"
                 .to_string(),
         ),
         RpcError::Status(s) if *s >= 500 => (
