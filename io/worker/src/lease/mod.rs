@@ -20,10 +20,10 @@
 //! # What these clients never do
 //!
 //! They never put a header value or a lease token in an error, a log line or a `Debug` form
-//! (server text is redacted before it is quoted), never open a GET or listen stream on a lease link,
-//! never retry a call the server may have run (only a session 404 or a modern refusal of the era,
-//! which the server answers without running the call, is retried, once), and never decide anything about an attempt:
-//! each answer goes back to the machine as an input.
+//! (server text is redacted before it is quoted), never open a GET or listen stream on a lease
+//! link, never retry a call the server may have run (only a session 404 or a modern refusal of
+//! the era, which the server answers without running the call, is retried, once), and never
+//! decide anything about an attempt: each answer goes back to the machine as an input.
 
 mod client;
 mod doorbell;
