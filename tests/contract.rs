@@ -47,7 +47,7 @@ struct Standin {
 }
 
 impl Standin {
-    /// `flags`: `--old`, `--omit FIELD` (see tests/standin/server.py).
+    /// `flags`: `--old`, `--omit FIELD`, `--legacy-only` (see tests/standin/server.py).
     fn start(dir: &Path, todos: Value, flags: &[&str]) -> Standin {
         let dir = dir.join("standin");
         std::fs::create_dir_all(&dir).expect("standin dir");
@@ -237,6 +237,16 @@ fn a_fenced_claim_heartbeats_with_the_token_and_completes_with_summary_and_artif
     let run = s.run_ending("td_ok", "completed");
     assert_eq!(run["outcome"], "success");
     assert_eq!(run["attempt"], 1);
+
+    // The Python SDK 2.3 server is dual-era: the probe finds the modern era, and no session is
+    // made.
+    let methods = s.standin.methods();
+    assert_eq!(
+        methods.first().map(String::as_str),
+        Some("server/discover"),
+        "{methods:?}"
+    );
+    assert!(!methods.iter().any(|m| m == "initialize"), "{methods:?}");
 
     // claim_next: the fence asked for and the harness's claimant label, nothing else.
     let claim = &s.standin.calls("claim_next")[0];
@@ -435,4 +445,32 @@ fn a_claim_answer_without_a_needed_field_is_claim_failed_and_the_log_names_it() 
     for verb in ["heartbeat", "complete", "fail", "release"] {
         assert_eq!(s.standin.calls(verb), Vec::<Value>::new(), "{verb} sent");
     }
+}
+
+/// A legacy-only server (the stand-in refusing 2026-07-28 requests with the pre-2.x SDK's 400
+/// "Missing session ID"): the daemon's probe falls back to `initialize`, and the attempt runs
+/// in a session as before.
+#[test]
+fn a_legacy_only_server_is_probed_then_initialized_and_the_claim_completes() {
+    if !standin_available() {
+        return;
+    }
+    let s = Setup::start(
+        json!([{"id": "td_old_era", "title": "beat and fix it", "max_attempts": 3}]),
+        &["--legacy-only"],
+    );
+    let run = s.run_ending("td_old_era", "completed");
+    assert_eq!(run["outcome"], "success");
+    let methods = s.standin.methods();
+    assert_eq!(
+        methods[..2],
+        ["server/discover", "initialize"],
+        "probe, then the fallback: {methods:?}"
+    );
+    assert_eq!(
+        methods.iter().filter(|m| *m == "server/discover").count(),
+        1
+    );
+    assert!(s.standin.calls("heartbeat").len() >= 2);
+    assert_eq!(s.standin.calls("complete").len(), 1);
 }

@@ -1359,3 +1359,49 @@ fn reload_moving_a_lease_source_opens_a_new_session_there() {
     assert_eq!(described[0]["source"]["session"], "supported");
     d.stop();
 }
+
+// ---- both MCP eras ---------------------------------------------------------------------------
+
+/// `relay daemon` against our server with `mcp_era = era`: a 'gate' todo is claimed, its lease
+/// is heartbeated (the lease deadline moves on while the agent runs), and it completes once the
+/// gate opens; `relay doctor` names the era the source speaks.
+fn claims_heartbeats_and_completes(era: &str, speaks: &str) {
+    let s = Setup::new();
+    let url = format!("{}/mcp/{}", s.server.url.trim_end_matches('/'), s.endpoint);
+    let mut text = queue_table(&url, "1s")
+        .replace("[queue.q]\n", &format!("[queue.q]\nmcp_era = \"{era}\"\n"));
+    text.push_str(&harness_table("w1", r#"schedule = "@every 1s""#));
+    let config = s.path().join("harness.toml");
+    std::fs::write(&config, text).expect("config");
+    let id = s.server.add(&s.endpoint, "gate", 3);
+    let mut d = Daemon::start(s.path(), &config);
+    s.wait_started(&id);
+    let deadline = |s: &Setup| s.server.show(&id)["todo"]["lease_expires_at"].clone();
+    let first = deadline(&s);
+    assert!(first.is_string(), "a claimed todo has a lease: {first}");
+    wait_for(
+        "a heartbeat to extend the lease",
+        Duration::from_secs(30),
+        || (deadline(&s) != first).then_some(()),
+    );
+    let (ok, doctor) = d.cli(&["doctor"]);
+    assert!(ok, "{doctor}");
+    assert!(doctor.contains(speaks), "{era}: {doctor}");
+    std::fs::write(s.out.join(format!("open.{id}")), "").expect("open the gate");
+    s.wait_done("the todo to complete", &id);
+    d.stop();
+    let closed = d.closed_run("w1", &id);
+    assert_eq!(closed["relay_outcome"], "completed");
+    assert_eq!(s.server.attempts(&id).len(), 1);
+}
+
+#[test]
+fn the_daemon_claims_heartbeats_and_completes_through_our_server_in_the_modern_era() {
+    // `auto`: the probe finds the modern era on our server.
+    claims_heartbeats_and_completes("auto", "speaks MCP 2026-07-28 (modern era, no session)");
+}
+
+#[test]
+fn the_daemon_claims_heartbeats_and_completes_through_our_server_in_the_legacy_era() {
+    claims_heartbeats_and_completes("legacy", "(legacy era, initialize and a session)");
+}

@@ -287,8 +287,18 @@ def build(args: argparse.Namespace, log: Log) -> Server:
     return Server("standin-queue", version="0", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
 
-def logged(inner: Any, log: Log, token: str, ready: str) -> Any:
-    """ASGI wrapper: the bearer check, the request log, and the ready line once the app runs."""
+# What a legacy-only Streamable HTTP server (the Python SDK before 2.x) answers a request that
+# names no session: the daemon must take it as "initialize instead".
+MISSING_SESSION = json.dumps(
+    {"jsonrpc": "2.0", "id": "server-error",
+     "error": {"code": -32600, "message": "Bad Request: Missing session ID"}}
+).encode()
+
+
+def logged(inner: Any, log: Log, token: str, ready: str, legacy_only: bool = False) -> Any:
+    """ASGI wrapper: the bearer check, the request log, and the ready line once the app runs.
+    With `legacy_only`, requests in the 2026-07-28 era (a `_meta` protocol version, or the
+    version header) are refused as a legacy-only server refuses them, after being logged."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -334,6 +344,17 @@ def logged(inner: Any, log: Log, token: str, ready: str) -> Any:
             log.write(entry)
         replayed = False
 
+        modern = headers.get(b"mcp-protocol-version", b"").decode() == "2026-07-28" or any(
+            isinstance(m, dict)
+            and "io.modelcontextprotocol/protocolVersion" in ((m.get("params") or {}).get("_meta") or {})
+            for m in (parsed if isinstance(parsed, list) else [parsed])
+        )
+        if legacy_only and modern:
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": MISSING_SESSION})
+            return
+
         async def replay() -> dict[str, Any]:
             nonlocal replayed
             if not replayed:
@@ -353,6 +374,8 @@ def main() -> None:
     parser.add_argument("--token", required=True, help="the bearer token every request must carry")
     parser.add_argument("--old", action="store_true", help="schemas from before attempt history")
     parser.add_argument("--omit", help="a claim answer field to leave out (todo.attempt)")
+    parser.add_argument("--legacy-only", action="store_true",
+                        help="refuse 2026-07-28 requests as a legacy-only server does (400)")
     args = parser.parse_args()
     log = Log(args.log)
     server = build(args, log)
@@ -360,7 +383,8 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))  # loopback only, a port of its own
     sock.listen(64)
     port = sock.getsockname()[1]
-    app = logged(server.streamable_http_app(host="127.0.0.1"), log, args.token, f"listening on http://127.0.0.1:{port}")
+    app = logged(server.streamable_http_app(host="127.0.0.1"), log, args.token,
+                 f"listening on http://127.0.0.1:{port}", args.legacy_only)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])
 

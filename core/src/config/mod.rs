@@ -197,6 +197,8 @@ pub struct SourceAddress {
     pub headers: BTreeMap<String, HeaderTemplate>,
     /// The only file `${NAME}` in `headers` resolves from, as written.
     pub env_file: Option<String>,
+    /// `mcp_era` of a queue or channel source: probe (`auto`) or force an MCP era.
+    pub mcp_era: crate::mcp::client::EraChoice,
 }
 
 /// A `[queue.<name>]` lease source.

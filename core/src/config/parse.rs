@@ -1,6 +1,7 @@
 //! Parsing and validating the TOML: tables, keys, drop-ins, with errors that name the file, the
 //! table and the key.
 
+use crate::mcp::client::EraChoice;
 use crate::time::Millis;
 use std::collections::{BTreeMap, BTreeSet};
 use toml::{Table, Value};
@@ -35,6 +36,7 @@ impl TableKind {
                 "heartbeat_interval",
                 "enabled",
                 "description",
+                "mcp_era",
             ],
             TableKind::Cairn => &[
                 "url",
@@ -44,7 +46,14 @@ impl TableKind {
                 "enabled",
                 "description",
             ],
-            TableKind::Channel => &["url", "headers", "env_file", "enabled", "description"],
+            TableKind::Channel => &[
+                "url",
+                "headers",
+                "env_file",
+                "enabled",
+                "description",
+                "mcp_era",
+            ],
             TableKind::Harness => &[
                 "command",
                 "prompt_file",
@@ -568,11 +577,32 @@ pub(super) fn endpoint(r: &mut Reader) -> Option<SourceAddress> {
             },
         },
     };
+    let mcp_era = mcp_era(r);
     Some(SourceAddress {
         url: url?,
         headers,
         env_file,
+        mcp_era: mcp_era?,
     })
+}
+
+/// `mcp_era` (queue and channel sources; the cairn table refuses the key as unknown).
+fn mcp_era(r: &mut Reader) -> Option<EraChoice> {
+    let Some(text) = r.str("mcp_era") else {
+        return (!r.has("mcp_era")).then_some(EraChoice::Auto);
+    };
+    let choice = EraChoice::parse(text);
+    if choice.is_none() {
+        r.err(
+            "mcp_era",
+            format!(
+                "mcp_era = {text:?} is not an MCP era: write \"auto\" (probe server/discover, \
+                 fall back to initialize; the default), \"modern\" (2026-07-28 only) or \
+                 \"legacy\" (initialize only)"
+            ),
+        );
+    }
+    choice
 }
 
 pub(super) fn queue_source(r: &mut Reader, name: String) -> Option<QueueSource> {

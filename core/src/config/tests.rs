@@ -879,3 +879,28 @@ fn a_harness_answers_its_next_firing_and_whether_a_firing_is_within_hours() {
     );
     assert_eq!(y.next_fire(at("2026-09-22T07:10:00Z")), None);
 }
+
+#[test]
+fn mcp_era_is_auto_by_default_and_forced_by_the_key() {
+    use crate::mcp::client::EraChoice;
+    let c = global(
+        "[queue.a]\nurl = \"https://h.example.com/mcp/e\"\n\
+         [queue.b]\nurl = \"https://h.example.com/mcp/e\"\nmcp_era = \"legacy\"\n\
+         [channel.c]\nurl = \"https://h.example.com/mcp/e\"\nmcp_era = \"modern\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.queues["a"].address.mcp_era, EraChoice::Auto);
+    assert_eq!(c.queues["b"].address.mcp_era, EraChoice::Legacy);
+    assert_eq!(c.channels["c"].address.mcp_era, EraChoice::Modern);
+    let e = global("[queue.a]\nurl = \"https://h.example.com/mcp/e\"\nmcp_era = \"2026\"\n")
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("mcp_era = \"2026\" is not an MCP era"),
+        "{text}"
+    );
+    assert!(text.contains("\"auto\""), "{text}");
+    let e =
+        global("[cairn.a]\nurl = \"https://h.example.com/\"\nmcp_era = \"legacy\"\n").unwrap_err();
+    assert!(e.to_string().contains("mcp_era"), "{e}");
+}

@@ -16,6 +16,7 @@
 //! [`framed`]. The daemon's client builds its modern requests with [`era::stamp`]. The fuzz target
 //! `mcp_decode` runs both decoders on arbitrary input.
 
+pub mod client;
 pub mod era;
 pub mod listen;
 

@@ -83,6 +83,16 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
     rows
 }
 
+/// The row saying which MCP era a source speaks (`era` as the lease client describes its link,
+/// e.g. `MCP 2026-07-28 (modern era, no session)`), shown once its tools/list was answered.
+pub fn era_row(source: &str, era: &str) -> Row {
+    Row {
+        level: Level::Ok,
+        subject: source.to_string(),
+        message: format!("speaks {era}"),
+    }
+}
+
 /// The lease sources (`queue.<name>`) that a leased harness of `config` binds, sorted: the ones
 /// doctor asks for their tools/list, with or without a running daemon.
 pub fn bound_sources(config: &Config) -> Vec<String> {
@@ -177,6 +187,12 @@ mod tests {
         assert_eq!(rows[0].level, Level::Ok);
         let rows = source_rows("queue.ci", Err("connection refused"));
         assert_eq!(rows[0].level, Level::Fail);
+        let era = era_row("queue.ci", "MCP 2026-07-28 (modern era, no session)");
+        assert_eq!(era.level, Level::Ok);
+        assert_eq!(
+            era.message,
+            "speaks MCP 2026-07-28 (modern era, no session)"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use relay_core::config::{Secret, parse_env_file};
 use relay_core::ledger::{
     Actor, Answer, Attempt, LedgerConfig, NewTodo, Op, Outcome, TodoState, TodoView, TokenHash,
 };
+use relay_core::mcp::client::EraChoice;
 use relay_core::relay::{
     Command, ExitStatus, Input, LeaseError, Relay, RelayOutcome, ReportVerb, RunOutcome, RunRecord,
     Signal,
@@ -200,6 +201,9 @@ async fn tapped(req: Request, next: Next, tap: &Tap, fault: Fault, lost: &Mutex<
     });
     if let Some(t) = &tool {
         lock(&tap.0).push((now(), t.clone()));
+    } else if let Some(m) = rpc["method"].as_str() {
+        // Other methods are noted by name with a prefix no tool has.
+        lock(&tap.0).push((now(), format!("rpc:{m}")));
     }
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
@@ -234,6 +238,8 @@ struct Script {
     /// How long the driver keeps listening after the run is recorded closed, so that any
     /// late lease call would still be sent and counted.
     linger: Millis,
+    /// The lease client's `mcp_era` (`Auto` finds the modern era on our server).
+    era: EraChoice,
 }
 
 /// Everything the machine asked for and was told, with the simulated time.
@@ -317,7 +323,8 @@ async fn drive(mut script: Script, trace: Trace) -> turmoil::Result {
             vec![("Authorization".to_string(), secret(BEARER))],
             Arc::new(transport),
         )
-        .with_timeout(REQUEST_TIMEOUT),
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_era(script.era),
     );
     let mut relay = Relay::new(harness(), 42, 1);
     let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
@@ -480,12 +487,17 @@ fn blip_on_first_report(blip: Millis) -> Box<dyn FnMut(&Command)> {
 
 /// An agent exiting `agent_exit` whose first report goes out into a 20 s partition: the run,
 /// and the reports sent, asserted retried and all `verb`.
-fn through_a_blip(agent_exit: i32, verb: ReportVerb) -> (Trace, TodoView, Tap, Vec<ReportVerb>) {
+fn through_a_blip(
+    agent_exit: i32,
+    verb: ReportVerb,
+    era: EraChoice,
+) -> (Trace, TodoView, Tap, Vec<ReportVerb>) {
     let script = Script {
         agent_exit,
         agent_runs: 30 * SECOND,
         on_command: blip_on_first_report(20 * SECOND),
         linger: 30 * SECOND,
+        era,
     };
     let (trace, view, tap) = run(script, Fault::None, 3);
     let sent = trace.reports_sent();
@@ -504,7 +516,23 @@ fn through_a_blip(agent_exit: i32, verb: ReportVerb) -> (Trace, TodoView, Tap, V
 /// closed `completed`, the relay records `completed`.
 #[test]
 fn a_completion_retried_through_a_blip_is_accepted_exactly_once() {
-    let (trace, view, tap, sent) = through_a_blip(0, ReportVerb::Complete);
+    completion_through_a_blip(EraChoice::Auto);
+}
+
+/// The same with the lease client forced to the legacy era: the same calls, in a session.
+#[test]
+fn a_completion_retried_through_a_blip_is_accepted_exactly_once_in_the_legacy_era() {
+    completion_through_a_blip(EraChoice::Legacy);
+}
+
+fn completion_through_a_blip(era: EraChoice) {
+    let (trace, view, tap, sent) = through_a_blip(0, ReportVerb::Complete, era);
+    // Our server speaks the modern era: the probe finds it, and no session is made; forced
+    // legacy, the client initializes and never probes.
+    let modern = era == EraChoice::Auto;
+    assert_eq!(tap.calls("rpc:server/discover"), usize::from(modern));
+    assert_eq!(tap.calls("rpc:initialize"), usize::from(!modern));
+    assert_eq!(tap.calls("rpc:subscriptions/listen"), 0);
     assert_eq!(
         transport_failures(&trace, report_failure),
         sent.len() - 1,
@@ -532,7 +560,7 @@ fn a_completion_retried_through_a_blip_is_accepted_exactly_once() {
 /// retry, the relay records `failed`.
 #[test]
 fn a_failure_retried_through_a_blip_is_accepted_exactly_once() {
-    let (trace, view, tap, _) = through_a_blip(1, ReportVerb::Fail);
+    let (trace, view, tap, _) = through_a_blip(1, ReportVerb::Fail, EraChoice::Auto);
     assert_eq!(tap.calls("fail"), 1);
     assert_eq!(tap.reports(), 1);
 
@@ -570,6 +598,7 @@ fn a_partition_longer_than_the_ttl_ends_in_lease_loss_and_no_report() {
         }),
         // Past the heal, and then some: a report sent late would arrive.
         linger: 2 * TTL,
+        era: EraChoice::Auto,
     };
     let (trace, view, tap) = run(script, Fault::None, 3);
 
@@ -618,6 +647,7 @@ fn a_lost_report_answer_does_not_produce_a_second_attempt() {
         agent_runs: 30 * SECOND,
         on_command: Box::new(|_| {}),
         linger: 30 * SECOND,
+        era: EraChoice::Legacy,
     };
     let (trace, view, tap) = run(script, Fault::LoseFirstReportAnswer, 3);
 

@@ -1,7 +1,8 @@
 //! `relay doctor`: the rows of `relay_core::relay::doctor` for the lease sources a
 //! config binds, from the daemon's own clients or, with no daemon running, from clients made
-//! here for the purpose. Either way each source's client opens a session when it has none
-//! (initialize, then tools/list) and its tool list is judged the same way.
+//! here for the purpose. Either way each source's client opens its link when it has none (the
+//! era's probe, initialize in the legacy era, then tools/list), its tool list is judged the same
+//! way, and a row says which era the source speaks.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +18,12 @@ pub async fn rows(config: &Config, clients: Vec<(String, Arc<LeaseClient>)>) -> 
     for (name, client) in clients {
         rows.extend(match client.tools_list().await {
             Ok(list) => {
-                relay::doctor::source_rows(&name, Ok(&relay::check_capabilities(&list.tools)))
+                let mut rows =
+                    relay::doctor::source_rows(&name, Ok(&relay::check_capabilities(&list.tools)));
+                if let Some(era) = client.era() {
+                    rows.push(relay::doctor::era_row(&name, &era));
+                }
+                rows
             }
             Err(e) => relay::doctor::source_rows(&name, Err(&e.to_string())),
         });

@@ -56,6 +56,8 @@ use tokio::task::AbortHandle;
 
 use crate::clock::SharedClock;
 use crate::journal::{DaemonLock, Journal};
+use relay_core::mcp::client::{Subscriptions, channel_subscriptions};
+
 use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
 use crate::runner::{self, AgentSpec, CheckSpec, Control, Launched, Launcher};
 
@@ -244,7 +246,9 @@ pub struct Daemon {
     next_generation: u64,
     cairns: BTreeMap<String, Arc<ReceiptClient>>,
     /// The doorbell listener (and its forwarding task) of each channel that triggers a harness.
-    doorbells: BTreeMap<String, [AbortHandle; 2]>,
+    /// Per channel: the listener and its forwarder, and the queues a modern listen subscribes
+    /// to (a reload that changes them restarts the listener).
+    doorbells: BTreeMap<String, ([AbortHandle; 2], Subscriptions)>,
     /// Background tasks that are not a run's: session set-up, the control socket.
     background: Vec<AbortHandle>,
     /// Tells the doorbell listeners to stop.
@@ -504,20 +508,22 @@ impl Daemon {
             })
             .map(|ch| ch.name.clone())
             .collect();
-        let changed = |name: &str| {
+        let config = &self.resolved.config;
+        let changed = |name: &str, subscriptions: &Subscriptions| {
             diff.channels
                 .changed
                 .iter()
                 .any(|c| c == &format!("channel.{name}"))
+                || *subscriptions != channel_subscriptions(config, name)
         };
         let stale: Vec<String> = self
             .doorbells
-            .keys()
-            .filter(|n| !wanted.contains(n) || changed(n))
-            .cloned()
+            .iter()
+            .filter(|(n, (_, subs))| !wanted.contains(n) || changed(n, subs))
+            .map(|(n, _)| n.clone())
             .collect();
         for name in stale {
-            if let Some(tasks) = self.doorbells.remove(&name) {
+            if let Some((tasks, _)) = self.doorbells.remove(&name) {
                 tasks.iter().for_each(AbortHandle::abort);
             }
         }
@@ -541,8 +547,14 @@ impl Daemon {
                     });
                 }
             });
-            self.doorbells
-                .insert(name, [listener.abort_handle(), forward.abort_handle()]);
+            let subscriptions = channel_subscriptions(&self.resolved.config, &name);
+            self.doorbells.insert(
+                name,
+                (
+                    [listener.abort_handle(), forward.abort_handle()],
+                    subscriptions,
+                ),
+            );
         }
     }
 
@@ -571,7 +583,7 @@ impl Daemon {
             }
         }
         let _ = self.doorbells_stop.send(true);
-        for tasks in self.doorbells.values() {
+        for (tasks, _) in self.doorbells.values() {
             tasks.iter().for_each(AbortHandle::abort);
         }
         self.background.iter().for_each(AbortHandle::abort);

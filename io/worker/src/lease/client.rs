@@ -1,6 +1,9 @@
-//! [`LeaseClient`]: one MCP session per lease source, used for `tools/list` and `tools/call`
-//! only, with the capability check (do the tool schemas declare what relay needs?) on every
-//! (re-)initialize.
+//! [`LeaseClient`]: one MCP link per lease source (a `server/discover` probe, then the modern
+//! era without a session or, on a legacy-only server, an `initialize`d session), used for
+//! `tools/list` and `tools/call` only, with the capability check (do the tool schemas declare
+//! what relay needs?) on every (re-)open. A legacy session the server forgot, or a modern request
+//! refused in a way that says the server stopped speaking that era, re-opens: a fresh probe, so
+//! a server upgraded or downgraded under a running daemon keeps working.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -163,6 +166,12 @@ fn rpc_failure(ep: &SourceLink, operation: &str, e: &RpcError) -> LeaseCallError
             LeaseError::Transport,
             "the server expired a session it had just opened; see the server's log".to_string(),
         ),
+        RpcError::EraGone { .. } => (
+            LeaseError::Transport,
+            "the server refuses 2026-07-28 requests right after a probe or mcp_era chose that \
+             era; see the server's log, or set mcp_era = \"legacy\" on the source"
+                .to_string(),
+        ),
         RpcError::Status(s) if *s >= 500 => (
             LeaseError::Transport,
             "the queue server failed; see its log".to_string(),
@@ -252,12 +261,15 @@ impl LeaseClient {
             name: name.to_string(),
         };
         let headers = config.headers(&r).cloned().unwrap_or_default();
-        Some(LeaseClient::new(
-            r.to_string(),
-            source.address.url.as_str(),
-            headers,
-            transport,
-        ))
+        Some(
+            LeaseClient::new(
+                r.to_string(),
+                source.address.url.as_str(),
+                headers,
+                transport,
+            )
+            .with_era(source.address.mcp_era),
+        )
     }
 
     /// Bounds every request (default 10 s).
@@ -271,6 +283,18 @@ impl LeaseClient {
         &self.ep.source
     }
 
+    /// Forces an era (`mcp_era`); `Auto` probes.
+    pub fn with_era(mut self, era: relay_core::mcp::client::EraChoice) -> LeaseClient {
+        self.ep.era = era;
+        self
+    }
+
+    /// The era the source speaks, as doctor shows it (`MCP 2026-07-28 (modern era, no
+    /// session)`); `None` before the first open.
+    pub fn era(&self) -> Option<String> {
+        self.lock().session.as_ref().map(Session::describe)
+    }
+
     /// The verdict of the last capability check, if a session has been checked.
     pub fn capabilities(&self) -> Option<Capabilities> {
         self.lock().capabilities.clone()
@@ -280,8 +304,9 @@ impl LeaseClient {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new session: `initialize`, `notifications/initialized`, `tools/list` (every page),
-    /// then the capability check. Replaces any current session. The daemon hands the answer to
+    /// A new link: the era (`mcp_era`, or the `server/discover` probe), in the legacy era
+    /// `initialize` and `notifications/initialized`, then `tools/list` (every page) and the
+    /// capability check, the same in both eras. Replaces any current session. The daemon hands the answer to
     /// every harness bound to the source as `Input::CapabilitiesKnown`.
     pub async fn initialize(&self) -> Result<Capabilities, LeaseCallError> {
         let _init = self.init.lock().await;
@@ -289,13 +314,15 @@ impl LeaseClient {
         self.open_checked().await.map(|(caps, _)| caps)
     }
 
-    /// Opens and checks a session and installs it; the caller holds `init`.
+    /// Opens (probe, then the modern era or `initialize`) and checks a link and installs it;
+    /// the caller holds `init`.
     async fn open_checked(&self) -> Result<(Capabilities, Value), LeaseCallError> {
         let session = self
             .ep
-            .open_session()
+            .open()
             .await
             .map_err(|e| rpc_failure(&self.ep, "initialize", &e))?;
+        tracing::info!(source = %self.ep.source, era = session.era_name(), "lease source opened");
         let tools = self
             .list_tools(&session)
             .await
@@ -355,7 +382,7 @@ impl LeaseClient {
         let mut session = Vec::new();
         let seen = match self.current() {
             Some((current, generation)) => match self.list_tools(&current).await {
-                Err(RpcError::SessionGone) => Some(generation),
+                Err(RpcError::SessionGone | RpcError::EraGone { .. }) => Some(generation),
                 r => {
                     let tools = r.map_err(failed)?;
                     return Ok(ToolsList { tools, session });
@@ -442,7 +469,7 @@ impl LeaseClient {
             .rpc(Some(&session), "tools/call", self.call_params(command))
             .await
         {
-            Err(RpcError::SessionGone) => {}
+            Err(RpcError::SessionGone | RpcError::EraGone { .. }) => {}
             r => return self.tool_result(operation, r),
         }
         let (session, _, _) = self
@@ -455,15 +482,15 @@ impl LeaseClient {
             .rpc(Some(&session), "tools/call", self.call_params(command))
             .await
         {
-            Err(RpcError::SessionGone) => {
-                // Expired again at once: let the next call start over.
+            Err(e @ (RpcError::SessionGone | RpcError::EraGone { .. })) => {
+                // Refused again at once: let the next call start over.
                 let mut state = self.lock();
                 if state.session.as_ref() == Some(&session) {
                     state.session = None;
                     news.push(SessionNews::Expired);
                 }
                 drop(state);
-                Err(rpc_failure(&self.ep, operation, &RpcError::SessionGone))
+                Err(rpc_failure(&self.ep, operation, &e))
             }
             r => self.tool_result(operation, r),
         }

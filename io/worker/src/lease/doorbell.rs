@@ -1,21 +1,31 @@
-//! [`DoorbellListener`]: the one GET notification stream of a `[channel.<name>]` source.
+//! [`DoorbellListener`]: the one doorbell stream of a `[channel.<name>]` source.
 //!
-//! It opens its own session (`initialize`, `notifications/initialized`, and no tool calls, ever),
-//! then holds the session's GET SSE stream and forwards every server notification
-//! (`notifications/todo_ready` and any other method) to an mpsc channel. When the stream ends
-//! or fails it reconnects after a capped exponential backoff; a 404 means the server forgot the
-//! session, so it re-initializes first. It stops when the stop signal turns `true` (or its
-//! sender is dropped), or when the receiver of the doorbells is gone.
+//! It finds the source's era like the lease client (`mcp_era`, or the `server/discover` probe)
+//! and calls no tools, ever:
+//! - **modern**: a `subscriptions/listen` POST subscribed to the channel's queues
+//!   (`relay_core::mcp::client::channel_subscriptions`: the `queue` keys of the lease sources
+//!   its harnesses claim from, or every queue the endpoint lists as a resource); each
+//!   `notifications/resources/updated` for one of them is forwarded;
+//! - **legacy**: its own session (`initialize`, `notifications/initialized`) and the session's
+//!   GET SSE stream; every server notification (`notifications/todo_ready` and any other
+//!   method) is forwarded.
+//!
+//! When the stream ends or fails it reconnects after a capped exponential backoff; a 404 on a
+//! legacy session (forgotten) re-opens at once, and a modern refusal that says the era is gone
+//! re-opens after the backoff: both probe afresh, so a server upgraded or downgraded under the
+//! daemon is followed. It stops when the stop signal turns `true` (or its sender is dropped), or
+//! when the receiver of the doorbells is gone.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
-use serde_json::Value;
+use relay_core::mcp::client::{self as era_rules, ListenFrame, Subscriptions};
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::mcp::{Session, SourceLink};
+use super::mcp::{RpcError, Session, SourceLink};
 use super::sse::SseParser;
 use super::transport::Transport;
 
@@ -52,6 +62,8 @@ impl Default for ReconnectBackoff {
 pub struct DoorbellListener {
     ep: SourceLink,
     backoff: ReconnectBackoff,
+    /// What a modern listen subscribes to.
+    subscriptions: Subscriptions,
 }
 
 /// How one connected stream ended.
@@ -65,6 +77,9 @@ enum StreamEnd {
     },
     /// The server no longer knows the session.
     SessionGone,
+    /// The server refused a modern request as if it no longer spoke the era: probe again after
+    /// the backoff (at once could spin against a server that answers discover but nothing else).
+    EraGone,
 }
 
 /// Resolves when the stop signal is `true` or its sender is gone.
@@ -82,6 +97,7 @@ impl DoorbellListener {
         DoorbellListener {
             ep: SourceLink::new(source, url, headers, transport),
             backoff: ReconnectBackoff::default(),
+            subscriptions: Subscriptions::Granted,
         }
     }
 
@@ -97,12 +113,28 @@ impl DoorbellListener {
             name: name.to_string(),
         };
         let headers = config.headers(&r).cloned().unwrap_or_default();
-        Some(DoorbellListener::new(
-            r.to_string(),
-            source.address.url.as_str(),
-            headers,
-            transport,
-        ))
+        Some(
+            DoorbellListener::new(
+                r.to_string(),
+                source.address.url.as_str(),
+                headers,
+                transport,
+            )
+            .with_era(source.address.mcp_era)
+            .with_subscriptions(era_rules::channel_subscriptions(&config.config, name)),
+        )
+    }
+
+    /// Forces an era (`mcp_era`); `Auto` probes.
+    pub fn with_era(mut self, era: relay_core::mcp::client::EraChoice) -> DoorbellListener {
+        self.ep.era = era;
+        self
+    }
+
+    /// What a modern listen subscribes to (default: every queue the endpoint lists).
+    pub fn with_subscriptions(mut self, subscriptions: Subscriptions) -> DoorbellListener {
+        self.subscriptions = subscriptions;
+        self
     }
 
     /// Bounds each POST and the wait for the stream's headers (default 10 s); the open stream
@@ -140,7 +172,7 @@ impl DoorbellListener {
                 None => {
                     let opened = tokio::select! {
                         _ = stopped(&mut stop) => return,
-                        r = self.ep.open_session() => r,
+                        r = self.ep.open() => r,
                     };
                     match opened {
                         Ok(s) => {
@@ -162,16 +194,26 @@ impl DoorbellListener {
                     }
                 }
             };
-            match self
-                .listen(&current, &mut last_event_id, &doorbells, &mut stop)
-                .await
-            {
+            let end = if current.modern {
+                self.listen_modern(&current, &doorbells, &mut stop).await
+            } else {
+                self.listen(&current, &mut last_event_id, &doorbells, &mut stop)
+                    .await
+            };
+            match end {
                 StreamEnd::Stopped | StreamEnd::Closed => return,
                 StreamEnd::SessionGone => {
                     tracing::info!(source = %self.ep.source, "doorbell: the server expired the session; re-initializing");
                     session = None;
                     // A forgotten session is not a failing server: re-initialize at once.
                     continue;
+                }
+                StreamEnd::EraGone => {
+                    tracing::info!(source = %self.ep.source, "doorbell: the server refused the 2026-07-28 era; probing again");
+                    session = None;
+                    if self.pause(&mut stop, &mut delay).await {
+                        return;
+                    }
                 }
                 StreamEnd::Lost { opened } => {
                     if opened {
@@ -192,6 +234,176 @@ impl DoorbellListener {
         tokio::select! {
             _ = stopped(stop) => true,
             _ = tokio::time::sleep(wait) => false,
+        }
+    }
+
+    /// The queues to subscribe to: the configured ones, or every queue resource the endpoint
+    /// lists. `Err`: how the stream ended without opening.
+    async fn queues(
+        &self,
+        session: &Session,
+    ) -> Result<std::collections::BTreeSet<String>, StreamEnd> {
+        let queues = match &self.subscriptions {
+            Subscriptions::Queues(q) => q.clone(),
+            Subscriptions::Granted => {
+                match self
+                    .ep
+                    .rpc(Some(session), "resources/list", json!({}))
+                    .await
+                {
+                    Ok((result, _)) => era_rules::listed_queues(&result),
+                    Err(RpcError::EraGone { .. }) => return Err(StreamEnd::EraGone),
+                    Err(e) => {
+                        tracing::warn!(source = %self.ep.source, "doorbell: resources/list failed: {}", e.describe());
+                        return Err(StreamEnd::Lost { opened: false });
+                    }
+                }
+            }
+        };
+        if queues.is_empty() {
+            // An endpoint granted every queue lists the queues that hold its todos: none yet.
+            tracing::warn!(
+                source = %self.ep.source,
+                "doorbell: the endpoint lists no queue to subscribe to yet; listing again after \
+                 the backoff (set queue = \"<name>\" on the [queue.<name>] sources this channel's \
+                 harnesses lease from to subscribe by name)"
+            );
+            return Err(StreamEnd::Lost { opened: false });
+        }
+        Ok(queues)
+    }
+
+    /// Opens a `subscriptions/listen` stream (modern era) and forwards its rings until it ends.
+    async fn listen_modern(
+        &self,
+        session: &Session,
+        doorbells: &mpsc::Sender<Doorbell>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> StreamEnd {
+        let queues = tokio::select! {
+            _ = stopped(stop) => return StreamEnd::Stopped,
+            q = self.queues(session) => match q {
+                Ok(q) => q,
+                Err(end) => return end,
+            },
+        };
+        let id = self.ep.next_id();
+        let subscription = json!(id);
+        let req = self.ep.call_request(
+            Some(session),
+            id,
+            relay_core::mcp::Method::Listen.as_str(),
+            era_rules::listen_params(&queues),
+        );
+        let opened = tokio::select! {
+            _ = stopped(stop) => return StreamEnd::Stopped,
+            r = self.ep.transport.post_stream(req) => r,
+        };
+        let mut resp = match opened {
+            Ok(resp) => resp,
+            Err(e) => {
+                tracing::warn!(source = %self.ep.source, "doorbell: the listen stream did not open: {e}");
+                return StreamEnd::Lost { opened: false };
+            }
+        };
+        match resp.status {
+            200..=299 => {}
+            401 | 403 => {
+                tracing::error!(
+                    source = %self.ep.source,
+                    status = resp.status,
+                    "doorbell: the server refused the credential; check the source's \
+                     Authorization header and the token in its env_file"
+                );
+                return StreamEnd::Lost { opened: false };
+            }
+            s if era_rules::modern_refused(s, None) => return StreamEnd::EraGone,
+            status => {
+                tracing::warn!(
+                    source = %self.ep.source,
+                    status,
+                    "doorbell: the server answered subscriptions/listen with HTTP {status}"
+                );
+                return StreamEnd::Lost { opened: false };
+            }
+        }
+        let is_stream = resp
+            .header("content-type")
+            .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
+        let mut parser = SseParser::new();
+        let mut acknowledged = false;
+        loop {
+            let chunk = tokio::select! {
+                _ = stopped(stop) => return StreamEnd::Stopped,
+                c = resp.body.next() => c,
+            };
+            let chunk = match chunk {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => {
+                    tracing::info!(source = %self.ep.source, "doorbell: the listen stream broke: {e}; reconnecting");
+                    return StreamEnd::Lost {
+                        opened: acknowledged,
+                    };
+                }
+                None => {
+                    tracing::info!(source = %self.ep.source, "doorbell: the server closed the listen stream; reconnecting");
+                    return StreamEnd::Lost {
+                        opened: acknowledged,
+                    };
+                }
+            };
+            let messages: Vec<Value> = if is_stream {
+                parser
+                    .push(&chunk)
+                    .into_iter()
+                    .filter(|e| e.event.as_deref().is_none_or(|t| t == "message"))
+                    .filter_map(|e| serde_json::from_str(&e.data).ok())
+                    .collect()
+            } else {
+                // A JSON answer instead of a stream: the listen's refusal, whole in one chunk
+                // or not at all (then it is read as a closed stream).
+                serde_json::from_slice(&chunk).into_iter().collect()
+            };
+            for message in messages {
+                match era_rules::listen_frame(&message, &subscription) {
+                    ListenFrame::Acknowledged(honoured) => {
+                        acknowledged = true;
+                        let missing: Vec<&String> = queues.difference(&honoured).collect();
+                        if missing.is_empty() {
+                            tracing::info!(source = %self.ep.source, queues = honoured.len(), "doorbell: listening");
+                        } else {
+                            tracing::warn!(source = %self.ep.source, ?missing, "doorbell: the server does not ring for these queues");
+                        }
+                    }
+                    ListenFrame::Ring(queue) => {
+                        let bell = Doorbell {
+                            source: self.ep.source.clone(),
+                            method: relay_core::mcp::listen::UPDATED.to_string(),
+                            params: json!({"uri": relay_core::mcp::listen::queue_uri(&queue)}),
+                        };
+                        tokio::select! {
+                            _ = stopped(stop) => return StreamEnd::Stopped,
+                            sent = doorbells.send(bell) => if sent.is_err() {
+                                return StreamEnd::Closed;
+                            },
+                        }
+                    }
+                    ListenFrame::Closed(Some(code))
+                        if era_rules::modern_refused(200, Some(code)) =>
+                    {
+                        return StreamEnd::EraGone;
+                    }
+                    ListenFrame::Closed(code) => {
+                        if let Some(code) = code {
+                            tracing::warn!(source = %self.ep.source, code, "doorbell: the server refused subscriptions/listen");
+                        }
+                        return StreamEnd::Lost {
+                            opened: acknowledged,
+                        };
+                    }
+                    ListenFrame::Other => {}
+                }
+            }
         }
     }
 

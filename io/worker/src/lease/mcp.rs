@@ -1,13 +1,17 @@
 //! The narrow MCP Streamable HTTP client under the lease client and the doorbell listener:
-//! JSON-RPC over POST, the `initialize` handshake, the `Mcp-Session-Id` session, answers as
-//! JSON or as an SSE-framed stream. Nothing else of MCP (no sampling, no roots, no answering
-//! server requests) is spoken.
+//! JSON-RPC over POST in either era, answers as JSON or as an SSE-framed stream. The era is
+//! chosen per source by [`SourceLink::open`]: `mcp_era`, or a `server/discover` probe judged by
+//! `relay_core::mcp::client` (modern: every request stamped by `relay_core::mcp::era::stamp`,
+//! no session; legacy: the `initialize` handshake and the `Mcp-Session-Id` session). Nothing
+//! else of MCP (no sampling, no roots, no answering server requests) is spoken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use relay_core::config::Secret;
+use relay_core::mcp::client::{self as era_rules, DiscoverAnswer, EraChoice, ProbeFailure};
+use relay_core::mcp::era::{self, Probe};
 use relay_core::relay::Redactor;
 use serde_json::{Value, json};
 
@@ -34,6 +38,8 @@ pub(crate) struct SourceLink {
     headers: Vec<(String, Secret)>,
     pub transport: Arc<dyn Transport>,
     pub timeout: Duration,
+    /// `mcp_era`: probe, or force an era.
+    pub era: EraChoice,
     next_id: Arc<AtomicU64>,
 }
 
@@ -45,15 +51,46 @@ impl std::fmt::Debug for SourceLink {
             .field("url", &self.url)
             .field("headers", &names)
             .field("timeout", &self.timeout)
+            .field("era", &self.era)
             .finish_non_exhaustive()
     }
 }
 
-/// One live MCP session: the id the server gave (if any) and the protocol revision agreed.
+/// How a source is spoken to: a legacy session (the id the server gave, if any, and the
+/// protocol revision agreed), or the modern era (no session; `modern`, `id` none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Session {
     pub id: Option<String>,
     pub protocol_version: String,
+    pub modern: bool,
+}
+
+impl Session {
+    /// The modern era: every request stamped, nothing kept.
+    pub fn modern() -> Session {
+        Session {
+            id: None,
+            protocol_version: era::MODERN.to_string(),
+            modern: true,
+        }
+    }
+
+    /// `modern` or `legacy`, for doctor and logs.
+    pub fn era_name(&self) -> &'static str {
+        if self.modern { "modern" } else { "legacy" }
+    }
+
+    /// `MCP 2026-07-28 (modern era, no session)`, for doctor.
+    pub fn describe(&self) -> String {
+        if self.modern {
+            format!("MCP {} (modern era, no session)", self.protocol_version)
+        } else {
+            format!(
+                "MCP {} (legacy era, initialize and a session)",
+                self.protocol_version
+            )
+        }
+    }
 }
 
 /// Why a JSON-RPC exchange gave no result. Texts quote the server only after redaction.
@@ -65,6 +102,12 @@ pub(crate) enum RpcError {
     /// HTTP 404 on a request that carried a session id: the server forgot the session and did
     /// not run the call.
     SessionGone,
+    /// A modern request refused before it ran in a way that says the server may no longer speak
+    /// the modern era (`relay_core::mcp::client::modern_refused`): re-probe.
+    EraGone {
+        status: u16,
+        code: Option<i64>,
+    },
     /// Any other non-2xx status.
     Status(u16),
     /// Not JSON, not JSON-RPC, or not the answer to our request.
@@ -82,6 +125,13 @@ impl RpcError {
             RpcError::Transport(e) => e.to_string(),
             RpcError::Unauthorized(s) => format!("the server answered HTTP {s}"),
             RpcError::SessionGone => "the server no longer knows the session (HTTP 404)".into(),
+            RpcError::EraGone { status, code } => format!(
+                "the server refused a {} request (HTTP {status}{}): it may no longer speak that \
+                 era",
+                era::MODERN,
+                code.map(|c| format!(", JSON-RPC error {c}"))
+                    .unwrap_or_default()
+            ),
             RpcError::Status(s) => format!("the server answered HTTP {s}"),
             RpcError::Malformed(m) => format!("the answer is not valid JSON-RPC ({m})"),
             RpcError::Rpc { code, message } => {
@@ -104,6 +154,7 @@ impl SourceLink {
             headers: headers.into_iter().collect(),
             transport,
             timeout: DEFAULT_TIMEOUT,
+            era: EraChoice::Auto,
             next_id: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -138,7 +189,7 @@ impl SourceLink {
         if !body.is_empty() {
             headers.push(("content-type".into(), "application/json".into()));
         }
-        if let Some(s) = session {
+        if let Some(s) = session.filter(|s| !s.modern) {
             if let Some(id) = &s.id {
                 headers.push(("mcp-session-id".into(), id.clone()));
             }
@@ -156,6 +207,12 @@ impl SourceLink {
         match status {
             200..=299 => Ok(()),
             401 | 403 => Err(RpcError::Unauthorized(status)),
+            s if session.is_some_and(|s| s.modern) && era_rules::modern_refused(s, None) => {
+                Err(RpcError::EraGone {
+                    status: s,
+                    code: None,
+                })
+            }
             404 if session.is_some_and(|s| s.id.is_some()) => Err(RpcError::SessionGone),
             s => Err(RpcError::Status(s)),
         }
@@ -170,13 +227,8 @@ impl SourceLink {
         method: &str,
         params: Value,
     ) -> Result<(Value, Vec<(String, String)>), RpcError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let req = self.request(
-            session,
-            "application/json, text/event-stream",
-            body.to_string().into_bytes(),
-        );
+        let id = self.next_id();
+        let req = self.call_request(session, id, method, params);
         let exchange = async {
             let resp = self
                 .transport
@@ -196,6 +248,12 @@ impl SourceLink {
                 .get("message")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
+            if session.is_some_and(|s| s.modern) && era_rules::modern_refused(200, Some(code)) {
+                return Err(RpcError::EraGone {
+                    status: 200,
+                    code: Some(code),
+                });
+            }
             return Err(RpcError::Rpc {
                 code,
                 message: self.quote(message, []),
@@ -207,6 +265,74 @@ impl SourceLink {
                 "neither result nor error in the answer".into(),
             )),
         }
+    }
+
+    /// A fresh JSON-RPC id.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The POST of request `id`: in the modern era its params stamped with the envelope and its
+    /// headers mirroring it; in the legacy era with the session's headers.
+    pub fn call_request(
+        &self,
+        session: Option<&Session>,
+        id: u64,
+        method: &str,
+        params: Value,
+    ) -> HttpRequest {
+        let (params, protocol) = match session {
+            Some(s) if s.modern => era::stamp(method, params, &client_info()),
+            _ => (params, Vec::new()),
+        };
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let mut req = self.request(
+            session,
+            "application/json, text/event-stream",
+            body.to_string().into_bytes(),
+        );
+        req.headers
+            .extend(protocol.into_iter().map(|(n, v)| (n.to_string(), v)));
+        req
+    }
+
+    /// The era this source speaks: `mcp_era` when it forces one, else the verdict of a
+    /// `server/discover` probe; then the modern era as it is, or a new legacy session. 401/403,
+    /// 5xx and transport failures are errors: they say nothing about the era.
+    pub async fn open(&self) -> Result<Session, RpcError> {
+        let probe = match self.era.forced() {
+            Some(p) => p,
+            None => self.probe().await?,
+        };
+        match probe {
+            Probe::Modern => Ok(Session::modern()),
+            Probe::Legacy => self.open_session().await,
+        }
+    }
+
+    /// `server/discover` in the modern era, judged by core.
+    async fn probe(&self) -> Result<Probe, RpcError> {
+        let modern = Session::modern();
+        let answered = self.rpc(Some(&modern), "server/discover", json!({})).await;
+        let answer = match &answered {
+            Ok((result, _)) => DiscoverAnswer::Result(result),
+            Err(RpcError::Transport(e)) => return Err(RpcError::Transport(e.clone())),
+            Err(RpcError::EraGone { code: Some(c), .. } | RpcError::Rpc { code: c, .. }) => {
+                DiscoverAnswer::Error(*c)
+            }
+            Err(RpcError::EraGone { status, code: None }) => DiscoverAnswer::Status(*status),
+            Err(RpcError::Unauthorized(s) | RpcError::Status(s)) => DiscoverAnswer::Status(*s),
+            Err(RpcError::Malformed(_)) => DiscoverAnswer::NotJsonRpc,
+            Err(RpcError::SessionGone) => DiscoverAnswer::Status(404),
+        };
+        let verdict = era_rules::judge_discover(answer).map_err(|f| match f {
+            ProbeFailure::Unauthorized(s) => RpcError::Unauthorized(s),
+            ProbeFailure::ServerError(s) => RpcError::Status(s),
+        });
+        if let Ok(p) = verdict {
+            tracing::debug!(source = %self.source, modern = (p == Probe::Modern), "server/discover probed");
+        }
+        verdict
     }
 
     /// One JSON-RPC notification (no answer expected beyond a 2xx).
@@ -226,12 +352,12 @@ impl SourceLink {
     }
 
     /// `initialize` (advertising no capabilities at all, so no `claude/channel`) and then
-    /// `notifications/initialized`: a new session.
-    pub async fn open_session(&self) -> Result<Session, RpcError> {
+    /// `notifications/initialized`: a new legacy session.
+    async fn open_session(&self) -> Result<Session, RpcError> {
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {},
-            "clientInfo": {"name": "relay", "version": env!("CARGO_PKG_VERSION")},
+            "clientInfo": client_info(),
         });
         let (result, headers) = self.rpc(None, "initialize", params).await?;
         let session = Session {
@@ -244,6 +370,7 @@ impl SourceLink {
                 .and_then(Value::as_str)
                 .unwrap_or(PROTOCOL_VERSION)
                 .to_string(),
+            modern: false,
         };
         self.notify(Some(&session), "notifications/initialized")
             .await?;
@@ -260,6 +387,11 @@ impl SourceLink {
             cut.to_string()
         }
     }
+}
+
+/// Who the daemon says it is, in either era.
+fn client_info() -> Value {
+    json!({"name": "relay", "version": env!("CARGO_PKG_VERSION")})
 }
 
 /// The JSON-RPC answer with id `id` in a 2xx response, and the response's headers: the JSON

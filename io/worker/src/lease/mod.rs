@@ -7,20 +7,23 @@
 //!   simulated (turmoil).
 //! - [`LeaseClient`] turns the relay machine's `SendClaimNext`, `SendHeartbeat` and `SendReport`
 //!   commands into `tools/call`s and their answers into the machine's inputs
-//!   ([`LeaseClient::execute`]), on a session used for `tools/list` and `tools/call` only. It
-//!   checks the server's tool schemas on every (re-)initialize and re-initializes once
-//!   when the server expires the session, reporting both as [`SessionNews`].
-//! - [`DoorbellListener`] holds the one GET notification stream of a channel source and forwards
-//!   its notifications; it calls no tools.
+//!   ([`LeaseClient::execute`]), on a link used for `tools/list` and `tools/call` only: the
+//!   modern era (2026-07-28, no session) when a `server/discover` probe finds it, else a legacy
+//!   session (`relay_core::mcp::client` decides; `mcp_era` forces one). It checks the server's
+//!   tool schemas on every (re-)open and re-opens (probing afresh) once when the server expires
+//!   the session or refuses the era, reporting both as [`SessionNews`].
+//! - [`DoorbellListener`] holds the one doorbell stream of a channel source (a
+//!   `subscriptions/listen` where the server is modern, the session's GET stream where it is
+//!   legacy) and forwards its rings; it calls no tools.
 //! - [`ReceiptClient`] uploads attempt receipts; the upload's shape is in [`receipt`].
 //!
 //! # What these clients never do
 //!
 //! They never put a header value or a lease token in an error, a log line or a `Debug` form
-//! (server text is redacted before it is quoted), never open a GET stream on a lease session,
-//! never retry a call the server may have run (only a session 404, which the server answers
-//! without running the call, is retried, once), and never decide anything about an attempt:
-//! each answer goes back to the machine as an input.
+//! (server text is redacted before it is quoted), never open a GET or listen stream on a lease
+//! link, never retry a call the server may have run (only a session 404 or a modern refusal of
+//! the era, which the server answers without running the call, is retried, once), and never
+//! decide anything about an attempt: each answer goes back to the machine as an input.
 
 mod client;
 mod doorbell;

@@ -65,13 +65,23 @@ enum Reply {
 #[derive(Debug)]
 struct Seen {
     method: String,
+    /// Reached a live session, or a modern request on a modern fake.
+    live: bool,
     session: Option<String>,
+    mcp_method: Option<String>,
+    mcp_name: Option<String>,
     authorization: Option<String>,
     protocol: Option<String>,
     params: Value,
 }
 
 struct FakeState {
+    /// Speaks 2026-07-28 beside the legacy era (a legacy-only fake answers discover 404).
+    modern: bool,
+    /// How `server/discover` is answered instead, when set.
+    discover_status: Option<u16>,
+    /// The params of every `subscriptions/listen`.
+    listens: Vec<Value>,
     sessions: Vec<String>,
     next_session: u64,
     tools: Value,
@@ -93,6 +103,9 @@ struct Fake(Arc<Mutex<FakeState>>);
 impl Fake {
     fn new() -> Fake {
         Fake(Arc::new(Mutex::new(FakeState {
+            modern: false,
+            discover_status: None,
+            listens: Vec::new(),
             sessions: Vec::new(),
             next_session: 1,
             tools: tools_list(&Tool::ALL),
@@ -130,7 +143,7 @@ impl Fake {
         let s = self.lock();
         s.posts
             .iter()
-            .filter(|p| p.method == "tools/call" && p.session.is_some())
+            .filter(|p| p.method == "tools/call" && p.live)
             .filter(|p| p.params.get("executed").is_some())
             .map(|p| {
                 (
@@ -186,9 +199,13 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
     let id = msg["id"].clone();
     let session = header(&headers, "mcp-session-id");
     let mut params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let stamped = params["_meta"]
+        .get("io.modelcontextprotocol/protocolVersion")
+        .is_some();
     let reply = {
         let mut s = fake.lock();
-        let known = session.as_ref().is_some_and(|id| s.sessions.contains(id));
+        let known = session.as_ref().is_some_and(|id| s.sessions.contains(id))
+            || (stamped && s.modern && session.is_none());
         let reply = if method == "tools/call" && known {
             let r = s
                 .replies
@@ -203,17 +220,63 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
         };
         s.posts.push(Seen {
             method: method.clone(),
+            live: known,
             session: session.clone(),
+            mcp_method: header(&headers, "mcp-method"),
+            mcp_name: header(&headers, "mcp-name"),
             authorization: header(&headers, "authorization"),
             protocol: header(&headers, "mcp-protocol-version"),
             params: params.clone(),
         });
+        if method == "server/discover"
+            && let Some(status) = s.discover_status
+        {
+            return StatusCode::from_u16(status)
+                .expect("status")
+                .into_response();
+        }
         if method != "initialize" && !known {
             return StatusCode::NOT_FOUND.into_response();
         }
         reply
     };
     match method.as_str() {
+        "server/discover" => axum::Json(rpc_answer(
+            &id,
+            json!({"resultType": "complete", "supportedVersions": ["2026-07-28"],
+                   "capabilities": {"tools": {}, "resources": {"subscribe": true}},
+                   "ttlMs": 0, "cacheScope": "private"}),
+        ))
+        .into_response(),
+        "resources/list" => axum::Json(rpc_answer(
+            &id,
+            json!({"resources": [{"uri": "relay://queues/ci-failures"},
+                                 {"uri": "relay://todos/td_1"}]}),
+        ))
+        .into_response(),
+        "subscriptions/listen" => {
+            let mut s = fake.lock();
+            s.listens.push(params.clone());
+            let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+            let uris = params["notifications"]["resourceSubscriptions"].clone();
+            let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                             "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": id},
+                                        "notifications": {"resourceSubscriptions": uris}}});
+            tx.send(Bytes::from(format!("data: {ack}\n\n")))
+                .expect("open");
+            s.streams.push(tx);
+            s.opened.send_modify(|n| *n += 1);
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+            });
+            (
+                [("content-type", "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response()
+        }
         "initialize" => {
             let mut s = fake.lock();
             let sid = format!("sess-{}", s.next_session);
@@ -424,10 +487,12 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     );
     assert!(heartbeat.session.is_empty());
 
-    // initialize, initialized, tools/list over 3 pages (9 tools), then the call.
+    // The probe (a legacy-only server: 404), initialize, initialized, tools/list over 3 pages
+    // (9 tools), then the call.
     assert_eq!(
         fake.methods(),
         [
+            "server/discover",
             "initialize",
             "notifications/initialized",
             "tools/list",
@@ -439,15 +504,176 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     let s = fake.lock();
     for p in &s.posts {
         assert_eq!(p.authorization.as_deref(), Some(HEADER), "{}", p.method);
-        if p.method != "initialize" {
+        if p.method != "initialize" && p.method != "server/discover" {
             assert_eq!(p.session.as_deref(), Some("sess-1"), "{}", p.method);
             assert_eq!(p.protocol.as_deref(), Some("2025-06-18"));
         }
     }
     // No capability advertised: above all not claude/channel.
-    assert_eq!(s.posts[0].params["capabilities"], json!({}));
-    assert_eq!(s.posts[3].params["cursor"], json!("3"));
+    assert_eq!(s.posts[1].params["capabilities"], json!({}));
+    assert_eq!(s.posts[4].params["cursor"], json!("3"));
     assert_eq!(s.gets, 0, "the lease client never opens a GET stream");
+}
+
+#[tokio::test]
+async fn a_modern_server_is_spoken_without_a_session_every_request_stamped() {
+    let fake = Fake::new();
+    fake.lock().modern = true;
+    fake.reply(Reply::Ok(claim_answer(Some(TOKEN))));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    let caps = client.initialize().await.expect("initialize");
+    assert_eq!(caps, ours(), "the same capability check from tools/list");
+    assert_eq!(
+        client.era().as_deref(),
+        Some("MCP 2026-07-28 (modern era, no session)")
+    );
+    let claim = run(&client, claim_cmd(1)).await;
+    assert!(
+        matches!(claim.input, Input::ClaimAnswered { .. }),
+        "{claim:?}"
+    );
+    let heartbeat = run(&client, heartbeat_cmd(2)).await;
+    assert_eq!(
+        heartbeat.input,
+        Input::HeartbeatOk {
+            request: RequestId(2)
+        }
+    );
+    assert_eq!(
+        fake.methods(),
+        ["server/discover", "tools/list", "tools/call", "tools/call"],
+        "no initialize, no listen"
+    );
+    let s = fake.lock();
+    for p in &s.posts {
+        assert!(p.live, "{}", p.method);
+        assert_eq!(p.session, None, "no session in the modern era");
+        assert_eq!(p.authorization.as_deref(), Some(HEADER));
+        assert_eq!(p.protocol.as_deref(), Some("2026-07-28"));
+        assert_eq!(p.mcp_method.as_deref(), Some(p.method.as_str()));
+        let meta = &p.params["_meta"];
+        assert_eq!(
+            meta["io.modelcontextprotocol/protocolVersion"],
+            json!("2026-07-28")
+        );
+        assert_eq!(
+            meta["io.modelcontextprotocol/clientCapabilities"],
+            json!({})
+        );
+        assert_eq!(
+            meta["io.modelcontextprotocol/clientInfo"]["name"],
+            json!("relay")
+        );
+    }
+    assert_eq!(s.posts[2].mcp_name.as_deref(), Some("claim_next"));
+    assert_eq!(s.posts[3].mcp_name.as_deref(), Some("heartbeat"));
+    assert_eq!(s.posts[3].params["arguments"]["lease_token"], json!(TOKEN));
+    assert_eq!(s.gets, 0);
+    assert!(s.listens.is_empty(), "the lease client never listens");
+}
+
+#[tokio::test]
+async fn credentials_and_crashes_at_the_probe_are_errors_not_the_legacy_era() {
+    for (status, want) in [
+        (401, LeaseError::Other(UNAUTHORIZED.into())),
+        (403, LeaseError::Other(UNAUTHORIZED.into())),
+        (500, LeaseError::Transport),
+        (503, LeaseError::Transport),
+    ] {
+        let fake = Fake::new();
+        fake.lock().discover_status = Some(status);
+        let url = fake.start().await;
+        let client = fake.client(&url);
+        let e = client.initialize().await.expect_err("no era decided");
+        assert_eq!(e.kind, want, "{status}");
+        assert!(
+            e.to_string().contains(&format!("HTTP {status}")),
+            "{status}: {e}"
+        );
+        assert_eq!(fake.count("initialize"), 0, "{status}: no fallback");
+        assert_eq!(client.era(), None);
+    }
+    // Any other 4xx is a legacy-only server: initialize, as before.
+    for status in [400, 404, 405] {
+        let fake = Fake::new();
+        fake.lock().discover_status = Some(status);
+        let url = fake.start().await;
+        let client = fake.client(&url);
+        client.initialize().await.expect("the legacy era");
+        assert_eq!(fake.count("initialize"), 1, "{status}");
+        assert_eq!(
+            client.era().as_deref(),
+            Some("MCP 2025-06-18 (legacy era, initialize and a session)")
+        );
+    }
+}
+
+#[tokio::test]
+async fn mcp_era_forces_an_era_without_a_probe() {
+    use relay_core::mcp::client::EraChoice;
+    let fake = Fake::new();
+    fake.lock().modern = true;
+    let url = fake.start().await;
+    let legacy = fake.client(&url).with_era(EraChoice::Legacy);
+    legacy.initialize().await.expect("legacy");
+    assert_eq!(
+        fake.methods()[..2],
+        ["initialize", "notifications/initialized"]
+    );
+    let modern = fake.client(&url).with_era(EraChoice::Modern);
+    modern.initialize().await.expect("modern");
+    assert_eq!(fake.count("server/discover"), 0);
+    assert!(modern.era().is_some_and(|e| e.contains("modern")));
+}
+
+#[tokio::test]
+async fn a_server_upgraded_or_downgraded_under_the_client_is_followed() {
+    let fake = Fake::new();
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    client.initialize().await.expect("legacy");
+    assert!(client.era().is_some_and(|e| e.contains("legacy")));
+
+    // Upgraded (a restart forgets the sessions): the 404 re-opens, the probe finds the modern
+    // era, and the call goes once more, without a session.
+    {
+        let mut s = fake.lock();
+        s.modern = true;
+        s.sessions.clear();
+    }
+    let out = run(&client, heartbeat_cmd(1)).await;
+    assert_eq!(
+        out.input,
+        Input::HeartbeatOk {
+            request: RequestId(1)
+        }
+    );
+    assert_eq!(
+        out.session,
+        [SessionNews::Expired, SessionNews::Known(ours())]
+    );
+    assert!(client.era().is_some_and(|e| e.contains("modern")));
+    assert_eq!(fake.count("initialize"), 1);
+
+    // Downgraded: the modern call is refused (404, no session), the probe falls back, a new
+    // session carries the call.
+    fake.lock().modern = false;
+    let out = run(&client, heartbeat_cmd(2)).await;
+    assert_eq!(
+        out.input,
+        Input::HeartbeatOk {
+            request: RequestId(2)
+        }
+    );
+    assert_eq!(
+        out.session,
+        [SessionNews::Expired, SessionNews::Known(ours())]
+    );
+    assert!(client.era().is_some_and(|e| e.contains("legacy")));
+    assert_eq!(fake.count("initialize"), 2);
+    assert_eq!(fake.count("server/discover"), 3);
+    assert_eq!(fake.calls().len(), 2, "each heartbeat ran once");
 }
 
 #[tokio::test]
@@ -1052,6 +1278,119 @@ async fn doorbell_over(transport: Arc<dyn Transport>) {
     assert_eq!(fake.count("tools/call"), 0, "the listener calls no tools");
     assert_eq!(fake.count("tools/list"), 0);
 
+    stop_tx.send(true).expect("listener alive");
+    task.await.expect("listener ends cleanly");
+}
+
+fn update(queue: &str, subscription: &Value) -> Bytes {
+    let frame = relay_core::mcp::listen::updated(subscription, queue);
+    Bytes::from(format!("event: message\ndata: {frame}\n\n"))
+}
+
+#[tokio::test]
+async fn a_modern_doorbell_listens_to_its_queues_and_follows_a_downgrade() {
+    use relay_core::mcp::client::Subscriptions;
+    let fake = Fake::new();
+    fake.lock().modern = true;
+    let url = fake.start().await;
+    let mut streams = fake.lock().opened.subscribe();
+    let (tx, mut rx) = mpsc::channel(8);
+    let (stop_tx, stop) = watch::channel(false);
+    let listener = DoorbellListener::new(
+        "channel.bell",
+        &url,
+        auth(),
+        Arc::new(ReqwestTransport::new().unwrap()),
+    )
+    .with_subscriptions(Subscriptions::Queues(
+        ["ci-failures".to_string()].into_iter().collect(),
+    ))
+    .with_backoff(ReconnectBackoff {
+        initial: Duration::from_millis(5),
+        max: Duration::from_millis(20),
+    });
+    let task = listener.spawn(tx, stop);
+    opened(&mut streams, 1).await;
+    let (subscription, sent) = {
+        let s = fake.lock();
+        let listen = s.posts.last().expect("the listen");
+        assert_eq!(listen.method, "subscriptions/listen");
+        assert_eq!(listen.session, None);
+        assert_eq!(listen.mcp_method.as_deref(), Some("subscriptions/listen"));
+        (
+            s.listens[0]["_meta"].clone(),
+            s.listens[0]["notifications"].clone(),
+        )
+    };
+    assert_eq!(
+        subscription["io.modelcontextprotocol/protocolVersion"],
+        json!("2026-07-28")
+    );
+    assert_eq!(
+        sent,
+        json!({"resourceSubscriptions": ["relay://queues/ci-failures"]})
+    );
+    let id = json!(fake.lock().posts.len() as u64);
+    let send = |b: Bytes| {
+        let s = fake.lock();
+        s.streams
+            .last()
+            .expect("a stream")
+            .send(b)
+            .expect("stream open");
+    };
+    // Another subscription's ring and a keep-alive are passed over; ours is forwarded.
+    send(Bytes::from_static(b": keepalive\n\n"));
+    send(update("elsewhere", &json!("other-listen")));
+    send(update("ci-failures", &id));
+    let got = rx.recv().await.expect("doorbell");
+    assert_eq!(got.source, "channel.bell");
+    assert_eq!(got.method, "notifications/resources/updated");
+    assert_eq!(got.params["uri"], json!("relay://queues/ci-failures"));
+
+    // Downgraded: the next listen is refused (404, no session), the probe falls back, and the
+    // legacy GET stream carries the ring.
+    {
+        let mut s = fake.lock();
+        s.modern = false;
+        s.streams.clear();
+    }
+    opened(&mut streams, 2).await;
+    assert_eq!(fake.lock().gets, 1);
+    send(bell(9));
+    let got = rx.recv().await.expect("doorbell");
+    assert_eq!(got.method, "notifications/todo_ready");
+    assert_eq!(fake.count("initialize"), 1);
+    assert_eq!(fake.count("tools/call") + fake.count("tools/list"), 0);
+
+    stop_tx.send(true).expect("listener alive");
+    task.await.expect("listener ends cleanly");
+}
+
+#[tokio::test]
+async fn a_modern_doorbell_without_named_queues_subscribes_to_every_listed_queue() {
+    let fake = Fake::new();
+    fake.lock().modern = true;
+    let url = fake.start().await;
+    let mut streams = fake.lock().opened.subscribe();
+    let (tx, _rx) = mpsc::channel(8);
+    let (stop_tx, stop) = watch::channel(false);
+    let task = DoorbellListener::new(
+        "channel.bell",
+        &url,
+        auth(),
+        Arc::new(ReqwestTransport::new().unwrap()),
+    )
+    .spawn(tx, stop);
+    opened(&mut streams, 1).await;
+    assert_eq!(
+        fake.methods(),
+        ["server/discover", "resources/list", "subscriptions/listen"]
+    );
+    assert_eq!(
+        fake.lock().listens[0]["notifications"],
+        json!({"resourceSubscriptions": ["relay://queues/ci-failures"]})
+    );
     stop_tx.send(true).expect("listener alive");
     task.await.expect("listener ends cleanly");
 }
