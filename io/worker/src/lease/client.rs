@@ -208,7 +208,7 @@ fn unsupported(ep: &SourceLink, operation: &str, caps: &Capabilities) -> LeaseCa
             caps.missing.join(", ")
         ),
         hint: "relay needs a queue server with attempt history and fenced leases \
-               (README: \"Against any queue server\"); upgrade the server and run `relay doctor`"
+               (docs/daemon.md, \"Against any queue server\"); upgrade the server and run `relay doctor`"
             .to_string(),
     }
 }
