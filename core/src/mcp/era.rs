@@ -45,6 +45,21 @@ pub struct Headers<'a> {
     pub name: Option<&'a str>,
 }
 
+impl<'a> Headers<'a> {
+    /// The headers as a list of (lower-case name, value) pairs carries them, e.g. what
+    /// [`stamp`] answers: how a transport that keeps headers as pairs hands them to
+    /// [`classify`].
+    pub fn of_pairs(pairs: &'a [(&str, String)]) -> Headers<'a> {
+        let get = |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str());
+        Headers {
+            session: get(SESSION_HEADER),
+            protocol_version: get(VERSION_HEADER),
+            method: get(METHOD_HEADER),
+            name: get(NAME_HEADER),
+        }
+    }
+}
+
 /// A modern request's declared context: its version, its client's capabilities and, when sent,
 /// its client's name and version. Nothing of it outlives the request.
 #[derive(Clone, Debug, PartialEq)]

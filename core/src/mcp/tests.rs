@@ -166,13 +166,7 @@ fn what_the_client_stamps_the_server_accepts() {
         ("resources/read", json!({"uri": "relay://queues/ci ü"})),
     ] {
         let (params, hs) = era::stamp(method, params, &info);
-        let get = |n: &str| hs.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str());
-        let h = Headers {
-            session: None,
-            protocol_version: get(era::VERSION_HEADER),
-            method: get(era::METHOD_HEADER),
-            name: get(era::NAME_HEADER),
-        };
+        let h = Headers::of_pairs(&hs);
         let era = era::classify(&h, method, Some(&params), &json!(1)).expect(method);
         assert!(era.is_modern(), "{method}");
     }

@@ -50,18 +50,7 @@ pub fn mcp_decode(data: &[u8]) {
     let info = serde_json::json!({"name": "fuzz", "version": "0"});
     let (stamped, stamp_headers) =
         era::stamp(&method, params.clone().unwrap_or(Value::Null), &info);
-    let get = |n: &str| {
-        stamp_headers
-            .iter()
-            .find(|(k, _)| *k == n)
-            .map(|(_, v)| v.as_str())
-    };
-    let modern_headers = era::Headers {
-        session: None,
-        protocol_version: get(era::VERSION_HEADER),
-        method: get(era::METHOD_HEADER),
-        name: get(era::NAME_HEADER),
-    };
+    let modern_headers = era::Headers::of_pairs(&stamp_headers);
     let (headers, body_params) = match pick % 4 {
         0 => (era::Headers::default(), params.as_ref()),
         1 => (

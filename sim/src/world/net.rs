@@ -182,18 +182,7 @@ impl World {
         use relay_core::mcp::{self, Method, era};
         let info = json!({"name": "relay-sim", "version": "0"});
         let (stamped, headers) = era::stamp("tools/call", params.clone(), &info);
-        let get = |n: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| *k == n)
-                .map(|(_, v)| v.as_str())
-        };
-        let h = era::Headers {
-            session: None,
-            protocol_version: get(era::VERSION_HEADER),
-            method: get(era::METHOD_HEADER),
-            name: get(era::NAME_HEADER),
-        };
+        let h = era::Headers::of_pairs(&headers);
         let id = json!(0);
         let served = era::classify(&h, "tools/call", Some(&stamped), &id)
             .and_then(|e| Method::of("tools/call", &e, &id).map(|m| (e, m)));
