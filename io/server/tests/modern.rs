@@ -9,20 +9,9 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BOUND, Harness, Mcp, next_event, start_with};
+use harness::{ALL_VERBS as VERBS, BOUND, Harness, Mcp, next_event, start_with};
 use relay_core::mcp::era::{self, MODERN};
 use serde_json::{Value, json};
-
-const VERBS: &[&str] = &[
-    "claim_next",
-    "claim",
-    "heartbeat",
-    "complete",
-    "fail",
-    "release",
-    "list_todos",
-    "add_todo",
-];
 
 async fn start() -> Harness {
     start_with(|_| {}, false).await

@@ -9,7 +9,7 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BOUND, Harness, Mcp, T0, start_with};
+use harness::{ALL_VERBS, BOUND, Harness, Mcp, T0, start_with};
 use relay_core::ledger::{Actor, Answer, Op, TodoFilter, TodoView};
 use serde_json::{Value, json};
 
@@ -50,17 +50,6 @@ async fn snapshot(h: &Harness) -> Vec<TodoView> {
     }
     out
 }
-
-const ALL_VERBS: &[&str] = &[
-    "claim_next",
-    "claim",
-    "heartbeat",
-    "complete",
-    "fail",
-    "release",
-    "list_todos",
-    "add_todo",
-];
 
 fn tool_names(list: &Value) -> Vec<String> {
     list["result"]["tools"]

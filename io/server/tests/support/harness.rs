@@ -54,6 +54,18 @@ pub async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool)
 }
 
 pub const T0: Millis = 1_790_000_000_000;
+
+/// Every verb an endpoint can be vended.
+pub const ALL_VERBS: &[&str] = &[
+    "claim_next",
+    "claim",
+    "heartbeat",
+    "complete",
+    "fail",
+    "release",
+    "list_todos",
+    "add_todo",
+];
 /// A failure bound on every wait, never a sleep.
 pub const BOUND: Duration = Duration::from_secs(10);
 
