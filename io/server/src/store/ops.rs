@@ -13,7 +13,7 @@ use relay_core::ledger::TokenHash;
 use super::rows::{Row, Val, ms};
 use relay_core::board::StateCount;
 
-use super::{
+use super::types::{
     BoardOverview, BoardSession, Bulk, BulkItem, Endpoint, McpSessionNew, NewEndpoint, Operator,
 };
 
@@ -44,7 +44,7 @@ pub(crate) trait Tx: Rows {
     /// servers (SQLite's single writer already does; Postgres takes a transaction lock).
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error>;
     /// Whether this transaction may run background sweep `name`: `false` while another server
-    /// runs it (Postgres' try-lock, see `postgres::TRY_SWEEP_LOCK`); always `true` on SQLite.
+    /// runs it (Postgres' try-lock, see `postgres::tx::TRY_SWEEP_LOCK`); always `true` on SQLite.
     async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error>;
     /// Inserts an attempt as it is (tests plant broken rows with it).
     #[cfg(test)]

@@ -241,8 +241,9 @@ fn a_batch_runs_at_the_database_clock() {
 /// a claim outside a batch sends it before its read.
 #[test]
 fn claims_walk_the_fifo_index_without_statistics() {
-    use crate::store::pg_batch::begin_sql;
-    use crate::store::postgres::{CLAIM_LOCK, CLAIM_PLAN, SQL, pg_vals};
+    use crate::store::postgres::batch::stmt::begin_sql;
+    use crate::store::postgres::encode::pg_vals;
+    use crate::store::postgres::tx::{CLAIM_LOCK, CLAIM_PLAN, SQL};
 
     let Some(schema) = PgSchema::new("claims_walk_the_fifo_index_without_statistics") else {
         return;

@@ -420,7 +420,7 @@ async fn backfill(mut store: Store) {
                 .batch_execute(PRE_HISTORY_TODOS)
                 .await
                 .unwrap();
-            p.migrate_to(crate::store::postgres::latest_migration())
+            p.migrate_to(crate::store::postgres::migrations::latest_migration())
                 .await
                 .unwrap();
         }

@@ -154,7 +154,7 @@ fn a_sweep_another_server_is_running_is_skipped_until_its_holder_ends_or_dies() 
             let conn = tokio::spawn(conn);
             c.batch_execute("BEGIN").await.unwrap();
             let got: bool = c
-                .query_one(super::super::postgres::TRY_SWEEP_LOCK, &[&"reap"])
+                .query_one(super::super::postgres::tx::TRY_SWEEP_LOCK, &[&"reap"])
                 .await
                 .unwrap()
                 .get(0);

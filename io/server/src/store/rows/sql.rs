@@ -1,0 +1,364 @@
+//! The statements both dialects share, built once from the column lists.
+
+use relay_core::Error;
+use relay_core::Millis;
+use relay_core::ledger::{Actor, Newest, Sweep, TodoFilter};
+
+use super::cols::{
+    ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label, placeholders,
+    select_list, set_list, time, todo_updated,
+};
+use crate::store::types::{PendingChange, PendingPage};
+
+/// The statements both backends share, written once; `mark` is the dialect's parameter sign
+/// (`?` for SQLite's `?1`, `$` for Postgres's `$1`).
+pub(crate) struct Shared {
+    mark: char,
+    /// `SELECT <todo columns> FROM todos t`, to which each query adds its WHERE.
+    pub todo_select: String,
+    /// The todo's open attempt.
+    pub open_attempt: String,
+    pub insert_todo: String,
+    pub insert_attempt: String,
+    /// Attempts newest first, all or closed only. Two fixed statements, not a boolean
+    /// parameter: a planner cannot see through one, and SQLite re-prepares such a query on
+    /// every use.
+    pub attempts: String,
+    pub closed_attempts: String,
+    /// The columns of [`todo_update`].
+    pub update_todo: String,
+    /// The columns of [`attempt_update`], while the attempt is open.
+    pub update_open_attempt: String,
+    /// Closed attempts of a todo at or below a seq.
+    pub prune: String,
+    /// The late reports of a closed attempt, and nothing else of it.
+    pub update_late: String,
+    /// The endpoint's todo with an idempotency key.
+    pub by_key: String,
+    pub insert_endpoint: String,
+}
+
+/// The doorbell scan's query: pending rows numbered in (`after`, `horizon`], only the columns a
+/// ring needs, through the partial index `todos_change`.
+pub(crate) fn pending_since(mark: char) -> String {
+    format!(
+        "SELECT id, endpoint, queue, attempts_total, change_seq FROM todos \
+         WHERE state = 'pending' AND change_seq > {mark}1 AND change_seq <= {mark}2 \
+         ORDER BY change_seq LIMIT {mark}3"
+    )
+}
+
+/// The page of a scan that read `changes` (at most `limit`) below `horizon`: a full page resumes
+/// after its last row, a short one has seen everything up to the horizon.
+pub(crate) fn pending_page(changes: Vec<PendingChange>, limit: usize, horizon: u64) -> PendingPage {
+    let watermark = match changes.last() {
+        Some(last) if changes.len() >= limit => last.change_seq,
+        _ => horizon,
+    };
+    PendingPage { changes, watermark }
+}
+
+impl Shared {
+    pub(crate) fn new(mark: char) -> Shared {
+        let attempts = |filter: &str| {
+            format!(
+                "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1{filter} \
+                 ORDER BY a.seq DESC LIMIT {mark}2",
+                select_list("a", &ATTEMPT_COLS)
+            )
+        };
+        Shared {
+            mark,
+            todo_select: format!("SELECT {} FROM todos t", select_list("t", &TODO_COLS)),
+            open_attempt: format!(
+                "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1 AND a.ended_at IS NULL",
+                select_list("a", &ATTEMPT_COLS)
+            ),
+            // No conflict target: the id and the endpoint's idempotency key are both unique.
+            insert_todo: format!(
+                "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT DO NOTHING",
+                TODO_COLS.join(", "),
+                placeholders(mark, TODO_COLS.len())
+            ),
+            insert_attempt: format!(
+                "INSERT INTO todo_attempts ({}) VALUES ({})",
+                ATTEMPT_COLS.join(", "),
+                placeholders(mark, ATTEMPT_COLS.len())
+            ),
+            attempts: attempts(""),
+            closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
+            update_todo: format!(
+                "UPDATE todos SET {} WHERE id = {mark}1",
+                set_list(
+                    mark,
+                    &todo_updated().map(|i| TODO_COLS[i]).collect::<Vec<_>>(),
+                    2
+                )
+            ),
+            update_open_attempt: format!(
+                "UPDATE todo_attempts SET {} \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NULL",
+                set_list(mark, &ATTEMPT_COLS[ATTEMPT_REWRITTEN], 3)
+            ),
+            prune: format!(
+                "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
+                 AND ended_at IS NOT NULL"
+            ),
+            update_late: format!(
+                "UPDATE todo_attempts SET late_reports = {mark}3, late_reports_total = {mark}4 \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NOT NULL"
+            ),
+            by_key: format!(
+                "SELECT {} FROM todos t WHERE t.endpoint = {mark}1 AND t.idempotency_key = {mark}2",
+                select_list("t", &TODO_COLS)
+            ),
+            insert_endpoint: format!(
+                "INSERT INTO endpoints ({ENDPOINT_COLS}) VALUES ({}) ON CONFLICT (name) DO NOTHING",
+                placeholders(mark, 6)
+            ),
+        }
+    }
+}
+
+impl Shared {
+    /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
+    pub(crate) fn next_claimable(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        paused: &[String],
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
+        self.next_claimable_n(op, now, actor, queues, paused, 1, lock)
+    }
+
+    /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
+    /// reads them at once). `now` is the first value bound.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn next_claimable_n(
+        &self,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        paused: &[String],
+        limit: usize,
+        lock: &str,
+    ) -> Result<(String, Vec<Val>), Error> {
+        let mut q = Query::new(self.mark);
+        let now = q.bind(time(op, now)?);
+        let owner = q.bind_text(actor.owner());
+        let scope = match actor {
+            Actor::Endpoint { endpoint, .. } => format!("t.endpoint = {}", q.bind_text(endpoint)),
+            Actor::Operator { .. } => q.always().into(),
+        };
+        let queues = match queues {
+            None => q.always().into(),
+            Some(qs) => q.queue_in(qs),
+        };
+        // mirrors ledger::run's claim_next: a paused queue is skipped.
+        let queues = if paused.is_empty() {
+            queues
+        } else {
+            format!("{queues} AND NOT ({})", q.queue_in(paused))
+        };
+        // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending, or
+        // claimed with a lapsed lease and attempts left, or failed with the retry due and
+        // attempts left.
+        let sql = format!(
+            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
+               AND (t.deadline_at IS NULL OR t.deadline_at > {now})
+               AND {live} -- lets the partial FIFO index serve
+               AND (t.state = 'pending'
+                    OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
+                        AND t.attempt < t.max_attempts)
+                    OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
+             ORDER BY t.created_at, t.id LIMIT {limit}{lock}",
+            self.todo_select,
+            live = q.one_of("t.state", LIVE)
+        );
+        Ok((sql, q.vals))
+    }
+
+    /// A todo's attempts newest first, as `which` says.
+    pub(crate) fn attempts_query(&self, id: &str, which: Newest) -> (&str, Vec<Val>) {
+        let sql = if which.closed_only {
+            &self.closed_attempts
+        } else {
+            &self.attempts
+        };
+        let limit = Val::Big(Some(i64::try_from(which.limit).unwrap_or(i64::MAX)));
+        (sql, vec![label(Some(id)), limit])
+    }
+
+    /// `list_todos`' query and parameters.
+    pub(crate) fn list(&self, actor: &Actor, filter: &TodoFilter) -> (String, Vec<Val>) {
+        let mut q = Query::new(self.mark);
+        let mut clauses = Vec::new();
+        if let Actor::Endpoint { endpoint, .. } = actor {
+            clauses.push(format!("t.endpoint = {}", q.bind(label(Some(endpoint)))));
+        }
+        if let Some(s) = filter.state {
+            clauses.push(format!("t.state = {}", q.bind(label(Some(s.as_str())))));
+        }
+        if let Some(qs) = &filter.queues {
+            clauses.push(q.queue_in(qs));
+        }
+        if let Some((at, id)) = &filter.after {
+            // A row value, so that the (created_at, id) order's index can seek to it.
+            let at = q.bind(Val::Big(Some(i64::try_from(*at).unwrap_or(i64::MAX))));
+            let id = q.bind(label(Some(id)));
+            clauses.push(format!("(t.created_at, t.id) > ({at}, {id})"));
+        }
+        let which = if clauses.is_empty() {
+            q.always().to_string()
+        } else {
+            clauses.join(" AND ")
+        };
+        let limit = q.bind(Val::Big(Some(
+            i64::try_from(filter.limit).unwrap_or(i64::MAX),
+        )));
+        let sql = format!(
+            "{} WHERE {which} ORDER BY t.created_at, t.id LIMIT {limit}",
+            self.todo_select
+        );
+        (sql, q.vals)
+    }
+
+    /// A sweep's candidate query (its ids in no order: Postgres adds `ORDER BY id` and its lock
+    /// clause, SQLite sorts them after, so that its planner picks the sweep's partial index
+    /// rather than walking the primary key over every todo) and its one parameter.
+    pub(crate) fn sweep(&self, op: &str, sweep: Sweep<'_>) -> Result<(String, Val), Error> {
+        let m = self.mark;
+        let q = Query::new(m);
+        Ok(match sweep {
+            // mirrors transition::reap
+            Sweep::Reap { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'claimed'
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1)"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::requeue_due. On SQLite as a UNION ALL (an id in both halves
+            // comes twice; the store drops the repeat), so that each half searches its partial
+            // index (the retry and the deadline one; the second half names the deadline index's
+            // predicate) instead of the OR scanning the table. A plain UNION merges the halves
+            // in id order, which walks the primary key again.
+            Sweep::RequeueDue { now } if q.sqlite() => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts
+                     UNION ALL
+                     SELECT id FROM todos WHERE deadline_at <= {m}1 AND deadline_at IS NOT NULL
+                       AND state IN ('pending', 'failed')
+                       AND (state = 'pending' OR (state = 'failed' AND next_retry_at IS NOT NULL))"
+                ),
+                time(op, now)?,
+            ),
+            Sweep::RequeueDue { now } => (
+                format!(
+                    "SELECT id FROM todos WHERE (state = 'failed' AND next_retry_at <= {m}1
+                       AND attempt < max_attempts)
+                       OR (deadline_at <= {m}1 AND (state = 'pending'
+                           OR (state = 'failed' AND next_retry_at IS NOT NULL)))"
+                ),
+                time(op, now)?,
+            ),
+            // mirrors transition::revoke
+            Sweep::Revoke { endpoint, .. } => (
+                format!("SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed'"),
+                label(Some(endpoint)),
+            ),
+            // mirrors ledger::purgeable
+            Sweep::Purge { cutoff } => (
+                format!(
+                    "SELECT id FROM todos WHERE updated_at <= {m}1
+                       AND {finished}
+                       AND (state IN ('done', 'canceled')
+                            OR (state = 'failed' AND next_retry_at IS NULL))",
+                    finished = q.one_of("state", FINISHED)
+                ),
+                time(op, cutoff)?,
+            ),
+        })
+    }
+}
+
+/// The states of the FIFO index (`todos_fifo`): the todos a claim may take.
+const LIVE: &[&str] = &["pending", "claimed", "failed"];
+/// The states of the retention index (`todos_finished`).
+const FINISHED: &[&str] = &["done", "canceled", "failed"];
+
+/// A statement's parameters as its clauses bind them, in the dialect of `mark`.
+struct Query {
+    mark: char,
+    vals: Vec<Val>,
+}
+
+impl Query {
+    fn new(mark: char) -> Query {
+        Query {
+            mark,
+            vals: Vec::new(),
+        }
+    }
+
+    fn sqlite(&self) -> bool {
+        self.mark == '?'
+    }
+
+    /// Binds `v`; its placeholder.
+    fn bind(&mut self, v: Val) -> String {
+        self.vals.push(v);
+        format!("{}{}", self.mark, self.vals.len())
+    }
+
+    /// A text value compared with a column of the todos table. On SQLite it is cast. SQLite
+    /// (3.5x) marked the plan of the claim's bare `t.assignee = ?` (and of the load's join on
+    /// `t.id = ?`) as depending on the value bound, and rusqlite's statement cache clears a
+    /// statement's bindings when it takes it back, which expires such a statement: SQLite
+    /// re-prepared it on every use, at more cost than running it. The cast keeps the index
+    /// usable without that; `cached_statements_are_not_reprepared` checks it.
+    fn bind_text(&mut self, v: &str) -> String {
+        let mark = self.bind(label(Some(v)));
+        if self.sqlite() {
+            format!("CAST({mark} AS TEXT)")
+        } else {
+            mark
+        }
+    }
+
+    /// `col` is one of the constant `states`, written as the partial index on them writes its
+    /// predicate, so that the planner matches the two term for term. On SQLite that is a chain
+    /// of `OR`s (see the SQLite migration 8): SQLite evaluates an `IN` list of more than two
+    /// constants through a temporary b-tree it builds on every run of the statement.
+    fn one_of(&self, col: &str, states: &[&str]) -> String {
+        let each: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
+        if self.sqlite() {
+            let eq: Vec<String> = each.iter().map(|s| format!("{col} = {s}")).collect();
+            format!("({})", eq.join(" OR "))
+        } else {
+            format!("{col} IN ({})", each.join(", "))
+        }
+    }
+
+    /// A clause that holds for every row.
+    fn always(&self) -> &'static str {
+        if self.sqlite() { "1" } else { "true" }
+    }
+
+    /// `t.queue` is one of `qs` (none: no row).
+    fn queue_in(&mut self, qs: &[String]) -> String {
+        if !self.sqlite() {
+            return format!("t.queue = ANY({})", self.bind(Val::Texts(qs.to_vec())));
+        }
+        if qs.is_empty() {
+            return "0".into();
+        }
+        let marks: Vec<String> = qs.iter().map(|q| self.bind(label(Some(q)))).collect();
+        format!("t.queue IN ({})", marks.join(", "))
+    }
+}

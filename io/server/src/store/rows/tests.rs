@@ -1,0 +1,25 @@
+//! The statements derived from the column lists.
+
+use super::sql::Shared;
+
+/// The update statements, derived from the column lists, rewrite exactly the columns a
+/// transition may change.
+#[test]
+fn update_statements_rewrite_what_transitions_change() {
+    let sql = Shared::new('$');
+    assert_eq!(
+        sql.update_todo,
+        "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5, \
+         attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8, next_retry_at = $9, \
+         result = $10, updated_at = $11, dead_letter_reason = $12, deadline_at = $13 \
+         WHERE id = $1"
+    );
+    assert_eq!(
+        sql.update_open_attempt,
+        "UPDATE todo_attempts SET last_heartbeat_at = $3, lease_expires_at = $4, \
+         ended_at = $5, outcome = $6, disposition = $7, summary = $8, \
+         summary_truncated = $9, artifact = $10, closed_by = $11, failure_signature = $12, \
+         dead_letter_reason = $13 \
+         WHERE todo_id = $1 AND seq = $2 AND ended_at IS NULL"
+    );
+}
