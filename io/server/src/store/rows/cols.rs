@@ -106,7 +106,7 @@ pub(super) fn label(v: Option<&str>) -> Val {
     Val::Text(v.map(str::to_string))
 }
 
-pub(super) fn time(op: &str, v: Millis) -> Result<Val, Error> {
+pub(crate) fn time(op: &str, v: Millis) -> Result<Val, Error> {
     Ok(Val::Big(Some(ms(op, v)?)))
 }
 

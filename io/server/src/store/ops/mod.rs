@@ -1,0 +1,11 @@
+//! The store's own operations over a backend's transaction: the endpoints table and the
+//! counts. The ledger's operations are `relay_core::ledger::run` over the same transaction, which
+//! each backend offers as [`Rows`]; nothing here decides a lifecycle rule.
+
+mod board;
+mod endpoints;
+mod tx;
+
+pub(crate) use board::*;
+pub(crate) use endpoints::*;
+pub(crate) use tx::{Tx, TxKind};
