@@ -153,6 +153,18 @@ macro_rules! run {
     };
 }
 
+/// `$body` on whichever backend this is, with `$s` bound to it: the methods each backend
+/// answers its own way (a transaction of the store's own is `run!`).
+macro_rules! each {
+    ($store:expr, |$s:ident| $body:expr) => {
+        match $store {
+            Store::Sqlite($s) => $body,
+            #[cfg(feature = "postgres")]
+            Store::Postgres($s) => $body,
+        }
+    };
+}
+
 impl Store {
     /// Opens (and migrates) the store a `--db` URL names.
     pub async fn open(url: &str, cfg: LedgerConfig) -> Result<Store, Error> {
@@ -168,11 +180,7 @@ impl Store {
 
     /// The settings the transitions run with.
     pub fn config(&self) -> &LedgerConfig {
-        match self {
-            Store::Sqlite(s) => s.config(),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(p) => p.config(),
-        }
+        each!(self, |s| s.config())
     }
 
     fn cfg(&self) -> LedgerConfig {
@@ -247,11 +255,7 @@ impl Store {
     ) -> Result<PendingPage, Error> {
         // A page must hold a row, or a full page could not move the watermark.
         let limit = limit.max(1);
-        match self {
-            Store::Sqlite(s) => s.pending_since(after, limit).await,
-            #[cfg(feature = "postgres")]
-            Store::Postgres(p) => p.pending_since(after, limit).await,
-        }
+        each!(self, |s| s.pending_since(after, limit).await)
     }
 
     /// Vends an endpoint. `conflict` when the name is taken.

@@ -7,5 +7,6 @@ mod endpoints;
 mod tx;
 
 pub(crate) use board::*;
+pub(crate) use endpoints::paused_queue_rows;
 pub(crate) use endpoints::*;
 pub(crate) use tx::{Tx, TxKind};

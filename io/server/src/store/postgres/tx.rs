@@ -423,13 +423,7 @@ impl Rows for PgTx<'_> {
         Ok(())
     }
 
-    async fn paused_queues(&mut self) -> Result<Vec<String>, Error> {
-        ops::paused_queues(self).await
-    }
-
-    async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error> {
-        ops::set_paused(self, now, queue, paused).await
-    }
+    ops::paused_queue_rows!();
 }
 
 impl Tx for PgTx<'_> {
