@@ -14,8 +14,8 @@
 //!    attempts at or below the floor.
 //!
 //! On both backends most write operations share a transaction with others waiting at the same
-//! time (SQLite's writer thread, `sqlite::threads`; Postgres' batch writers, `postgres::batch`), each
-//! answering exactly what it would answer as a transaction of its own.
+//! time (SQLite's writer thread, `sqlite::threads`; Postgres' batch writers, `postgres::batch`),
+//! each answering exactly what it would answer as a transaction of its own.
 //!
 //! That sequence is written once, in [`relay_core::ledger::run`], which applies a
 //! [`ledger::Op`](relay_core::ledger::Op) over the rows a backend offers

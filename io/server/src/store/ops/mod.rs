@@ -1,6 +1,8 @@
 //! The store's own operations over a backend's transaction: the endpoints table and the
 //! counts. The ledger's operations are `relay_core::ledger::run` over the same transaction, which
 //! each backend offers as [`Rows`]; nothing here decides a lifecycle rule.
+//!
+//! [`Rows`]: relay_core::ledger::Rows
 
 mod board;
 mod endpoints;

@@ -37,7 +37,9 @@ impl Ready {
     }
 }
 
-/// The doorbell's LISTEN connection (see [`PgStore::listen_ready`](super::PgStore::listen_ready)); dropping it closes it.
+/// The doorbell's LISTEN connection (see [`PgStore::listen_ready`]); dropping it closes it.
+///
+/// [`PgStore::listen_ready`]: super::PgStore::listen_ready
 pub struct ReadyListener {
     _client: tokio_postgres::Client,
     rx: tokio::sync::mpsc::Receiver<Ready>,

@@ -116,6 +116,8 @@ CREATE TABLE endpoints (
 /// numbers every insert and update of a todo row from a sequence, and a partial index serves
 /// the scan. Sequence numbers are taken before commit, so numbers may commit out of order; see
 /// [`PgStore::pending_since`] for how the scan never steps over one still in flight.
+///
+/// [`PgStore::pending_since`]: super::PgStore::pending_since
 const MIGRATION_0004: &str = r#"
 ALTER TABLE todos ADD COLUMN change_seq bigint NOT NULL DEFAULT 0;
 CREATE SEQUENCE todo_change_seq;
@@ -194,6 +196,8 @@ ALTER TABLE mcp_sessions ADD COLUMN stream_until bigint;
 /// server listening. The payload names the schema, so stores in different schemas of one
 /// database ring only their own. Only a change *into* `pending` notifies (the doorbell scan's
 /// rule: see `rows::pending_since`), so updates of a pending todo cost nothing.
+///
+/// [`READY_CHANNEL`]: super::READY_CHANNEL
 const MIGRATION_0007: &str = r#"
 CREATE TABLE mcp_sessions (
     id_hash      bytea  NOT NULL PRIMARY KEY CHECK (octet_length(id_hash) = 32),

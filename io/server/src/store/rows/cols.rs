@@ -10,6 +10,8 @@ use std::sync::LazyLock;
 use crate::store::types::Endpoint;
 
 /// The todo columns, in the order [`todo`] decodes them.
+///
+/// [`todo`]: super::decode::todo
 pub(crate) const TODO_COLS: [&str; 25] = [
     "id",
     "endpoint",
@@ -39,6 +41,8 @@ pub(crate) const TODO_COLS: [&str; 25] = [
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
+///
+/// [`attempt`]: super::decode::attempt
 pub(crate) const ATTEMPT_COLS: [&str; 23] = [
     "todo_id",
     "seq",
@@ -115,6 +119,8 @@ fn opt_time(op: &str, v: Option<Millis>) -> Result<Val, Error> {
 }
 
 /// A todo row's values in [`TODO_COLS`] order, for [`Shared::insert_todo`].
+///
+/// [`Shared::insert_todo`]: super::sql::Shared::insert_todo
 pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
     (0..TODO_COLS.len()).map(|i| todo_val(op, t, i)).collect()
 }
@@ -161,6 +167,8 @@ pub(crate) fn two_open_attempts(op: &str, id: &str) -> Error {
 }
 
 /// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
+///
+/// [`Shared::insert_attempt`]: super::sql::Shared::insert_attempt
 pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     Ok(vec![
         label(Some(&a.todo_id)),
@@ -195,6 +203,8 @@ fn late_text(late: &[LateReport]) -> Option<String> {
 }
 
 /// The values of [`Shared::update_late`].
+///
+/// [`Shared::update_late`]: super::sql::Shared::update_late
 pub(crate) fn late_update(a: &Attempt) -> Vec<Val> {
     vec![
         label(Some(&a.todo_id)),
@@ -259,6 +269,8 @@ pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
 }
 
 /// The values of [`Shared::update_open_attempt`].
+///
+/// [`Shared::update_open_attempt`]: super::sql::Shared::update_open_attempt
 pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     let mut row = attempt_row(op, a)?;
     row.truncate(ATTEMPT_REWRITTEN.end);
@@ -267,6 +279,8 @@ pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
 }
 
 /// An endpoint row's values in [`ENDPOINT_COLS`] order, for [`Shared::insert_endpoint`].
+///
+/// [`Shared::insert_endpoint`]: super::sql::Shared::insert_endpoint
 pub(crate) fn endpoint_row(op: &str, e: &Endpoint) -> Result<Vec<Val>, Error> {
     Ok(vec![
         label(Some(&e.name)),

@@ -26,8 +26,12 @@ pub(crate) struct Shared {
     pub attempts: String,
     pub closed_attempts: String,
     /// The columns of [`todo_update`].
+    ///
+    /// [`todo_update`]: super::cols::todo_update
     pub update_todo: String,
     /// The columns of [`attempt_update`], while the attempt is open.
+    ///
+    /// [`attempt_update`]: super::cols::attempt_update
     pub update_open_attempt: String,
     /// Closed attempts of a todo at or below a seq.
     pub prune: String,

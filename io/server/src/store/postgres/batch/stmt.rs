@@ -85,6 +85,8 @@ pub(super) async fn in_order(futs: Vec<Fut<'_>>) -> Result<Vec<Out>, Fail> {
 pub(super) type Arg = Box<dyn ToSql + Sync + Send>;
 
 /// Which write [`Batch::many`] makes.
+///
+/// [`Batch::many`]: super::tx::Batch::many
 #[derive(Clone, Copy)]
 pub(super) enum Many {
     Insert,
