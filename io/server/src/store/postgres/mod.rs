@@ -43,8 +43,8 @@ use migrations::latest_migration;
 use migrations::migrate;
 use tx::{CHANGE_LOCK_KEY, PgTx};
 
-/// The Postgres backend of [`Store`](super::Store): the connections and settings ([`Db`]), and
-/// the batch writers on top of them.
+/// The Postgres backend of [`Store`](super::Store): its connections and settings (`db::Db`),
+/// with the batch writers on top of them.
 #[derive(Clone)]
 pub struct PgStore {
     db: Db,
