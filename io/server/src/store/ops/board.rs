@@ -9,7 +9,7 @@ use super::tx::{Tx, column, hash, millis, required, text, token_hash, unsigned};
 use crate::store::rows::{self, Row, Val, time};
 use crate::store::types::{BoardOverview, BoardSession, Bulk, BulkItem, Operator};
 
-pub(super) const OPERATOR_COLS: &str = "name, token_hash, created_at, revoked_at";
+const OPERATOR_COLS: &str = "name, token_hash, created_at, revoked_at";
 
 fn operator_row(r: &dyn Row) -> Result<Operator, Error> {
     let what = "an operator";
