@@ -269,6 +269,11 @@ impl PgTx<'_> {
 /// One server at a time runs each background sweep: a transaction-scoped advisory lock, tried
 /// and skipped when held, released at commit or rollback, and when its holder's connection dies
 /// (a server killed mid-sweep holds nothing). Keyed by the schema and the sweep's name.
+/// See `candidates`: rows a writer holds are skipped, for a later sweep.
+const REAP_MARKS: &str = "UPDATE todos SET lease_due_at = lease_expires_at WHERE id IN (
+    SELECT id FROM todos WHERE state = 'claimed' AND lease_due_at <= $1
+       AND lease_expires_at > $1 FOR UPDATE SKIP LOCKED)";
+
 pub(crate) const TRY_SWEEP_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
 
@@ -404,6 +409,13 @@ impl Rows for PgTx<'_> {
         {
             // Another server is running this sweep right now; it closes what this one would.
             return Ok(Vec::new());
+        }
+        if let Sweep::Reap { now } = sweep {
+            // Leases still running whose mark has passed (renewed by heartbeats since it was
+            // set) get the mark moved up to the lease, so that the reaper reads each running
+            // lease about once a lease, not at every sweep.
+            self.exec(op, "", REAP_MARKS, vec![Val::Big(Some(ms(op, now)?))])
+                .await?;
         }
         let (sql, arg) = SQL.sweep(op, sweep)?;
         let sql = format!("{sql} ORDER BY id{lock}");

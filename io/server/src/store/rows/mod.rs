@@ -10,4 +10,4 @@ mod tests;
 
 pub(crate) use cols::*;
 pub(crate) use decode::{Row, attempt, endpoint, todo};
-pub(crate) use sql::{Shared, pending_page, pending_since};
+pub(crate) use sql::{Shared, pending_page, pending_since, pg_derived_set};

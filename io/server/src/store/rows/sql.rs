@@ -62,8 +62,59 @@ pub(crate) fn pending_page(changes: Vec<PendingChange>, limit: usize, horizon: u
     PendingPage { changes, watermark }
 }
 
+/// The columns Postgres derives from a todo's own on every write (migration 0010), so that
+/// its indexes need no column a heartbeat changes and a heartbeat rewrites the row in place (a
+/// HOT update: no new index entry), each with its value as SQL:
+/// - `lease_due_at`, the mark the reaper searches: never later than the lease. A write that
+///   continues one claim (claimed before and after, the same attempt: a heartbeat) keeps the
+///   mark, or lowers it to a lease that shrank; any other write sets it to the lease. The
+///   reaper moves the marks of leases still running up to their leases.
+/// - `finished_at`, what retention searches: `updated_at` once the todo is finished.
+///
+/// `old` is the row before the write (none for an insert); `new` gives a column's new value.
+/// Set by the statements rather than by a trigger or a generated column: Postgres prepares
+/// those expressions again at every statement, these are planned once.
+pub(crate) fn pg_derived(
+    old: Option<&str>,
+    new: impl Fn(&str) -> String,
+) -> [(&'static str, String); 2] {
+    // Typed, as a parameter used twice must be typed alike at each use.
+    let (state, lease) = (
+        format!("{}::text", new("state")),
+        format!("{}::bigint", new("lease_expires_at")),
+    );
+    let due = match old {
+        Some(o) => format!(
+            "CASE WHEN {o}.state = 'claimed' AND {state} = 'claimed' \
+             AND {o}.attempts_total = {}::integer THEN least({o}.lease_due_at, {lease}) \
+             ELSE {lease} END",
+            new("attempts_total")
+        ),
+        None => lease,
+    };
+    let finished = format!(
+        "CASE WHEN {state} IN ({}) THEN {}::bigint END",
+        FINISHED
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        new("updated_at")
+    );
+    [("lease_due_at", due), ("finished_at", finished)]
+}
+
+/// `, col = value, …` of [`pg_derived`], to append to an UPDATE's SET list.
+pub(crate) fn pg_derived_set(old: &str, new: impl Fn(&str) -> String) -> String {
+    pg_derived(Some(old), new)
+        .iter()
+        .map(|(c, v)| format!(", {c} = {v}"))
+        .collect()
+}
+
 impl Shared {
     pub(crate) fn new(mark: char) -> Shared {
+        let pg = mark == '$';
         let attempts = |filter: &str| {
             format!(
                 "SELECT {} FROM todo_attempts a WHERE a.todo_id = {mark}1{filter} \
@@ -79,11 +130,17 @@ impl Shared {
                 select_list("a", &ATTEMPT_COLS)
             ),
             // No conflict target: the id and the endpoint's idempotency key are both unique.
-            insert_todo: format!(
-                "INSERT INTO todos ({}) VALUES ({}) ON CONFLICT DO NOTHING",
-                TODO_COLS.join(", "),
-                placeholders(mark, TODO_COLS.len())
-            ),
+            insert_todo: {
+                let (mut cols, mut vals) =
+                    (TODO_COLS.join(", "), placeholders(mark, TODO_COLS.len()));
+                if pg {
+                    for (c, v) in pg_derived(None, |c| format!("${}", todo_col(c) + 1)) {
+                        cols.push_str(&format!(", {c}"));
+                        vals.push_str(&format!(", {v}"));
+                    }
+                }
+                format!("INSERT INTO todos ({cols}) VALUES ({vals}) ON CONFLICT DO NOTHING")
+            },
             insert_attempt: format!(
                 "INSERT INTO todo_attempts ({}) VALUES ({})",
                 ATTEMPT_COLS.join(", "),
@@ -92,12 +149,20 @@ impl Shared {
             attempts: attempts(""),
             closed_attempts: attempts(" AND a.ended_at IS NOT NULL"),
             update_todo: format!(
-                "UPDATE todos SET {} WHERE id = {mark}1",
+                "UPDATE todos SET {}{} WHERE id = {mark}1",
                 set_list(
                     mark,
                     &todo_updated().map(|i| TODO_COLS[i]).collect::<Vec<_>>(),
                     2
-                )
+                ),
+                if pg {
+                    pg_derived_set("todos", |col| {
+                        let at = todo_updated().position(|i| TODO_COLS[i] == col);
+                        format!("${}", at.map_or(0, |i| i + 2))
+                    })
+                } else {
+                    String::new()
+                }
             ),
             update_open_attempt: format!(
                 "UPDATE todo_attempts SET {} \
@@ -238,7 +303,15 @@ impl Shared {
         let m = self.mark;
         let q = Query::new(m);
         Ok(match sweep {
-            // mirrors transition::reap
+            // mirrors transition::reap. On Postgres through the reaper's mark, which is never
+            // later than the lease (see `lease_due`).
+            Sweep::Reap { now } if !q.sqlite() => (
+                format!(
+                    "SELECT id FROM todos WHERE state = 'claimed' AND lease_due_at <= {m}1
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= {m}1)"
+                ),
+                time(op, now)?,
+            ),
             Sweep::Reap { now } => (
                 format!(
                     "SELECT id FROM todos WHERE state = 'claimed'
@@ -276,7 +349,17 @@ impl Shared {
                 format!("SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed'"),
                 label(Some(endpoint)),
             ),
-            // mirrors ledger::purgeable
+            // mirrors ledger::purgeable. On Postgres through `finished_at`, the generated
+            // column that is `updated_at` once a todo is finished (migration 0010): a heartbeat's
+            // `updated_at` then changes no indexed column.
+            Sweep::Purge { cutoff } if !q.sqlite() => (
+                format!(
+                    "SELECT id FROM todos WHERE finished_at <= {m}1
+                       AND (state IN ('done', 'canceled')
+                            OR (state = 'failed' AND next_retry_at IS NULL))"
+                ),
+                time(op, cutoff)?,
+            ),
             Sweep::Purge { cutoff } => (
                 format!(
                     "SELECT id FROM todos WHERE updated_at <= {m}1
@@ -365,4 +448,9 @@ impl Query {
         let marks: Vec<String> = qs.iter().map(|q| self.bind(label(Some(q)))).collect();
         format!("t.queue IN ({})", marks.join(", "))
     }
+}
+
+/// The position of a todo column in [`TODO_COLS`].
+fn todo_col(name: &str) -> usize {
+    TODO_COLS.iter().position(|c| *c == name).unwrap_or(0)
 }

@@ -11,8 +11,20 @@ fn update_statements_rewrite_what_transitions_change() {
         sql.update_todo,
         "UPDATE todos SET state = $2, owner = $3, attempt = $4, attempts_total = $5, \
          attempts_pruned = $6, lease_expires_at = $7, claimed_at = $8, next_retry_at = $9, \
-         result = $10, updated_at = $11, dead_letter_reason = $12, deadline_at = $13 \
+         result = $10, updated_at = $11, dead_letter_reason = $12, deadline_at = $13, \
+         lease_due_at = CASE WHEN todos.state = 'claimed' AND $2::text = 'claimed' \
+         AND todos.attempts_total = $5::integer \
+         THEN least(todos.lease_due_at, $7::bigint) ELSE $7::bigint END, \
+         finished_at = CASE WHEN $2::text IN ('done', 'canceled', 'failed') \
+         THEN $11::bigint END \
          WHERE id = $1"
+    );
+    assert_eq!(
+        Shared::new('?').update_todo,
+        "UPDATE todos SET state = ?2, owner = ?3, attempt = ?4, attempts_total = ?5, \
+         attempts_pruned = ?6, lease_expires_at = ?7, claimed_at = ?8, next_retry_at = ?9, \
+         result = ?10, updated_at = ?11, dead_letter_reason = ?12, deadline_at = ?13 \
+         WHERE id = ?1"
     );
     assert_eq!(
         sql.update_open_attempt,

@@ -13,6 +13,7 @@ mod model;
 mod multi;
 mod scan;
 mod text;
+mod upgrade;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -42,6 +42,7 @@ use relay_core::ledger::{self, Answer, Op};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::db::Db;
+use super::encode::pg_err;
 use stmt::Fail;
 use tx::Batch;
 
@@ -177,6 +178,15 @@ async fn writer_loop(store: Db, rx: Arc<Mutex<mpsc::UnboundedReceiver<Work>>>, b
     }
 }
 
+/// The planner settings of a writer's connection (its own: it never returns to the pool).
+/// Every statement of a batch reads or writes rows by key (an id, a todo's open attempt, the
+/// FIFO of an endpoint), and each has an index for it; but a table whose statistics are older
+/// than its rows (a new store, a burst into an empty queue: autovacuum analyzes a minute later
+/// at best) looks empty to the planner, which then scans it whole, at every batch, for as long
+/// as the statistics lag. So sequential scans are ruled out, and each statement keeps the one
+/// generic plan it was prepared with, instead of being planned again at each execution.
+const WRITER_PLANS: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
+
 /// What became of a batch's transaction.
 enum Done {
     Committed(Vec<Result<Answer, Error>>),
@@ -190,8 +200,18 @@ async fn run_jobs(store: &Db, conn: &mut Option<ClientWrapper>, jobs: Vec<(Op, R
     if conn.as_ref().is_none_or(|c| c.is_closed()) {
         // Taken out of the pool: a connection left inside a transaction (a writer dropped in the
         // middle of a batch) must never go back to it.
-        *conn = match store.client("batch").await {
-            Ok(c) => Some(deadpool_postgres::Object::take(c)),
+        let taken = match store.client("batch").await {
+            Ok(c) => {
+                let c = deadpool_postgres::Object::take(c);
+                c.batch_execute(WRITER_PLANS)
+                    .await
+                    .map(|()| c)
+                    .map_err(|e| pg_err("batch", "", &e))
+            }
+            Err(e) => Err(e),
+        };
+        *conn = match taken {
+            Ok(c) => Some(c),
             Err(e) => {
                 for (_, reply) in jobs {
                     let _ = reply.send(Err(e.clone()));

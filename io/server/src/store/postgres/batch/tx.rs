@@ -541,8 +541,9 @@ impl<'c> Batch<'c> {
             Many::UpdateTodo => {
                 let cols = rows::todo_update_cols();
                 format!(
-                    "UPDATE todos t SET {} FROM unnest({arrays}) AS v({}) WHERE t.id = v.id",
+                    "UPDATE todos t SET {}{} FROM unnest({arrays}) AS v({}) WHERE t.id = v.id",
                     set_from_v(&cols[1..]),
+                    rows::pg_derived_set("t", |c| format!("v.{c}")),
                     cols.join(", ")
                 )
             }
