@@ -453,6 +453,21 @@ impl Store {
         })
     }
 
+    /// How long ago a session of `endpoint` was recorded used; `None` when it is gone (see
+    /// `ops::mcp_session_check`). A read: it needs no write to succeed.
+    pub async fn mcp_session_check(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+        endpoint: &str,
+        idle: Option<Millis>,
+    ) -> Result<Option<Millis>, Error> {
+        let endpoint = endpoint.to_string();
+        run!(self, ops::TxKind::Read, "session", endpoint.clone(), |tx| {
+            ops::mcp_session_check(tx, now, &id_hash, &endpoint, idle)
+        })
+    }
+
     /// Marks a session of `endpoint` used; `false` when it is gone (see `ops::mcp_session_touch`:
     /// `idle: None` keeps a session with an open stream alive whatever its age and notes the
     /// stream).
