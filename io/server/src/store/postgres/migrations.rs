@@ -14,6 +14,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "mcp_sessions", MIGRATION_0007),
     (8, "session_streams", MIGRATION_0008),
     (9, "board_bulk", MIGRATION_0009),
+    (10, "store_heartbeat", MIGRATION_0010),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -247,6 +248,14 @@ CREATE TABLE board_bulk_items (
     PRIMARY KEY (bulk_id, todo_id)
 );
 "#;
+
+/// `/healthz`'s write probe (as SQLite's 0011).
+const MIGRATION_0010: &str = "
+CREATE TABLE store_heartbeat (
+    id      integer NOT NULL PRIMARY KEY CHECK (id = 1),
+    beat_at bigint  NOT NULL
+);
+";
 
 /// The newest migration's number.
 pub(crate) fn latest_migration() -> i32 {
