@@ -24,6 +24,31 @@ pub struct Caps {
 /// stops protecting its session from being ended for room within three minutes.
 pub const STREAM_HOLD: Millis = 180_000;
 
+/// How an MCP session's use is recorded in the store, so that checking a session is a read and
+/// a request never fails because its use could not be written (a full disk, a read-only
+/// replica): the store's record of a session's last use is written only when it is
+/// [`session_touch_due`], at most once per [`session_touch_every`] (a tenth of the idle timeout:
+/// 3 minutes of the default 30), and a failed write is logged, not answered. The record so lags
+/// the session's true last use by less than that interval, so the store keeps a session for
+/// [`session_kept`] (the idle timeout plus that interval) after its recorded use: a session used
+/// within the idle timeout is never swept, and an unused one is forgotten between the idle
+/// timeout and the idle timeout plus the interval after its last use.
+pub fn session_touch_every(idle: Millis) -> Millis {
+    idle / 10
+}
+
+/// Whether a request to a session whose recorded last use is `age` old writes a new one (see
+/// [`session_touch_every`]).
+pub fn session_touch_due(age: Millis, idle: Millis) -> bool {
+    age >= session_touch_every(idle)
+}
+
+/// How long after its recorded last use the store keeps a session of idle timeout `idle` (see
+/// [`session_touch_every`]): sessions whose record is this old are gone.
+pub fn session_kept(idle: Millis) -> Millis {
+    idle.saturating_add(session_touch_every(idle))
+}
+
 /// Whether one more session may open, given the live sessions: `Ok(n)` to open it after ending
 /// the endpoint's `n` least recently used sessions that hold no doorbell stream (`streamless` of
 /// them exist), `Err` with the message for the client. At the per-endpoint cap the oldest idle
@@ -141,6 +166,26 @@ mod tests {
         sessions_per_endpoint: 2,
         streams: 1,
     };
+
+    /// A session used within the idle timeout outlives the sweep whatever the throttle skipped;
+    /// one unused for the idle timeout plus the interval is gone.
+    #[test]
+    fn a_throttled_session_record_never_loses_a_session_in_use() {
+        let idle = 1_800_000;
+        let every = session_touch_every(idle);
+        assert_eq!(every, 180_000);
+        assert!(!session_touch_due(every - 1, idle));
+        assert!(session_touch_due(every, idle));
+        // The worst lag: a use just before the write fell due, then silence.
+        let recorded = 0;
+        let used = every - 1;
+        let last_moment_in_use = used + idle - 1;
+        assert!(
+            last_moment_in_use - recorded < session_kept(idle),
+            "swept while in use"
+        );
+        assert!(recorded + session_kept(idle) <= used + idle + every);
+    }
 
     #[test]
     fn sessions_are_capped_per_endpoint_and_in_total() {

@@ -590,16 +590,31 @@ async fn sessions_are_required_bound_deletable_and_expire() {
     assert_eq!(r.status(), 204);
     assert_eq!(c.rpc("ping", json!({})).await.0, 404);
 
-    // Idle expiry on the injected clock.
+    // Idle expiry on the injected clock. The store's record of a session's use is written at
+    // most once per `session_touch_every`, so a session is forgotten between the idle timeout
+    // and `session_kept` after its last use, never before.
+    let idle = 30 * 60 * 1000;
+    let kept = relay_core::limits::session_kept(idle);
     c.init().await;
-    h.clock.advance(29 * 60 * 1000);
+    h.clock.advance(idle - 1);
     assert_eq!(c.rpc("ping", json!({})).await.0, 200, "used: kept alive");
-    h.clock.advance(30 * 60 * 1000);
+    // Used again before its record fell due: the sweep at the last moment keeps it.
+    h.clock
+        .advance(relay_core::limits::session_touch_every(idle) - 1);
+    assert_eq!(c.rpc("ping", json!({})).await.0, 200, "used again");
+    h.clock.advance(idle - 1);
+    h.server.doorbell_once(h.now()).await.unwrap();
+    assert_eq!(
+        c.rpc("ping", json!({})).await.0,
+        200,
+        "used within the idle timeout"
+    );
+    h.clock.advance(kept);
     assert_eq!(c.rpc("ping", json!({})).await.0, 404, "idle too long");
     // The sweep forgets idle sessions too.
     c.init().await;
     assert!(h.server.session_count() >= 1);
-    h.clock.advance(31 * 60 * 1000);
+    h.clock.advance(kept);
     h.server.doorbell_once(h.now()).await.unwrap();
     assert_eq!(h.server.session_count(), 0);
 }

@@ -114,22 +114,36 @@ async fn count_in_flight(State(server): State<Server>, req: Request, next: Next)
     response
 }
 
-/// How long `/healthz` waits for a write transaction to start.
+/// How long `/healthz` waits for its write probe.
 const HEALTHZ_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// 200 `ok` when the store takes a write now ([`crate::store::Store::probe_write`]); else 503
+/// with a JSON body naming the store and why (`reason`), the details in the log under the
+/// body's error id. A store that answers reads but takes no write (a full disk, a write lock
+/// held elsewhere) would fail every claim.
 async fn healthz(State(server): State<Server>, headers: HeaderMap) -> Response {
     if let Err(r) = host_check(&server, "/healthz", &headers) {
         return r;
     }
-    // Healthy means a write could happen now: a store that answers reads while write-locked
-    // would take every claim into the busy timeout.
-    match server.inner.store.probe_write(HEALTHZ_WRITE_TIMEOUT).await {
+    let probe = server
+        .inner
+        .store
+        .probe_write(server.now(), HEALTHZ_WRITE_TIMEOUT);
+    match probe.await {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(e) => {
-            let msg = server.internal_message("healthz: no write transaction could start", &e);
+        Err(refused) => {
+            let context = format!("healthz: the {} store took no write", refused.store);
+            let detail = server.internal_message(&context, &refused.error);
+            let body = serde_json::json!({
+                "status": "unavailable",
+                "store": refused.store,
+                "reason": format!("the {} store cannot write: {}", refused.store, refused.reason),
+                "detail": detail,
+            });
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: no write transaction could start: {msg}\n"),
+                [(header::CONTENT_TYPE, "application/json")],
+                format!("{body}\n"),
             )
                 .into_response()
         }

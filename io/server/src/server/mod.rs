@@ -182,9 +182,13 @@ struct Session {
     /// What the endpoint may claim, for the doorbell.
     grant: relay_core::grant::Grant,
     last_seen: Millis,
-    /// When the store last confirmed the session (and recorded its use): a request within
-    /// [`SESSION_RECHECK`] of it is answered from this cache.
+    /// When the store last confirmed the session: a request within [`SESSION_RECHECK`] of it
+    /// is answered from this cache.
     checked_at: Millis,
+    /// The session's last use as recorded in the store, as far as this server knows (on its own
+    /// clock): a request writes a new one when this is due
+    /// (`relay_core::limits::session_touch_due`).
+    recorded: Millis,
     stream: Option<mpsc::Sender<String>>,
 }
 
@@ -415,7 +419,7 @@ impl Server {
             id_hash: TokenHash::of(&id),
             endpoint: endpoint.name.clone(),
             protocol: protocol.to_string(),
-            idle: self.idle(),
+            idle: relay_core::limits::session_kept(self.idle()),
             caps: self.caps(),
         };
         let ended = self.inner.store.mcp_session_open(now, new).await?;
@@ -444,6 +448,7 @@ impl Server {
                 grant: endpoint.grant(),
                 last_seen: now,
                 checked_at: now,
+                recorded: now,
                 stream: None,
             },
         );
@@ -464,40 +469,63 @@ impl Server {
 
     /// Looks a session up for `endpoint` and marks it used. `false`: unknown, expired or bound to
     /// another endpoint (all answered 404). A session this server confirmed in the store within
-    /// [`SESSION_RECHECK`] is answered from its cache; otherwise the store decides (and records
-    /// the use), so a session made on another server answers here, and one ended or expired
-    /// there is refused here at most `SESSION_RECHECK` later.
+    /// [`SESSION_RECHECK`] is answered from its cache; otherwise the store decides by a read, so
+    /// a session made on another server answers here, and one ended or expired there is refused
+    /// here at most `SESSION_RECHECK` later. The use is written to the store only when due
+    /// (`relay_core::limits::session_touch_every`), and a failed write is logged, not answered:
+    /// a read-only request succeeds while the store cannot write.
     async fn touch_session(
         &self,
         id: &str,
         endpoint: &crate::store::Endpoint,
     ) -> Result<bool, Error> {
         let now = self.now();
-        let stream_open = {
-            let mut st = lock(&self.inner.state);
+        let (cached, stream_open, mut recorded) = {
+            let st = lock(&self.inner.state);
             match st.sessions.get(id) {
                 Some(s) if s.endpoint != endpoint.name => return Ok(false),
                 // Idle here may still be in use on another server: the store decides.
-                Some(s)
-                    if !self.session_expired(s, now)
-                        && now < s.checked_at.saturating_add(SESSION_RECHECK) =>
-                {
-                    if let Some(s) = st.sessions.get_mut(id) {
-                        s.last_seen = now;
-                    }
-                    return Ok(true);
-                }
-                Some(s) => s.stream_open(),
-                None => false,
+                Some(s) => (
+                    !self.session_expired(s, now)
+                        && now < s.checked_at.saturating_add(SESSION_RECHECK),
+                    s.stream_open(),
+                    s.recorded,
+                ),
+                None => (false, false, 0),
             }
         };
         // An open stream keeps its session alive whatever its age.
-        let idle = (!stream_open).then(|| self.idle());
-        let live = self
-            .inner
-            .store
-            .mcp_session_touch(now, TokenHash::of(id), &endpoint.name, idle)
-            .await?;
+        let kept = (!stream_open).then(|| relay_core::limits::session_kept(self.idle()));
+        let hash = TokenHash::of(id);
+        let mut live = true;
+        if !cached {
+            let checked = self
+                .inner
+                .store
+                .mcp_session_check(now, hash, &endpoint.name, kept);
+            match checked.await? {
+                Some(age) => recorded = recorded.max(now.saturating_sub(age)),
+                None => live = false,
+            }
+        }
+        if live && relay_core::limits::session_touch_due(now.saturating_sub(recorded), self.idle())
+        {
+            let touched = self
+                .inner
+                .store
+                .mcp_session_touch(now, hash, &endpoint.name, kept);
+            match touched.await {
+                Ok(true) => recorded = now,
+                // Ended or swept since the check.
+                Ok(false) => live = false,
+                Err(e) => tracing::warn!(
+                    endpoint = %endpoint.name,
+                    error = %e,
+                    "could not record a session's use in the store; the request is answered and \
+                     the record is tried again on the session's next request"
+                ),
+            }
+        }
         let mut st = lock(&self.inner.state);
         if !live {
             if st
@@ -518,9 +546,14 @@ impl Server {
                 grant: endpoint.grant(),
                 last_seen: now,
                 checked_at: now,
+                recorded,
                 stream: None,
             });
-        (s.last_seen, s.checked_at) = (now, now);
+        s.last_seen = now;
+        s.recorded = s.recorded.max(recorded);
+        if !cached {
+            s.checked_at = now;
+        }
         self.inner.metrics.sessions.set(st.sessions.len() as i64);
         Ok(true)
     }
@@ -584,7 +617,7 @@ impl Server {
             .mcp_session_touch(now, TokenHash::of(id), endpoint, None)
             .await?;
         if let Some(s) = lock(&self.inner.state).sessions.get_mut(id) {
-            s.checked_at = now;
+            (s.checked_at, s.recorded) = (now, now);
         }
         if !live {
             tracing::info!(endpoint = %endpoint, "a doorbell stream opened for a session ended meanwhile");
@@ -831,10 +864,11 @@ impl Server {
             if !live {
                 Self::drop_session(&mut st, &id);
             } else if let Some(s) = st.sessions.get_mut(&id) {
-                s.checked_at = now;
+                (s.checked_at, s.recorded) = (now, now);
             }
         }
-        self.inner.store.mcp_session_sweep(now, self.idle()).await?;
+        let kept = relay_core::limits::session_kept(self.idle());
+        self.inner.store.mcp_session_sweep(now, kept).await?;
         {
             let mut st = lock(&self.inner.state);
             let expired: Vec<String> = st

@@ -126,6 +126,34 @@ impl DbUrl {
     }
 }
 
+/// `/healthz`'s write probe ([`Store::probe_write`]), in both backends' dialect: rewrites the
+/// time of the one row of `store_heartbeat`.
+pub(crate) const HEARTBEAT: &str = "INSERT INTO store_heartbeat (id, beat_at) VALUES (1, $1)
+     ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at";
+
+/// Why the store took no write (see [`Store::probe_write`]): which store, the reason in words a
+/// client may see (no store text, no value), and the error itself for the log.
+#[derive(Debug)]
+pub struct WriteRefused {
+    /// `sqlite` or `postgres`.
+    pub store: &'static str,
+    pub reason: &'static str,
+    pub error: Error,
+}
+
+impl WriteRefused {
+    /// The disk (or the database's quota) is full.
+    pub const FULL: &str = "the disk is full: writes fail until space is freed on the \
+                            database's filesystem";
+    /// No write within the probe's timeout.
+    pub const LOCKED: &str = "no write finished within the probe's timeout: another process \
+                              holds the write lock, or the database is overloaded";
+    /// The database could not be reached.
+    pub const UNREACHABLE: &str = "the database could not be reached";
+    /// Anything else.
+    pub const FAILED: &str = "a write failed (the server log has the details)";
+}
+
 /// Runs one operation in one transaction on whichever backend this is. `$kind` is a `TxKind`;
 /// the body is `ledger::run` or an `ops` call on `$tx`. The SQLite arm runs on the store's writer
 /// or a reader thread (its futures never wait: see `ledger::rows::ready`), the Postgres arm
@@ -453,6 +481,21 @@ impl Store {
         })
     }
 
+    /// How long ago a session of `endpoint` was recorded used; `None` when it is gone (see
+    /// `ops::mcp_session_check`). A read: it needs no write to succeed.
+    pub async fn mcp_session_check(
+        &self,
+        now: Millis,
+        id_hash: TokenHash,
+        endpoint: &str,
+        idle: Option<Millis>,
+    ) -> Result<Option<Millis>, Error> {
+        let endpoint = endpoint.to_string();
+        run!(self, ops::TxKind::Read, "session", endpoint.clone(), |tx| {
+            ops::mcp_session_check(tx, now, &id_hash, &endpoint, idle)
+        })
+    }
+
     /// Marks a session of `endpoint` used; `false` when it is gone (see `ops::mcp_session_touch`:
     /// `idle: None` keeps a session with an open stream alive whatever its age and notes the
     /// stream).
@@ -512,31 +555,17 @@ impl Store {
         )
     }
 
-    /// Whether a write transaction can start within `timeout` (for `/healthz`): `Err` when the
-    /// store is down, or write-locked past `timeout`. Changes nothing.
-    pub async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
-        match self {
-            Store::Sqlite(s) => s.probe_write(timeout).await,
-            #[cfg(feature = "postgres")]
-            Store::Postgres(_) => {
-                let probe = async {
-                    run!(
-                        self,
-                        ops::TxKind::Write,
-                        "healthz",
-                        String::from("(write probe)"),
-                        |tx| ops::endpoint_get(tx, "")
-                    )
-                };
-                match tokio::time::timeout(timeout, probe).await {
-                    Ok(r) => r.map(drop),
-                    Err(_) => Err(Error::internal(format!(
-                        "healthz: no write transaction within {} ms",
-                        timeout.as_millis()
-                    ))),
-                }
-            }
-        }
+    /// Whether the store takes a write now (for `/healthz`): commits [`HEARTBEAT`] (one row, its
+    /// time rewritten, so the table never grows; it holds nothing else) within `timeout`. A
+    /// transaction that merely starts proves nothing: SQLite starts one on a full disk. `Err`
+    /// says why not: the disk is full, the store is write-locked past `timeout` or unreachable,
+    /// or the write failed otherwise. The same probe on both backends.
+    pub async fn probe_write(
+        &self,
+        now: Millis,
+        timeout: std::time::Duration,
+    ) -> Result<(), WriteRefused> {
+        each!(self, |s| s.probe_write(now, timeout).await)
     }
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).

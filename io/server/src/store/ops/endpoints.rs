@@ -205,6 +205,31 @@ pub(crate) async fn mcp_session_open<T: Tx>(
     Ok(ended)
 }
 
+/// How long ago a session of `endpoint` was recorded used, by the store's clock; `None` when
+/// there is none (never made, ended, swept, or another endpoint's). With `idle`, a session
+/// unused for that long counts as gone too (as in [`mcp_session_touch`]). Reads only: a request
+/// checks its session with this, and records its use only when due
+/// (`relay_core::limits::session_touch_every`).
+pub(crate) async fn mcp_session_check<T: Tx>(
+    tx: &mut T,
+    now: Millis,
+    id_hash: &TokenHash,
+    endpoint: &str,
+    idle: Option<Millis>,
+) -> Result<Option<Millis>, Error> {
+    let op = "session";
+    let now = tx.clock(now).await?;
+    let sql = "SELECT last_used_at FROM mcp_sessions WHERE id_hash = $1 AND endpoint = $2";
+    let vals = vec![hash(id_hash), text(endpoint)];
+    let used = tx
+        .query_sql(op, endpoint, sql, vals, |r| {
+            unsigned(r.int(0), "a session's last use")
+        })
+        .await?;
+    let age = used.first().map(|&at| now.saturating_sub(at));
+    Ok(age.filter(|&age| idle.is_none_or(|idle| age < idle)))
+}
+
 /// Marks a session of `endpoint` used at `now`; `false` when there is none (never made, ended,
 /// swept, or another endpoint's). With `idle`, a session unused for that long counts as gone
 /// too; without, its doorbell stream is open on the calling server: it is kept alive whatever

@@ -15,6 +15,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (8, "session_streams", MIGRATION_0008),
     (9, "board_bulk", MIGRATION_0009),
     (10, "lease_due", MIGRATION_0010),
+    (11, "store_heartbeat", MIGRATION_0011),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -249,6 +250,44 @@ CREATE TABLE board_bulk_items (
 );
 "#;
 
+/// Fewer index entries for each write of a todo, so that a heartbeat rewrites its todo and its
+/// attempt in place (HOT: Postgres adds no index entry when no indexed column changes and the
+/// page has room):
+/// - the reaper searches `lease_due_at`, a mark no later than the lease that a heartbeat leaves
+///   alone, where it searched the lease itself (see `rows::pg_derived`);
+/// - retention searches `finished_at`, `updated_at` once a todo is finished, where it searched
+///   `updated_at`, which a heartbeat sets;
+/// - the change sequence's trigger runs only for a row that is pending after the write (its
+///   index covers pending rows only), where it ran for every write;
+/// - the idempotency keys' unique index holds only the todos that have one;
+/// - both tables leave a fifth of each page free for the rewrites in place.
+const MIGRATION_0010: &str = r#"
+ALTER TABLE todos ADD COLUMN lease_due_at bigint;
+UPDATE todos SET lease_due_at = lease_expires_at WHERE lease_expires_at IS NOT NULL;
+DROP INDEX todos_lease;
+CREATE INDEX todos_lease ON todos (lease_due_at) WHERE state = 'claimed';
+ALTER TABLE todos ADD COLUMN finished_at bigint;
+UPDATE todos SET finished_at = updated_at WHERE state IN ('done', 'canceled', 'failed');
+DROP INDEX todos_finished;
+CREATE INDEX todos_finished ON todos (finished_at) WHERE finished_at IS NOT NULL;
+DROP TRIGGER todos_change ON todos;
+CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
+    FOR EACH ROW WHEN (NEW.state = 'pending') EXECUTE FUNCTION todos_change_seq();
+DROP INDEX todos_idempotency;
+CREATE UNIQUE INDEX todos_idempotency ON todos (endpoint, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+ALTER TABLE todos SET (fillfactor = 80);
+ALTER TABLE todo_attempts SET (fillfactor = 80);
+"#;
+
+/// `/healthz`'s write probe (as SQLite's 0011).
+const MIGRATION_0011: &str = "
+CREATE TABLE store_heartbeat (
+    id      integer NOT NULL PRIMARY KEY CHECK (id = 1),
+    beat_at bigint  NOT NULL
+);
+";
+
 /// The newest migration's number.
 pub(crate) fn latest_migration() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.0)
@@ -297,33 +336,3 @@ pub(super) async fn migrate(client: &mut Object, target: i32) -> Result<(), Erro
     }
     tx.commit().await.map_err(err)
 }
-
-/// Fewer index entries for each write of a todo, so that a heartbeat rewrites its todo and its
-/// attempt in place (HOT: Postgres adds no index entry when no indexed column changes and the
-/// page has room):
-/// - the reaper searches `lease_due_at`, a mark no later than the lease that a heartbeat leaves
-///   alone, where it searched the lease itself (see `rows::pg_derived`);
-/// - retention searches `finished_at`, `updated_at` once a todo is finished, where it searched
-///   `updated_at`, which a heartbeat sets;
-/// - the change sequence's trigger runs only for a row that is pending after the write (its
-///   index covers pending rows only), where it ran for every write;
-/// - the idempotency keys' unique index holds only the todos that have one;
-/// - both tables leave a fifth of each page free for the rewrites in place.
-const MIGRATION_0010: &str = r#"
-ALTER TABLE todos ADD COLUMN lease_due_at bigint;
-UPDATE todos SET lease_due_at = lease_expires_at WHERE lease_expires_at IS NOT NULL;
-DROP INDEX todos_lease;
-CREATE INDEX todos_lease ON todos (lease_due_at) WHERE state = 'claimed';
-ALTER TABLE todos ADD COLUMN finished_at bigint;
-UPDATE todos SET finished_at = updated_at WHERE state IN ('done', 'canceled', 'failed');
-DROP INDEX todos_finished;
-CREATE INDEX todos_finished ON todos (finished_at) WHERE finished_at IS NOT NULL;
-DROP TRIGGER todos_change ON todos;
-CREATE TRIGGER todos_change BEFORE INSERT OR UPDATE ON todos
-    FOR EACH ROW WHEN (NEW.state = 'pending') EXECUTE FUNCTION todos_change_seq();
-DROP INDEX todos_idempotency;
-CREATE UNIQUE INDEX todos_idempotency ON todos (endpoint, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-ALTER TABLE todos SET (fillfactor = 80);
-ALTER TABLE todo_attempts SET (fillfactor = 80);
-"#;

@@ -21,15 +21,16 @@ pub(crate) mod tx;
 use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::Object;
-use relay_core::Error;
 #[cfg(test)]
 use relay_core::ledger::{Actor, Attempt, Rows};
 use relay_core::ledger::{Answer, LedgerConfig, Op};
+use relay_core::{Error, Millis};
 
 pub use batch::Tuning as PgTuning;
 pub use listen::{READY_CHANNEL, Ready, ReadyListener};
 pub use tx::PgClock;
 
+use crate::store::WriteRefused;
 #[cfg(test)]
 use crate::store::ops;
 use crate::store::ops::TxKind;
@@ -41,6 +42,7 @@ use encode::pg_err;
 use migrations::latest_migration;
 #[cfg(test)]
 use migrations::migrate;
+use tokio_postgres::error::SqlState;
 use tx::{CHANGE_LOCK_KEY, PgTx};
 
 /// The Postgres backend of [`Store`](super::Store): its connections and settings (`db::Db`),
@@ -176,6 +178,45 @@ impl PgStore {
     pub(crate) async fn migrate_to(&self, target: i32) -> Result<(), Error> {
         let mut client = self.client("migrate").await?;
         migrate(&mut client, target).await
+    }
+
+    /// See [`Store::probe_write`](super::Store::probe_write): the heartbeat in a transaction of
+    /// its own, within `timeout` (a pooled connection included).
+    pub(crate) async fn probe_write(
+        &self,
+        now: Millis,
+        timeout: std::time::Duration,
+    ) -> Result<(), WriteRefused> {
+        let refused = |reason, error| WriteRefused {
+            store: "postgres",
+            reason,
+            error,
+        };
+        let at = i64::try_from(now).unwrap_or(i64::MAX);
+        let probe = async {
+            let client = self
+                .client("healthz")
+                .await
+                .map_err(|e| refused(WriteRefused::UNREACHABLE, e))?;
+            client.execute(super::HEARTBEAT, &[&at]).await.map_err(|e| {
+                let reason = match e.code() {
+                    Some(c) if *c == SqlState::DISK_FULL => WriteRefused::FULL,
+                    Some(_) => WriteRefused::FAILED,
+                    None => WriteRefused::UNREACHABLE,
+                };
+                refused(reason, pg_err("healthz", "(write probe)", &e))
+            })
+        };
+        match tokio::time::timeout(timeout, probe).await {
+            Ok(r) => r.map(drop),
+            Err(_) => Err(refused(
+                WriteRefused::LOCKED,
+                Error::internal(format!(
+                    "healthz: no write within {} ms",
+                    timeout.as_millis()
+                )),
+            )),
+        }
     }
 
     /// A pooled connection (tests use it for raw SQL).

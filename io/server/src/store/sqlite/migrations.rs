@@ -15,6 +15,7 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (8, "write_path", MIGRATION_0008),
     (9, "session_streams", MIGRATION_0009),
     (10, "board_bulk", MIGRATION_0010),
+    (11, "store_heartbeat", MIGRATION_0011),
 ];
 
 /// The todos table as it was before attempt history (the design's "before").
@@ -287,6 +288,15 @@ CREATE TABLE board_bulk_items (
     note            TEXT,
     done_at         INTEGER,
     PRIMARY KEY (bulk_id, todo_id)
+) STRICT;
+";
+
+/// `/healthz`'s write probe (`Store::probe_write`): one row, its time rewritten by every probe,
+/// so the table never grows.
+const MIGRATION_0011: &str = "
+CREATE TABLE store_heartbeat (
+    id      INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+    beat_at INTEGER NOT NULL
 ) STRICT;
 ";
 

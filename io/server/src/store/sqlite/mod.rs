@@ -24,12 +24,13 @@ mod tx;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
-use relay_core::Error;
 #[cfg(test)]
 use relay_core::ledger::Attempt;
 use relay_core::ledger::LedgerConfig;
+use relay_core::{Error, Millis};
 use rusqlite::{Connection, TransactionBehavior, params};
 
+use crate::store::WriteRefused;
 #[cfg(test)]
 use crate::store::ops;
 use crate::store::ops::TxKind;
@@ -221,22 +222,47 @@ impl SqliteStore {
             .await
     }
 
-    /// Whether a write transaction can start within `timeout` (`BEGIN IMMEDIATE`, rolled back):
-    /// a database write-locked by another process answers `Err` after `timeout`, not after the
-    /// usual busy timeout. On a reader's connection, so the probe waits for this process's own
-    /// writer only as long as one batch holds the lock.
-    pub(crate) async fn probe_write(&self, timeout: std::time::Duration) -> Result<(), Error> {
-        self.threads
-            .alone(To::Reader, "healthz", move |conn| {
-                let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
-                conn.busy_timeout(timeout).map_err(err)?;
-                let began = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map(drop);
-                conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
-                began.map_err(err)
-            })
-            .await
+    /// See [`Store::probe_write`](super::Store::probe_write): `BEGIN IMMEDIATE`, the heartbeat,
+    /// `COMMIT`. A database write-locked by another process answers `Err` after `timeout`, not
+    /// after the usual busy timeout. On a reader's connection, so the probe waits for this
+    /// process's own writer only as long as one batch holds the lock.
+    pub(crate) async fn probe_write(
+        &self,
+        now: Millis,
+        timeout: std::time::Duration,
+    ) -> Result<(), WriteRefused> {
+        let refused = |reason, error| WriteRefused {
+            store: "sqlite",
+            reason,
+            error,
+        };
+        let at = i64::try_from(now).unwrap_or(i64::MAX);
+        let probed = self.threads.alone(To::Reader, "healthz", move |conn| {
+            let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
+            conn.busy_timeout(timeout).map_err(err)?;
+            let wrote = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .and_then(|tx| {
+                    tx.execute(super::HEARTBEAT, params![at])?;
+                    tx.commit()
+                });
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+            Ok(wrote.map_err(|e| {
+                let reason = match e.sqlite_error_code() {
+                    Some(rusqlite::ErrorCode::DiskFull) => WriteRefused::FULL,
+                    Some(
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked,
+                    ) => WriteRefused::LOCKED,
+                    _ => WriteRefused::FAILED,
+                };
+                (reason, err(e))
+            }))
+        });
+        match probed.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((reason, e))) => Err(refused(reason, e)),
+            Err(e) => Err(refused(WriteRefused::FAILED, e)),
+        }
     }
 
     /// See [`Store::pending_since`](super::Store::pending_since). One read snapshot: with a
