@@ -136,13 +136,16 @@ async fn timed<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 
 /// Figure 1 at one depth; returns its p99 in milliseconds.
 async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u64) -> f64 {
-    timed(&format!("preload {depth} + {ELSEWHERE} pending"), async {
-        raw.clear().await;
-        raw.pending("scale", "q", depth).await;
-        raw.pending("scale", "other", ELSEWHERE / 2).await;
-        raw.pending("elsewhere", "q", ELSEWHERE / 2).await;
-        raw.analyze().await;
-    })
+    timed(
+        &format!("clear and preload {depth} + {ELSEWHERE} pending"),
+        async {
+            raw.clear().await;
+            raw.pending("scale", "q", depth).await;
+            raw.pending("scale", "other", ELSEWHERE / 2).await;
+            raw.pending("elsewhere", "q", ELSEWHERE / 2).await;
+            raw.analyze().await;
+        },
+    )
     .await;
     let actor = Actor::endpoint("scale");
     let mut lat = Lat::default();
@@ -183,7 +186,7 @@ async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u6
 /// Figure 2: fenced heartbeats over [`HELD`] open leases, each lease valid until an hour after
 /// `T0`.
 async fn heartbeats(store: &Store, raw: &preload::Raw, name: &str) {
-    timed(&format!("preload {HELD} held"), async {
+    timed(&format!("clear and preload {HELD} held"), async {
         raw.clear().await;
         raw.held("hold", HELD, T0 + 3600 * SECOND).await;
         raw.analyze().await;
@@ -232,7 +235,7 @@ async fn heartbeats(store: &Store, raw: &preload::Raw, name: &str) {
 /// Figure 3: [`LAPSED`] leases that lapsed a minute after `T0` beside figure 2's live ones,
 /// one reaper sweep at `T0` + 200 s.
 async fn reap(store: &Store, raw: &preload::Raw, name: &str) {
-    timed(&format!("preload {LAPSED} lapsed"), async {
+    timed(&format!("clear and preload {LAPSED} lapsed"), async {
         raw.held("lapse", LAPSED, T0 + 60 * SECOND).await;
         raw.analyze().await;
     })
@@ -268,7 +271,7 @@ async fn reap(store: &Store, raw: &preload::Raw, name: &str) {
 
 /// Figure 4: the bytes of [`DONE`] done todos and their attempts.
 async fn size(raw: &preload::Raw, name: &str) {
-    let s = timed(&format!("preload {DONE} done"), async {
+    let s = timed(&format!("clear and preload {DONE} done"), async {
         raw.clear().await;
         raw.done("done", DONE).await;
         raw.analyze().await;
@@ -554,10 +557,14 @@ mod preload {
             }
         }
 
-        /// Fresh planner statistics after a preload.
+        /// Fresh planner statistics after a preload; on SQLite also the preload's WAL moved into
+        /// the database, so that the store's first commit does not checkpoint it.
         pub async fn analyze(&self) {
             match self {
-                Raw::Sqlite(c) => Self::lite(c, |c| c.execute_batch("ANALYZE").expect("analyze")),
+                Raw::Sqlite(c) => Self::lite(c, |c| {
+                    c.execute_batch("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")
+                        .expect("analyze")
+                }),
                 Raw::Postgres(c) => c
                     .batch_execute("ANALYZE todos, todo_attempts")
                     .await
