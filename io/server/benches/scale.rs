@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo bench -p relay-server --bench scale                       # SQLite, a temp file
 //! cargo bench -p relay-server --bench scale -- --db postgres://…  # Postgres (a schema of its own)
+//! cargo bench -p relay-server --bench scale -- --db sqlite:PATH     # SQLite, that file
 //! ```
 //!
 //! The rows are preloaded with bulk SQL (see [`preload`], the one place that writes them), not
@@ -65,31 +66,12 @@ const SUMMARY: &str = "processed the batch: 42 records read, 40 written, 2 skipp
 const _: () = assert!(SUMMARY.len() == 100, "a 100-byte summary");
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let mut url = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--db" => url = args.next(),
-            s if s.starts_with("--db=") => url = Some(s["--db=".len()..].to_string()),
-            _ => {} // cargo passes --bench
-        }
-    }
+    let db = Db::for_bench(std::env::args().skip(1), "scale.db", "bench_scale");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let db = match url.as_deref() {
-        None => Db::sqlite_temp("scale.db"),
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
-            url: u.to_string(),
-            schema: format!("bench_scale_{}", std::process::id()),
-        },
-        Some(_) => {
-            eprintln!("--db: leave it out for SQLite on a temp file, or give postgres://…");
-            std::process::exit(2);
-        }
-    };
     rt.block_on(run(&db));
     if let Db::Postgres { url, schema } = &db {
         rt.block_on(pg_schema::drop_now(url, schema))
@@ -459,32 +441,27 @@ mod preload {
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
-                        "INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
-                                            max_attempts, lease_expires_at, claimed_at,
-                                            created_at, updated_at, attempts_total)
-                         SELECT ep || '-q-' || lpad(i::text, 8, '0'), ep, 'q', 'scale', 'claimed',
-                                ep, 1, 5, lease, t0, t0 - 1000000 + i, t0, 1
-                         FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS lease,
-                                      $4::bigint AS t0) AS p,
-                              generate_series(1, n) AS i",
-                        &[&big(n), &ep, &big(lease), &big(T0)],
-                    )
-                    .await
-                    .expect("preload held todos");
-                    c.execute(
-                        "INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
+                        "WITH s AS (
+                             SELECT i, ep || '-q-' || lpad(i::text, 8, '0') AS id, ep, lease, t0
+                             FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS lease,
+                                          $4::bigint AS t0) AS p,
+                                  generate_series(1, n) AS i),
+                         t AS (
+                             INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
+                                                max_attempts, lease_expires_at, claimed_at,
+                                                created_at, updated_at, attempts_total)
+                             SELECT id, ep, 'q', 'scale', 'claimed', ep, 1, 5, lease, t0,
+                                    t0 - 1000000 + i, t0, 1 FROM s)
+                         INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
                              claimer_endpoint, owner, claimant, claimed_at, lease_expires_at,
                              lease_token_hash)
-                         SELECT ep || '-q-' || lpad(i::text, 8, '0'), 1, 1, 'endpoint', ep, ep,
-                                'scale', t0, lease,
+                         SELECT id, 1, 1, 'endpoint', ep, ep, 'scale', t0, lease,
                                 sha256(convert_to('tok-' || ep || '-' || i::text, 'UTF8'))
-                         FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS lease,
-                                      $4::bigint AS t0) AS p,
-                              generate_series(1, n) AS i",
+                         FROM s",
                         &[&big(n), &ep, &big(lease), &big(T0)],
                     )
                     .await
-                    .expect("preload open attempts");
+                    .expect("preload held todos and their open attempts");
                 }
             }
         }
@@ -524,35 +501,31 @@ mod preload {
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
-                        "INSERT INTO todos (id, endpoint, queue, title, payload, state, attempt,
-                                            max_attempts, claimed_at, result, created_at,
-                                            updated_at, attempts_total)
-                         SELECT ep || '-q-' || lpad(i::text, 8, '0'), ep, 'q',
-                                'resize image ' || i, '{\"image\":' || i || '}', 'done', 1, 5,
-                                claimed, '{\"ok\":true}', claimed - 1000000 + i, ended, 1
-                         FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS claimed,
-                                      $4::bigint AS ended) AS p,
-                              generate_series(1, n) AS i",
-                        &[&big(n), &ep, &claimed, &ended],
-                    )
-                    .await
-                    .expect("preload done todos");
-                    c.execute(
-                        "INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
+                        "WITH s AS (
+                             SELECT i, ep || '-q-' || lpad(i::text, 8, '0') AS id, ep, claimed,
+                                    ended, summary
+                             FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS claimed,
+                                          $4::bigint AS ended, $5::text AS summary) AS p,
+                                  generate_series(1, n) AS i),
+                         t AS (
+                             INSERT INTO todos (id, endpoint, queue, title, payload, state,
+                                                attempt, max_attempts, claimed_at, result,
+                                                created_at, updated_at, attempts_total)
+                             SELECT id, ep, 'q', 'resize image ' || i, '{\"image\":' || i || '}',
+                                    'done', 1, 5, claimed, '{\"ok\":true}',
+                                    claimed - 1000000 + i, ended, 1 FROM s)
+                         INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
                              claimer_endpoint, owner, claimant, claimed_at, last_heartbeat_at,
                              lease_expires_at, ended_at, outcome, disposition, summary,
                              lease_token_hash)
-                         SELECT ep || '-q-' || lpad(i::text, 8, '0'), 1, 1, 'endpoint', ep, ep,
-                                'scale', claimed, claimed + 30000, claimed + 330000, ended,
-                                'completed', 'done', summary,
+                         SELECT id, 1, 1, 'endpoint', ep, ep, 'scale', claimed, claimed + 30000,
+                                claimed + 330000, ended, 'completed', 'done', summary,
                                 sha256(convert_to('tok-' || ep || '-' || i::text, 'UTF8'))
-                         FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::bigint AS claimed,
-                                      $4::bigint AS ended, $5::text AS summary) AS p,
-                              generate_series(1, n) AS i",
+                         FROM s",
                         &[&big(n), &ep, &claimed, &ended, &SUMMARY],
                     )
                     .await
-                    .expect("preload closed attempts");
+                    .expect("preload done todos and their closed attempts");
                 }
             }
         }
