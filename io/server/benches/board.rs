@@ -31,27 +31,12 @@ const TODOS: u64 = 20_000;
 const READS: usize = 30;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let mut url = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--db" => url = args.next(),
-            s if s.starts_with("--db=") => url = Some(s["--db=".len()..].to_string()),
-            _ => {} // cargo passes --bench
-        }
-    }
+    let db = Db::for_bench(std::env::args().skip(1), "board.db", "bench_board");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let db = match url.as_deref() {
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
-            url: u.to_string(),
-            schema: format!("bench_board_{}", std::process::id()),
-        },
-        _ => Db::sqlite_temp("board.db"),
-    };
     rt.block_on(run(&db));
     if let Db::Postgres { url, schema } = &db {
         rt.block_on(pg_schema::drop_now(url, schema))

@@ -55,7 +55,6 @@ const DIRECT_ENDPOINT: &str = "bench-direct";
 const TTL: u64 = 300 * SECOND;
 
 struct Args {
-    db: Option<String>,
     clients: usize,
     seconds: u64,
     todos: usize,
@@ -63,7 +62,6 @@ struct Args {
 
 fn args() -> Args {
     let mut out = Args {
-        db: None,
         clients: 16,
         seconds: 3,
         todos: 50_000,
@@ -77,12 +75,10 @@ fn args() -> Args {
     };
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--db" => out.db = it.next(),
-            s if s.starts_with("--db=") => out.db = Some(s["--db=".len()..].to_string()),
             "--clients" => out.clients = num(it.next(), "--clients") as usize,
             "--seconds" => out.seconds = num(it.next(), "--seconds"),
             "--todos" => out.todos = num(it.next(), "--todos") as usize,
-            _ => {} // cargo passes --bench
+            _ => {} // --db (see main), and cargo passes --bench
         }
     }
     out
@@ -90,17 +86,7 @@ fn args() -> Args {
 
 fn main() {
     let args = args();
-    let db = match args.db.as_deref() {
-        None => Db::sqlite_temp("bench.db"),
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
-            url: u.to_string(),
-            schema: format!("bench_http_{}", std::process::id()),
-        },
-        Some(_) => {
-            eprintln!("--db: leave it out for SQLite on a temp file, or give postgres://…");
-            std::process::exit(2);
-        }
-    };
+    let db = Db::for_bench(std::env::args().skip(1), "bench.db", "bench_http");
     // Two workers: this machine's cores, shared by the server and the clients.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

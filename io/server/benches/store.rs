@@ -49,7 +49,6 @@ const TTL: u64 = 300 * SECOND;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut url = None;
     let mut knobs = Knobs::default();
     let num = |v: Option<String>, what: &str| -> usize {
         v.and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -59,14 +58,12 @@ fn main() {
     };
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--db" => url = args.next(),
-            s if s.starts_with("--db=") => url = Some(s["--db=".len()..].to_string()),
             "--writers" => knobs.tuning.writers = num(args.next(), "--writers"),
             "--batch-max" => knobs.tuning.batch_max = num(args.next(), "--batch-max"),
             "--handles" => knobs.handles = num(args.next(), "--handles").max(1),
             "--db-clock" => knobs.db_clock = true,
             "--only-callers" => knobs.only = Some(num(args.next(), "--only-callers").max(1)),
-            _ => {} // cargo passes --bench
+            _ => {} // --db (below), and cargo passes --bench
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -74,24 +71,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let db = match url.as_deref() {
-        None => Db::sqlite_temp("bench.db"),
-        Some(u) if u.starts_with("sqlite:") && u != "sqlite::memory:" => {
-            let dir = tempfile::tempdir().expect("a temp dir");
-            Db::Sqlite {
-                _dir: dir,
-                path: u["sqlite:".len()..].into(),
-            }
-        }
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Db::Postgres {
-            url: u.to_string(),
-            schema: format!("bench_{}", std::process::id()),
-        },
-        Some(_) => {
-            eprintln!("--db: use sqlite:PATH (a file) or postgres://…");
-            std::process::exit(2);
-        }
-    };
+    let db = Db::for_bench(std::env::args().skip(1), "bench.db", "bench");
     rt.block_on(run(&db, &knobs));
     if let Db::Postgres { url, schema } = &db {
         rt.block_on(pg_schema::drop_now(url, schema))

@@ -42,6 +42,41 @@ impl Db {
         v
     }
 
+    /// The database a benchmark's arguments name with `--db URL` (or `--db=URL`; every other
+    /// argument is passed over, cargo's `--bench` among them): SQLite on `file` in a temp dir
+    /// when there is none, `sqlite:PATH` that file, `postgres://…` a schema `{prefix}_{pid}` of
+    /// its own. Exits with a usage line on anything else.
+    pub fn for_bench(args: impl IntoIterator<Item = String>, file: &str, prefix: &str) -> Db {
+        let mut args = args.into_iter();
+        let mut url = None;
+        while let Some(a) = args.next() {
+            match a.strip_prefix("--db=") {
+                Some(u) => url = Some(u.to_string()),
+                None if a == "--db" => url = args.next(),
+                None => {}
+            }
+        }
+        match url.as_deref() {
+            None => Db::sqlite_temp(file),
+            Some(u) if u.starts_with("sqlite:") && u != "sqlite::memory:" => Db::Sqlite {
+                _dir: tempfile::tempdir().expect("a temp dir"),
+                path: u["sqlite:".len()..].into(),
+            },
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Db::Postgres {
+                    url: u.to_string(),
+                    schema: format!("{prefix}_{}", std::process::id()),
+                }
+            }
+            Some(_) => {
+                eprintln!(
+                    "--db: leave it out for SQLite on a temp file, or give sqlite:PATH (a file) or postgres://…"
+                );
+                std::process::exit(2);
+            }
+        }
+    }
+
     /// SQLite on `file` in a fresh temp dir.
     pub fn sqlite_temp(file: &str) -> Db {
         let dir = tempfile::tempdir().expect("a temp dir");
