@@ -281,11 +281,14 @@ fn mib(b: u64) -> f64 {
 
 /// EVERY RAW SQL STATEMENT OF THE BENCH: the rows it preloads, one function a row shape with
 /// one statement a dialect, and the reads of counts and sizes. The store's schema (the
-/// MIGRATIONS of `src/store/sqlite.rs` and `src/store/postgres.rs`) changes: adapt it here.
+/// migrations in `src/store/sqlite/migrations.rs` and `src/store/postgres/migrations.rs`)
+/// changes: adapt it here.
 ///
 /// Rows as the store would have written them: a claimed todo's open attempt matches it
 /// (`owner`, `attempt`, `lease_expires_at`, `seq = attempts_total`), and its lease token's
-/// hash is the SHA-256 of [`token`]. On Postgres the session runs with
+/// hash is the SHA-256 of [`token`]. On Postgres the columns the store derives on each write
+/// (`rows::pg_derived`) are set the same way: a held todo's `lease_due_at` is its lease, a
+/// done todo's `finished_at` its `updated_at`. On Postgres the session runs with
 /// `session_replication_role = replica`, so the preload fires no trigger: no NOTIFY for a
 /// million pending rows, `change_seq` 0 (as on rows from before migration 0004), and the
 /// foreign key unchecked (the rows satisfy it by construction).
@@ -449,9 +452,10 @@ mod preload {
                          t AS (
                              INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
                                                 max_attempts, lease_expires_at, claimed_at,
-                                                created_at, updated_at, attempts_total)
+                                                created_at, updated_at, attempts_total,
+                                                lease_due_at)
                              SELECT id, ep, 'q', 'scale', 'claimed', ep, 1, 5, lease, t0,
-                                    t0 - 1000000 + i, t0, 1 FROM s)
+                                    t0 - 1000000 + i, t0, 1, lease FROM s)
                          INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
                              claimer_endpoint, owner, claimant, claimed_at, lease_expires_at,
                              lease_token_hash)
@@ -510,10 +514,11 @@ mod preload {
                          t AS (
                              INSERT INTO todos (id, endpoint, queue, title, payload, state,
                                                 attempt, max_attempts, claimed_at, result,
-                                                created_at, updated_at, attempts_total)
+                                                created_at, updated_at, attempts_total,
+                                                finished_at)
                              SELECT id, ep, 'q', 'resize image ' || i, '{\"image\":' || i || '}',
                                     'done', 1, 5, claimed, '{\"ok\":true}',
-                                    claimed - 1000000 + i, ended, 1 FROM s)
+                                    claimed - 1000000 + i, ended, 1, ended FROM s)
                          INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind,
                              claimer_endpoint, owner, claimant, claimed_at, last_heartbeat_at,
                              lease_expires_at, ended_at, outcome, disposition, summary,

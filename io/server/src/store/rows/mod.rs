@@ -10,4 +10,6 @@ mod tests;
 
 pub(crate) use cols::*;
 pub(crate) use decode::{Row, attempt, endpoint, todo};
-pub(crate) use sql::{Shared, pending_page, pending_since, pg_derived_set};
+#[cfg(feature = "postgres")]
+pub(crate) use sql::pg_derived_set;
+pub(crate) use sql::{Shared, pending_page, pending_since};

@@ -162,7 +162,7 @@ impl SqliteStore {
             for _ in 0..tuning.readers {
                 readers.push(connect(p.as_deref())?);
             }
-            Ok(Threads::start(writer, readers, tuning))
+            Threads::start(writer, readers, connect(p.as_deref())?, tuning)
         };
         // Opening is one hop to the blocking pool; the operations after it go to the threads.
         #[cfg(not(madsim))]

@@ -197,3 +197,44 @@ async fn cached_statements_are_not_reprepared() {
         );
     }
 }
+
+/// The writer never checkpoints (a checkpoint inside a commit holds up every operation queued
+/// behind it); the checkpointer does, beside it, and brings the whole WAL into the database.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_checkpointer_not_the_writer_checkpoints_the_wal() {
+    let (_dir, s) = file_store().await;
+    let store = super::super::Store::Sqlite(s.clone());
+    let auto: i64 = s
+        .with_conn(|c| {
+            c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+                .map_err(|e| Error::internal(e.to_string()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(auto, 0, "the writer checkpoints automatically");
+    for i in 0..50 {
+        let new = NewTodo {
+            id: format!("t{i}"),
+            queue: "q".into(),
+            title: "x".repeat(1000),
+            ..NewTodo::default()
+        };
+        let add = Op::AddTodo {
+            now: 1_790_000_000_000,
+            endpoint: "e".into(),
+            new,
+        };
+        store.apply(add).await.unwrap();
+    }
+    let (frames, checkpointed) = s
+        .threads
+        .checkpoint()
+        .await
+        .unwrap()
+        .expect("a checkpointer");
+    assert!(frames > 0, "the adds wrote no WAL");
+    assert_eq!(
+        checkpointed, frames,
+        "part of the WAL stayed out of the database"
+    );
+}
