@@ -118,6 +118,10 @@ pub(crate) struct Threads {
     checkpoints: Option<mpsc::SyncSender<Checkpoint>>,
 }
 
+/// The WAL's size, in pages, past which a commit asks for a checkpoint (SQLite's own default
+/// for its automatic one).
+const CHECKPOINT_PAGES: std::ffi::c_int = 1000;
+
 /// What the checkpointer is asked. The writer never checkpoints: SQLite's automatic
 /// checkpoint runs inside the commit that crosses its threshold (1 000 pages of WAL), so every
 /// operation queued behind that commit waited for the copy and its fsync (a heartbeat's p99
@@ -125,7 +129,8 @@ pub(crate) struct Threads {
 /// checkpointer copies the WAL into the database on a connection of its own, while the writer
 /// goes on: SQLite lets a PASSIVE checkpoint run beside a writer.
 pub(crate) enum Checkpoint {
-    /// A batch committed: checkpoint when next free (signals waiting meanwhile count once).
+    /// A commit left [`CHECKPOINT_PAGES`] or more in the WAL: checkpoint when next free
+    /// (signals waiting meanwhile count once).
     Due,
     /// Checkpoint now and answer with SQLite's (WAL frames, frames checkpointed).
     #[cfg(test)]
@@ -169,10 +174,21 @@ impl Threads {
         checkpointer: Connection,
         tuning: Tuning,
     ) -> Result<Threads, Error> {
-        writer
-            .pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(|e| batch_err("turning the writer's automatic checkpoints off", &e))?;
         let (ctx, crx) = mpsc::sync_channel(1);
+        // SQLite's own automatic checkpoint is this hook's default; ours only asks.
+        let due = ctx.clone();
+        let mut writer = writer;
+        writer
+            .wal_hook(Some(
+                move |_: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
+                    if pages >= CHECKPOINT_PAGES {
+                        // Full: one is already waiting, and it covers this commit too.
+                        let _ = due.try_send(Checkpoint::Due);
+                    }
+                    Ok(())
+                },
+            ))
+            .map_err(|e| batch_err("handing the writer's checkpoints to the checkpointer", &e))?;
         std::thread::Builder::new()
             .name("relay-sqlite-checkpointer".into())
             .spawn(move || checkpointer_loop(&checkpointer, &crx))
@@ -180,11 +196,10 @@ impl Threads {
         let (wtx, wrx) = mpsc::channel();
         let batch_max = tuning.batch_max.max(1);
         #[cfg(test)]
-        let checkpoints = Some(ctx.clone());
-        let due = ctx;
+        let checkpoints = Some(ctx);
         std::thread::Builder::new()
             .name("relay-sqlite-writer".into())
-            .spawn(move || writer_loop(writer, &wrx, batch_max, &due))
+            .spawn(move || writer_loop(writer, &wrx, batch_max))
             .expect("spawn the SQLite writer thread");
         let readers = (!readers.is_empty()).then(|| {
             let (rtx, rrx) = mpsc::channel();
@@ -275,12 +290,7 @@ impl Threads {
     }
 }
 
-fn writer_loop(
-    mut conn: Connection,
-    rx: &mpsc::Receiver<Work>,
-    batch_max: usize,
-    checkpoints: &mpsc::SyncSender<Checkpoint>,
-) {
+fn writer_loop(mut conn: Connection, rx: &mpsc::Receiver<Work>, batch_max: usize) {
     // Work taken from the channel but not yet run, oldest first: an `Alone` that ended a batch,
     // or the operations after one that lost the batch's transaction.
     let mut carry: VecDeque<Work> = VecDeque::new();
@@ -311,8 +321,6 @@ fn writer_loop(
             }
         }
         commit_batch(&conn, batch, &mut carry);
-        // Full: one is already waiting, and it covers this batch too.
-        let _ = checkpoints.try_send(Checkpoint::Due);
     }
 }
 
