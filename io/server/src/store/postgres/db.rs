@@ -125,6 +125,9 @@ impl Db {
 
     /// Applies one operation in a transaction of its own.
     pub(crate) async fn apply_alone(&self, mut op: Op) -> Result<Answer, Error> {
+        if let Op::Reap { now } = op {
+            self.move_reap_marks(now).await?;
+        }
         let (kind, name, subject) = (TxKind::of(&op), op.name(), op.subject());
         let mut client = self.client(name).await?;
         let mut tx = self.begin(&mut client, kind, name).await?;
@@ -136,6 +139,20 @@ impl Db {
         }
         .await;
         tx.finish(name, &subject, result).await
+    }
+
+    /// [`PgTx::move_reap_marks`] in a transaction of its own, at `now` (the caller's clock's, or
+    /// the database's as the store reads it).
+    async fn move_reap_marks(&self, now: relay_core::Millis) -> Result<(), Error> {
+        let name = "reap";
+        let mut client = self.client(name).await?;
+        let tx = self.begin(&mut client, TxKind::Write, name).await?;
+        let result = async {
+            let now = tx.db_now(now).await?;
+            tx.move_reap_marks(now).await.map(drop)
+        }
+        .await;
+        tx.finish(name, "(the reaper's marks)", result).await
     }
 
     /// A pooled connection (tests use it for raw SQL).

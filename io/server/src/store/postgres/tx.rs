@@ -227,6 +227,22 @@ impl PgTx<'_> {
 }
 
 impl PgTx<'_> {
+    /// Moves the reaper's mark (`lease_due_at`) of every lease still running whose mark has
+    /// passed (renewed by heartbeats since it was set) up to its lease, so that the reaper's
+    /// search reads each running lease about once a lease, not at every sweep. Run before a
+    /// reap, in a transaction of its own: the rows it locks are let go at its commit, not held
+    /// while the sweep runs (their holders' heartbeats would wait for it).
+    pub(crate) async fn move_reap_marks(&self, now: Millis) -> Result<u64, Error> {
+        let op = "reap";
+        self.exec(
+            op,
+            "(the reaper's marks)",
+            REAP_MARKS,
+            vec![Val::Big(Some(ms(op, now)?))],
+        )
+        .await
+    }
+
     /// Runs one statement with the values bound in order; the rows it changed.
     async fn exec(&self, op: &str, subject: &str, sql: &str, vals: Vec<Val>) -> Result<u64, Error> {
         let vals = pg_vals(op, vals)?;
@@ -269,7 +285,7 @@ impl PgTx<'_> {
 /// One server at a time runs each background sweep: a transaction-scoped advisory lock, tried
 /// and skipped when held, released at commit or rollback, and when its holder's connection dies
 /// (a server killed mid-sweep holds nothing). Keyed by the schema and the sweep's name.
-/// See `candidates`: rows a writer holds are skipped, for a later sweep.
+/// See [`PgTx::move_reap_marks`]: rows a writer holds are skipped, for a later sweep.
 const REAP_MARKS: &str = "UPDATE todos SET lease_due_at = lease_expires_at WHERE id IN (
     SELECT id FROM todos WHERE state = 'claimed' AND lease_due_at <= $1
        AND lease_expires_at > $1 FOR UPDATE SKIP LOCKED)";
@@ -409,13 +425,6 @@ impl Rows for PgTx<'_> {
         {
             // Another server is running this sweep right now; it closes what this one would.
             return Ok(Vec::new());
-        }
-        if let Sweep::Reap { now } = sweep {
-            // Leases still running whose mark has passed (renewed by heartbeats since it was
-            // set) get the mark moved up to the lease, so that the reaper reads each running
-            // lease about once a lease, not at every sweep.
-            self.exec(op, "", REAP_MARKS, vec![Val::Big(Some(ms(op, now)?))])
-                .await?;
         }
         let (sql, arg) = SQL.sweep(op, sweep)?;
         let sql = format!("{sql} ORDER BY id{lock}");

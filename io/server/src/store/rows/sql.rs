@@ -304,7 +304,7 @@ impl Shared {
         let q = Query::new(m);
         Ok(match sweep {
             // mirrors transition::reap. On Postgres through the reaper's mark, which is never
-            // later than the lease (see `lease_due`).
+            // later than the lease (see `pg_derived`).
             Sweep::Reap { now } if !q.sqlite() => (
                 format!(
                     "SELECT id FROM todos WHERE state = 'claimed' AND lease_due_at <= {m}1
@@ -349,9 +349,9 @@ impl Shared {
                 format!("SELECT id FROM todos WHERE endpoint = {m}1 AND state = 'claimed'"),
                 label(Some(endpoint)),
             ),
-            // mirrors ledger::purgeable. On Postgres through `finished_at`, the generated
-            // column that is `updated_at` once a todo is finished (migration 0010): a heartbeat's
-            // `updated_at` then changes no indexed column.
+            // mirrors ledger::purgeable. On Postgres through `finished_at`, `updated_at` once a
+            // todo is finished (see `pg_derived`): a heartbeat's `updated_at` then changes no
+            // indexed column.
             Sweep::Purge { cutoff } if !q.sqlite() => (
                 format!(
                     "SELECT id FROM todos WHERE finished_at <= {m}1
