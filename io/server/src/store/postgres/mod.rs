@@ -153,6 +153,14 @@ impl PgStore {
         self.writers.apply(op)
     }
 
+    /// Tests: a connection as a writer sets it up.
+    #[cfg(test)]
+    pub(crate) async fn writer_connection(
+        &self,
+    ) -> Result<deadpool_postgres::ClientWrapper, Error> {
+        batch::writer_connection(&self.db).await
+    }
+
     #[cfg(test)]
     pub(crate) fn hold_writer(&self, release: tokio::sync::oneshot::Receiver<()>) {
         self.writers.hold(release);

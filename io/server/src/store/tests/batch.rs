@@ -318,3 +318,64 @@ fn claims_walk_the_fifo_index_without_statistics() {
         );
     });
 }
+
+/// A batch reads a todo's open attempt through the one-open-attempt index even while the
+/// attempts table's statistics say it is empty (a new store, a burst before autovacuum analyzes
+/// it), where the bench found every batch scanning the whole table: a writer's connection rules
+/// sequential scans out and keeps each statement's generic plan. The pool's connections keep the
+/// defaults.
+#[test]
+fn writers_read_open_attempts_by_index_without_statistics() {
+    use crate::store::postgres::batch::stmt::OPEN_MANY;
+
+    let Some(schema) = PgSchema::new("writers_read_open_attempts_by_index_without_statistics")
+    else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let store = schema.open(LedgerConfig::default()).await;
+        super::raw_batch(
+            &store,
+            "ALTER TABLE todo_attempts SET (autovacuum_enabled = false);
+             ANALYZE todo_attempts;
+             INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt, max_attempts,
+                                lease_expires_at, created_at, updated_at, attempts_total)
+             SELECT 'td_' || lpad(i::text, 6, '0'), 'e1', 'q', 't', 'claimed', 'e1', 1, 5,
+                    10, i, i, 1
+             FROM generate_series(1, 20000) i;
+             INSERT INTO todo_attempts (todo_id, seq, attempt, claimer_kind, claimer_endpoint,
+                                        owner, claimed_at, lease_expires_at)
+             SELECT 'td_' || lpad(i::text, 6, '0'), 1, 1, 'endpoint', 'e1', 'e1', i, 10
+             FROM generate_series(1, 20000) i",
+        )
+        .await;
+        let Store::Postgres(p) = &store else {
+            unreachable!()
+        };
+        let setting = async |c: &tokio_postgres::Client, name: &str| -> String {
+            c.query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap()
+                .get(0)
+        };
+        let writer = p.writer_connection().await.unwrap();
+        assert_eq!(setting(&writer, "enable_seqscan").await, "off");
+        assert_eq!(
+            setting(&writer, "plan_cache_mode").await,
+            "force_generic_plan"
+        );
+        let ids = vec!["td_000007".to_string(), "td_012345".to_string()];
+        let rows = writer
+            .query(&format!("EXPLAIN (COSTS OFF) {}", *OPEN_MANY), &[&ids])
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("Index Scan using todo_attempts_one_open") && !plan.contains("Seq Scan"),
+            "{plan}"
+        );
+        let pooled = p.client("test").await.unwrap();
+        assert_eq!(setting(&pooled, "enable_seqscan").await, "on");
+    });
+}

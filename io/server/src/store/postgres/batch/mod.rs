@@ -187,6 +187,16 @@ async fn writer_loop(store: Db, rx: Arc<Mutex<mpsc::UnboundedReceiver<Work>>>, b
 /// generic plan it was prepared with, instead of being planned again at each execution.
 const WRITER_PLANS: &str = "SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan";
 
+/// A writer's connection: taken out of the pool (a connection left inside a transaction, by a
+/// writer dropped in the middle of a batch, must never go back to it), with [`WRITER_PLANS`].
+pub(crate) async fn writer_connection(store: &Db) -> Result<ClientWrapper, Error> {
+    let c = deadpool_postgres::Object::take(store.client("batch").await?);
+    c.batch_execute(WRITER_PLANS)
+        .await
+        .map_err(|e| pg_err("batch", "", &e))?;
+    Ok(c)
+}
+
 /// What became of a batch's transaction.
 enum Done {
     Committed(Vec<Result<Answer, Error>>),
@@ -198,19 +208,7 @@ enum Done {
 
 async fn run_jobs(store: &Db, conn: &mut Option<ClientWrapper>, jobs: Vec<(Op, Reply)>) {
     if conn.as_ref().is_none_or(|c| c.is_closed()) {
-        // Taken out of the pool: a connection left inside a transaction (a writer dropped in the
-        // middle of a batch) must never go back to it.
-        let taken = match store.client("batch").await {
-            Ok(c) => {
-                let c = deadpool_postgres::Object::take(c);
-                c.batch_execute(WRITER_PLANS)
-                    .await
-                    .map(|()| c)
-                    .map_err(|e| pg_err("batch", "", &e))
-            }
-            Err(e) => Err(e),
-        };
-        *conn = match taken {
+        *conn = match writer_connection(store).await {
             Ok(c) => Some(c),
             Err(e) => {
                 for (_, reply) in jobs {

@@ -187,7 +187,7 @@ pub(super) static LOAD_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::
         SQL.todo_select
     )
 });
-pub(super) static OPEN_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub(crate) static OPEN_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {} FROM todo_attempts a WHERE a.todo_id = ANY($1) AND a.ended_at IS NULL",
         rows::select_list("a", &rows::ATTEMPT_COLS)
