@@ -273,6 +273,51 @@ impl DoorbellListener {
         Ok(queues)
     }
 
+    /// Waits for a stream's answer (`what` names it in the log) and checks its status: `Ok` for
+    /// a 2xx, else how the stream ended (`special` first: a status with a meaning of its own).
+    async fn open(
+        &self,
+        what: &str,
+        opening: super::transport::Answer<super::transport::StreamResponse>,
+        special: impl Fn(u16) -> Option<StreamEnd>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<super::transport::StreamResponse, StreamEnd> {
+        let opened = tokio::select! {
+            _ = stopped(stop) => return Err(StreamEnd::Stopped),
+            r = opening => r,
+        };
+        let resp = match opened {
+            Ok(resp) => resp,
+            Err(e) => {
+                tracing::warn!(source = %self.ep.source, "doorbell: {what} did not open: {e}");
+                return Err(StreamEnd::Lost { opened: false });
+            }
+        };
+        let status = resp.status;
+        if (200..=299).contains(&status) {
+            return Ok(resp);
+        }
+        if let Some(end) = special(status) {
+            return Err(end);
+        }
+        if status == 401 || status == 403 {
+            tracing::error!(
+                source = %self.ep.source,
+                status,
+                "doorbell: the server refused the credential; check the source's \
+                 Authorization header and the token in its env_file"
+            );
+        } else {
+            tracing::warn!(
+                source = %self.ep.source,
+                status,
+                "doorbell: the server answered {what} with HTTP {status}; check that the \
+                 source's url is the server's /mcp/<endpoint> URL"
+            );
+        }
+        Err(StreamEnd::Lost { opened: false })
+    }
+
     /// Opens a `subscriptions/listen` stream (modern era) and forwards its rings until it ends.
     async fn listen_modern(
         &self,
@@ -295,38 +340,12 @@ impl DoorbellListener {
             relay_core::mcp::Method::Listen.as_str(),
             era_rules::listen_params(&queues),
         );
-        let opened = tokio::select! {
-            _ = stopped(stop) => return StreamEnd::Stopped,
-            r = self.ep.transport.post_stream(req) => r,
-        };
-        let mut resp = match opened {
+        let refused = |s| era_rules::modern_refused(s, None).then_some(StreamEnd::EraGone);
+        let opening = self.ep.transport.post_stream(req);
+        let mut resp = match self.open("the listen stream", opening, refused, stop).await {
             Ok(resp) => resp,
-            Err(e) => {
-                tracing::warn!(source = %self.ep.source, "doorbell: the listen stream did not open: {e}");
-                return StreamEnd::Lost { opened: false };
-            }
+            Err(end) => return end,
         };
-        match resp.status {
-            200..=299 => {}
-            401 | 403 => {
-                tracing::error!(
-                    source = %self.ep.source,
-                    status = resp.status,
-                    "doorbell: the server refused the credential; check the source's \
-                     Authorization header and the token in its env_file"
-                );
-                return StreamEnd::Lost { opened: false };
-            }
-            s if era_rules::modern_refused(s, None) => return StreamEnd::EraGone,
-            status => {
-                tracing::warn!(
-                    source = %self.ep.source,
-                    status,
-                    "doorbell: the server answered subscriptions/listen with HTTP {status}"
-                );
-                return StreamEnd::Lost { opened: false };
-            }
-        }
         let is_stream = resp
             .header("content-type")
             .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
@@ -421,39 +440,12 @@ impl DoorbellListener {
         if let Some(id) = last_event_id.as_deref() {
             req.headers.push(("last-event-id".into(), id.to_string()));
         }
-        let opened = tokio::select! {
-            _ = stopped(stop) => return StreamEnd::Stopped,
-            r = self.ep.transport.get_stream(req) => r,
-        };
-        let mut resp = match opened {
+        let gone = |s| (s == 404 && session.id.is_some()).then_some(StreamEnd::SessionGone);
+        let opening = self.ep.transport.get_stream(req);
+        let mut resp = match self.open("the GET stream", opening, gone, stop).await {
             Ok(resp) => resp,
-            Err(e) => {
-                tracing::warn!(source = %self.ep.source, "doorbell: the stream did not open: {e}");
-                return StreamEnd::Lost { opened: false };
-            }
+            Err(end) => return end,
         };
-        match resp.status {
-            200..=299 => {}
-            404 if session.id.is_some() => return StreamEnd::SessionGone,
-            401 | 403 => {
-                tracing::error!(
-                    source = %self.ep.source,
-                    status = resp.status,
-                    "doorbell: the server refused the credential; check the source's \
-                     Authorization header and the token in its env_file"
-                );
-                return StreamEnd::Lost { opened: false };
-            }
-            status => {
-                tracing::warn!(
-                    source = %self.ep.source,
-                    status,
-                    "doorbell: the server answered the GET stream with HTTP {status}; check that \
-                     the source's url is the server's /mcp/<endpoint> URL"
-                );
-                return StreamEnd::Lost { opened: false };
-            }
-        }
         let mut parser = SseParser::new();
         loop {
             let chunk = tokio::select! {
