@@ -133,8 +133,16 @@ pub enum TodoCmd {
     },
     /// Retry a failed, done or canceled todo now (resets its attempt count).
     Retry { id: String },
-    /// Cancel a pending, claimed or failed todo.
+    /// Cancel a pending, claimed, failed or waiting todo.
     Cancel { id: String },
+    /// Answer the question of a todo waiting for input (input_required); it becomes pending,
+    /// and its next attempt receives the question and the answer.
+    Answer {
+        id: String,
+        /// The answer, 1 to 8192 bytes.
+        #[arg(long)]
+        text: String,
+    },
 }
 
 #[derive(Args)]
@@ -175,6 +183,19 @@ pub struct AddArgs {
     /// (default 2; 0 turns it off).
     #[arg(long)]
     max_same_failures: Option<u32>,
+    /// Questions its attempts may ask a human before the next one dead-letters it (default 3;
+    /// 0: never ask).
+    #[arg(long)]
+    max_input_requests: Option<u32>,
+    /// How long an answer may take, in seconds from the question (reason no_answer past it).
+    #[arg(long)]
+    answer_within_seconds: Option<u64>,
+    /// A spend limit in US dollars across its attempts (reason budget_exhausted at it).
+    #[arg(long)]
+    budget_usd: Option<f64>,
+    /// A spend limit in tokens (input and output) across its attempts.
+    #[arg(long)]
+    budget_tokens: Option<u64>,
 }
 
 /// Prints the error as one line and answers the exit code.
@@ -467,6 +488,12 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 &a.queue,
                 ["--endpoint", "--queue"],
             )?;
+            let budget = relay_core::wire::BudgetArg {
+                cost_usd: a.budget_usd,
+                tokens: a.budget_tokens,
+            }
+            .to_budget("todo add")
+            .map_err(|e| Error::invalid(e.message.replace("budget.cost_usd", "--budget-usd")))?;
             let id = relay_server::server::new_todo_id()?;
             let new = NewTodo {
                 id,
@@ -481,6 +508,9 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 idempotency_key: a.idempotency_key,
                 deadline_seconds: a.deadline_seconds,
                 max_same_failures: a.max_same_failures,
+                max_input_requests: a.max_input_requests,
+                answer_within_seconds: a.answer_within_seconds,
+                budget,
             };
             let add = Op::AddTodo {
                 now: now(),
@@ -589,6 +619,25 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             if let Some(k) = &t.idempotency_key {
                 out!("  idempotency key {}", esc(k));
             }
+            if !t.spent.is_zero() || !t.budget.is_none() {
+                out!(
+                    "  spent {} of budget {}",
+                    t.spent.describe(),
+                    t.budget.describe()
+                );
+            }
+            if t.state == relay_core::ledger::TodoState::InputRequired {
+                let asked = view.attempts.first().and_then(|a| a.question.as_ref());
+                out!(
+                    "  waiting for an answer since {}{} (relay todo answer {} --text …): {}",
+                    rfc3339(t.updated_at),
+                    t.asking
+                        .answer_due_at
+                        .map_or(String::new(), |d| format!(", due by {}", rfc3339(d))),
+                    esc(&t.id),
+                    asked.map_or(String::new(), |q| esc(&q.text).into_owned())
+                );
+            }
             if let Some(text) = relay_core::ledger::attention(&view) {
                 out!("  attention: {}", esc(&text));
             }
@@ -635,6 +684,16 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 if let Some(sig) = &a.failure_signature {
                     out!("      failure signature: {}", esc(sig));
                 }
+                if let Some(q) = &a.question {
+                    out!("      asked: {}", esc(&q.text));
+                    if let (Some(ans), Some(at), Some(by)) = (&q.answer, q.answered_at, &q.answered_by)
+                    {
+                        out!("      answered {} by {}: {}", rfc3339(at), esc(by), esc(ans));
+                    }
+                }
+                if !a.usage.is_zero() {
+                    out!("      spent {}", a.usage.describe());
+                }
                 for l in &a.late_reports {
                     out!(
                         "      late report at {}: {}{}",
@@ -668,6 +727,20 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             let store = open(db).await?;
             let (now, actor) = (now(), Actor::cli());
             let t = store.apply(Op::Cancel { now, actor, id }).await?.todo()?;
+            out!("{}: {}", esc(&t.id), t.state);
+            Ok(())
+        }
+        TodoCmd::Answer { id, text } => {
+            let store = open(db).await?;
+            let (now, actor) = (now(), Actor::cli());
+            let op = Op::AnswerTodo {
+                now,
+                actor,
+                id,
+                answer: text,
+                key: None,
+            };
+            let t = store.apply(op).await?.todo()?;
             out!("{}: {}", esc(&t.id), t.state);
             Ok(())
         }

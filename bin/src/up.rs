@@ -504,7 +504,7 @@ async fn counts(store: &Store) -> Result<Counts, String> {
             TodoState::Canceled => c.canceled += 1,
             TodoState::Claimed => c.claimed += 1,
             TodoState::Failed if t.dead_letter() => c.dead += 1,
-            TodoState::Failed => c.waiting += 1,
+            TodoState::Failed | TodoState::InputRequired => c.waiting += 1,
             TodoState::Pending => {}
         }
     }

@@ -210,6 +210,9 @@ pub struct StateCount {
     pub todos: u64,
     pub retry_scheduled: u64,
     pub oldest_created_at: Option<Millis>,
+    /// The earliest last change in the group: for todos waiting for an answer, when the
+    /// longest-waiting one asked.
+    pub oldest_updated_at: Option<Millis>,
 }
 
 /// One queue's line on the overview.
@@ -223,6 +226,9 @@ pub struct QueueCounts {
     pub done: u64,
     pub canceled: u64,
     pub oldest_pending: Option<Millis>,
+    /// Todos waiting for an answer (`input_required`), and since when the longest has waited.
+    pub waiting: u64,
+    pub oldest_waiting: Option<Millis>,
     pub paused: bool,
 }
 
@@ -263,6 +269,13 @@ pub fn queue_counts(groups: &[StateCount], paused: &[String]) -> Vec<QueueCounts
             }
             TodoState::Done => c.done += g.todos,
             TodoState::Canceled => c.canceled += g.todos,
+            TodoState::InputRequired => {
+                c.waiting += g.todos;
+                c.oldest_waiting = match (c.oldest_waiting, g.oldest_updated_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
         }
     }
     out.into_values().collect()
@@ -472,6 +485,14 @@ mod tests {
             idempotency_key: None,
             deadline_at: None,
             max_same_failures: 2,
+            asking: crate::ledger::Asking {
+                max_requests: 3,
+                requests: 0,
+                answer_within: None,
+                answer_due_at: None,
+            },
+            budget: crate::ledger::Budget::default(),
+            spent: crate::ledger::Usage::default(),
         }
     }
 
@@ -609,6 +630,7 @@ mod tests {
             todos,
             retry_scheduled,
             oldest_created_at: oldest,
+            oldest_updated_at: oldest,
         };
         let groups = [
             g("a", TodoState::Pending, 3, 0, Some(T0 + 5)),

@@ -29,7 +29,7 @@ use crate::error::{Error, ErrorCode};
 use crate::grant::Grant;
 use crate::ledger::transition::not_found;
 use crate::ledger::{
-    Actor, Answer, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo, TodoFilter,
+    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo, TodoFilter, TodoState,
 };
 use crate::wire::{
     self, ClaimArgs, ClaimOut, ErrorOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool,
@@ -278,9 +278,10 @@ impl Serving {
                 let op = Op::Heartbeat {
                     now,
                     actor,
-                    id: a.id,
                     ttl: lease_ttl_ms(a.lease_ttl_seconds),
                     token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
+                    usage: wire::usage_of("heartbeat", a.usage.as_ref())?,
+                    id: a.id,
                 };
                 (op, Waiting::Todo)
             }
@@ -293,7 +294,10 @@ impl Serving {
                     a.summary.as_deref(),
                     a.lease_token.as_ref(),
                 );
-                let report = report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref());
+                let report = Report {
+                    usage: wire::usage_of("complete", a.usage.as_ref())?,
+                    ..report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref())
+                };
                 let op = Op::Complete {
                     now,
                     actor,
@@ -314,6 +318,7 @@ impl Serving {
                 let report = Report {
                     retryable: a.retryable,
                     failure_signature: a.failure_signature,
+                    usage: wire::usage_of("fail", a.usage.as_ref())?,
                     ..report_of(a.result, a.summary, a.artifact, a.lease_token.as_ref())
                 };
                 let op = Op::Fail {
@@ -339,8 +344,41 @@ impl Serving {
                     id: a.id,
                     summary: a.summary,
                     token_hash: a.lease_token.as_ref().map(LeaseToken::hash),
+                    usage: wire::usage_of("release", a.usage.as_ref())?,
                 };
                 (op, waits)
+            }
+            ToolCall::RequestInput(a) => {
+                let waits = report_waits(
+                    now,
+                    &actor,
+                    &a.id,
+                    Outcome::NeedsInput,
+                    a.summary.as_deref(),
+                    a.lease_token.as_ref(),
+                );
+                let report = Report {
+                    usage: wire::usage_of("request_input", a.usage.as_ref())?,
+                    ..report_of(None, a.summary, a.artifact, a.lease_token.as_ref())
+                };
+                let op = Op::RequestInput {
+                    now,
+                    actor,
+                    id: a.id,
+                    question: a.question,
+                    report,
+                };
+                (op, waits)
+            }
+            ToolCall::AnswerTodo(a) => {
+                let op = Op::AnswerTodo {
+                    now,
+                    actor,
+                    id: a.id,
+                    answer: a.answer,
+                    key: a.idempotency_key,
+                };
+                (op, Waiting::Todo)
             }
             ToolCall::GetTodo(a) => {
                 let limit = a.attempts_limit.unwrap_or(wire::ATTEMPTS_LIMIT_DEFAULT) as usize;
@@ -375,6 +413,12 @@ impl Serving {
                     idempotency_key: a.idempotency_key,
                     deadline_seconds: a.deadline_seconds,
                     max_same_failures: a.max_same_failures,
+                    max_input_requests: a.max_input_requests,
+                    answer_within_seconds: a.answer_within_seconds,
+                    budget: match &a.budget {
+                        Some(b) => b.to_budget("add_todo")?,
+                        None => Budget::default(),
+                    },
                 };
                 let op = Op::AddTodo {
                     now,
@@ -447,6 +491,16 @@ impl Serving {
                     _ => None,
                 };
                 let t = answer.todo()?;
+                if self.tool == Tool::Heartbeat && t.state != TodoState::Claimed {
+                    // The heartbeat's usage reached the budget and the attempt was stopped:
+                    // the holder hears what a cancel tells it, a conflict.
+                    return Err(Error::conflict(format!(
+                        "heartbeat {}: the todo's spend reached its budget ({}); the attempt \
+                         was stopped and the todo dead-lettered (budget_exhausted): stop work",
+                        t.id,
+                        t.budget.describe()
+                    )));
+                }
                 closed = match self.tool {
                     Tool::Complete => Some((Outcome::Completed, Disposition::Done)),
                     Tool::Fail if t.dead_letter() => {
@@ -457,6 +511,10 @@ impl Serving {
                         Some((Outcome::Released, Disposition::DeadLettered))
                     }
                     Tool::Release => Some((Outcome::Released, Disposition::Requeued)),
+                    Tool::RequestInput if t.dead_letter() => {
+                        Some((Outcome::NeedsInput, Disposition::DeadLettered))
+                    }
+                    Tool::RequestInput => Some((Outcome::NeedsInput, Disposition::AwaitingInput)),
                     _ => None,
                 };
                 let out = encode(&TodoOut {
@@ -465,6 +523,9 @@ impl Serving {
                 })?;
                 ring = match self.tool {
                     Tool::Release if !t.dead_letter() => Some((t, Offer::Requeued)),
+                    Tool::AnswerTodo if t.state == TodoState::Pending => {
+                        Some((t, Offer::Requeued))
+                    }
                     Tool::AddTodo if created == Some(true) => Some((t, Offer::Fresh)),
                     _ => None,
                 };

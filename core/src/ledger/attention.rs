@@ -44,6 +44,20 @@ pub fn attention(view: &TodoView) -> Option<String> {
         DeadLetterReason::Revoked => {
             "its endpoint was revoked while an attempt held it".to_string()
         }
+        DeadLetterReason::InputRequestsExhausted => format!(
+            "an attempt asked for input after the {} question{} its budget allows",
+            t.asking.max_requests,
+            if t.asking.max_requests == 1 { "" } else { "s" }
+        ),
+        DeadLetterReason::NoAnswer => format!(
+            "its question was not answered within {} s",
+            t.asking.answer_within.unwrap_or(0) / 1000
+        ),
+        DeadLetterReason::BudgetExhausted => format!(
+            "its attempts spent {} against a budget of {}",
+            t.spent.describe(),
+            t.budget.describe()
+        ),
     };
     let mut s = format!(
         "Dead letter ({reason}): {why}. Tried {} attempt{}",
@@ -57,6 +71,9 @@ pub fn attention(view: &TodoView) -> Option<String> {
     let unlisted = view.attempts_total as usize - view.attempts.len().min(LISTED);
     if unlisted > 0 {
         let _ = write!(s, "; {unlisted} earlier not shown");
+    }
+    if !t.spent.is_zero() && reason != DeadLetterReason::BudgetExhausted {
+        let _ = write!(s, ". Spent {}", t.spent.describe());
     }
     s.push_str(". An operator's retry starts a fresh budget.");
     Some(cut_at_char_boundary(&s, ATTENTION_MAX_BYTES).to_string())
@@ -76,6 +93,13 @@ fn ended(s: &mut String, a: &Attempt) {
     }
     if let Some(line) = a.summary.as_deref().and_then(|x| x.lines().next()) {
         let _ = write!(s, " \"{}\"", cut_at_char_boundary(line.trim(), QUOTED));
+    }
+    if let Some(q) = &a.question {
+        let line = q.text.lines().next().unwrap_or_default();
+        let _ = write!(s, " asked \"{}\"", cut_at_char_boundary(line.trim(), QUOTED));
+        if q.answer.is_none() {
+            s.push_str(" (unanswered)");
+        }
     }
     if a.late_reports_total > 0 {
         let _ = write!(s, " (then {} late report(s))", a.late_reports_total);

@@ -26,12 +26,13 @@ pub use backoff::Backoff;
 pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
-    Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig, OPERATOR_OWNER, Report,
-    claimable,
+    ANSWER_MAX_BYTES, Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig,
+    OPERATOR_OWNER, Report, answered_by, claimable,
 };
 pub use types::{
-    Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
-    LateReport, Outcome, Todo, TodoState, TokenHash, dead_letter_of,
+    Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT,
+    LATE_SUMMARY_MAX_BYTES, LateReport, Outcome, Question, Todo, TodoState, TokenHash, Usage,
+    cost_usd, dead_letter_of, usd,
 };
 
 use crate::error::Error;
@@ -60,6 +61,15 @@ pub const DEADLINE_MAX_SECS: u64 = 30 * 86_400;
 /// rule off).
 pub const MAX_SAME_FAILURES_DEFAULT: u32 = 2;
 pub const MAX_SAME_FAILURES_MAX: u32 = 10;
+/// `max_input_requests` when a todo is added without one, and its largest value (0: any
+/// question dead-letters the todo).
+pub const MAX_INPUT_REQUESTS_DEFAULT: u32 = 3;
+pub const MAX_INPUT_REQUESTS_MAX: u32 = 100;
+/// The longest `answer_within_seconds` an add may ask for (30 days).
+pub const ANSWER_WITHIN_MAX_SECS: u64 = 30 * 86_400;
+/// The largest figure a usage or budget may carry (tokens, millionths of a dollar): 2^53, the
+/// largest whole number every JSON reader keeps exactly.
+pub const USAGE_MAX: u64 = 1 << 53;
 
 /// A todo to add. The id is chosen by the caller (the server draws a random one).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,6 +89,12 @@ pub struct NewTodo {
     pub deadline_seconds: Option<u64>,
     /// See [`Todo::max_same_failures`]; default [`MAX_SAME_FAILURES_DEFAULT`].
     pub max_same_failures: Option<u32>,
+    /// Questions its attempts may ask; default [`MAX_INPUT_REQUESTS_DEFAULT`].
+    pub max_input_requests: Option<u32>,
+    /// How long an answer may take; no limit when absent.
+    pub answer_within_seconds: Option<u64>,
+    /// The spend limit (none by default).
+    pub budget: Budget,
 }
 
 /// The answer to a successful claim.
@@ -191,6 +207,26 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
              {max_same_failures}"
         )));
     }
+    let max_input_requests = new
+        .max_input_requests
+        .unwrap_or(MAX_INPUT_REQUESTS_DEFAULT);
+    if max_input_requests > MAX_INPUT_REQUESTS_MAX {
+        return Err(bad(format!(
+            "max_input_requests must be between 0 (never ask) and {MAX_INPUT_REQUESTS_MAX}; got \
+             {max_input_requests}"
+        )));
+    }
+    let answer_within = match new.answer_within_seconds {
+        None => None,
+        Some(s) if (1..=ANSWER_WITHIN_MAX_SECS).contains(&s) => Some(s * 1000),
+        Some(s) => {
+            return Err(bad(format!(
+                "answer_within_seconds must be between 1 and {ANSWER_WITHIN_MAX_SECS} (30 days); \
+                 got {s}"
+            )));
+        }
+    };
+    check_budget(&new.budget).map_err(bad)?;
     Ok(Todo {
         id: new.id,
         endpoint: endpoint.to_string(),
@@ -217,7 +253,28 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         idempotency_key: new.idempotency_key,
         deadline_at,
         max_same_failures,
+        asking: Asking {
+            max_requests: max_input_requests,
+            requests: 0,
+            answer_within,
+            answer_due_at: None,
+        },
+        budget: new.budget,
+        spent: Usage::default(),
     })
+}
+
+/// Why a budget is not acceptable: a limit of zero (a limit is above zero; leave it out for
+/// none) or past [`USAGE_MAX`].
+pub fn check_budget(b: &Budget) -> Result<(), String> {
+    for (name, v) in [("budget.cost_usd", b.cost_micros), ("budget.tokens", b.tokens)] {
+        if v.is_some_and(|v| v == 0 || v > USAGE_MAX) {
+            return Err(format!(
+                "{name} must be above zero (and at most 2^53); leave it out for no limit"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Validates an `idempotency_key`: 1 to [`IDEMPOTENCY_KEY_MAX_BYTES`] bytes without control
@@ -354,12 +411,11 @@ impl Ledger {
                         a.seq
                     )));
                 }
-                AttemptWrite::Late(a)
+                AttemptWrite::Amend(a)
                     if entry.attempts.get(&a.seq).is_none_or(Attempt::is_open) =>
                 {
                     return Err(Error::internal(format!(
-                        "apply {id}: attempt {} is not closed; only a closed attempt takes a \
-                         late report",
+                        "apply {id}: attempt {} is not closed; only a closed attempt is amended",
                         a.seq
                     )));
                 }
@@ -372,11 +428,18 @@ impl Ledger {
                 AttemptWrite::Open(a) | AttemptWrite::Update(a) => {
                     entry.attempts.insert(a.seq, a.clone());
                 }
-                // Only the late reports: the rest of a closed attempt is immutable.
-                AttemptWrite::Late(a) => {
+                // Only the late reports and the answer: the rest of a closed attempt is
+                // immutable.
+                AttemptWrite::Amend(a) => {
                     if let Some(kept) = entry.attempts.get_mut(&a.seq) {
                         kept.late_reports.clone_from(&a.late_reports);
                         kept.late_reports_total = a.late_reports_total;
+                        if let (Some(k), Some(q)) = (kept.question.as_mut(), a.question.as_ref()) {
+                            k.answer.clone_from(&q.answer);
+                            k.answered_at = q.answered_at;
+                            k.answered_by.clone_from(&q.answered_by);
+                            k.answer_key.clone_from(&q.answer_key);
+                        }
                     }
                 }
                 AttemptWrite::PruneThrough(n) => {
@@ -527,9 +590,16 @@ impl Rows for Mem<'_> {
         // todos it changes.
         let state = |t: &Todo| match sweep {
             Sweep::Reap { .. } | Sweep::Revoke { .. } => t.state == TodoState::Claimed,
-            // Failed todos whose retry is due, and pending or failed ones past a deadline.
-            Sweep::RequeueDue { .. } => matches!(t.state, TodoState::Failed | TodoState::Pending),
-            Sweep::Purge { .. } => !matches!(t.state, TodoState::Pending | TodoState::Claimed),
+            // Failed todos whose retry is due, pending, failed or waiting ones past a deadline,
+            // waiting ones past their answer's due time.
+            Sweep::RequeueDue { .. } => matches!(
+                t.state,
+                TodoState::Failed | TodoState::Pending | TodoState::InputRequired
+            ),
+            Sweep::Purge { .. } => !matches!(
+                t.state,
+                TodoState::Pending | TodoState::Claimed | TodoState::InputRequired
+            ),
         };
         let acts = |e: &Entry| match sweep {
             Sweep::Purge { .. } => true,
@@ -592,6 +662,81 @@ pub fn finished(t: &Todo) -> bool {
 /// Retention: finished and untouched for `retention` at `now`, so `purge_finished` deletes it.
 pub fn purgeable(t: &Todo, now: Millis, retention: Millis) -> bool {
     finished(t) && t.updated_at.saturating_add(retention) <= now
+}
+
+/// The invariants of waiting for a human and of spend: a todo waits only while its newest
+/// attempt holds an unanswered question; an answer goes only on a question, whole (with when
+/// and by whom), after the attempt closed; no more questions than allowed; `spent` covers every
+/// kept attempt's usage; a todo that could be claimed (pending, claimed) is under its budget.
+fn check_asking<'a>(
+    t: &Todo,
+    attempts: impl Iterator<Item = &'a Attempt> + Clone,
+) -> Result<(), String> {
+    let waiting = t.state == TodoState::InputRequired;
+    let newest = attempts.clone().last();
+    let open_question = newest.is_some_and(|a| {
+        a.disposition == Some(Disposition::AwaitingInput)
+            && a.question.as_ref().is_some_and(|q| q.answer.is_none())
+    });
+    // The converse does not hold: a waiting todo canceled, dead-lettered by a sweep, or
+    // retried from there, leaves its question unanswered.
+    if waiting && !open_question {
+        return Err("input_required, but the newest attempt holds no unanswered question".into());
+    }
+    if t.asking.answer_due_at.is_some() && !waiting {
+        return Err(format!("state {} with answer_due_at set", t.state));
+    }
+    if t.asking.requests > t.asking.max_requests || t.asking.max_requests > MAX_INPUT_REQUESTS_MAX
+    {
+        return Err(format!(
+            "{} questions asked of {} allowed",
+            t.asking.requests, t.asking.max_requests
+        ));
+    }
+    if matches!(t.state, TodoState::Pending | TodoState::Claimed) && t.over_budget() {
+        return Err(format!(
+            "state {} with spend {:?} at its budget {:?}; it could be claimed again",
+            t.state, t.spent, t.budget
+        ));
+    }
+    let mut kept = Usage::default();
+    for a in attempts {
+        kept = kept.plus(a.usage);
+        let needs_input = a.outcome == Some(Outcome::NeedsInput);
+        if needs_input != a.question.is_some() {
+            return Err(format!(
+                "attempt {}: outcome {:?} with question {}",
+                a.seq,
+                a.outcome,
+                if a.question.is_some() { "set" } else { "unset" }
+            ));
+        }
+        if let Some(q) = &a.question {
+            let whole = q.answer.is_some() == q.answered_at.is_some()
+                && q.answer.is_some() == q.answered_by.is_some()
+                && (q.answer.is_some() || q.answer_key.is_none());
+            if !whole
+                || q.text.len() > crate::bounds::SUMMARY_MAX_BYTES
+                || q.answer.as_ref().is_some_and(|x| x.len() > ANSWER_MAX_BYTES)
+                || q.answered_at
+                    .is_some_and(|at| a.ended_at.is_none_or(|e| at < e))
+                || (q.answer.is_some() && a.disposition != Some(Disposition::AwaitingInput))
+            {
+                return Err(format!(
+                    "attempt {}: question or answer out of bounds, partial, or on an attempt \
+                     that was not awaiting it",
+                    a.seq
+                ));
+            }
+        }
+    }
+    if kept.max(t.spent) != t.spent {
+        return Err(format!(
+            "spent {:?} is less than its attempts' usage {kept:?}",
+            t.spent
+        ));
+    }
+    Ok(())
 }
 
 /// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and
@@ -683,6 +828,7 @@ where
     {
         return Err("max_same_failures or idempotency_key out of bounds".into());
     }
+    check_asking(t, attempts.clone())?;
     for a in attempts.clone() {
         if (a.disposition == Some(Disposition::DeadLettered)) != a.dead_letter_reason.is_some() {
             return Err(format!(

@@ -13,6 +13,7 @@
 
 use super::{
     Actor, ClaimOpts, Claimed, NewTodo, Outcome, Report, Todo, TodoFilter, TodoView, TokenHash,
+    Usage,
 };
 use crate::error::Error;
 use crate::time::Millis;
@@ -43,13 +44,16 @@ pub enum Op {
         queues: Option<Vec<String>>,
         opts: ClaimOpts,
     },
-    /// Extends the lease to `now + ttl`. Answers [`Answer::Todo`].
+    /// Extends the lease to `now + ttl`, and records the attempt's usage. Answers
+    /// [`Answer::Todo`]: no longer claimed when the usage reached the budget (the attempt was
+    /// stopped).
     Heartbeat {
         now: Millis,
         actor: Actor,
         id: String,
         ttl: Millis,
         token_hash: Option<TokenHash>,
+        usage: Option<Usage>,
     },
     /// Completes the attempt. Answers [`Answer::Todo`].
     Complete {
@@ -72,6 +76,26 @@ pub enum Op {
         id: String,
         summary: Option<String>,
         token_hash: Option<TokenHash>,
+        usage: Option<Usage>,
+    },
+    /// The attempt asks a human `question` and stops; the todo waits for an answer (see
+    /// `transition::request_input`). The report's result, retryable and signature are not
+    /// read. Answers [`Answer::Todo`].
+    RequestInput {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        question: String,
+        report: Report,
+    },
+    /// Answers the question a waiting todo asked; it is pending again. A repeat under the same
+    /// `key` answers the todo as it is. Answers [`Answer::Todo`].
+    AnswerTodo {
+        now: Millis,
+        actor: Actor,
+        id: String,
+        answer: String,
+        key: Option<String>,
     },
     /// Keeps a report that was refused as stale on the closed attempt its lease token names
     /// (see `transition::note_late`). Answers [`Answer::Late`]: the attempt's seq, or `None`
@@ -140,6 +164,8 @@ impl Op {
             Op::Complete { .. } => "complete",
             Op::Fail { .. } => "fail",
             Op::Release { .. } => "release",
+            Op::RequestInput { .. } => "request_input",
+            Op::AnswerTodo { .. } => "answer_todo",
             Op::NoteLate { .. } => "note_late",
             Op::Retry { .. } => "retry",
             Op::Cancel { .. } => "cancel",
@@ -165,6 +191,8 @@ impl Op {
             | Op::Complete { id, .. }
             | Op::Fail { id, .. }
             | Op::Release { id, .. }
+            | Op::RequestInput { id, .. }
+            | Op::AnswerTodo { id, .. }
             | Op::NoteLate { id, .. }
             | Op::Retry { id, .. }
             | Op::Cancel { id, .. }
@@ -192,6 +220,8 @@ impl Op {
             | Op::Complete { now, .. }
             | Op::Fail { now, .. }
             | Op::Release { now, .. }
+            | Op::RequestInput { now, .. }
+            | Op::AnswerTodo { now, .. }
             | Op::NoteLate { now, .. }
             | Op::Retry { now, .. }
             | Op::Cancel { now, .. }
@@ -220,7 +250,7 @@ impl Op {
 /// accessors take that shape out (another one is an internal error: a bug, not a refusal).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Answer {
-    /// add_todo, heartbeat, complete, fail, release, retry, cancel.
+    /// add_todo, heartbeat, complete, fail, release, request_input, answer_todo, retry, cancel.
     Todo(Todo),
     /// add_todo repeated with a key already used: the todo the first add made.
     Existing(Todo),

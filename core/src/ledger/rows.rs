@@ -17,7 +17,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::op::{Answer, Op};
 use super::transition::{self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig};
-use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash};
+use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash, Usage};
 use super::{Claimed, NewTodo, PRIOR_ATTEMPTS, TodoFilter, TodoView};
 use crate::error::Error;
 use crate::time::Millis;
@@ -167,8 +167,9 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             id,
             ttl,
             token_hash,
+            usage,
         } => transit(rows, "heartbeat", &id, |t, open| {
-            transition::heartbeat(now, t, open, &actor, ttl, token_hash)
+            transition::heartbeat(now, t, open, &actor, (ttl, token_hash), usage)
         })
         .await
         .map(Answer::Todo),
@@ -212,7 +213,9 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             id,
             summary,
             token_hash,
+            usage,
         } => {
+            let fence: (Option<TokenHash>, Option<Usage>) = (token_hash, usage);
             reported(
                 rows,
                 cfg,
@@ -221,11 +224,40 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
                 &actor,
                 (token_hash, None),
                 Outcome::Released,
-                |t, open, _| {
-                    transition::release(now, t, open, &actor, summary.as_deref(), token_hash)
-                },
+                |t, open, _| transition::release(now, t, open, &actor, summary.as_deref(), fence),
             )
             .await
+        }
+        Op::RequestInput {
+            now,
+            actor,
+            id,
+            question,
+            report,
+        } => {
+            let f = |t: &Todo, open: Option<&Attempt>, _: &[Attempt]| {
+                transition::request_input(cfg, now, t, open, &actor, &question, &report)
+            };
+            let fence = (report.token_hash, None);
+            let op = "request_input";
+            reported(rows, cfg, op, &id, &actor, fence, Outcome::NeedsInput, f).await
+        }
+        Op::AnswerTodo {
+            now,
+            actor,
+            id,
+            answer,
+            key,
+        } => {
+            let op = "answer_todo";
+            let (todo, _) = load(rows, op, &id).await?;
+            let recent = rows
+                .attempts(op, &id, Newest::closed(PRIOR_ATTEMPTS))
+                .await?;
+            match transition::answer(now, &todo, &recent, &actor, &answer, key.as_deref())? {
+                Some(change) => write(rows, op, &todo, change).await.map(Answer::Todo),
+                None => Ok(Answer::Todo(todo)),
+            }
         }
         Op::NoteLate {
             now,
@@ -255,7 +287,7 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
                 return Ok(Answer::Late(None));
             };
             let seq = change.writes.first().and_then(|w| match w {
-                AttemptWrite::Late(a) => Some(a.seq),
+                AttemptWrite::Amend(a) => Some(a.seq),
                 _ => None,
             });
             write(rows, op, &todo, change).await?;
@@ -350,6 +382,8 @@ async fn write<R: Rows>(
         && t.max_attempts == before.max_attempts
         && t.idempotency_key == before.idempotency_key
         && t.max_same_failures == before.max_same_failures
+        && t.asking.max_requests == before.asking.max_requests
+        && t.asking.answer_within == before.asking.answer_within
         && t.created_at == before.created_at
         && t.payload == before.payload
         && t.work_order == before.work_order;
@@ -368,9 +402,9 @@ async fn write<R: Rows>(
                     t.id, a.seq
                 )));
             }
-            AttemptWrite::Late(a) if n != 1 => {
+            AttemptWrite::Amend(a) if n != 1 => {
                 return Err(Error::internal(format!(
-                    "{op} {}: attempt {} is not closed; a late report goes on a closed attempt",
+                    "{op} {}: attempt {} is not closed; only a closed attempt is amended",
                     t.id, a.seq
                 )));
             }

@@ -26,8 +26,8 @@ use serde_json::Value;
 
 use super::backoff::Backoff;
 use super::types::{
-    Attempt, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT, LATE_SUMMARY_MAX_BYTES,
-    LateReport, Outcome, Todo, TodoState, TokenHash,
+    Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT,
+    LATE_SUMMARY_MAX_BYTES, LateReport, Outcome, Question, Todo, TodoState, TokenHash, Usage,
 };
 use crate::bounds;
 use crate::error::Error;
@@ -141,6 +141,8 @@ pub struct Report {
     /// A fail's signature of its failure (at most [`super::SIGNATURE_MAX_BYTES`]): the same
     /// signature on the newest `max_same_failures` failed attempts dead-letters the todo.
     pub failure_signature: Option<String>,
+    /// What the attempt has spent so far, by its holder's count (see `spend`).
+    pub usage: Option<Usage>,
 }
 
 impl Report {
@@ -161,9 +163,10 @@ pub enum AttemptWrite {
     Update(Attempt),
     /// Delete closed attempts whose seq is at most this (the per-todo cap).
     PruneThrough(u32),
-    /// Rewrite the late reports of the closed attempt with this seq, and nothing else of it.
-    /// Like `Update`, it must touch exactly one row: a closed one.
-    Late(Attempt),
+    /// Rewrite what may still change on the closed attempt with this seq (its late reports, the
+    /// answer to its question), and nothing else of it. Like `Update`, it must touch exactly one
+    /// row: a closed one.
+    Amend(Attempt),
 }
 
 /// The result of a transition: the todo's new row and the attempt writes, applied together.
@@ -224,6 +227,7 @@ fn consistent<'a>(
 pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[String]>) -> bool {
     actor.sees(todo)
         && !todo.past_deadline(now)
+        && !todo.over_budget()
         && queues.is_none_or(|qs| qs.iter().any(|q| q == &todo.queue))
         && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
         && match todo.state {
@@ -232,7 +236,7 @@ pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[Strin
             TodoState::Failed => {
                 todo.next_retry_at.is_some_and(|t| t <= now) && todo.attempt < todo.max_attempts
             }
-            TodoState::Done | TodoState::Canceled => false,
+            TodoState::Done | TodoState::Canceled | TodoState::InputRequired => false,
         }
 }
 
@@ -329,6 +333,8 @@ pub fn claim(
         late_reports_total: 0,
         lease_token_hash: token_hash,
         closed_by: None,
+        question: None,
+        usage: Usage::default(),
     }));
     // The cap keeps the newest `attempts_cap` attempts, the open one included. Everything at or
     // below the new floor is closed (only the newest attempt can be open), so the pruned count
@@ -387,6 +393,7 @@ enum Leaves {
     RetryScheduled,
     Requeued,
     Canceled,
+    AwaitingInput,
     DeadLettered(DeadLetterReason),
 }
 
@@ -397,6 +404,7 @@ impl Leaves {
             Leaves::RetryScheduled => Disposition::RetryScheduled,
             Leaves::Requeued => Disposition::Requeued,
             Leaves::Canceled => Disposition::Canceled,
+            Leaves::AwaitingInput => Disposition::AwaitingInput,
             Leaves::DeadLettered(_) => Disposition::DeadLettered,
         }
     }
@@ -441,31 +449,54 @@ fn dead_letter(t: &mut Todo, reason: DeadLetterReason, now: Millis) {
     t.dead_letter_reason = Some(reason);
 }
 
-/// Drops the lease from a todo row that is leaving `claimed`.
+/// Drops the lease from a todo row that is leaving `claimed` (or `input_required`).
 fn unlease(t: &mut Todo, state: TodoState, now: Millis) {
     t.state = state;
     t.owner = None;
     t.lease_expires_at = None;
     t.updated_at = now;
     t.dead_letter_reason = None;
+    t.asking.answer_due_at = None;
 }
 
-/// Extends the lease to `now + ttl` and records the heartbeat on the open attempt.
+/// Records what the holder says its attempt has spent: each figure only ever grows (a lower
+/// one, e.g. a report that crossed a later heartbeat, changes nothing), and the todo's `spent`
+/// grows by as much.
+fn spend(t: &mut Todo, a: &mut Attempt, usage: Option<Usage>) {
+    if let Some(u) = usage {
+        let grown = a.usage.max(u);
+        t.spent = t.spent.plus(grown.since(a.usage));
+        a.usage = grown;
+    }
+}
+
+/// Extends the lease to `now + ttl` and records the heartbeat (and its usage) on the open
+/// attempt. A heartbeat whose usage brings the todo's spend to its budget stops the attempt
+/// instead, as an operator's cancel would (`canceled`), and dead-letters the todo
+/// (`budget_exhausted`); the server answers the holder as it answers a cancel.
 pub fn heartbeat(
     now: Millis,
     todo: &Todo,
     open: Option<&Attempt>,
     actor: &Actor,
-    ttl: Millis,
-    token_hash: Option<TokenHash>,
+    (ttl, token_hash): (Millis, Option<TokenHash>),
+    usage: Option<Usage>,
 ) -> Result<Change, Error> {
     let op = "heartbeat";
     check_ttl(op, ttl)?;
     let open = held(op, now, todo, open, actor, token_hash)?;
     let mut change = Change::new(todo.clone());
+    let mut a = open.clone();
+    spend(&mut change.todo, &mut a, usage);
+    if change.todo.over_budget() {
+        let leaves = Leaves::DeadLettered(DeadLetterReason::BudgetExhausted);
+        dead_letter(&mut change.todo, DeadLetterReason::BudgetExhausted, now);
+        let closed = close(op, &a, now, Outcome::Canceled, leaves)?;
+        change.writes.push(AttemptWrite::Update(closed));
+        return Ok(change);
+    }
     change.todo.lease_expires_at = Some(now + ttl);
     change.todo.updated_at = now;
-    let mut a = open.clone();
     a.last_heartbeat_at = Some(now);
     a.lease_expires_at = now + ttl;
     change.writes.push(AttemptWrite::Update(a));
@@ -533,13 +564,15 @@ pub fn complete(
 ) -> Result<Change, Error> {
     let op = "complete";
     let text = report_text(cfg, op, &todo.id, report)?;
-    let open = held(op, now, todo, open, actor, report.token_hash)?;
+    let mut open = held(op, now, todo, open, actor, report.token_hash)?.clone();
     let mut change = Change::new(todo.clone());
+    // The work is done: spend recorded at the end does not undo it.
+    spend(&mut change.todo, &mut open, report.usage);
     unlease(&mut change.todo, TodoState::Done, now);
     change.todo.result = report.result.clone();
     change.writes.push(AttemptWrite::Update(close_reported(
         op,
-        (open, actor),
+        (&open, actor),
         now,
         Outcome::Completed,
         Leaves::Done,
@@ -549,7 +582,8 @@ pub fn complete(
 }
 
 /// Fails the attempt: schedules a retry after the backoff, or dead-letters the todo when no
-/// automatic attempt is due. In order, the reason is: the report is not retryable; the newest
+/// automatic attempt is due. In order, the reason is: the report is not retryable; the spend
+/// reached the budget; the newest
 /// `max_same_failures` failed attempts (this one and `recent`, the todo's newest closed attempts
 /// newest first) report the same signature; no attempts remain; the retry would fall at or after
 /// the deadline. The answer's `next_retry_at` and `dead_letter` are on the new row.
@@ -566,14 +600,17 @@ pub fn fail(
     let op = "fail";
     let text = report_text(cfg, op, &todo.id, report)?;
     let signature = check_signature(op, &todo.id, report.failure_signature.as_deref())?;
-    let open = held(op, now, todo, open, actor, report.token_hash)?;
+    let mut open = held(op, now, todo, open, actor, report.token_hash)?.clone();
     let mut change = Change::new(todo.clone());
     let t = &mut change.todo;
+    spend(t, &mut open, report.usage);
     t.result = report.result.clone();
     let retry_at = now + cfg.backoff.delay(&t.id, t.attempts_total, t.attempt);
     let reason = if !report.retryable() {
         Some(DeadLetterReason::NonRetryable)
-    } else if repeated(t.max_same_failures, open, signature, recent) {
+    } else if t.over_budget() {
+        Some(DeadLetterReason::BudgetExhausted)
+    } else if repeated(t.max_same_failures, &open, signature, recent) {
         Some(DeadLetterReason::RepeatedFailure)
     } else if t.attempt >= t.max_attempts {
         Some(DeadLetterReason::AttemptsExhausted)
@@ -593,7 +630,7 @@ pub fn fail(
             Leaves::RetryScheduled
         }
     };
-    let mut closed = close_reported(op, (open, actor), now, Outcome::Failed, leaves, text)?;
+    let mut closed = close_reported(op, (&open, actor), now, Outcome::Failed, leaves, text)?;
     closed.failure_signature = signature.map(str::to_string);
     change.writes.push(AttemptWrite::Update(closed));
     Ok(change)
@@ -643,26 +680,29 @@ fn repeated(n: u32, open: &Attempt, signature: Option<&str>, recent: &[Attempt])
 }
 
 /// Gives the todo back unworked: pending again, the attempt refunded (see the module doc); a
-/// dead letter (`deadline`) when its deadline has passed.
+/// dead letter when it could never be claimed again (`budget_exhausted`, `deadline`).
 pub fn release(
     now: Millis,
     todo: &Todo,
     open: Option<&Attempt>,
     actor: &Actor,
     summary: Option<&str>,
-    token_hash: Option<TokenHash>,
+    (token_hash, usage): (Option<TokenHash>, Option<Usage>),
 ) -> Result<Change, Error> {
     let op = "release";
-    let open = held(op, now, todo, open, actor, token_hash)?;
+    let mut open = held(op, now, todo, open, actor, token_hash)?.clone();
     let mut change = Change::new(todo.clone());
+    spend(&mut change.todo, &mut open, usage);
     change.todo.attempt = change.todo.attempt.saturating_sub(1);
-    // Given back after its deadline, the todo could never be claimed again.
-    let leaves = if todo.past_deadline(now) {
-        dead_letter(&mut change.todo, DeadLetterReason::Deadline, now);
-        Leaves::DeadLettered(DeadLetterReason::Deadline)
-    } else {
-        unlease(&mut change.todo, TodoState::Pending, now);
-        Leaves::Requeued
+    let leaves = match unclaimable(now, &change.todo) {
+        Some(r) => {
+            dead_letter(&mut change.todo, r, now);
+            Leaves::DeadLettered(r)
+        }
+        None => {
+            unlease(&mut change.todo, TodoState::Pending, now);
+            Leaves::Requeued
+        }
     };
     let (summary, truncated) = match summary.map(bounds::bound_summary) {
         Some((s, t)) => (Some(s), t),
@@ -670,13 +710,170 @@ pub fn release(
     };
     change.writes.push(AttemptWrite::Update(close_reported(
         op,
-        (open, actor),
+        (&open, actor),
         now,
         Outcome::Released,
         leaves,
         (summary, truncated, None),
     )?));
     Ok(change)
+}
+
+/// Why a todo leaving its attempt unworked (released, or asking a question) could never be
+/// claimed again: its spend reached the budget, or its deadline passed.
+fn unclaimable(now: Millis, t: &Todo) -> Option<DeadLetterReason> {
+    if t.over_budget() {
+        Some(DeadLetterReason::BudgetExhausted)
+    } else if t.past_deadline(now) {
+        Some(DeadLetterReason::Deadline)
+    } else {
+        None
+    }
+}
+
+/// The longest answer, in bytes: a longer one is refused. (A question is cut like a summary.)
+pub const ANSWER_MAX_BYTES: usize = 8 * 1024;
+
+/// The attempt asks a human and stops: it closes `needs_input`/`awaiting_input` with its
+/// question (cut and cleaned like a summary), and the todo waits in `input_required`, without a
+/// lease, until an answer makes it pending again (or `answer_within` passes: `no_answer`).
+/// Asking does not count against `max_attempts` (like a release); the questions have their own
+/// budget, `max_input_requests`: a question past it dead-letters the todo
+/// (`input_requests_exhausted`), as do a spend at the budget and a passed deadline.
+#[allow(clippy::too_many_arguments)]
+pub fn request_input(
+    cfg: &LedgerConfig,
+    now: Millis,
+    todo: &Todo,
+    open: Option<&Attempt>,
+    actor: &Actor,
+    question: &str,
+    report: &Report,
+) -> Result<Change, Error> {
+    let op = "request_input";
+    if question.trim().is_empty() {
+        return Err(Error::invalid(format!(
+            "{op} {}: question must not be empty; say what the human should answer",
+            todo.id
+        )));
+    }
+    let text = report_text(cfg, op, &todo.id, report)?;
+    let mut open = held(op, now, todo, open, actor, report.token_hash)?.clone();
+    let mut change = Change::new(todo.clone());
+    let t = &mut change.todo;
+    spend(t, &mut open, report.usage);
+    t.attempt = t.attempt.saturating_sub(1);
+    let reason = if t.asking.requests >= t.asking.max_requests {
+        Some(DeadLetterReason::InputRequestsExhausted)
+    } else {
+        unclaimable(now, t)
+    };
+    let leaves = match reason {
+        Some(r) => {
+            dead_letter(t, r, now);
+            Leaves::DeadLettered(r)
+        }
+        None => {
+            unlease(t, TodoState::InputRequired, now);
+            t.next_retry_at = None;
+            t.asking.requests += 1;
+            t.asking.answer_due_at = t.asking.answer_within.map(|w| now.saturating_add(w));
+            Leaves::AwaitingInput
+        }
+    };
+    let mut closed = close_reported(op, (&open, actor), now, Outcome::NeedsInput, leaves, text)?;
+    closed.question = Some(Question {
+        text: bounds::bound_summary(question).0,
+        answer: None,
+        answered_at: None,
+        answered_by: None,
+        answer_key: None,
+    });
+    change.writes.push(AttemptWrite::Update(closed));
+    Ok(change)
+}
+
+/// Who answered, as an attempt records it: `endpoint:<name>` or `operator:<name>`.
+pub fn answered_by(actor: &Actor) -> String {
+    match actor {
+        Actor::Endpoint { endpoint, .. } => format!("endpoint:{endpoint}"),
+        Actor::Operator { name } => format!("operator:{name}"),
+    }
+}
+
+/// Answers the question a waiting todo's newest attempt asked: the answer is kept on that
+/// attempt (with when and by whom) and the todo is pending again. An answer to a todo that is
+/// not waiting is a `conflict` and changes nothing, except the repeat of an answer already
+/// given with the same `key` by the same caller (its answer was lost on the way back): that
+/// answers `Ok(None)`, nothing to write. `recent` is the todo's newest closed attempts, newest
+/// first.
+pub fn answer(
+    now: Millis,
+    todo: &Todo,
+    recent: &[Attempt],
+    actor: &Actor,
+    text: &str,
+    key: Option<&str>,
+) -> Result<Option<Change>, Error> {
+    let op = "answer_todo";
+    scoped(op, todo, actor)?;
+    if text.trim().is_empty() || text.len() > ANSWER_MAX_BYTES {
+        return Err(Error::invalid(format!(
+            "{op} {}: answer must be 1 to {ANSWER_MAX_BYTES} bytes of text; got {} bytes              (link to anything longer)",
+            todo.id,
+            text.len()
+        )));
+    }
+    if let Some(k) = key {
+        super::check_idempotency_key(k).map_err(|_| {
+            Error::invalid(format!(
+                "{op} {}: idempotency_key must be 1 to {} bytes without control characters",
+                todo.id,
+                super::IDEMPOTENCY_KEY_MAX_BYTES
+            ))
+        })?;
+    }
+    let by = answered_by(actor);
+    if todo.state != TodoState::InputRequired {
+        let repeat = key.is_some()
+            && recent.iter().any(|a| {
+                a.question.as_ref().is_some_and(|q| {
+                    q.answer_key.as_deref() == key && q.answered_by.as_deref() == Some(&by)
+                })
+            });
+        if repeat {
+            return Ok(None);
+        }
+        return Err(Error::conflict(format!(
+            "{op} {}: todo is {}, not waiting for an answer; nothing to answer",
+            todo.id, todo.state
+        )));
+    }
+    let asked = recent
+        .first()
+        .filter(|a| a.seq == todo.attempts_total && a.outcome == Some(Outcome::NeedsInput))
+        .filter(|a| a.question.as_ref().is_some_and(|q| q.answer.is_none()));
+    let Some(asked) = asked else {
+        return Err(Error::internal(format!(
+            "{op} {}: todo is input_required but its newest attempt holds no open question",
+            todo.id
+        )));
+    };
+    let mut a = asked.clone();
+    let at = now.max(a.ended_at.unwrap_or(a.claimed_at));
+    if let Some(q) = a.question.as_mut() {
+        q.answer = Some(text.chars().filter(|c| bounds::prose_char(*c)).collect());
+        q.answered_at = Some(at);
+        q.answered_by = Some(by);
+        q.answer_key = key.map(str::to_string);
+    }
+    let mut change = Change::new(todo.clone());
+    let t = &mut change.todo;
+    t.state = TodoState::Pending;
+    t.asking.answer_due_at = None;
+    t.updated_at = now;
+    change.writes.push(AttemptWrite::Amend(a));
+    Ok(Some(change))
 }
 
 /// The reaper's transition for one todo: a lapsed lease is closed `reaped`, and the todo goes
@@ -761,9 +958,11 @@ pub fn replay<'a>(
 fn as_reported(cfg: &LedgerConfig, todo: &Todo, a: &Attempt, result: Option<&Value>) -> Todo {
     let ended = a.ended_at.unwrap_or(a.claimed_at);
     let mut t = todo.clone();
-    let state = match a.outcome {
-        Some(Outcome::Completed) => TodoState::Done,
-        Some(Outcome::Released) => TodoState::Pending,
+    let state = match (a.outcome, a.disposition) {
+        (_, Some(Disposition::DeadLettered)) => TodoState::Failed,
+        (Some(Outcome::Completed), _) => TodoState::Done,
+        (Some(Outcome::Released), _) => TodoState::Pending,
+        (Some(Outcome::NeedsInput), _) => TodoState::InputRequired,
         _ => TodoState::Failed,
     };
     unlease(&mut t, state, ended);
@@ -772,25 +971,41 @@ fn as_reported(cfg: &LedgerConfig, todo: &Todo, a: &Attempt, result: Option<&Val
     t.attempt = a.attempt;
     t.next_retry_at = None;
     match a.outcome {
-        Some(Outcome::Released) => t.attempt = a.attempt.saturating_sub(1),
+        Some(Outcome::Released | Outcome::NeedsInput) => t.attempt = a.attempt.saturating_sub(1),
         _ => t.result = result.cloned(),
     }
-    if a.disposition == Some(Disposition::RetryScheduled) {
-        t.next_retry_at = Some(ended + cfg.backoff.delay(&t.id, a.seq, a.attempt));
+    match a.disposition {
+        Some(Disposition::RetryScheduled) => {
+            t.next_retry_at = Some(ended + cfg.backoff.delay(&t.id, a.seq, a.attempt));
+        }
+        Some(Disposition::AwaitingInput) => {
+            t.asking.answer_due_at = t.asking.answer_within.map(|w| ended.saturating_add(w));
+        }
+        _ => {}
     }
     t.dead_letter_reason = a.dead_letter_reason;
     t
 }
 
 /// The retry sweep for one todo: a todo past its deadline that could still be claimed (pending,
-/// or failed with a retry scheduled) becomes a dead letter (`deadline`); otherwise a failed todo
-/// whose retry is due goes back to pending. Ends no lease, writes no attempt.
+/// waiting for an answer, or failed with a retry scheduled) becomes a dead letter (`deadline`),
+/// as does one whose question went unanswered past `answer_due_at` (`no_answer`); otherwise a
+/// failed todo whose retry is due goes back to pending. Ends no lease, writes no attempt.
 pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
-    let waiting = todo.state == TodoState::Pending
+    let waiting = matches!(todo.state, TodoState::Pending | TodoState::InputRequired)
         || (todo.state == TodoState::Failed && todo.next_retry_at.is_some());
-    if waiting && todo.past_deadline(now) {
+    let unanswered = todo.state == TodoState::InputRequired
+        && todo.asking.answer_due_at.is_some_and(|d| d <= now);
+    let reason = if waiting && todo.past_deadline(now) {
+        Some(DeadLetterReason::Deadline)
+    } else if unanswered {
+        Some(DeadLetterReason::NoAnswer)
+    } else {
+        None
+    };
+    if let Some(r) = reason {
         let mut change = Change::new(todo.clone());
-        dead_letter(&mut change.todo, DeadLetterReason::Deadline, now);
+        dead_letter(&mut change.todo, r, now);
         return Some(change);
     }
     let due = todo.state == TodoState::Failed
@@ -841,12 +1056,13 @@ pub fn note_late<'a>(
         });
     }
     let mut change = Change::new(todo.clone());
-    change.writes.push(AttemptWrite::Late(a));
+    change.writes.push(AttemptWrite::Amend(a));
     Some(change)
 }
 
-/// The operator's manual retry: back to pending with a fresh attempt budget, and without a
-/// deadline (the operator's decision replaces the time budget).
+/// The operator's manual retry: back to pending with a fresh attempt and question budget, and
+/// without a deadline (the operator's decision replaces the time budget) or a spend budget it
+/// has reached.
 ///
 /// A todo canceled (or revoked) while claimed is retried only once that attempt's lease has
 /// lapsed: its holder learns of the cancel at its next heartbeat and may run until then, and a
@@ -875,15 +1091,15 @@ pub fn retry(
     }
     match todo.state {
         TodoState::Failed | TodoState::Done | TodoState::Canceled => {}
-        TodoState::Pending | TodoState::Claimed => {
+        TodoState::Pending | TodoState::Claimed | TodoState::InputRequired => {
             return Err(Error::conflict(format!(
                 "{op} {}: todo is {}; only failed, done or canceled todos can be retried{}",
                 todo.id,
                 todo.state,
-                if todo.state == TodoState::Claimed {
-                    " (cancel it first to stop the current attempt)"
-                } else {
-                    ""
+                match todo.state {
+                    TodoState::Claimed => " (cancel it first to stop the current attempt)",
+                    TodoState::InputRequired => " (answer its question, or cancel it)",
+                    _ => "",
                 }
             )));
         }
@@ -897,6 +1113,12 @@ pub fn retry(
     t.updated_at = now;
     t.dead_letter_reason = None;
     t.deadline_at = None;
+    t.asking.requests = 0;
+    // Retrying a todo whose spend reached its budget is the operator's decision to spend more:
+    // the budget is lifted, as the deadline is. A budget not yet reached stays.
+    if t.over_budget() {
+        t.budget = Budget::default();
+    }
     Ok(change)
 }
 

@@ -22,6 +22,9 @@ pub enum TodoState {
     Done,
     /// Canceled by an operator. Terminal until an operator retries it.
     Canceled,
+    /// The last attempt asked a question (`request_input`): no lease, not claimable, waiting
+    /// for an answer, which makes it pending again.
+    InputRequired,
 }
 
 /// How an attempt ended.
@@ -37,6 +40,8 @@ pub enum Outcome {
     Reaped,
     Canceled,
     Revoked,
+    /// The attempt asked a question and stopped (`request_input`).
+    NeedsInput,
 }
 
 /// What the end of an attempt did to its todo.
@@ -48,6 +53,8 @@ pub enum Disposition {
     Requeued,
     DeadLettered,
     Canceled,
+    /// The todo waits for an answer to the attempt's question.
+    AwaitingInput,
 }
 
 /// Who opened an attempt: an endpoint (over MCP) or the owning operator (the CLI).
@@ -58,14 +65,18 @@ pub enum ClaimerKind {
     Owner,
 }
 
-crate::names!(TodoState { Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done", Canceled => "canceled" });
+crate::names!(TodoState {
+    Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done",
+    Canceled => "canceled", InputRequired => "input_required",
+});
 crate::names!(Outcome {
     Completed => "completed", Failed => "failed", Released => "released",
     LeaseExpired => "lease_expired", Reaped => "reaped", Canceled => "canceled", Revoked => "revoked",
+    NeedsInput => "needs_input",
 });
 crate::names!(Disposition {
     Done => "done", RetryScheduled => "retry_scheduled", Requeued => "requeued",
-    DeadLettered => "dead_lettered", Canceled => "canceled",
+    DeadLettered => "dead_lettered", Canceled => "canceled", AwaitingInput => "awaiting_input",
 });
 crate::names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
 
@@ -86,12 +97,151 @@ pub enum DeadLetterReason {
     RepeatedFailure,
     /// The owning endpoint was revoked while the todo was claimed.
     Revoked,
+    /// An attempt asked a question when `max_input_requests` had already been asked.
+    InputRequestsExhausted,
+    /// The question was not answered within `answer_within_seconds`.
+    NoAnswer,
+    /// What the attempts spent reached the todo's `budget`.
+    BudgetExhausted,
 }
 
 crate::names!(DeadLetterReason {
     AttemptsExhausted => "attempts_exhausted", NonRetryable => "non_retryable",
     Deadline => "deadline", RepeatedFailure => "repeated_failure", Revoked => "revoked",
+    InputRequestsExhausted => "input_requests_exhausted", NoAnswer => "no_answer",
+    BudgetExhausted => "budget_exhausted",
 });
+
+/// What an attempt spent (its own, reported by its holder), or what a todo's attempts spent in
+/// all. Cost is kept in millionths of a US dollar, so that sums are exact; the wire speaks
+/// `cost_usd` as a number and rounds to that resolution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    pub cost_micros: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Input and output tokens together: what a `tokens` budget counts.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    /// Each figure the larger of the two: a later report never lowers an earlier one.
+    pub fn max(self, other: Usage) -> Usage {
+        Usage {
+            cost_micros: self.cost_micros.max(other.cost_micros),
+            input_tokens: self.input_tokens.max(other.input_tokens),
+            output_tokens: self.output_tokens.max(other.output_tokens),
+        }
+    }
+
+    /// The sum, figure by figure (saturating).
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            cost_micros: self.cost_micros.saturating_add(other.cost_micros),
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+        }
+    }
+
+    /// How much `self` grew past `before`, figure by figure (none where it did not).
+    pub fn since(self, before: Usage) -> Usage {
+        Usage {
+            cost_micros: self.cost_micros.saturating_sub(before.cost_micros),
+            input_tokens: self.input_tokens.saturating_sub(before.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(before.output_tokens),
+        }
+    }
+
+    /// Every figure is zero.
+    pub fn is_zero(&self) -> bool {
+        *self == Usage::default()
+    }
+
+    /// `$0.42, 1200 tokens (1000 in, 200 out)`, for people.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}, {} tokens ({} in, {} out)",
+            usd(self.cost_micros),
+            self.tokens(),
+            self.input_tokens,
+            self.output_tokens
+        )
+    }
+}
+
+/// Millionths of a dollar as dollars, for the wire.
+pub fn cost_usd(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// `$1.5`, `$0.000001`: dollars without trailing zeros, for people.
+pub fn usd(micros: u64) -> String {
+    let cents = format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000);
+    format!("${}", cents.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// A todo's spend limit: a cost, a token count (input and output together), or both; `None`
+/// is no limit. A limit, when set, is above zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Budget {
+    pub cost_micros: Option<u64>,
+    pub tokens: Option<u64>,
+}
+
+impl Budget {
+    /// `spent` has reached a limit.
+    pub fn exhausted_by(&self, spent: &Usage) -> bool {
+        self.cost_micros.is_some_and(|c| spent.cost_micros >= c)
+            || self.tokens.is_some_and(|t| spent.tokens() >= t)
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.cost_micros.is_none() && self.tokens.is_none()
+    }
+
+    /// `$5 or 100000 tokens`, `no limit`, for people.
+    pub fn describe(&self) -> String {
+        match (self.cost_micros, self.tokens) {
+            (Some(c), Some(t)) => format!("{} or {t} tokens", usd(c)),
+            (Some(c), None) => usd(c),
+            (None, Some(t)) => format!("{t} tokens"),
+            (None, None) => "no limit".into(),
+        }
+    }
+}
+
+/// How a todo may ask for a human: how many questions its attempts may ask, how long an answer
+/// may take, and while it waits, until when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Asking {
+    /// Questions allowed; the next one past it dead-letters (`input_requests_exhausted`).
+    pub max_requests: u32,
+    /// Questions asked since the add (or the last manual retry).
+    pub requests: u32,
+    /// How long an answer may take, from the question; `None`: no limit.
+    pub answer_within: Option<Millis>,
+    /// Set exactly while the todo is `input_required` with `answer_within`: past it the todo
+    /// dead-letters (`no_answer`).
+    pub answer_due_at: Option<Millis>,
+}
+
+/// The question an attempt ended with, and its answer once given. The answer is kept on the
+/// attempt that asked; it is written once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Question {
+    /// Cut to [`crate::bounds::SUMMARY_MAX_BYTES`] like a summary.
+    pub text: String,
+    pub answer: Option<String>,
+    pub answered_at: Option<Millis>,
+    /// Who answered: `endpoint:<name>`, `operator:<name>` (`operator:cli` from the command
+    /// line), or `task:<endpoint>`.
+    pub answered_by: Option<String>,
+    /// The answering call's idempotency key: a repeat with it answers as the first did.
+    pub answer_key: Option<String>,
+}
 
 impl Outcome {
     /// An attempt died when its lease lapsed; every other outcome was reported or decided.
@@ -159,6 +309,12 @@ pub struct Todo {
     pub deadline_at: Option<Millis>,
     /// Dead-letter when this many newest failed attempts report the same signature (0: never).
     pub max_same_failures: u32,
+    /// Questions to a human: how many, how long an answer may take.
+    pub asking: Asking,
+    /// The spend limit; a heartbeat or report that reaches it stops the attempt.
+    pub budget: Budget,
+    /// What every attempt spent, summed (pruned attempts included).
+    pub spent: Usage,
 }
 
 /// The dead-letter rule on a todo's state and whether a retry is scheduled, for callers that
@@ -183,6 +339,11 @@ impl Todo {
     /// The deadline has passed at `now`: no attempt may start.
     pub fn past_deadline(&self, now: Millis) -> bool {
         self.deadline_at.is_some_and(|d| d <= now)
+    }
+
+    /// What the attempts spent has reached the budget: no attempt may start.
+    pub fn over_budget(&self) -> bool {
+        self.budget.exhausted_by(&self.spent)
     }
 }
 
@@ -240,6 +401,12 @@ pub struct Attempt {
     /// endpoint's own report, a takeover, the reaper or a revocation closed it.
     #[serde(default)]
     pub closed_by: Option<String>,
+    /// The question the attempt ended with (`needs_input`), and its answer once given.
+    #[serde(default)]
+    pub question: Option<Question>,
+    /// What the attempt spent, as its holder last reported it.
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 impl Attempt {

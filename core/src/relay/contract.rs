@@ -325,6 +325,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 id: todo_id.clone(),
                 lease_ttl_seconds: Some(*lease_ttl_seconds),
                 lease_token: Some(lease_token.clone()),
+                usage: None,
             }),
         ),
         Command::SendReport {
@@ -339,6 +340,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 id: todo_id.clone(),
                 summary: Some(summary.clone()),
                 lease_token: Some(lease_token.clone()),
+                usage: None,
             }),
         ),
         Command::SendReport {
@@ -363,6 +365,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 lease_token: Some(lease_token.clone()),
                 retryable: *retryable,
                 failure_signature: failure_signature.clone(),
+                usage: None,
             }),
         ),
         Command::SendReport {
@@ -381,6 +384,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 summary: Some(summary.clone()),
                 artifact: artifact.clone(),
                 lease_token: Some(lease_token.clone()),
+                usage: None,
             }),
         ),
         _ => return None,

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Answer, Attempt, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Outcome, Report,
-    Todo, TodoFilter, TokenHash,
+    Actor, Answer, Attempt, Budget, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op,
+    Outcome, Report, Todo, TodoFilter, TokenHash, Usage,
 };
 use crate::time::{MINUTE, Millis, SECOND};
 
@@ -42,7 +42,16 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
             token_hash: token,
             ..Report::default()
         };
-        let op = match tag % 19 {
+        // A usage that grows with its byte, none for 0: reports and heartbeats repeat, cross and
+        // lower one another, and budgets are crossed.
+        let usage = |x: u8| {
+            (x != 0).then(|| Usage {
+                cost_micros: u64::from(x) * 10_000,
+                input_tokens: u64::from(x % 16) * 100,
+                output_tokens: u64::from(x / 16) * 10,
+            })
+        };
+        let op = match tag % 21 {
             0 => {
                 now += Millis::from(b()) * 5 * SECOND;
                 continue;
@@ -67,6 +76,12 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                         },
                         deadline_seconds: (budget % 3 == 0).then(|| u64::from(budget) * 10),
                         max_same_failures: (budget % 4 != 0).then_some(u32::from(budget % 4)),
+                        max_input_requests: (budget % 7 != 0).then_some(u32::from(budget % 3)),
+                        answer_within_seconds: (budget % 2 == 0).then(|| u64::from(budget) * 5),
+                        budget: Budget {
+                            cost_micros: (budget % 5 == 2).then(|| u64::from(budget) * 20_000),
+                            tokens: (budget % 11 == 3).then(|| u64::from(budget) * 40),
+                        },
                         ..NewTodo::default()
                     },
                 }
@@ -101,6 +116,7 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 id: todo_id(b() % TODOS),
                 ttl: ttl(b()),
                 token_hash: token(b()),
+                usage: usage(b()),
             },
             5 | 6 => {
                 let (a, id, tok) = (b() % 3, todo_id(b() % TODOS), token(b()));
@@ -112,6 +128,7 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                     4 if class > 250 => Some("s".repeat(129)),
                     n => Some(format!("sig-{}", n % 2)),
                 };
+                report.usage = usage(class / 2);
                 let actor = actor_of(a);
                 if tag % 19 == 5 {
                     Op::Complete {
@@ -135,7 +152,37 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 id: todo_id(b() % TODOS),
                 summary: Some("released".into()),
                 token_hash: token(b()),
+                usage: usage(b()),
             },
+            19 => {
+                let (a, id, tok, len) = (b() % 3, todo_id(b() % TODOS), token(b()), b());
+                let mut report = report(a, tok, u16::from(len) * 12);
+                report.result = None;
+                report.usage = usage(b());
+                Op::RequestInput {
+                    now,
+                    actor: actor_of(a),
+                    id,
+                    // Empty (refused), short, or past the cut, with the summary's characters.
+                    question: summary(u16::from(len % 4) * 300).unwrap_or_default(),
+                    report,
+                }
+            }
+            20 => {
+                let (a, id, k) = (b(), todo_id(b() % TODOS), b());
+                Op::AnswerTodo {
+                    now,
+                    actor: actor(a),
+                    id,
+                    // Empty or over 8 KiB (both refused), or an answer of a few bytes.
+                    answer: match k % 5 {
+                        0 => String::new(),
+                        1 => "y".repeat(8193),
+                        _ => summary(u16::from(k)).unwrap_or_else(|| "yes".into()),
+                    },
+                    key: (k % 3 != 0).then(|| format!("ans-{}", k % 2)),
+                }
+            }
             8 => Op::Reap { now },
             9 => Op::RequeueDue { now },
             10 => Op::Retry {
@@ -242,7 +289,8 @@ fn todo_obs(t: &Todo) -> Value {
         "dead_letter": t.dead_letter(), "owner": t.owner,
         "dead_letter_reason": t.dead_letter_reason.map(|r| r.as_str()),
         "idempotency_key": t.idempotency_key, "deadline_at": t.deadline_at,
-        "max_same_failures": t.max_same_failures,
+        "max_same_failures": t.max_same_failures, "asking": t.asking, "budget": t.budget,
+        "spent": t.spent,
     })
 }
 
@@ -257,7 +305,8 @@ fn attempt_obs(a: &Attempt) -> Value {
         "late_reports": a.late_reports.iter()
             .map(|l| json!([l.at, l.outcome.as_str(), l.summary]))
             .collect::<Vec<_>>(),
-        "late_reports_total": a.late_reports_total,
+        "late_reports_total": a.late_reports_total, "question": a.question,
+        "usage": a.usage,
     })
 }
 

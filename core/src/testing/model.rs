@@ -67,6 +67,7 @@ pub trait Queue {
             now,
             actor,
             id,
+            usage: None,
         };
         self.call(op, Answer::todo)
     }
@@ -105,6 +106,7 @@ pub trait Queue {
             id: id.into(),
             summary: summary.map(str::to_string),
             token_hash,
+            usage: None,
         };
         self.call(op, Answer::todo)
     }

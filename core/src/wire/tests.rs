@@ -197,6 +197,7 @@ fn claim_answers_have_the_contract_shape() {
 #[test]
 fn a_lease_token_never_shows_in_debug_output() {
     let args = HeartbeatArgs {
+        usage: None,
         id: "td_1".into(),
         lease_ttl_seconds: None,
         lease_token: Some(LeaseToken::new("s3cr3t-T")),

@@ -454,6 +454,7 @@ async fn direct(store: &Store, clients: usize, run_for: Duration) -> Figures {
                     id: id.clone(),
                     ttl: TTL,
                     token_hash: Some(token),
+                    usage: None,
                 };
                 store.apply(hb).await.expect("heartbeat");
                 t.heartbeat.push(h0.elapsed());

@@ -184,6 +184,7 @@ async fn heartbeats(store: &Store, raw: &preload::Raw, name: &str) {
             for _ in 0..HEARTBEATS / CALLERS {
                 let i = rng.random_range(1..=HELD);
                 let hb = Op::Heartbeat {
+                    usage: None,
                     now: T0 + 100 * SECOND,
                     actor: actor.clone(),
                     id: preload::id("hold", "q", i),

@@ -87,6 +87,7 @@ fn heartbeat(now: u64, actor: &Actor, id: &str, token: TokenHash) -> Op {
         id: id.into(),
         ttl: TTL,
         token_hash: Some(token),
+        usage: None,
     }
 }
 

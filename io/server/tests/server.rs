@@ -717,6 +717,7 @@ async fn the_doorbell_rings_gated_and_a_requeued_todo_is_not_swallowed() {
     };
     h.store.apply(claim).await.unwrap();
     let release = Op::Release {
+        usage: None,
         now,
         actor,
         id: "td_cli".into(),

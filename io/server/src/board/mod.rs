@@ -666,6 +666,9 @@ struct ActionForm {
     action: String,
     #[serde(default)]
     summary: String,
+    /// The answer of the `answer` action.
+    #[serde(default)]
+    answer: String,
 }
 
 /// The operation a todo's button stands for: the very one the CLI sends, as the operator.
@@ -685,6 +688,14 @@ fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> 
             id,
             summary,
             token_hash: None,
+            usage: None,
+        },
+        "answer" => Op::AnswerTodo {
+            now,
+            actor,
+            id,
+            answer: f.answer.clone(),
+            key: None,
         },
         "complete" => Op::Complete {
             now,
@@ -700,7 +711,7 @@ fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> 
         },
         other => {
             return Err(Error::invalid(format!(
-                "action {other:?} is not one of retry, cancel, release, complete, fail"
+                "action {other:?} is not one of retry, cancel, release, complete, fail, answer"
             )));
         }
     })

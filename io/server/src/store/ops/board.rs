@@ -175,8 +175,8 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
     let op = "board overview";
     let todo_cols = rows::select_list("t", &rows::TODO_COLS);
     let limit = |n: usize| Val::Big(Some(i64::try_from(n).unwrap_or(i64::MAX)));
-    let sql = "SELECT queue, state, COUNT(*), COUNT(next_retry_at), MIN(created_at) FROM todos
-               GROUP BY queue, state ORDER BY queue, state";
+    let sql = "SELECT queue, state, COUNT(*), COUNT(next_retry_at), MIN(created_at),
+               MIN(updated_at) FROM todos GROUP BY queue, state ORDER BY queue, state";
     let groups = tx
         .query_sql(op, "", sql, vec![], |r| {
             let what = "a todo count";
@@ -189,6 +189,7 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
                 todos: unsigned(r.int(2), what)?,
                 retry_scheduled: unsigned(r.int(3), what)?,
                 oldest_created_at: millis(r.int(4), what)?,
+                oldest_updated_at: millis(r.int(5), what)?,
             })
         })
         .await?;

@@ -16,6 +16,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (9, "board_bulk", MIGRATION_0009),
     (10, "lease_due", MIGRATION_0010),
     (11, "store_heartbeat", MIGRATION_0011),
+    (12, "asking", MIGRATION_0012),
 ];
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
@@ -287,6 +288,52 @@ CREATE TABLE store_heartbeat (
     id      integer NOT NULL PRIMARY KEY CHECK (id = 1),
     beat_at bigint  NOT NULL
 );
+";
+
+/// Waiting for a human, and spend (as SQLite's 0012). Postgres alters the CHECK lists in place
+/// and adds the columns without rewriting the tables (constant defaults).
+const MIGRATION_0012: &str = "
+ALTER TABLE todos DROP CONSTRAINT todos_state_check;
+ALTER TABLE todos ADD CONSTRAINT todos_state_check CHECK (state IN ('pending', 'claimed',
+    'failed', 'done', 'canceled', 'input_required'));
+ALTER TABLE todos DROP CONSTRAINT todos_dead_letter_reason_check;
+ALTER TABLE todos ADD CONSTRAINT todos_dead_letter_reason_check CHECK (dead_letter_reason IN
+    ('attempts_exhausted', 'non_retryable', 'deadline', 'repeated_failure', 'revoked',
+     'input_requests_exhausted', 'no_answer', 'budget_exhausted'));
+ALTER TABLE todos
+    ADD COLUMN max_input_requests  integer NOT NULL DEFAULT 3
+        CHECK (max_input_requests BETWEEN 0 AND 100),
+    ADD COLUMN input_requests      integer NOT NULL DEFAULT 0 CHECK (input_requests >= 0),
+    ADD COLUMN answer_within_ms    bigint CHECK (answer_within_ms > 0),
+    ADD COLUMN answer_due_at       bigint,
+    ADD COLUMN budget_cost_micros  bigint CHECK (budget_cost_micros > 0),
+    ADD COLUMN budget_tokens       bigint CHECK (budget_tokens > 0),
+    ADD COLUMN spent_cost_micros   bigint NOT NULL DEFAULT 0 CHECK (spent_cost_micros >= 0),
+    ADD COLUMN spent_input_tokens  bigint NOT NULL DEFAULT 0 CHECK (spent_input_tokens >= 0),
+    ADD COLUMN spent_output_tokens bigint NOT NULL DEFAULT 0 CHECK (spent_output_tokens >= 0),
+    ADD CONSTRAINT todos_answer_due_check CHECK (answer_due_at IS NULL OR state = 'input_required');
+CREATE INDEX todos_waiting ON todos (id) WHERE state = 'input_required';
+ALTER TABLE todo_attempts DROP CONSTRAINT todo_attempts_outcome_check;
+ALTER TABLE todo_attempts ADD CONSTRAINT todo_attempts_outcome_check CHECK (outcome IN
+    ('completed', 'failed', 'released', 'lease_expired', 'reaped', 'canceled', 'revoked',
+     'needs_input'));
+ALTER TABLE todo_attempts DROP CONSTRAINT todo_attempts_disposition_check;
+ALTER TABLE todo_attempts ADD CONSTRAINT todo_attempts_disposition_check CHECK (disposition IN
+    ('done', 'retry_scheduled', 'requeued', 'dead_lettered', 'canceled', 'awaiting_input'));
+ALTER TABLE todo_attempts DROP CONSTRAINT todo_attempts_dead_letter_reason_check;
+ALTER TABLE todo_attempts ADD CONSTRAINT todo_attempts_dead_letter_reason_check CHECK
+    (dead_letter_reason IN ('attempts_exhausted', 'non_retryable', 'deadline',
+     'repeated_failure', 'revoked', 'input_requests_exhausted', 'no_answer', 'budget_exhausted'));
+ALTER TABLE todo_attempts
+    ADD COLUMN question            text CHECK (octet_length(question) <= 2048),
+    ADD COLUMN answer              text CHECK (octet_length(answer) <= 8192),
+    ADD COLUMN answered_at         bigint,
+    ADD COLUMN answered_by         text CHECK (octet_length(answered_by) <= 200),
+    ADD COLUMN answer_key          text CHECK (octet_length(answer_key) <= 200),
+    ADD COLUMN usage_cost_micros   bigint NOT NULL DEFAULT 0 CHECK (usage_cost_micros >= 0),
+    ADD COLUMN usage_input_tokens  bigint NOT NULL DEFAULT 0 CHECK (usage_input_tokens >= 0),
+    ADD COLUMN usage_output_tokens bigint NOT NULL DEFAULT 0 CHECK (usage_output_tokens >= 0),
+    ADD CONSTRAINT todo_attempts_answer_check CHECK (answer IS NULL OR question IS NOT NULL);
 ";
 
 /// The newest migration's number.

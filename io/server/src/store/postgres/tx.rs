@@ -385,8 +385,8 @@ impl Rows for PgTx<'_> {
                     let vals = vec![Val::Text(Some(todo.id.clone())), Val::Count(*n)];
                     this.exec(op, &todo.id, &SQL.prune, vals).await.map(|_| 0)
                 }
-                AttemptWrite::Late(a) => {
-                    this.exec(op, &a.todo_id, &SQL.update_late, rows::late_update(a))
+                AttemptWrite::Amend(a) => {
+                    this.exec(op, &a.todo_id, &SQL.update_amend, rows::amend_update(op, a)?)
                         .await
                 }
             }

@@ -12,7 +12,7 @@ use crate::store::types::Endpoint;
 /// The todo columns, in the order [`todo`] decodes them.
 ///
 /// [`todo`]: super::decode::todo
-pub(crate) const TODO_COLS: [&str; 25] = [
+pub(crate) const TODO_COLS: [&str; 34] = [
     "id",
     "endpoint",
     "queue",
@@ -38,12 +38,21 @@ pub(crate) const TODO_COLS: [&str; 25] = [
     "idempotency_key",
     "deadline_at",
     "max_same_failures",
+    "max_input_requests",
+    "input_requests",
+    "answer_within_ms",
+    "answer_due_at",
+    "budget_cost_micros",
+    "budget_tokens",
+    "spent_cost_micros",
+    "spent_input_tokens",
+    "spent_output_tokens",
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
 ///
 /// [`attempt`]: super::decode::attempt
-pub(crate) const ATTEMPT_COLS: [&str; 23] = [
+pub(crate) const ATTEMPT_COLS: [&str; 31] = [
     "todo_id",
     "seq",
     "attempt",
@@ -64,9 +73,17 @@ pub(crate) const ATTEMPT_COLS: [&str; 23] = [
     "closed_by",
     "failure_signature",
     "dead_letter_reason",
+    "question",
+    "usage_cost_micros",
+    "usage_input_tokens",
+    "usage_output_tokens",
     "lease_token_hash",
     "late_reports",
     "late_reports_total",
+    "answer",
+    "answered_at",
+    "answered_by",
+    "answer_key",
 ];
 
 pub(crate) const ENDPOINT_COLS: &str = "name, token_hash, verbs, queues, created_at, revoked_at";
@@ -154,6 +171,15 @@ fn todo_val(op: &str, t: &Todo, i: usize) -> Result<Val, Error> {
         "idempotency_key" => text(&t.idempotency_key),
         "deadline_at" => opt_time(op, t.deadline_at)?,
         "max_same_failures" => Val::Count(t.max_same_failures),
+        "max_input_requests" => Val::Count(t.asking.max_requests),
+        "input_requests" => Val::Count(t.asking.requests),
+        "answer_within_ms" => opt_time(op, t.asking.answer_within)?,
+        "answer_due_at" => opt_time(op, t.asking.answer_due_at)?,
+        "budget_cost_micros" => figure(op, t.budget.cost_micros)?,
+        "budget_tokens" => figure(op, t.budget.tokens)?,
+        "spent_cost_micros" => figure(op, Some(t.spent.cost_micros))?,
+        "spent_input_tokens" => figure(op, Some(t.spent.input_tokens))?,
+        "spent_output_tokens" => figure(op, Some(t.spent.output_tokens))?,
         other => unreachable!("todo column {other} has no value"),
     })
 }
@@ -170,6 +196,7 @@ pub(crate) fn two_open_attempts(op: &str, id: &str) -> Error {
 ///
 /// [`Shared::insert_attempt`]: super::sql::Shared::insert_attempt
 pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    let q = a.question.as_ref();
     Ok(vec![
         label(Some(&a.todo_id)),
         Val::Count(a.seq),
@@ -191,10 +218,28 @@ pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
         text(&a.closed_by),
         text(&a.failure_signature),
         label(a.dead_letter_reason.map(DeadLetterReason::as_str)),
+        label(q.map(|q| q.text.as_str())),
+        figure(op, Some(a.usage.cost_micros))?,
+        figure(op, Some(a.usage.input_tokens))?,
+        figure(op, Some(a.usage.output_tokens))?,
         Val::Bytes(a.lease_token_hash.map(|h| h.0.to_vec())),
         Val::Text(late_text(&a.late_reports)),
         Val::Count(a.late_reports_total),
+        label(q.and_then(|q| q.answer.as_deref())),
+        opt_time(op, q.and_then(|q| q.answered_at))?,
+        label(q.and_then(|q| q.answered_by.as_deref())),
+        label(q.and_then(|q| q.answer_key.as_deref())),
     ])
+}
+
+/// A usage or budget figure as the `bigint` the tables store.
+fn figure(op: &str, v: Option<u64>) -> Result<Val, Error> {
+    v.map(|n| {
+        i64::try_from(n)
+            .map_err(|_| Error::invalid(format!("{op}: {n} is beyond what the store can hold")))
+    })
+    .transpose()
+    .map(Val::Big)
 }
 
 /// Late reports as the JSON text the attempts table stores; `NULL` for none.
@@ -202,22 +247,25 @@ fn late_text(late: &[LateReport]) -> Option<String> {
     (!late.is_empty()).then(|| serde_json::to_string(late).unwrap_or_default())
 }
 
-/// The values of [`Shared::update_late`].
+/// The columns of a closed attempt that may still change (see `AttemptWrite::Amend`), after
+/// the attempt's key (`todo_id`, `seq`): its late reports and the answer to its question.
+pub(super) const ATTEMPT_AMENDED: std::ops::Range<usize> = 25..31;
+
+/// The values of [`Shared::update_amend`].
 ///
-/// [`Shared::update_late`]: super::sql::Shared::update_late
-pub(crate) fn late_update(a: &Attempt) -> Vec<Val> {
-    vec![
-        label(Some(&a.todo_id)),
-        Val::Count(a.seq),
-        Val::Text(late_text(&a.late_reports)),
-        Val::Count(a.late_reports_total),
-    ]
+/// [`Shared::update_amend`]: super::sql::Shared::update_amend
+pub(crate) fn amend_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
+    let mut row = attempt_row(op, a)?;
+    row.truncate(ATTEMPT_AMENDED.end);
+    row.drain(2..ATTEMPT_AMENDED.start);
+    Ok(row)
 }
 
 /// The todo columns no transition changes (the store refuses a change to them, see
 /// `ledger::run`); an update rewrites every other column, keyed by `id`.
 const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
-                          max_attempts created_at idempotency_key max_same_failures";
+                          max_attempts created_at idempotency_key max_same_failures \
+                          max_input_requests answer_within_ms";
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 pub(super) fn todo_updated() -> impl Iterator<Item = usize> {
@@ -230,8 +278,8 @@ pub(super) fn todo_updated() -> impl Iterator<Item = usize> {
 }
 
 /// The attempt columns a heartbeat or a close rewrites (`last_heartbeat_at` to
-/// `dead_letter_reason` of [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
-pub(super) const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..20;
+/// `usage_output_tokens` of [`ATTEMPT_COLS`]), after its two key columns (`todo_id`, `seq`).
+pub(super) const ATTEMPT_REWRITTEN: std::ops::Range<usize> = 9..24;
 
 /// `col = ?n, …` for `cols`, numbered from `from`.
 pub(super) fn set_list(mark: char, cols: &[&str], from: usize) -> String {

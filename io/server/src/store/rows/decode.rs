@@ -3,7 +3,8 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Attempt, ClaimerKind, DeadLetterReason, Disposition, Outcome, Todo, TodoState, TokenHash,
+    Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, Outcome, Question, Todo,
+    TodoState, TokenHash, Usage,
 };
 use serde_json::Value;
 
@@ -55,6 +56,17 @@ impl<R: Row + ?Sized> Reader<'_, R> {
         self.opt_millis()?
             .ok_or_else(|| bad(self.what, format!("column {at} is NULL")))
     }
+    /// A usage or budget figure (`None` for NULL).
+    fn opt_figure(&mut self) -> Result<Option<u64>, Error> {
+        self.opt_int()?
+            .map(|v| u64::try_from(v).map_err(|e| bad(self.what, e)))
+            .transpose()
+    }
+    fn figure(&mut self) -> Result<u64, Error> {
+        let at = self.at;
+        self.opt_figure()?
+            .ok_or_else(|| bad(self.what, format!("column {at} is NULL")))
+    }
     fn count(&mut self) -> Result<u32, Error> {
         let at = self.at;
         let v = self
@@ -90,7 +102,7 @@ impl<R: Row + ?Sized> Reader<'_, R> {
     }
 }
 
-/// Decodes a todo from the 25 columns starting at `at`.
+/// Decodes a todo from the columns of `TODO_COLS` starting at `at`.
 pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
     let mut r = Reader {
         row,
@@ -125,10 +137,25 @@ pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
         idempotency_key: r.opt_text()?,
         deadline_at: r.opt_millis()?,
         max_same_failures: r.count()?,
+        asking: Asking {
+            max_requests: r.count()?,
+            requests: r.count()?,
+            answer_within: r.opt_millis()?,
+            answer_due_at: r.opt_millis()?,
+        },
+        budget: Budget {
+            cost_micros: r.opt_figure()?,
+            tokens: r.opt_figure()?,
+        },
+        spent: Usage {
+            cost_micros: r.figure()?,
+            input_tokens: r.figure()?,
+            output_tokens: r.figure()?,
+        },
     })
 }
 
-/// Decodes an attempt from the 23 columns starting at `at`; `None` when they are all NULL (an
+/// Decodes an attempt from the columns of `ATTEMPT_COLS` starting at `at`; `None` when they are all NULL (an
 /// outer join that found no attempt).
 pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Error> {
     let mut r = Reader {
@@ -139,7 +166,7 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
     let Some(todo_id) = r.opt_text()? else {
         return Ok(None);
     };
-    Ok(Some(Attempt {
+    let mut a = Attempt {
         todo_id,
         seq: r.count()?,
         attempt: r.count()?,
@@ -162,6 +189,18 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
         closed_by: r.opt_text()?,
         failure_signature: r.opt_text()?,
         dead_letter_reason: r.parsed(DeadLetterReason::parse)?,
+        question: r.opt_text()?.map(|text| Question {
+            text,
+            answer: None,
+            answered_at: None,
+            answered_by: None,
+            answer_key: None,
+        }),
+        usage: Usage {
+            cost_micros: r.figure()?,
+            input_tokens: r.figure()?,
+            output_tokens: r.figure()?,
+        },
         lease_token_hash: r.hash()?,
         late_reports: r
             .opt_text()?
@@ -169,7 +208,19 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
             .transpose()?
             .unwrap_or_default(),
         late_reports_total: r.count()?,
-    }))
+    };
+    let answer = r.opt_text()?;
+    match a.question.as_mut() {
+        Some(q) => {
+            q.answer = answer;
+            q.answered_at = r.opt_millis()?;
+            q.answered_by = r.opt_text()?;
+            q.answer_key = r.opt_text()?;
+        }
+        None if answer.is_some() => return Err(bad("an attempt", "an answer without a question")),
+        None => {}
+    }
+    Ok(Some(a))
 }
 
 /// Decodes an endpoint from the columns of [`ENDPOINT_COLS`]; verbs and queues are JSON arrays.

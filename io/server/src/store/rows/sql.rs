@@ -5,7 +5,7 @@ use relay_core::Millis;
 use relay_core::ledger::{Actor, Newest, Sweep, TodoFilter};
 
 use super::cols::{
-    ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label, placeholders,
+    ATTEMPT_AMENDED, ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label, placeholders,
     select_list, set_list, time, todo_updated,
 };
 use crate::store::types::{PendingChange, PendingPage};
@@ -35,8 +35,8 @@ pub(crate) struct Shared {
     pub update_open_attempt: String,
     /// Closed attempts of a todo at or below a seq.
     pub prune: String,
-    /// The late reports of a closed attempt, and nothing else of it.
-    pub update_late: String,
+    /// What may still change on a closed attempt (late reports, the answer), and nothing else.
+    pub update_amend: String,
     /// The endpoint's todo with an idempotency key.
     pub by_key: String,
     pub insert_endpoint: String,
@@ -173,9 +173,10 @@ impl Shared {
                 "DELETE FROM todo_attempts WHERE todo_id = {mark}1 AND seq <= {mark}2 \
                  AND ended_at IS NOT NULL"
             ),
-            update_late: format!(
-                "UPDATE todo_attempts SET late_reports = {mark}3, late_reports_total = {mark}4 \
-                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NOT NULL"
+            update_amend: format!(
+                "UPDATE todo_attempts SET {} \
+                 WHERE todo_id = {mark}1 AND seq = {mark}2 AND ended_at IS NOT NULL",
+                set_list(mark, &ATTEMPT_COLS[ATTEMPT_AMENDED], 3)
             ),
             by_key: format!(
                 "SELECT {} FROM todos t WHERE t.endpoint = {mark}1 AND t.idempotency_key = {mark}2",
@@ -319,7 +320,8 @@ impl Shared {
                 ),
                 time(op, now)?,
             ),
-            // mirrors transition::requeue_due. On SQLite as a UNION ALL (an id in both halves
+            // mirrors transition::requeue_due (the waiting todos through the small partial
+            // index `todos_waiting`: few todos wait for a human). On SQLite as a UNION ALL (an id in both halves
             // comes twice; the store drops the repeat), so that each half searches its partial
             // index (the retry and the deadline one; the second half names the deadline index's
             // predicate) instead of the OR scanning the table. A plain UNION merges the halves
@@ -331,7 +333,10 @@ impl Shared {
                      UNION ALL
                      SELECT id FROM todos WHERE deadline_at <= {m}1 AND deadline_at IS NOT NULL
                        AND state IN ('pending', 'failed')
-                       AND (state = 'pending' OR (state = 'failed' AND next_retry_at IS NOT NULL))"
+                       AND (state = 'pending' OR (state = 'failed' AND next_retry_at IS NOT NULL))
+                     UNION ALL
+                     SELECT id FROM todos WHERE state = 'input_required'
+                       AND (answer_due_at <= {m}1 OR deadline_at <= {m}1)"
                 ),
                 time(op, now)?,
             ),
@@ -340,7 +345,9 @@ impl Shared {
                     "SELECT id FROM todos WHERE (state = 'failed' AND next_retry_at <= {m}1
                        AND attempt < max_attempts)
                        OR (deadline_at <= {m}1 AND (state = 'pending'
-                           OR (state = 'failed' AND next_retry_at IS NOT NULL)))"
+                           OR (state = 'failed' AND next_retry_at IS NOT NULL)))
+                       OR (state = 'input_required'
+                           AND (answer_due_at <= {m}1 OR deadline_at <= {m}1))"
                 ),
                 time(op, now)?,
             ),

@@ -16,7 +16,12 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (9, "session_streams", MIGRATION_0009),
     (10, "board_bulk", MIGRATION_0010),
     (11, "store_heartbeat", MIGRATION_0011),
+    (12, "asking", MIGRATION_0012),
 ];
+
+/// The migrations that rebuild a table another one references: foreign keys are off while
+/// they run (see `migrate`).
+const REBUILDS: &[u32] = &[12];
 
 /// The todos table as it was before attempt history (the design's "before").
 const MIGRATION_0001: &str = "
@@ -300,8 +305,170 @@ CREATE TABLE store_heartbeat (
 ) STRICT;
 ";
 
+/// Waiting for a human, and spend (issue 31): the todo state `input_required`, the attempt
+/// outcome `needs_input` with disposition `awaiting_input`, the dead-letter reasons
+/// `input_requests_exhausted`, `no_answer` and `budget_exhausted`; a todo's question budget,
+/// answer window, spend limit and spend; an attempt's question, its answer and its usage.
+///
+/// The lists of states, outcomes and reasons are CHECK constraints, which SQLite cannot alter:
+/// both tables are rebuilt (SQLite's documented procedure: a new table, the rows copied, the old
+/// one dropped, the new one renamed, its indexes and triggers made again), with foreign keys
+/// off for the migration (`migrate` turns them off around a rebuild and checks them before the
+/// commit), since dropping `todos` would otherwise delete every attempt.
+const MIGRATION_0012: &str = "
+CREATE TABLE todos_new (
+    id                  TEXT    NOT NULL PRIMARY KEY,
+    endpoint            TEXT    NOT NULL,
+    queue               TEXT    NOT NULL,
+    title               TEXT    NOT NULL,
+    kind                TEXT,
+    source              TEXT,
+    payload             TEXT,
+    work_order          TEXT,
+    assignee            TEXT,
+    state               TEXT    NOT NULL CHECK (state IN ('pending', 'claimed', 'failed', 'done',
+                                                          'canceled', 'input_required')),
+    owner               TEXT,
+    attempt             INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts        INTEGER NOT NULL CHECK (max_attempts >= 1),
+    lease_expires_at    INTEGER,
+    claimed_at          INTEGER,
+    next_retry_at       INTEGER,
+    result              TEXT,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    attempts_total      INTEGER NOT NULL DEFAULT 0 CHECK (attempts_total >= 0),
+    attempts_pruned     INTEGER NOT NULL DEFAULT 0 CHECK (attempts_pruned >= 0),
+    change_seq          INTEGER NOT NULL DEFAULT 0,
+    dead_letter_reason  TEXT    CHECK (dead_letter_reason IN ('attempts_exhausted',
+                                   'non_retryable', 'deadline', 'repeated_failure', 'revoked',
+                                   'input_requests_exhausted', 'no_answer', 'budget_exhausted')),
+    idempotency_key     TEXT    CHECK (length(CAST(idempotency_key AS BLOB)) BETWEEN 1 AND 200),
+    deadline_at         INTEGER,
+    max_same_failures   INTEGER NOT NULL DEFAULT 0 CHECK (max_same_failures BETWEEN 0 AND 10),
+    max_input_requests  INTEGER NOT NULL DEFAULT 3 CHECK (max_input_requests BETWEEN 0 AND 100),
+    input_requests      INTEGER NOT NULL DEFAULT 0 CHECK (input_requests >= 0),
+    answer_within_ms    INTEGER CHECK (answer_within_ms > 0),
+    answer_due_at       INTEGER,
+    budget_cost_micros  INTEGER CHECK (budget_cost_micros > 0),
+    budget_tokens       INTEGER CHECK (budget_tokens > 0),
+    spent_cost_micros   INTEGER NOT NULL DEFAULT 0 CHECK (spent_cost_micros >= 0),
+    spent_input_tokens  INTEGER NOT NULL DEFAULT 0 CHECK (spent_input_tokens >= 0),
+    spent_output_tokens INTEGER NOT NULL DEFAULT 0 CHECK (spent_output_tokens >= 0),
+    CHECK ((state = 'claimed') = (owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    CHECK (answer_due_at IS NULL OR state = 'input_required')
+) STRICT;
+INSERT INTO todos_new (id, endpoint, queue, title, kind, source, payload, work_order, assignee,
+    state, owner, attempt, max_attempts, lease_expires_at, claimed_at, next_retry_at, result,
+    created_at, updated_at, attempts_total, attempts_pruned, change_seq, dead_letter_reason,
+    idempotency_key, deadline_at, max_same_failures)
+SELECT id, endpoint, queue, title, kind, source, payload, work_order, assignee,
+    state, owner, attempt, max_attempts, lease_expires_at, claimed_at, next_retry_at, result,
+    created_at, updated_at, attempts_total, attempts_pruned, change_seq, dead_letter_reason,
+    idempotency_key, deadline_at, max_same_failures FROM todos;
+CREATE TABLE todo_attempts_new (
+    todo_id             TEXT    NOT NULL REFERENCES todos (id) ON DELETE CASCADE,
+    seq                 INTEGER NOT NULL CHECK (seq >= 1),
+    attempt             INTEGER NOT NULL CHECK (attempt >= 0),
+    claimer_kind        TEXT    NOT NULL CHECK (claimer_kind IN ('endpoint', 'owner')),
+    claimer_endpoint    TEXT,
+    claimer_session     TEXT,
+    owner               TEXT    NOT NULL,
+    claimant            TEXT    CHECK (length(CAST(claimant AS BLOB)) <= 128),
+    claimed_at          INTEGER NOT NULL,
+    last_heartbeat_at   INTEGER,
+    lease_expires_at    INTEGER NOT NULL,
+    ended_at            INTEGER,
+    outcome             TEXT    CHECK (outcome IN ('completed', 'failed', 'released',
+                                   'lease_expired', 'reaped', 'canceled', 'revoked',
+                                   'needs_input')),
+    disposition         TEXT    CHECK (disposition IN ('done', 'retry_scheduled', 'requeued',
+                                   'dead_lettered', 'canceled', 'awaiting_input')),
+    summary             TEXT    CHECK (length(CAST(summary AS BLOB)) <= 2048),
+    summary_truncated   INTEGER NOT NULL DEFAULT 0 CHECK (summary_truncated IN (0, 1)),
+    artifact            TEXT    CHECK (length(CAST(artifact AS BLOB)) <= 512),
+    lease_token_hash    BLOB    CHECK (length(lease_token_hash) = 32),
+    failure_signature   TEXT    CHECK (length(CAST(failure_signature AS BLOB)) <= 128),
+    dead_letter_reason  TEXT    CHECK (dead_letter_reason IN ('attempts_exhausted',
+                                   'non_retryable', 'deadline', 'repeated_failure', 'revoked',
+                                   'input_requests_exhausted', 'no_answer', 'budget_exhausted')),
+    late_reports        TEXT,
+    late_reports_total  INTEGER NOT NULL DEFAULT 0 CHECK (late_reports_total >= 0),
+    closed_by           TEXT    CHECK (length(CAST(closed_by AS BLOB)) <= 64),
+    question            TEXT    CHECK (length(CAST(question AS BLOB)) <= 2048),
+    answer              TEXT    CHECK (length(CAST(answer AS BLOB)) <= 8192),
+    answered_at         INTEGER,
+    answered_by         TEXT    CHECK (length(CAST(answered_by AS BLOB)) <= 200),
+    answer_key          TEXT    CHECK (length(CAST(answer_key AS BLOB)) <= 200),
+    usage_cost_micros   INTEGER NOT NULL DEFAULT 0 CHECK (usage_cost_micros >= 0),
+    usage_input_tokens  INTEGER NOT NULL DEFAULT 0 CHECK (usage_input_tokens >= 0),
+    usage_output_tokens INTEGER NOT NULL DEFAULT 0 CHECK (usage_output_tokens >= 0),
+    PRIMARY KEY (todo_id, seq),
+    CHECK ((ended_at IS NULL) = (outcome IS NULL)),
+    CHECK ((ended_at IS NULL) = (disposition IS NULL)),
+    CHECK (answer IS NULL OR question IS NOT NULL)
+) STRICT, WITHOUT ROWID;
+INSERT INTO todo_attempts_new (todo_id, seq, attempt, claimer_kind, claimer_endpoint,
+    claimer_session, owner, claimant, claimed_at, last_heartbeat_at, lease_expires_at, ended_at,
+    outcome, disposition, summary, summary_truncated, artifact, lease_token_hash,
+    failure_signature, dead_letter_reason, late_reports, late_reports_total, closed_by)
+SELECT todo_id, seq, attempt, claimer_kind, claimer_endpoint,
+    claimer_session, owner, claimant, claimed_at, last_heartbeat_at, lease_expires_at, ended_at,
+    outcome, disposition, summary, summary_truncated, artifact, lease_token_hash,
+    failure_signature, dead_letter_reason, late_reports, late_reports_total, closed_by
+FROM todo_attempts;
+DROP TABLE todo_attempts;
+DROP TABLE todos;
+ALTER TABLE todos_new RENAME TO todos;
+ALTER TABLE todo_attempts_new RENAME TO todo_attempts;
+CREATE UNIQUE INDEX todo_attempts_one_open ON todo_attempts (todo_id) WHERE ended_at IS NULL;
+CREATE INDEX todos_lease ON todos (lease_expires_at) WHERE state = 'claimed';
+CREATE INDEX todos_retry ON todos (next_retry_at) WHERE state = 'failed';
+CREATE INDEX todos_change ON todos (change_seq) WHERE state = 'pending';
+CREATE UNIQUE INDEX todos_idempotency ON todos (endpoint, idempotency_key);
+CREATE INDEX todos_deadline ON todos (deadline_at)
+    WHERE deadline_at IS NOT NULL AND state IN ('pending', 'failed');
+CREATE INDEX todos_fifo ON todos (endpoint, created_at, id)
+    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
+CREATE INDEX todos_finished ON todos (updated_at)
+    WHERE (state = 'done' OR state = 'canceled' OR state = 'failed');
+CREATE INDEX todos_waiting ON todos (id) WHERE state = 'input_required';
+CREATE TRIGGER todos_change_insert AFTER INSERT ON todos WHEN NEW.state = 'pending' BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
+CREATE TRIGGER todos_change_update AFTER UPDATE OF id, endpoint, queue, title, kind, source,
+    payload, work_order, assignee, state, owner, attempt, max_attempts, lease_expires_at,
+    claimed_at, next_retry_at, result, created_at, updated_at, attempts_total, attempts_pruned,
+    dead_letter_reason, idempotency_key, deadline_at, max_same_failures, max_input_requests,
+    input_requests, answer_within_ms, answer_due_at, budget_cost_micros, budget_tokens,
+    spent_cost_micros, spent_input_tokens, spent_output_tokens
+    ON todos WHEN NEW.state = 'pending' BEGIN
+    UPDATE todo_change_counter SET n = n + 1 WHERE id = 1;
+    UPDATE todos SET change_seq = (SELECT n FROM todo_change_counter WHERE id = 1)
+        WHERE id = NEW.id;
+END;
+";
+
 /// Applies the migrations above the database's version, up to `target`, in one transaction.
 pub(super) fn migrate(conn: &mut Connection, target: u32) -> Result<(), Error> {
+    let err = |e: rusqlite::Error| Error::internal(format!("migrating the SQLite store: {e}"));
+    // A rebuild drops a referenced table: with foreign keys on, that would delete the rows
+    // that reference it. SQLite changes the setting only outside a transaction; the rebuild's
+    // transaction checks the keys itself before it commits.
+    let fk: i64 = conn
+        .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+        .map_err(err)?;
+    conn.execute_batch("PRAGMA foreign_keys = OFF").map_err(err)?;
+    let done = migrate_in_tx(conn, target);
+    if fk == 1 {
+        conn.execute_batch("PRAGMA foreign_keys = ON").map_err(err)?;
+    }
+    done
+}
+
+fn migrate_in_tx(conn: &mut Connection, target: u32) -> Result<(), Error> {
     let err = |e: rusqlite::Error| Error::internal(format!("migrating the SQLite store: {e}"));
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -331,6 +498,17 @@ pub(super) fn migrate(conn: &mut Connection, target: u32) -> Result<(), Error> {
                 "migrating the SQLite store: migration {version:04} ({name}) failed: {e}"
             ))
         })?;
+        if REBUILDS.contains(version) {
+            let broken: i64 = tx
+                .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0))
+                .map_err(err)?;
+            if broken > 0 {
+                return Err(Error::internal(format!(
+                    "migrating the SQLite store: migration {version:04} ({name}) left {broken} \
+                     rows whose foreign key names no row; nothing was changed"
+                )));
+            }
+        }
         tx.execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
             params![version, name, applied_at],

@@ -139,6 +139,7 @@ async fn cached_statements_are_not_reprepared() {
         let c = store.apply(claim).await.and_then(Answer::next).unwrap();
         let id = c.unwrap().todo.id;
         let hb = Op::Heartbeat {
+            usage: None,
             now,
             actor: actor.clone(),
             id: id.clone(),

@@ -25,6 +25,7 @@ fn complete(id: &str, token: &str, result: serde_json::Value) -> Op {
 
 fn heartbeat(id: &str, token: &str) -> Op {
     Op::Heartbeat {
+        usage: None,
         now: T0 + SECOND,
         actor: Actor::endpoint("e1"),
         id: id.into(),

@@ -216,6 +216,8 @@ fn second_open(id: &str) -> Attempt {
         late_reports_total: 0,
         lease_token_hash: None,
         closed_by: None,
+        question: None,
+        usage: Default::default(),
     }
 }
 

@@ -131,12 +131,17 @@ fn overview_of(ledger: &Ledger, now: relay_core::Millis) -> crate::store::BoardO
                 todos: 0,
                 retry_scheduled: 0,
                 oldest_created_at: None,
+                oldest_updated_at: None,
             });
         g.todos += 1;
         g.retry_scheduled += u64::from(t.next_retry_at.is_some());
         g.oldest_created_at = Some(
             g.oldest_created_at
                 .map_or(t.created_at, |o| o.min(t.created_at)),
+        );
+        g.oldest_updated_at = Some(
+            g.oldest_updated_at
+                .map_or(t.updated_at, |o| o.min(t.updated_at)),
         );
         let mut deaths = 0;
         for a in ledger.attempts(&t.id) {

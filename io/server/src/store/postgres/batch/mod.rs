@@ -79,6 +79,8 @@ pub(crate) fn batched(op: &Op) -> bool {
             | Op::Complete { .. }
             | Op::Fail { .. }
             | Op::Release { .. }
+            | Op::RequestInput { .. }
+            | Op::AnswerTodo { .. }
             | Op::NoteLate { .. }
             | Op::Retry { .. }
             | Op::Cancel { .. }

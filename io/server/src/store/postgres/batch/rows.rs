@@ -148,9 +148,9 @@ impl Rows for Batch<'_> {
                     self.held.push(Held::Prune(todo.id.clone(), *n));
                     0
                 }
-                AttemptWrite::Late(a) => {
-                    let vals = rows::late_update(a);
-                    self.write_now(op, &SQL.update_late, vals).await?
+                AttemptWrite::Amend(a) => {
+                    let vals = rows::amend_update(op, a)?;
+                    self.write_now(op, &SQL.update_amend, vals).await?
                 }
             });
         }

@@ -26,6 +26,8 @@ pub(super) fn named(op: &Op) -> Option<&str> {
         | Op::Complete { id, .. }
         | Op::Fail { id, .. }
         | Op::Release { id, .. }
+        | Op::RequestInput { id, .. }
+        | Op::AnswerTodo { id, .. }
         | Op::NoteLate { id, .. }
         | Op::Retry { id, .. }
         | Op::Cancel { id, .. } => Some(id),
