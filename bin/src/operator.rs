@@ -686,9 +686,15 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 }
                 if let Some(q) = &a.question {
                     out!("      asked: {}", esc(&q.text));
-                    if let (Some(ans), Some(at), Some(by)) = (&q.answer, q.answered_at, &q.answered_by)
+                    if let (Some(ans), Some(at), Some(by)) =
+                        (&q.answer, q.answered_at, &q.answered_by)
                     {
-                        out!("      answered {} by {}: {}", rfc3339(at), esc(by), esc(ans));
+                        out!(
+                            "      answered {} by {}: {}",
+                            rfc3339(at),
+                            esc(by),
+                            esc(ans)
+                        );
                     }
                 }
                 if !a.usage.is_zero() {

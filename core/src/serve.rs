@@ -29,7 +29,8 @@ use crate::error::{Error, ErrorCode};
 use crate::grant::Grant;
 use crate::ledger::transition::not_found;
 use crate::ledger::{
-    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo, TodoFilter, TodoState,
+    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo,
+    TodoFilter, TodoState,
 };
 use crate::wire::{
     self, ClaimArgs, ClaimOut, ErrorOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool,
@@ -523,9 +524,7 @@ impl Serving {
                 })?;
                 ring = match self.tool {
                     Tool::Release if !t.dead_letter() => Some((t, Offer::Requeued)),
-                    Tool::AnswerTodo if t.state == TodoState::Pending => {
-                        Some((t, Offer::Requeued))
-                    }
+                    Tool::AnswerTodo if t.state == TodoState::Pending => Some((t, Offer::Requeued)),
                     Tool::AddTodo if created == Some(true) => Some((t, Offer::Fresh)),
                     _ => None,
                 };

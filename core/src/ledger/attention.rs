@@ -96,7 +96,11 @@ fn ended(s: &mut String, a: &Attempt) {
     }
     if let Some(q) = &a.question {
         let line = q.text.lines().next().unwrap_or_default();
-        let _ = write!(s, " asked \"{}\"", cut_at_char_boundary(line.trim(), QUOTED));
+        let _ = write!(
+            s,
+            " asked \"{}\"",
+            cut_at_char_boundary(line.trim(), QUOTED)
+        );
         if q.answer.is_none() {
             s.push_str(" (unanswered)");
         }

@@ -207,9 +207,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
              {max_same_failures}"
         )));
     }
-    let max_input_requests = new
-        .max_input_requests
-        .unwrap_or(MAX_INPUT_REQUESTS_DEFAULT);
+    let max_input_requests = new.max_input_requests.unwrap_or(MAX_INPUT_REQUESTS_DEFAULT);
     if max_input_requests > MAX_INPUT_REQUESTS_MAX {
         return Err(bad(format!(
             "max_input_requests must be between 0 (never ask) and {MAX_INPUT_REQUESTS_MAX}; got \
@@ -267,7 +265,10 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
 /// Why a budget is not acceptable: a limit of zero (a limit is above zero; leave it out for
 /// none) or past [`USAGE_MAX`].
 pub fn check_budget(b: &Budget) -> Result<(), String> {
-    for (name, v) in [("budget.cost_usd", b.cost_micros), ("budget.tokens", b.tokens)] {
+    for (name, v) in [
+        ("budget.cost_usd", b.cost_micros),
+        ("budget.tokens", b.tokens),
+    ] {
         if v.is_some_and(|v| v == 0 || v > USAGE_MAX) {
             return Err(format!(
                 "{name} must be above zero (and at most 2^53); leave it out for no limit"
@@ -686,8 +687,7 @@ fn check_asking<'a>(
     if t.asking.answer_due_at.is_some() && !waiting {
         return Err(format!("state {} with answer_due_at set", t.state));
     }
-    if t.asking.requests > t.asking.max_requests || t.asking.max_requests > MAX_INPUT_REQUESTS_MAX
-    {
+    if t.asking.requests > t.asking.max_requests || t.asking.max_requests > MAX_INPUT_REQUESTS_MAX {
         return Err(format!(
             "{} questions asked of {} allowed",
             t.asking.requests, t.asking.max_requests
@@ -717,7 +717,9 @@ fn check_asking<'a>(
                 && (q.answer.is_some() || q.answer_key.is_none());
             if !whole
                 || q.text.len() > crate::bounds::SUMMARY_MAX_BYTES
-                || q.answer.as_ref().is_some_and(|x| x.len() > ANSWER_MAX_BYTES)
+                || q.answer
+                    .as_ref()
+                    .is_some_and(|x| x.len() > ANSWER_MAX_BYTES)
                 || q.answered_at
                     .is_some_and(|at| a.ended_at.is_none_or(|e| at < e))
                 || (q.answer.is_some() && a.disposition != Some(Disposition::AwaitingInput))

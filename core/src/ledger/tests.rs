@@ -1615,3 +1615,464 @@ fn a_dead_letter_has_a_bounded_attention_text_saying_why() {
     let view = l.get_todo(&Actor::cli(), "td_1", 20).unwrap();
     assert_eq!(attention(&view), None);
 }
+
+/// Waiting for a human, and spend budgets.
+mod asking {
+    use super::*;
+
+    fn ask(l: &mut Ledger, now: Millis, token: &str, q: &str, usage: Option<Usage>) -> Todo {
+        let op = Op::RequestInput {
+            now,
+            actor: ep("e"),
+            id: "td_1".into(),
+            question: q.into(),
+            report: Report {
+                usage,
+                ..report(Some(token))
+            },
+        };
+        l.apply(op).unwrap().todo().unwrap()
+    }
+
+    fn answer(
+        l: &mut Ledger,
+        now: Millis,
+        actor: Actor,
+        text: &str,
+        key: Option<&str>,
+    ) -> Result<Todo, Error> {
+        let op = Op::AnswerTodo {
+            now,
+            actor,
+            id: "td_1".into(),
+            answer: text.into(),
+            key: key.map(str::to_string),
+        };
+        l.apply(op).and_then(Answer::todo)
+    }
+
+    fn heartbeat(l: &mut Ledger, now: Millis, token: &str, usage: Usage) -> Result<Todo, Error> {
+        let op = Op::Heartbeat {
+            now,
+            actor: ep("e"),
+            id: "td_1".into(),
+            ttl: TTL,
+            token_hash: Some(TokenHash::of(token)),
+            usage: Some(usage),
+        };
+        l.apply(op).and_then(Answer::todo)
+    }
+
+    fn cost(micros: u64) -> Usage {
+        Usage {
+            cost_micros: micros,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn a_question_waits_for_its_answer_and_the_next_claim_carries_both() {
+        let mut l = ledger_with(1, 2);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        let t = ask(&mut l, T0 + 20, "t1", "Which branch?\u{0}", None);
+        assert_eq!(t.state, TodoState::InputRequired);
+        assert_eq!((t.attempt, t.asking.requests, t.owner), (0, 1, None));
+        // Waiting is not claimable, by id or by FIFO.
+        assert!(
+            l.claim_next(T0 + 30, &ep("e"), None, &opts())
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            code(l.claim(T0 + 30, &ep("e"), "td_1", &opts())),
+            ErrorCode::Conflict
+        );
+        let t = answer(&mut l, T0 + 40, Actor::cli(), "main", None).unwrap();
+        assert_eq!(t.state, TodoState::Pending);
+        let c = l
+            .claim_next(T0 + 50, &ep("e"), None, &opts())
+            .unwrap()
+            .unwrap();
+        let q = c.prior_attempts[0].question.clone().unwrap();
+        assert_eq!(c.prior_attempts[0].outcome, Some(Outcome::NeedsInput));
+        assert_eq!(
+            c.prior_attempts[0].disposition,
+            Some(Disposition::AwaitingInput)
+        );
+        assert_eq!(q.text, "Which branch?", "cleaned like a summary");
+        assert_eq!(q.answer.as_deref(), Some("main"));
+        assert_eq!(q.answered_at, Some(T0 + 40));
+        assert_eq!(q.answered_by.as_deref(), Some("operator:cli"));
+        // Asking did not spend one of the two attempts.
+        assert_eq!(c.todo.attempt, 1);
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn an_answer_to_a_todo_not_waiting_is_a_conflict_and_changes_nothing() {
+        let mut l = ledger_with(1, 2);
+        let before = l.clone();
+        assert_eq!(
+            code(answer(&mut l, T0 + 5, Actor::cli(), "yes", None)),
+            ErrorCode::Conflict
+        );
+        assert_eq!(l, before);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        ask(&mut l, T0 + 20, "t1", "ok?", None);
+        for (bad, code_) in [
+            ("", ErrorCode::Invalid),
+            (&"y".repeat(8193)[..], ErrorCode::Invalid),
+        ] {
+            let before = l.clone();
+            assert_eq!(code(answer(&mut l, T0 + 30, ep("e"), bad, None)), code_);
+            assert_eq!(l, before);
+        }
+        // Another endpoint's todo does not exist for it.
+        assert_eq!(
+            code(answer(&mut l, T0 + 30, ep("x"), "yes", None)),
+            ErrorCode::NotFound
+        );
+        answer(&mut l, T0 + 40, ep("e"), "yes", Some("k1")).unwrap();
+        // The same key again (its answer was lost): answered as it is, not answered twice.
+        let again = answer(&mut l, T0 + 50, ep("e"), "yes", Some("k1")).unwrap();
+        assert_eq!(again.state, TodoState::Pending);
+        let q = l.attempts("td_1").last().unwrap().question.clone().unwrap();
+        assert_eq!(
+            (q.answered_at, q.answered_by.as_deref()),
+            (Some(T0 + 40), Some("endpoint:e"))
+        );
+        // Another key, or none, is a conflict.
+        assert_eq!(
+            code(answer(&mut l, T0 + 60, ep("e"), "no", Some("k2"))),
+            ErrorCode::Conflict
+        );
+        assert_eq!(
+            code(answer(&mut l, T0 + 60, ep("e"), "no", None)),
+            ErrorCode::Conflict
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_request_with_a_stale_token_is_a_conflict() {
+        let mut l = ledger_with(1, 2);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        let before = l.clone();
+        let op = Op::RequestInput {
+            now: T0 + 20,
+            actor: ep("e"),
+            id: "td_1".into(),
+            question: "q".into(),
+            report: report(Some("stale")),
+        };
+        assert_eq!(code(l.apply(op)), ErrorCode::Conflict);
+        assert_eq!(l, before);
+        let empty = Op::RequestInput {
+            now: T0 + 20,
+            actor: ep("e"),
+            id: "td_1".into(),
+            question: "  ".into(),
+            report: report(Some("t1")),
+        };
+        assert_eq!(code(l.apply(empty)), ErrorCode::Invalid);
+        assert_eq!(l, before);
+    }
+
+    #[test]
+    fn past_max_input_requests_the_todo_dead_letters() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        let n = NewTodo {
+            max_input_requests: Some(1),
+            ..new("td_1", "ci")
+        };
+        l.add_todo(T0, "e", n).unwrap();
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        ask(&mut l, T0 + 20, "t1", "first?", None);
+        answer(&mut l, T0 + 30, Actor::cli(), "yes", None).unwrap();
+        l.claim(T0 + 40, &ep("e"), "td_1", &fenced("t2")).unwrap();
+        let t = ask(&mut l, T0 + 50, "t2", "second?", None);
+        assert_eq!(
+            t.dead_letter_reason,
+            Some(DeadLetterReason::InputRequestsExhausted)
+        );
+        assert!(t.dead_letter());
+        let view = l.apply(Op::GetTodo {
+            actor: Actor::cli(),
+            id: "td_1".into(),
+            attempts_limit: 5,
+        });
+        let text = attention(&view.unwrap().view().unwrap()).unwrap();
+        assert!(text.contains("asked \"second?\" (unanswered)"), "{text}");
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn an_unanswered_question_dead_letters_after_answer_within() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        let n = NewTodo {
+            answer_within_seconds: Some(60),
+            ..new("td_1", "ci")
+        };
+        l.add_todo(T0, "e", n).unwrap();
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        let t = ask(&mut l, T0 + 20, "t1", "ok?", None);
+        assert_eq!(t.asking.answer_due_at, Some(T0 + 20 + 60 * SECOND));
+        let swept = l
+            .apply(Op::RequeueDue {
+                now: T0 + 20 + 60 * SECOND - 1,
+            })
+            .unwrap();
+        assert!(swept.todos().unwrap().is_empty());
+        let swept = l
+            .apply(Op::RequeueDue {
+                now: T0 + 20 + 60 * SECOND,
+            })
+            .unwrap();
+        let t = &swept.todos().unwrap()[0];
+        assert_eq!(t.dead_letter_reason, Some(DeadLetterReason::NoAnswer));
+        assert_eq!(t.asking.answer_due_at, None);
+        assert_eq!(
+            code(answer(&mut l, T0 + 70 * SECOND, Actor::cli(), "late", None)),
+            ErrorCode::Conflict
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn spend_sums_across_attempts_and_never_decreases() {
+        let mut l = ledger_with(1, 3);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        heartbeat(
+            &mut l,
+            T0 + 20,
+            "t1",
+            Usage {
+                cost_micros: 500,
+                input_tokens: 10,
+                output_tokens: 1,
+            },
+        )
+        .unwrap();
+        // A lower figure (a report crossing a later heartbeat) lowers nothing.
+        let t = heartbeat(
+            &mut l,
+            T0 + 30,
+            "t1",
+            Usage {
+                cost_micros: 200,
+                input_tokens: 20,
+                output_tokens: 0,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            t.spent,
+            Usage {
+                cost_micros: 500,
+                input_tokens: 20,
+                output_tokens: 1
+            }
+        );
+        let fail = Op::Fail {
+            now: T0 + 40,
+            actor: ep("e"),
+            id: "td_1".into(),
+            report: Report {
+                usage: Some(cost(700)),
+                ..report(Some("t1"))
+            },
+        };
+        l.apply(fail).unwrap();
+        let retry = l.todo("td_1").unwrap().next_retry_at.unwrap();
+        l.claim(retry, &ep("e"), "td_1", &fenced("t2")).unwrap();
+        let t = heartbeat(&mut l, retry + 1, "t2", cost(300)).unwrap();
+        assert_eq!(t.spent.cost_micros, 1000);
+        assert_eq!(
+            l.attempts("td_1")
+                .map(|a| a.usage.cost_micros)
+                .collect::<Vec<_>>(),
+            [700, 300]
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_heartbeat_at_the_budget_stops_the_attempt_and_dead_letters_the_todo() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        let n = NewTodo {
+            budget: Budget {
+                cost_micros: Some(1_000_000),
+                tokens: None,
+            },
+            ..new("td_1", "ci")
+        };
+        l.add_todo(T0, "e", n).unwrap();
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        let t = heartbeat(&mut l, T0 + 20, "t1", cost(999_999)).unwrap();
+        assert_eq!(t.state, TodoState::Claimed);
+        let t = heartbeat(&mut l, T0 + 30, "t1", cost(1_000_000)).unwrap();
+        assert_eq!(t.state, TodoState::Failed);
+        assert_eq!(
+            t.dead_letter_reason,
+            Some(DeadLetterReason::BudgetExhausted)
+        );
+        let a = l.attempts("td_1").last().unwrap();
+        assert_eq!(
+            (a.outcome, a.disposition),
+            (Some(Outcome::Canceled), Some(Disposition::DeadLettered))
+        );
+        // The holder's next call is refused, and nothing claims it again.
+        assert_eq!(
+            code(heartbeat(&mut l, T0 + 40, "t1", cost(1))),
+            ErrorCode::Conflict
+        );
+        assert!(
+            l.claim_next(T0 + 50, &ep("e"), None, &opts())
+                .unwrap()
+                .is_none()
+        );
+        let view = l.apply(Op::GetTodo {
+            actor: Actor::cli(),
+            id: "td_1".into(),
+            attempts_limit: 5,
+        });
+        let text = attention(&view.unwrap().view().unwrap()).unwrap();
+        assert!(text.contains("spent $1, 0 tokens"), "{text}");
+        assert!(text.contains("budget of $1"), "{text}");
+        // The operator's retry (once the stopped holder's lease lapsed) is the decision to
+        // spend more: the budget reached is lifted.
+        let t = l
+            .apply(Op::Retry {
+                now: T0 + 20 + TTL,
+                actor: Actor::cli(),
+                id: "td_1".into(),
+            })
+            .unwrap()
+            .todo()
+            .unwrap();
+        assert!(t.budget.is_none() && t.state == TodoState::Pending);
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_fail_or_release_at_the_budget_dead_letters_but_a_complete_completes() {
+        for verb in ["fail", "release", "complete"] {
+            let mut l = Ledger::new(LedgerConfig::default());
+            let n = NewTodo {
+                budget: Budget {
+                    cost_micros: None,
+                    tokens: Some(100),
+                },
+                ..new("td_1", "ci")
+            };
+            l.add_todo(T0, "e", n).unwrap();
+            l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+            let usage = Some(Usage {
+                input_tokens: 60,
+                output_tokens: 40,
+                ..Usage::default()
+            });
+            let (now, actor, id) = (T0 + 20, ep("e"), "td_1".to_string());
+            let r = Report {
+                usage,
+                ..report(Some("t1"))
+            };
+            let op = match verb {
+                "fail" => Op::Fail {
+                    now,
+                    actor,
+                    id,
+                    report: r,
+                },
+                "complete" => Op::Complete {
+                    now,
+                    actor,
+                    id,
+                    report: r,
+                },
+                _ => Op::Release {
+                    now,
+                    actor,
+                    id,
+                    summary: None,
+                    token_hash: r.token_hash,
+                    usage,
+                },
+            };
+            let t = l.apply(op).unwrap().todo().unwrap();
+            if verb == "complete" {
+                assert_eq!(t.state, TodoState::Done);
+            } else {
+                assert_eq!(
+                    t.dead_letter_reason,
+                    Some(DeadLetterReason::BudgetExhausted),
+                    "{verb}"
+                );
+            }
+            assert_eq!(t.spent.tokens(), 100);
+            l.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_zero_budget_or_out_of_range_asking_is_refused_at_the_add() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        for n in [
+            NewTodo {
+                budget: Budget {
+                    cost_micros: Some(0),
+                    tokens: None,
+                },
+                ..new("td_1", "ci")
+            },
+            NewTodo {
+                budget: Budget {
+                    cost_micros: None,
+                    tokens: Some(0),
+                },
+                ..new("td_1", "ci")
+            },
+            NewTodo {
+                max_input_requests: Some(101),
+                ..new("td_1", "ci")
+            },
+            NewTodo {
+                answer_within_seconds: Some(0),
+                ..new("td_1", "ci")
+            },
+        ] {
+            assert_eq!(code(l.add_todo(T0, "e", n)), ErrorCode::Invalid);
+        }
+        assert!(l.todos().next().is_none());
+    }
+
+    /// The checker fires on a todo waiting without a question (the rule broken on purpose).
+    #[test]
+    fn the_checker_refuses_a_wait_without_a_question_and_a_claimable_todo_over_budget() {
+        let mut l = ledger_with(1, 2);
+        let mut t = l.todo("td_1").unwrap().clone();
+        t.state = TodoState::InputRequired;
+        assert!(
+            check_todo(&t, [])
+                .unwrap_err()
+                .contains("no unanswered question")
+        );
+        let mut t = l.todo("td_1").unwrap().clone();
+        t.budget.tokens = Some(5);
+        t.spent.input_tokens = 5;
+        assert!(
+            check_todo(&t, [])
+                .unwrap_err()
+                .contains("could be claimed again")
+        );
+        l.claim(T0 + 10, &ep("e"), "td_1", &opts()).unwrap();
+        let mut a = l.attempts("td_1").next().unwrap().clone();
+        a.usage.output_tokens = 9;
+        let t = l.todo("td_1").unwrap().clone();
+        assert!(
+            check_todo(&t, [&a])
+                .unwrap_err()
+                .contains("less than its attempts' usage")
+        );
+    }
+}

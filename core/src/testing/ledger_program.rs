@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Answer, Attempt, Budget, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op,
-    Outcome, Report, Todo, TodoFilter, TokenHash, Usage,
+    Actor, Answer, Attempt, Budget, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Outcome,
+    Report, Todo, TodoFilter, TokenHash, Usage,
 };
 use crate::time::{MINUTE, Millis, SECOND};
 
@@ -338,12 +338,27 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
 }
 
 /// The attempt as its close left it, without the late reports it gathered since.
-fn without_late(a: &Attempt) -> Attempt {
-    Attempt {
+/// A closed attempt without what may still change on it: its late reports and its answer.
+fn unamended(a: &Attempt) -> Attempt {
+    let mut a = Attempt {
         late_reports: Vec::new(),
         late_reports_total: 0,
         ..a.clone()
+    };
+    if let Some(q) = a.question.as_mut() {
+        (q.answer, q.answered_at, q.answered_by, q.answer_key) = (None, None, None, None);
     }
+    a
+}
+
+/// How a closed attempt may change: late reports only gather, an answer is written once and
+/// then kept (never lost, never answered again), and nothing else of it moves.
+fn amended_rightly(seen: &Attempt, a: &Attempt) -> bool {
+    let answer = |x: &Attempt| x.question.as_ref().and_then(|q| q.answer.clone());
+    let late_ok = a.late_reports_total >= seen.late_reports_total
+        && a.late_reports.starts_with(&seen.late_reports);
+    let answer_ok = answer(seen).is_none() || seen.question == a.question;
+    late_ok && answer_ok && unamended(seen) == unamended(a)
 }
 
 /// Runs the operations from a fixed start time, checking after every step:
@@ -377,12 +392,7 @@ pub fn ledger_ops(bytes: &[u8]) -> Result<(), String> {
             for a in l.attempts(&t.id).filter(|a| !a.is_open()) {
                 let key = (t.id.clone(), a.seq);
                 match closed.get_mut(&key) {
-                    // Late reports only gather, and the attempt's own fields stay as they were.
-                    Some(seen)
-                        if a.late_reports_total > seen.late_reports_total
-                            && a.late_reports.starts_with(&seen.late_reports)
-                            && without_late(seen) == without_late(a) =>
-                    {
+                    Some(seen) if seen != a && amended_rightly(seen, a) => {
                         *seen = a.clone();
                     }
                     Some(seen) if seen != a => {

@@ -118,6 +118,7 @@ pub struct BudgetArg {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
     /// Input and output tokens together, above zero.
+    #[schemars(range(min = 1))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
 }
@@ -916,11 +917,7 @@ impl From<&Attempt> for AttemptOut {
             late_reports_total: a.late_reports_total,
             question: a.question.as_ref().map(|q| q.text.clone()),
             answer: a.question.as_ref().and_then(|q| q.answer.clone()),
-            answered_at: a
-                .question
-                .as_ref()
-                .and_then(|q| q.answered_at)
-                .map(rfc3339),
+            answered_at: a.question.as_ref().and_then(|q| q.answered_at).map(rfc3339),
             answered_by: a.question.as_ref().and_then(|q| q.answered_by.clone()),
             usage: (!a.usage.is_zero()).then(|| SpentOut::from(&a.usage)),
         }

@@ -29,6 +29,16 @@ fn sample(prop: &Value) -> Value {
         Some("string") => json!("x"),
         Some("integer") => json!(prop["minimum"].as_u64().unwrap_or(1)),
         Some("boolean") => json!(true),
+        Some("number") => json!(1.5),
+        // A declared object (usage, budget) with each of its own properties.
+        Some("object") if prop["properties"].is_object() => Value::Object(
+            prop["properties"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, p)| (k.clone(), sample(p)))
+                .collect(),
+        ),
         Some("object") => json!({"k": 1}),
         _ if prop.get("oneOf").is_some() => prop["oneOf"][0]["const"].clone(),
         _ => json!({"any": "json"}),

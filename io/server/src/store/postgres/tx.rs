@@ -386,8 +386,13 @@ impl Rows for PgTx<'_> {
                     this.exec(op, &todo.id, &SQL.prune, vals).await.map(|_| 0)
                 }
                 AttemptWrite::Amend(a) => {
-                    this.exec(op, &a.todo_id, &SQL.update_amend, rows::amend_update(op, a)?)
-                        .await
+                    this.exec(
+                        op,
+                        &a.todo_id,
+                        &SQL.update_amend,
+                        rows::amend_update(op, a)?,
+                    )
+                    .await
                 }
             }
         });

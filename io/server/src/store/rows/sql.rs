@@ -5,8 +5,8 @@ use relay_core::Millis;
 use relay_core::ledger::{Actor, Newest, Sweep, TodoFilter};
 
 use super::cols::{
-    ATTEMPT_AMENDED, ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label, placeholders,
-    select_list, set_list, time, todo_updated,
+    ATTEMPT_AMENDED, ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label,
+    placeholders, select_list, set_list, time, todo_updated,
 };
 use crate::store::types::{PendingChange, PendingPage};
 

@@ -460,10 +460,12 @@ pub(super) fn migrate(conn: &mut Connection, target: u32) -> Result<(), Error> {
     let fk: i64 = conn
         .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
         .map_err(err)?;
-    conn.execute_batch("PRAGMA foreign_keys = OFF").map_err(err)?;
+    conn.execute_batch("PRAGMA foreign_keys = OFF")
+        .map_err(err)?;
     let done = migrate_in_tx(conn, target);
     if fk == 1 {
-        conn.execute_batch("PRAGMA foreign_keys = ON").map_err(err)?;
+        conn.execute_batch("PRAGMA foreign_keys = ON")
+            .map_err(err)?;
     }
     done
 }
@@ -500,7 +502,9 @@ fn migrate_in_tx(conn: &mut Connection, target: u32) -> Result<(), Error> {
         })?;
         if REBUILDS.contains(version) {
             let broken: i64 = tx
-                .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0))
+                .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                    r.get(0)
+                })
                 .map_err(err)?;
             if broken > 0 {
                 return Err(Error::internal(format!(

@@ -249,9 +249,12 @@ impl Rows for SqliteTx<'_> {
                     let vals = [Val::Text(Some(todo.id.clone())), Val::Count(*n)];
                     self.exec(op, &todo.id, &SQL.prune, &vals).map(|_| 0)?
                 }
-                AttemptWrite::Amend(a) => {
-                    self.exec(op, &a.todo_id, &SQL.update_amend, &rows::amend_update(op, a)?)?
-                }
+                AttemptWrite::Amend(a) => self.exec(
+                    op,
+                    &a.todo_id,
+                    &SQL.update_amend,
+                    &rows::amend_update(op, a)?,
+                )?,
             });
         }
         Ok(rows)
