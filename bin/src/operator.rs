@@ -102,7 +102,7 @@ pub enum QueueCmd {
 #[derive(Subcommand)]
 pub enum TodoCmd {
     /// Add a todo for an endpoint; prints the new todo's id.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// List todos, oldest first.
     List {
         /// Only this endpoint's todos.

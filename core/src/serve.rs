@@ -65,6 +65,10 @@ pub trait Draw {
 
 /// What to do next.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one Step lives per call, moved a few times: a box per operation would cost more"
+)]
 pub enum Step {
     /// Apply this operation and hand its answer to [`Serving::answered`].
     Apply(Op),

@@ -311,7 +311,7 @@ ALTER TABLE todos
     ADD COLUMN spent_cost_micros   bigint NOT NULL DEFAULT 0 CHECK (spent_cost_micros >= 0),
     ADD COLUMN spent_input_tokens  bigint NOT NULL DEFAULT 0 CHECK (spent_input_tokens >= 0),
     ADD COLUMN spent_output_tokens bigint NOT NULL DEFAULT 0 CHECK (spent_output_tokens >= 0),
-    ADD CONSTRAINT todos_answer_due_check CHECK (answer_due_at IS NULL OR state = 'input_required');
+    ADD CONSTRAINT todos_answer_due_waiting CHECK (answer_due_at IS NULL OR state = 'input_required');
 CREATE INDEX todos_waiting ON todos (id) WHERE state = 'input_required';
 ALTER TABLE todo_attempts DROP CONSTRAINT todo_attempts_outcome_check;
 ALTER TABLE todo_attempts ADD CONSTRAINT todo_attempts_outcome_check CHECK (outcome IN
@@ -333,7 +333,7 @@ ALTER TABLE todo_attempts
     ADD COLUMN usage_cost_micros   bigint NOT NULL DEFAULT 0 CHECK (usage_cost_micros >= 0),
     ADD COLUMN usage_input_tokens  bigint NOT NULL DEFAULT 0 CHECK (usage_input_tokens >= 0),
     ADD COLUMN usage_output_tokens bigint NOT NULL DEFAULT 0 CHECK (usage_output_tokens >= 0),
-    ADD CONSTRAINT todo_attempts_answer_check CHECK (answer IS NULL OR question IS NOT NULL);
+    ADD CONSTRAINT todo_attempts_answer_asked CHECK (answer IS NULL OR question IS NOT NULL);
 ";
 
 /// The newest migration's number.

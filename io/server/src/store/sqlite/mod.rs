@@ -15,7 +15,7 @@
 //! or OS crash may lose the last acknowledged batches (NORMAL does not sync the WAL on each
 //! commit), never corrupt the file or keep part of a batch.
 
-mod migrations;
+pub(crate) mod migrations;
 #[cfg(test)]
 mod tests;
 pub(crate) mod threads;

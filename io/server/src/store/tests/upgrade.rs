@@ -134,3 +134,104 @@ fn migration_0010_takes_every_state_forward() {
         assert_eq!(claimed.todo.state, TodoState::Claimed);
     });
 }
+
+/// Migration 0012 (waiting for a human, spend) takes a database made by 0011 forward with its
+/// data, on both stores: SQLite rebuilds both tables (its CHECK lists cannot be altered), so
+/// this also shows the rebuild keeps every row, the one-open-attempt index and the cascade from
+/// a todo to its attempts.
+#[test]
+fn migration_0012_takes_every_state_forward_on_both_stores() {
+    let rt = current_thread();
+    rt.block_on(async {
+        let s = crate::store::SqliteStore::open_at(None, LedgerConfig::default(), 11)
+            .await
+            .unwrap();
+        s.with_conn(|c| {
+            c.execute_batch(AT_0009)
+                .map_err(|e| relay_core::Error::internal(e.to_string()))
+        })
+        .await
+        .unwrap();
+        s.migrate_to(crate::store::sqlite::migrations::latest_migration())
+            .await
+            .unwrap();
+        asks_after_the_upgrade(Store::Sqlite(s)).await;
+    });
+    let Some(schema) = PgSchema::new("migration_0012_takes_every_state_forward") else {
+        return;
+    };
+    rt.block_on(async {
+        let p = PgStore::open_at(&schema.url, Some(&schema.name), LedgerConfig::default(), 11)
+            .await
+            .unwrap()
+            .with_clock(PgClock::Caller);
+        let client = p.client("test").await.unwrap();
+        client.batch_execute(AT_0009).await.unwrap();
+        // As a server of 0011 writes them (see `pg_derived`).
+        client
+            .batch_execute(
+                "UPDATE todos SET lease_due_at = lease_expires_at,
+                     finished_at = CASE WHEN state IN ('done', 'canceled', 'failed')
+                                        THEN updated_at END",
+            )
+            .await
+            .unwrap();
+        p.migrate_to(crate::store::postgres::migrations::latest_migration())
+            .await
+            .unwrap();
+        asks_after_the_upgrade(Store::Postgres(p)).await;
+    });
+}
+
+async fn asks_after_the_upgrade(mut store: Store) {
+    use relay_core::ledger::{Answer, Op, Outcome, Report, TokenHash};
+    for id in ["p1", "c1", "c2", "f1", "x1", "d1", "k1"] {
+        let (todo, attempts) = all_attempts(&store, id).await;
+        check_todo(&todo, &attempts).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(
+            todo.asking.max_requests, 3,
+            "{id}: the default question budget"
+        );
+        assert!(todo.spent.is_zero() && todo.budget.is_none(), "{id}");
+    }
+    assert_eq!(all_attempts(&store, "c1").await.1.len(), 1);
+    // The cascade from a todo to its attempts survived the rebuild.
+    store.delete_todo(&Actor::cli(), "d1").await.unwrap();
+    let e1 = Actor::endpoint("e1");
+    // A todo from before the upgrade asks, is answered, and its next claim sees both.
+    store
+        .claim(T0 + HOUR, &e1, "p1", &opts(30, Some("t1")))
+        .await
+        .unwrap();
+    let ask = Op::RequestInput {
+        now: T0 + HOUR + SECOND,
+        actor: e1.clone(),
+        id: "p1".into(),
+        question: "which one?".into(),
+        report: Report {
+            token_hash: Some(TokenHash::of("t1")),
+            ..Report::default()
+        },
+    };
+    let t = store.apply(ask).await.and_then(Answer::todo).unwrap();
+    assert_eq!(t.state, TodoState::InputRequired);
+    let answer = Op::AnswerTodo {
+        now: T0 + HOUR + 2 * SECOND,
+        actor: Actor::cli(),
+        id: "p1".into(),
+        answer: "the first".into(),
+        key: None,
+    };
+    store.apply(answer).await.unwrap();
+    let c = store
+        .claim(T0 + HOUR + 3 * SECOND, &e1, "p1", &opts(30, None))
+        .await
+        .unwrap();
+    let prior = &c.prior_attempts[0];
+    assert_eq!(prior.outcome, Some(Outcome::NeedsInput));
+    let q = prior.question.as_ref().unwrap();
+    assert_eq!(
+        (q.text.as_str(), q.answer.as_deref()),
+        ("which one?", Some("the first"))
+    );
+}
