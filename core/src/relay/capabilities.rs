@@ -21,6 +21,12 @@ const REQUIRED: [(&str, &[&str]); 4] = [
 /// schema must carry these.
 const RELEASE: (&str, &[&str]) = ("release", &["lease_token", "summary"]);
 
+/// Verbs beyond the contract table the daemon uses where a server declares them, with the
+/// arguments it cannot call them without. Their declared arguments are kept like the drain
+/// verbs'.
+pub const OPTIONAL_VERBS: [(&str, &[&str]); 1] =
+    [("request_input", &["id", "question", "lease_token"])];
+
 /// The verdict over one tools/list answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
@@ -64,6 +70,13 @@ impl Capabilities {
         self.declared
             .get(verb)
             .is_some_and(|args| args.contains(arg))
+    }
+
+    /// Whether the server lets this endpoint ask a person: it lists `request_input` with the
+    /// arguments the daemon needs (an endpoint not granted the verb is not shown the tool).
+    pub fn asks(&self) -> bool {
+        let (verb, args) = OPTIONAL_VERBS[0];
+        args.iter().all(|a| self.declares(verb, a))
     }
 }
 
@@ -109,7 +122,7 @@ pub fn check_capabilities(tools_list: &Value) -> Capabilities {
         }
     }
     caps.release_advertised = check(RELEASE.0, RELEASE.1, &mut caps);
-    for (verb, _) in ARGUMENTS {
+    for verb in ARGUMENTS.iter().chain(&OPTIONAL_VERBS).map(|(v, _)| *v) {
         if let Some(props) = declared(verb) {
             let props = props.into_iter().map(str::to_string).collect();
             caps.declared.insert(verb.to_string(), props);
@@ -160,5 +173,30 @@ mod tests {
             "only the drain verbs are kept"
         );
         assert!(!Capabilities::full(false).declares("release", "id"));
+    }
+
+    #[test]
+    fn asking_needs_request_input_with_its_question_and_fence() {
+        use crate::wire::Tool;
+        assert!(!check_capabilities(&contract_tools()).asks());
+        // Our server, to an endpoint granted every verb: it asks, and usage is declared on
+        // the heartbeat and every report.
+        let ours = check_capabilities(&crate::wire::tools_list(&Tool::ALL));
+        assert!(ours.supported() && ours.asks());
+        for verb in ["heartbeat", "complete", "fail", "release", "request_input"] {
+            assert!(ours.declares(verb, "usage"), "{verb}");
+        }
+        // An endpoint not granted request_input is not shown it.
+        let granted: Vec<Tool> = Tool::ALL
+            .into_iter()
+            .filter(|t| *t != Tool::RequestInput)
+            .collect();
+        let caps = check_capabilities(&crate::wire::tools_list(&granted));
+        assert!(caps.supported() && !caps.asks());
+        // Without the fence the daemon cannot ask (it never reports unfenced).
+        let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
+        verbs.push(("request_input", &["id", "question"]));
+        let caps = check_capabilities(&tools_list(&verbs));
+        assert!(caps.supported() && !caps.asks());
     }
 }

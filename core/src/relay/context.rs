@@ -13,12 +13,14 @@ pub fn claimant(host: &str, harness: &str, run_id: u64) -> String {
     bound_claimant(&label).unwrap_or(label)
 }
 
-/// The run's files beside its log: `<jobs_dir>/<harness>/<run_id>.relay.json` and
-/// `<jobs_dir>/<harness>/<run_id>.summary`.
+/// The run's files beside its log: `<jobs_dir>/<harness>/<run_id>.relay.json`,
+/// `<jobs_dir>/<harness>/<run_id>.summary` and `<jobs_dir>/<harness>/<run_id>.usage.json`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunFiles {
     pub context_file: String,
     pub summary_file: String,
+    /// The agent's spend so far, which it rewrites (`HARNESS_USAGE_FILE`).
+    pub usage_file: String,
 }
 
 pub fn run_files(jobs_dir: &str, harness: &str, run_id: u64) -> RunFiles {
@@ -26,6 +28,7 @@ pub fn run_files(jobs_dir: &str, harness: &str, run_id: u64) -> RunFiles {
     RunFiles {
         context_file: format!("{dir}/{run_id}.relay.json"),
         summary_file: format!("{dir}/{run_id}.summary"),
+        usage_file: format!("{dir}/{run_id}.usage.json"),
     }
 }
 
@@ -43,11 +46,13 @@ pub(crate) const TODO_FIELDS: [&str; 8] = [
 ];
 
 /// JSON paths of text the daemon did not author.
-pub const UNTRUSTED: [&str; 4] = [
+pub const UNTRUSTED: [&str; 6] = [
     "todo.title",
     "todo.payload",
     "todo.work_order",
     "prior_attempts[].summary",
+    "prior_attempts[].question",
+    "prior_attempts[].answer",
 ];
 
 /// The context file's JSON. `claimed_at` is the daemon's time of the claim answer (the
@@ -107,7 +112,12 @@ pub fn idempotency_key(claim: &ClaimedTodo) -> String {
 }
 
 /// The relay variables; they override the daemon's environment and env_file.
+/// `HARNESS_BUDGET_REMAINING` is there only when the claim answer showed a budget.
 pub fn relay_env(claim: &ClaimedTodo, files: &RunFiles) -> Vec<(String, String)> {
+    let budget = claim
+        .budget_remaining
+        .as_ref()
+        .map(|b| ("HARNESS_BUDGET_REMAINING", b.to_json()));
     [
         ("HARNESS_TODO_ID", claim.todo_id.clone()),
         ("HARNESS_ATTEMPT", claim.attempt.to_string()),
@@ -116,8 +126,10 @@ pub fn relay_env(claim: &ClaimedTodo, files: &RunFiles) -> Vec<(String, String)>
         ("HARNESS_MAX_ATTEMPTS", claim.max_attempts.to_string()),
         ("HARNESS_RELAY_FILE", files.context_file.clone()),
         ("HARNESS_ATTEMPT_SUMMARY_FILE", files.summary_file.clone()),
+        ("HARNESS_USAGE_FILE", files.usage_file.clone()),
     ]
     .into_iter()
+    .chain(budget)
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -139,5 +151,6 @@ mod tests {
         let f = run_files("/state/jobs/", "fixer", 43);
         assert_eq!(f.context_file, "/state/jobs/fixer/43.relay.json");
         assert_eq!(f.summary_file, "/state/jobs/fixer/43.summary");
+        assert_eq!(f.usage_file, "/state/jobs/fixer/43.usage.json");
     }
 }

@@ -16,11 +16,15 @@
 //!   that is not a non-empty string is an [`AnswerError`]. The other todo fields (`queue`,
 //!   `title`, `kind`, `source`, `payload`, `work_order`, `created_at`) are copied into the
 //!   context file as they came, `null` when absent; `prior_attempts` entries are read field by
-//!   field (the server's `attempt` is the context file's `number`), a field of the wrong type
-//!   reads as absent and an entry that is not an object is skipped.
+//!   field (the server's `attempt` is the context file's `number`; `question` and `answer` are
+//!   read where a server that lets people answer sends them), a field of the wrong type reads as
+//!   absent and an entry that is not an object is skipped. `todo.budget` and `todo.spent` are
+//!   read for what the budget still allows ([`super::usage::budget_remaining`]); a server that
+//!   sends neither gives no budget.
 //! - `heartbeat`, `complete`, `release`: any answer that is not a tool error is success; its
 //!   content is not read (it need not even be JSON).
-//! - `fail`: `dead_letter` is a dead letter only when it is the JSON `true`; `next_retry_at` is
+//! - `fail` and `request_input`: `dead_letter` is a dead letter only when it is the JSON `true`
+//!   (a question past the todo's question or spend budget dead-letters it); `next_retry_at` is
 //!   read when it is a string. A fail answer without `dead_letter` is an accepted fail that is
 //!   not a dead letter (`relay_outcome = failed`): the server has closed the attempt, so sending
 //!   it again could only be refused as a late report, and a dead letter is never inferred
@@ -32,9 +36,11 @@
 //!
 //! [`lease_call`] builds each call's arguments from the wire's typed argument structs, leaving
 //! absent options out (a strict schema refuses `null` for a string). An argument beyond the
-//! table's ([`ARGUMENTS`]) is an extension (`fail.retryable`, `fail.failure_signature`): it is sent
-//! only when the server's schema declares it ([`Capabilities::declares`]), because an
-//! undeclared argument fails the whole call.
+//! table's ([`ARGUMENTS`]) is an extension (`fail.retryable`, `fail.failure_signature`, `usage`
+//! on the heartbeat and every report): it is sent only when the server's schema declares it
+//! ([`Capabilities::declares`]), because an undeclared argument fails the whole call. The verb
+//! `request_input` is an extension as a whole: the machine chooses it only when
+//! [`Capabilities::asks`], and its arguments too are sent only as declared.
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
@@ -42,7 +48,11 @@ use serde_json::{Map, Value, json};
 use super::capabilities::Capabilities;
 use super::context::TODO_FIELDS;
 use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, ReportVerb};
-use crate::wire::{ClaimNextArgs, FailArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs};
+use super::usage::budget_remaining;
+use crate::wire::{
+    ClaimNextArgs, FailArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs, RequestInputArgs,
+    UsageArg,
+};
 
 /// The contract table's "Arguments sent", per verb: what every server honouring it accepts
 /// (the † ones are checked at initialize). Anything else is an extension.
@@ -173,6 +183,7 @@ pub fn decode_claim(answer: &Value) -> Result<ClaimAnswer, AnswerError> {
         None | Some(Value::Null) => None,
         v => Some(need("lease_token", v, "a non-empty string", text).map(LeaseToken::new)?),
     };
+    let budget_remaining = budget_remaining(&todo);
     // Only the contract's todo fields travel on (to the context file).
     let todo: Map<String, Value> = TODO_FIELDS
         .iter()
@@ -191,6 +202,7 @@ pub fn decode_claim(answer: &Value) -> Result<ClaimAnswer, AnswerError> {
         lease_token,
         todo: Value::Object(todo),
         prior_attempts,
+        budget_remaining,
     }))
 }
 
@@ -211,13 +223,16 @@ fn prior_attempt(v: &Value) -> Option<PriorAttempt> {
         ended_at: string("ended_at"),
         summary: string("summary"),
         artifact: string("artifact"),
+        question: string("question"),
+        answer: string("answer"),
     })
 }
 
 /// What the daemon reads from an accepted report: `dead_letter` and `next_retry_at` of a
-/// `fail` answer (see the module doc for a fail answer without them); nothing of the others.
+/// `fail` or `request_input` answer (see the module doc for an answer without them); nothing of
+/// the others.
 pub fn decode_report(verb: ReportVerb, answer: &Value) -> (bool, Option<String>) {
-    if verb != ReportVerb::Fail {
+    if !matches!(verb, ReportVerb::Fail | ReportVerb::RequestInput) {
         return (false, None);
     }
     let dead_letter = answer.get("dead_letter").and_then(Value::as_bool) == Some(true);
@@ -296,8 +311,20 @@ impl std::fmt::Debug for LeaseCall {
 }
 
 /// The `tools/call` for a `SendClaimNext`, `SendHeartbeat` or `SendReport`, given what the
-/// source's schemas declare; `None` for any other command.
+/// source's schemas declare, without usage; `None` for any other command.
 pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
+    lease_call_with(command, caps, None)
+}
+
+/// [`lease_call`] with the attempt's usage so far (what the driver read from its usage file,
+/// [`super::usage::UsageFile`]), put on a heartbeat or report where the server's schema for
+/// that verb declares `usage`; never on a claim.
+pub fn lease_call_with(
+    command: &Command,
+    caps: &Capabilities,
+    usage: Option<&UsageArg>,
+) -> Option<LeaseCall> {
+    let usage = usage.cloned();
     let (tool, args) = match command {
         Command::SendClaimNext {
             queue,
@@ -325,7 +352,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 id: todo_id.clone(),
                 lease_ttl_seconds: Some(*lease_ttl_seconds),
                 lease_token: Some(lease_token.clone()),
-                usage: None,
+                usage,
             }),
         ),
         Command::SendReport {
@@ -340,7 +367,26 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 id: todo_id.clone(),
                 summary: Some(summary.clone()),
                 lease_token: Some(lease_token.clone()),
-                usage: None,
+                usage,
+            }),
+        ),
+        Command::SendReport {
+            verb: ReportVerb::RequestInput,
+            todo_id,
+            lease_token,
+            summary,
+            artifact,
+            question,
+            ..
+        } => (
+            "request_input",
+            object(&RequestInputArgs {
+                id: todo_id.clone(),
+                question: question.clone().unwrap_or_default(),
+                summary: Some(summary.clone()),
+                artifact: artifact.clone(),
+                usage,
+                lease_token: Some(lease_token.clone()),
             }),
         ),
         Command::SendReport {
@@ -365,7 +411,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 lease_token: Some(lease_token.clone()),
                 retryable: *retryable,
                 failure_signature: failure_signature.clone(),
-                usage: None,
+                usage,
             }),
         ),
         Command::SendReport {
@@ -384,7 +430,7 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
                 summary: Some(summary.clone()),
                 artifact: artifact.clone(),
                 lease_token: Some(lease_token.clone()),
-                usage: None,
+                usage,
             }),
         ),
         _ => return None,
@@ -399,7 +445,16 @@ pub fn lease_call(command: &Command, caps: &Capabilities) -> Option<LeaseCall> {
 /// `SendReport` under what the source's schemas declare ([`lease_call`]); `None` for any other
 /// command. What the lease client and the simulator put on the wire.
 pub fn call_params(command: &Command, caps: &Capabilities) -> Option<Value> {
-    let call = lease_call(command, caps)?;
+    call_params_with(command, caps, None)
+}
+
+/// [`call_params`] with the attempt's usage ([`lease_call_with`]).
+pub fn call_params_with(
+    command: &Command,
+    caps: &Capabilities,
+    usage: Option<&UsageArg>,
+) -> Option<Value> {
+    let call = lease_call_with(command, caps, usage)?;
     Some(json!({"name": call.tool, "arguments": call.arguments}))
 }
 

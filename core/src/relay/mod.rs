@@ -81,6 +81,7 @@ pub mod redact;
 mod settings;
 pub mod summary;
 mod types;
+pub mod usage;
 
 #[cfg(test)]
 mod tests;
@@ -91,7 +92,8 @@ pub use context::{
 };
 pub use contract::{
     AnswerError, ClaimAnswer, LeaseCall, ResultError, TOOL_ERROR, answer_input, call_params,
-    decode_claim, decode_report, failed_input, lease_call, result_input,
+    call_params_with, decode_claim, decode_report, failed_input, lease_call, lease_call_with,
+    result_input,
 };
 pub use machine::{
     AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Reconfigured, Relay,
@@ -102,6 +104,7 @@ pub use record::{
 };
 pub use redact::Redactor;
 pub use settings::{HostFacts, expand_path, harness_settings};
+pub use usage::{BudgetRemaining, UsageFile};
 pub use types::{
     ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input, LeaseError,
     LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal, StopReason,

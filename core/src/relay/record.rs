@@ -46,12 +46,14 @@ pub enum RelayOutcome {
     ReportLost,
     DeadLettered,
     NoWork,
+    /// A `request_input` was accepted: the todo waits for a person's answer.
+    InputRequested,
 }
 
 crate::names!(RelayOutcome {
     Completed => "completed", Failed => "failed", Released => "released",
     LeaseLost => "lease_lost", ReportLost => "report_lost", DeadLettered => "dead_lettered",
-    NoWork => "no_work",
+    NoWork => "no_work", InputRequested => "input_requested",
 });
 
 /// One run of a leased harness. Written when the claim is sent (`running`), again when it is

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::redact::Redactor;
-use crate::bounds::{SUMMARY_MAX_BYTES, check_artifact, cut_at_char_boundary};
+use crate::bounds::{SUMMARY_MAX_BYTES, check_artifact, cut_at_char_boundary, prose_char};
 use crate::time::{Millis, SECOND};
 
 /// The driver reads at most this much of the attempt summary file; the machine cuts longer
@@ -88,31 +88,51 @@ pub struct AgentSummary {
     pub artifact: Option<String>,
     /// `"retryable": false` in the file: the agent knows its failure will not go away.
     pub retryable: Option<bool>,
+    /// `"needs_input": "<question>"` in the file: the agent cannot go on without a person's
+    /// answer. Raw as the file says it (not blank); [`question`] makes it sendable.
+    pub needs_input: Option<String>,
 }
 
-/// Reads the summary file: a JSON object with a string `summary` (and maybe a string
-/// `artifact`), or otherwise the whole content as the summary.
+/// Reads the summary file: a JSON object with a string `summary` or a non-blank string
+/// `needs_input` (and maybe a string `artifact`), or otherwise the whole content as the summary.
 pub fn parse_summary_file(bytes: &[u8]) -> AgentSummary {
     let bytes = &bytes[..bytes.len().min(AGENT_SUMMARY_MAX_BYTES)];
     let text = String::from_utf8_lossy(bytes);
-    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&text)
-        && let Some(Value::String(summary)) = obj.get("summary")
-    {
-        return AgentSummary {
-            summary: Some(summary.trim().to_string()).filter(|s| !s.is_empty()),
-            artifact: obj
-                .get("artifact")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            retryable: obj.get("retryable").and_then(Value::as_bool),
-        };
+    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&text) {
+        let string = |k: &str| obj.get(k).and_then(Value::as_str);
+        let needs_input = string("needs_input")
+            .filter(|q| !q.trim().is_empty())
+            .map(str::to_string);
+        if string("summary").is_some() || needs_input.is_some() {
+            return AgentSummary {
+                summary: string("summary")
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string),
+                artifact: string("artifact").map(str::to_string),
+                retryable: obj.get("retryable").and_then(Value::as_bool),
+                needs_input,
+            };
+        }
     }
     let text = text.trim();
     AgentSummary {
         summary: (!text.is_empty()).then(|| text.to_string()),
-        artifact: None,
-        retryable: None,
+        ..AgentSummary::default()
     }
+}
+
+/// The question a `request_input` carries, from the agent's `needs_input`: redacted like the
+/// summary, cleaned of control characters (tab and newline kept) and trimmed, then cut to
+/// [`SUMMARY_MAX_BYTES`] (the cut marked with [`CUT`]). `None` when nothing is left to ask.
+pub fn question(raw: &str, redactor: &Redactor) -> Option<String> {
+    let clean: String = redactor
+        .redact(raw)
+        .chars()
+        .filter(|c| prose_char(*c))
+        .collect();
+    let clean = clean.trim();
+    (!clean.is_empty()).then(|| cap_parts(clean, None, None, SUMMARY_MAX_BYTES))
 }
 
 /// The signature a failed attempt reports: the same for the same failure, different when it
@@ -346,6 +366,7 @@ mod tests {
                 summary: Some("fixed it".into()),
                 artifact: Some("mcp://cairn/x1".into()),
                 retryable: None,
+                needs_input: None,
             }
         );
         assert_eq!(
@@ -363,6 +384,40 @@ mod tests {
             parse_summary_file(&big).summary.map(|s| s.len()),
             Some(16 * 1024)
         );
+    }
+
+    #[test]
+    fn a_question_is_read_from_needs_input_and_made_sendable() {
+        let asked = parse_summary_file(
+            br#"{"needs_input": " which branch? ", "summary": "stuck", "artifact": "mcp://cairn/q1"}"#,
+        );
+        assert_eq!(asked.needs_input.as_deref(), Some(" which branch? "));
+        assert_eq!(asked.summary.as_deref(), Some("stuck"));
+        assert_eq!(asked.artifact.as_deref(), Some("mcp://cairn/q1"));
+        // needs_input alone is a structured file; a blank or non-string one asks nothing.
+        let alone = parse_summary_file(br#"{"needs_input": "which branch?"}"#);
+        assert_eq!(alone.needs_input.as_deref(), Some("which branch?"));
+        assert_eq!(alone.summary, None);
+        for nothing in [
+            &br#"{"needs_input": "  ", "summary": "done"}"#[..],
+            br#"{"needs_input": true, "summary": "done"}"#,
+        ] {
+            let s = parse_summary_file(nothing);
+            assert_eq!((s.needs_input, s.summary.as_deref()), (None, Some("done")));
+        }
+        assert_eq!(parse_summary_file(b"needs_input: x").needs_input, None);
+
+        let r = Redactor::new(["tok-secret-1"]);
+        assert_eq!(
+            question(" which branch?\n\u{7}(main or dev) ", &r).as_deref(),
+            Some("which branch?\n(main or dev)")
+        );
+        let q = question("use tok-secret-1 or ghp_abcdefghijklmnopqrstuvwxyz0123?", &r)
+            .expect("a question");
+        assert!(!q.contains("tok-secret-1") && !q.contains("ghp_abcdefghij"), "{q}");
+        let long = question(&"é".repeat(3000), &r).expect("a question");
+        assert!(long.len() <= SUMMARY_MAX_BYTES && long.ends_with(CUT), "{}", long.len());
+        assert_eq!(question(" \u{1b}\t ", &r), None);
     }
 
     #[test]

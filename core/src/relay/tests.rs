@@ -377,6 +377,8 @@ fn second_attempt_sees_the_first() {
         ended_at: Some("2026-09-22T11:20:00Z".into()),
         summary: Some("tests still red".into()),
         artifact: None,
+        question: None,
+        answer: None,
     }];
     let mut d = Driver::new(settings());
     // The wall clock runs an hour behind the monotonic one: the file's times are wall times.
@@ -408,9 +410,13 @@ fn second_attempt_sees_the_first() {
             "todo.title",
             "todo.payload",
             "todo.work_order",
-            "prior_attempts[].summary"
+            "prior_attempts[].summary",
+            "prior_attempts[].question",
+            "prior_attempts[].answer"
         ])
     );
+    // A prior attempt that asked nothing carries no question or answer key at all.
+    assert!(prior.get("question").is_none() && prior.get("answer").is_none());
     let todo_keys: Vec<&String> = file["todo"]
         .as_object()
         .map(|o| o.keys().collect())

@@ -7,6 +7,7 @@ use super::capabilities::Capabilities;
 use super::contract::AnswerError;
 use super::record::{Event, RunRecord};
 use super::redact::Redactor;
+use super::usage::BudgetRemaining;
 use crate::error::ErrorCode;
 use crate::time::{Millis, SECOND};
 
@@ -168,6 +169,12 @@ pub struct PriorAttempt {
     pub ended_at: Option<String>,
     pub summary: Option<String>,
     pub artifact: Option<String>,
+    /// The question the attempt ended with (outcome `needs_input`), and its answer once given:
+    /// both written by people or agents, never instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
 }
 
 /// A successful `claim_next` answer, as [`super::decode_claim`] reads it from the wire.
@@ -186,6 +193,9 @@ pub struct ClaimedTodo {
     pub todo: Value,
     /// Newest first.
     pub prior_attempts: Vec<PriorAttempt>,
+    /// What the todo's budget still allows (`HARNESS_BUDGET_REMAINING`); `None` when the answer
+    /// shows no budget.
+    pub budget_remaining: Option<BudgetRemaining>,
 }
 
 /// How a child process ended.
@@ -320,10 +330,15 @@ pub enum ReportVerb {
     Complete,
     Fail,
     Release,
+    /// The agent asked a question (its summary file's `needs_input`): the server holds the
+    /// todo until a person answers. Sent only to a server that declares the tool.
+    RequestInput,
 }
 
 // The tool's name.
-crate::names!(ReportVerb { Complete => "complete", Fail => "fail", Release => "release" });
+crate::names!(ReportVerb {
+    Complete => "complete", Fail => "fail", Release => "release", RequestInput => "request_input",
+});
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {
@@ -406,6 +421,8 @@ pub enum Command {
         retryable: Option<bool>,
         /// A fail's signature, sent only when declared.
         failure_signature: Option<String>,
+        /// A `request_input`'s question (redacted and cut to 2048 bytes); `None` for the others.
+        question: Option<String>,
     },
     /// Write with mode 0600 before the spawn.
     WriteContextFile {
@@ -414,7 +431,11 @@ pub enum Command {
         bytes: Vec<u8>,
     },
     /// The driver adds the triggered run's context variables and writes the event file, as for
-    /// an unleased run; `summary_file` must not exist yet.
+    /// an unleased run; `summary_file` must not exist yet, and `usage_file` (the agent's
+    /// `HARNESS_USAGE_FILE`) is created empty with mode 0600. The driver reads the usage file
+    /// before each `SendHeartbeat` and `SendReport` of the run (at most
+    /// [`super::usage::USAGE_FILE_MAX_BYTES`] + 1 bytes, a regular file only) and hands what it
+    /// read to [`super::usage::UsageFile`] and the result to [`super::lease_call_with`].
     Spawn {
         run_id: u64,
         argv: Vec<String>,
@@ -423,6 +444,7 @@ pub enum Command {
         env: ProcessEnv,
         context_file: String,
         summary_file: String,
+        usage_file: String,
     },
     Signal {
         run_id: u64,

@@ -71,8 +71,11 @@ fn a_contract_only_claim_answer_decodes() {
             ended_at: Some("2026-09-22T11:59:30Z".into()),
             summary: Some("first try".into()),
             artifact: None,
+            question: None,
+            answer: None,
         }]
     );
+    assert_eq!(c.budget_remaining, None, "no budget in the answer, none in the claim");
 }
 
 #[test]
@@ -263,6 +266,106 @@ fn our_own_servers_full_answer_decodes() {
     assert_eq!(p.summary.as_deref(), Some("first try"));
 }
 
+/// A todo with a budget whose first attempt spent some of it and asked a question, answered by
+/// the operator: the retry's claim answer from the real ledger.
+fn answered_claim() -> Value {
+    use crate::ledger::{Answer, Budget, Op, Usage};
+    let endpoint = Actor::endpoint("sb".to_string());
+    let mut ledger = Ledger::new(LedgerConfig::default());
+    let new = NewTodo {
+        id: "td_1".into(),
+        queue: "ci-failures".into(),
+        title: "CI red on main".into(),
+        max_attempts: Some(3),
+        budget: Budget {
+            cost_micros: Some(1_000_000),
+            tokens: Some(1_000),
+        },
+        ..NewTodo::default()
+    };
+    ledger
+        .add_todo(t0() - MINUTE, "sb", new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let opts = |token: &str| ClaimOpts {
+        ttl: 300 * SECOND,
+        claimant: Some("harness/box/fixer/run-1".into()),
+        token_hash: Some(TokenHash::of(token)),
+    };
+    ledger
+        .claim_next(t0(), &endpoint, None, &opts("tok-1"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let usage = Usage {
+        cost_micros: 300_000,
+        input_tokens: 700,
+        output_tokens: 200,
+    };
+    let ops = [
+        Op::Heartbeat {
+            now: t0() + SECOND,
+            actor: endpoint.clone(),
+            id: "td_1".into(),
+            ttl: 300 * SECOND,
+            token_hash: Some(TokenHash::of("tok-1")),
+            usage: Some(usage),
+        },
+        Op::RequestInput {
+            now: t0() + 2 * SECOND,
+            actor: endpoint.clone(),
+            id: "td_1".into(),
+            question: "which branch?".into(),
+            report: Report {
+                summary: Some("stuck".into()),
+                token_hash: Some(TokenHash::of("tok-1")),
+                ..Report::default()
+            },
+        },
+        Op::AnswerTodo {
+            now: t0() + MINUTE,
+            actor: Actor::cli(),
+            id: "td_1".into(),
+            answer: "main".into(),
+            key: None,
+        },
+    ];
+    for op in ops {
+        ledger
+            .apply(op)
+            .and_then(Answer::todo)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let second = ledger
+        .claim_next(t0() + 2 * MINUTE, &endpoint, None, &opts(TOKEN))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("the answered todo is claimable"));
+    let out = ClaimOut::claimed(&second, Some(LeaseToken::new(TOKEN)));
+    serde_json::to_value(&out).unwrap_or_default()
+}
+
+#[test]
+fn a_claim_after_an_answer_carries_the_question_the_answer_and_the_budget_left() {
+    let answer = answered_claim();
+    let c = claimed(&answer);
+    let p = &c.prior_attempts[0];
+    assert_eq!(p.outcome.as_deref(), Some("needs_input"));
+    assert_eq!(p.question.as_deref(), Some("which branch?"));
+    assert_eq!(p.answer.as_deref(), Some("main"));
+    assert_eq!(
+        c.budget_remaining,
+        Some(crate::relay::BudgetRemaining {
+            cost_usd: Some(0.7),
+            tokens: Some(100)
+        })
+    );
+    // Neither budget nor spend travels into the context file's todo.
+    assert!(c.todo.get("budget").is_none() && c.todo.get("spent").is_none());
+    // A server that says nothing of spend gives no budget; a mistyped question reads as absent.
+    let mut bare = answer.clone();
+    bare["todo"].as_object_mut().map(|t| t.remove("budget"));
+    bare["prior_attempts"][0]["question"] = json!(["which", "branch"]);
+    let c = claimed(&bare);
+    assert_eq!((c.budget_remaining, c.prior_attempts[0].question.clone()), (None, None));
+}
+
 fn report(verb: ReportVerb) -> Command {
     crate::testing::relay::report_command(3, verb, TOKEN)
 }
@@ -310,9 +413,17 @@ fn report_answers_are_read_liberally() {
         (false, None)
     );
     assert_eq!(fail(Value::Null), (false, None));
-    // Only fail's answer says dead letter.
+    // Only fail's and request_input's answers say dead letter (a question past a budget).
     assert_eq!(
         decode_report(ReportVerb::Complete, &json!({"dead_letter": true})),
+        (false, None)
+    );
+    assert_eq!(
+        decode_report(ReportVerb::RequestInput, &json!({"dead_letter": true})),
+        (true, None)
+    );
+    assert_eq!(
+        decode_report(ReportVerb::RequestInput, &json!({"state": "input_required"})),
         (false, None)
     );
     // Any non-error answer is success, JSON or not.
@@ -398,6 +509,57 @@ fn calls_send_the_contracts_arguments_and_no_nulls() {
     assert!(!shown.contains(TOKEN), "{shown}");
     assert!(shown.contains("lease_token"), "{shown}");
     assert_eq!(lease_call(&Command::KillCheck { run_id: 1 }, &caps), None);
+}
+
+#[test]
+fn a_question_goes_as_request_input_and_usage_only_where_declared() {
+    let usage = crate::wire::UsageArg {
+        cost_usd: Some(0.42),
+        input_tokens: Some(1200),
+        output_tokens: None,
+    };
+    let asking = crate::testing::relay::our_server_capabilities();
+    let c = lease_call_with(&report(ReportVerb::RequestInput), &asking, Some(&usage))
+        .expect("a lease call");
+    assert_eq!(
+        (c.tool, c.arguments),
+        (
+            "request_input",
+            json!({"id": "td_1", "question": "which branch?",
+                   "summary": "attempt 1/5 · agent failed", "artifact": "mcp://cairn/Ab12",
+                   "usage": {"cost_usd": 0.42, "input_tokens": 1200},
+                   "lease_token": TOKEN})
+        )
+    );
+    // The contract's schemas declare no usage: nothing of it is sent, on any verb.
+    let plain = Capabilities::full(true);
+    let verbs = [ReportVerb::Complete, ReportVerb::Fail, ReportVerb::Release];
+    for c in verbs.map(report).iter().chain([&heartbeat()]) {
+        let call = lease_call_with(c, &plain, Some(&usage)).expect("a lease call");
+        assert!(call.arguments.get("usage").is_none(), "{}", call.tool);
+        assert_eq!(Some(call), lease_call(c, &plain));
+    }
+    // A server that declares usage on heartbeat (and only there) gets it there.
+    let mut caps = Capabilities::full(true);
+    caps.declared
+        .get_mut("heartbeat")
+        .map(|args| args.insert("usage".into()));
+    let call = lease_call_with(&heartbeat(), &caps, Some(&usage)).expect("a lease call");
+    assert_eq!(
+        call.arguments["usage"],
+        json!({"cost_usd": 0.42, "input_tokens": 1200})
+    );
+    let call = lease_call_with(&report(ReportVerb::Complete), &caps, Some(&usage))
+        .expect("a lease call");
+    assert!(call.arguments.get("usage").is_none());
+    // Never on a claim.
+    let all = crate::testing::relay::our_server_capabilities();
+    let call = lease_call_with(&claim(None), &all, Some(&usage)).expect("a lease call");
+    assert!(call.arguments.get("usage").is_none());
+    assert_eq!(
+        call_params_with(&heartbeat(), &caps, Some(&usage)).expect("params")["arguments"]["usage"],
+        json!({"cost_usd": 0.42, "input_tokens": 1200})
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@ use crate::relay::record::{Event, RelayOutcome, RunOutcome, RunRecord, SkippedRe
 use crate::relay::redact::Redactor;
 use crate::relay::summary::{
     AgentRun, AgentSummary, CHECK_TAIL_LINES, choose_artifact, last_lines, parse_summary_file,
+    question,
 };
 use crate::relay::types::{
     ClaimedTodo, Command, ExitStatus, Input, LeaseError, OnOverlap, ReportVerb, RequestId, Signal,
@@ -397,6 +398,9 @@ impl Relay {
                     .map(parse_summary_file)
                     .unwrap_or_default();
                 summary.summary = summary.summary.map(|text| a.redactor.redact(&text));
+                summary.needs_input = summary
+                    .needs_input
+                    .and_then(|q| question(&q, &a.redactor));
                 (run, summary, None)
             }
             Err(error) => {
@@ -412,11 +416,17 @@ impl Relay {
                 (run, AgentSummary::default(), Some(text))
             }
         };
+        let asked = summary.needs_input.is_some();
         a.agent = Some(AgentResult { run, summary });
         if let Some(text) = warning {
             self.warn(run_id, text);
         }
         self.after_children_change(now, |relay, now| {
+            if asked {
+                // The agent did not finish: it waits for a person, so there is nothing for the
+                // check to judge yet.
+                return relay.ask(now);
+            }
             if relay.settings.success_check.is_some() {
                 // The check runs whatever the agent did: it, not the exit code, is the verdict.
                 return relay.start_check(now, false);
@@ -510,9 +520,12 @@ impl Relay {
                 // A dead letter is read from the answer alone, never inferred from state or counts.
                 let relay_outcome = match report.verb {
                     ReportVerb::Complete => RelayOutcome::Completed,
-                    ReportVerb::Fail if dead_letter => RelayOutcome::DeadLettered,
+                    ReportVerb::Fail | ReportVerb::RequestInput if dead_letter => {
+                        RelayOutcome::DeadLettered
+                    }
                     ReportVerb::Fail => RelayOutcome::Failed,
                     ReportVerb::Release => RelayOutcome::Released,
+                    ReportVerb::RequestInput => RelayOutcome::InputRequested,
                 };
                 a.record.artifact = report.artifact.clone();
                 let event = Event::RelayReported {
@@ -619,6 +632,7 @@ impl Relay {
             SourceState::Unsupported
         };
         self.release_advertised = caps.release_advertised;
+        self.input_advertised = caps.asks();
     }
 
     pub(super) fn handle_timer(&mut self, now: Millis, reason: TimerReason) {

@@ -65,6 +65,8 @@ pub struct Describe {
     pub lease: String,
     pub source: SourceState,
     pub release_advertised: bool,
+    /// The source lists `request_input`: an agent's question is asked, not failed.
+    pub input_advertised: bool,
     pub held_firing: bool,
     pub attempt: Option<AttemptView>,
 }
@@ -210,6 +212,8 @@ struct PendingReport {
     /// A fail's class and signature (`None` for the other verbs and for aborts).
     retryable: Option<bool>,
     failure_signature: Option<String>,
+    /// A `request_input`'s question.
+    question: Option<String>,
 }
 
 /// The run in flight: one firing, from its claim through the process, the check and the
@@ -258,6 +262,8 @@ pub struct Relay {
     next_request: u64,
     source: SourceState,
     release_advertised: bool,
+    /// The source's server lets this endpoint ask a person ([`super::Capabilities::asks`]).
+    input_advertised: bool,
     run: Option<Run>,
     /// The one firing `on_overlap = "queue"` holds, by trigger.
     held: Option<String>,
@@ -290,6 +296,7 @@ impl Relay {
             next_request: 1,
             source: SourceState::Unverified,
             release_advertised: false,
+            input_advertised: false,
             run: None,
             held: None,
             pending: None,
@@ -327,6 +334,7 @@ impl Relay {
         if settings.lease != self.settings.lease {
             self.source = SourceState::Unverified;
             self.release_advertised = false;
+            self.input_advertised = false;
         }
         self.settings = settings;
     }
@@ -408,6 +416,7 @@ impl Relay {
             lease: self.settings.lease.clone(),
             source: self.source,
             release_advertised: self.release_advertised,
+            input_advertised: self.input_advertised,
             held_firing: self.held.is_some(),
             attempt: self.run.as_ref().map(|a| AttemptView {
                 run_id: a.run_id,

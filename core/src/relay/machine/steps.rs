@@ -106,6 +106,7 @@ impl Relay {
             env,
             context_file: files.context_file,
             summary_file: files.summary_file,
+            usage_file: files.usage_file,
         });
     }
 
@@ -282,9 +283,19 @@ impl Relay {
             agent_run,
             check_summary,
         );
+        // A question the server could not take is kept where the operator reads: first in the
+        // agent's part, so that a long summary is cut before it is.
+        let asked = agent
+            .and_then(|g| g.summary.needs_input.as_deref())
+            .map(|q| format!("needs input: {q}"));
+        let agent_text: Vec<&str> = [asked.as_deref(), agent.and_then(|g| g.summary.summary.as_deref())]
+            .into_iter()
+            .flatten()
+            .collect();
+        let agent_text = (!agent_text.is_empty()).then(|| agent_text.join("\n"));
         let summary = compose_summary(
             &first,
-            agent.and_then(|g| g.summary.summary.as_deref()),
+            agent_text.as_deref(),
             check.map(|c| c.output.as_str()),
             &a.redactor,
         );
@@ -332,6 +343,59 @@ impl Relay {
             outcome,
             retryable,
             failure_signature,
+            question: None,
+        });
+        let run_id = a.run_id;
+        for text in warnings {
+            self.warn(run_id, text);
+        }
+        self.receipt_or_report(now);
+    }
+
+    /// The agent asked a question (its summary file's `needs_input`): `request_input` with the
+    /// question and the summary and artifact of the same file, where the source lets this
+    /// endpoint ask; elsewhere a retryable fail with reason `needs_input_unsupported` whose
+    /// summary carries the question (an endpoint granted `request_input` may take the todo
+    /// next; the same question failing again and again dead-letters it by its signature).
+    pub(super) fn ask(&mut self, now: Millis) {
+        if !self.input_advertised {
+            return self.verdict(now, false, "needs_input_unsupported");
+        }
+        let Some(a) = self.run.as_mut() else {
+            return;
+        };
+        let (Some(lease), Some(agent)) = (a.lease.as_ref(), a.agent.as_ref()) else {
+            return;
+        };
+        let first = first_line(
+            lease.claim.attempt,
+            lease.claim.max_attempts,
+            agent.run,
+            None,
+        );
+        let summary = compose_summary(
+            &first,
+            agent.summary.summary.as_deref(),
+            None,
+            &a.redactor,
+        );
+        let (artifact, warnings) =
+            choose_artifact(agent.summary.artifact.as_deref(), None, &a.redactor);
+        // The run is recorded as the agent's process ended; the relay outcome says it asked.
+        let outcome = match agent.run.outcome {
+            "success" => RunOutcome::Success,
+            "timed_out" => RunOutcome::TimedOut,
+            _ => RunOutcome::Failed,
+        };
+        a.report = Some(PendingReport {
+            verb: ReportVerb::RequestInput,
+            summary,
+            artifact,
+            result: Value::Null,
+            outcome,
+            retryable: None,
+            failure_signature: None,
+            question: agent.summary.needs_input.clone(),
         });
         let run_id = a.run_id;
         for text in warnings {
@@ -366,6 +430,7 @@ impl Relay {
             outcome: RunOutcome::Success,
             retryable: None,
             failure_signature: None,
+            question: None,
         });
         self.receipt_or_report(now);
     }
@@ -430,6 +495,7 @@ impl Relay {
             outcome: RunOutcome::Cancelled,
             retryable: None,
             failure_signature: None,
+            question: None,
         });
         self.send_report();
     }
@@ -457,6 +523,7 @@ impl Relay {
             result: report.result.clone(),
             retryable: report.retryable,
             failure_signature: report.failure_signature.clone(),
+            question: report.question.clone(),
         });
         a.phase = Phase::Reporting {
             request: Some(request),

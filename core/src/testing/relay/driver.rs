@@ -8,8 +8,9 @@ use crate::ledger::Ledger;
 use crate::relay::{
     Capabilities, ClaimedTodo, Command, ContractError, Describe, ExitStatus, HarnessSettings,
     Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord, SuccessCheck,
-    call_params, failed_input, result_input,
+    call_params_with, failed_input, result_input,
 };
+use crate::wire::UsageArg;
 use crate::serve::{Caller, Draw, refusal, serve, tool_of};
 use crate::time::{MINUTE, Millis, Now, parse_rfc3339};
 
@@ -73,6 +74,7 @@ pub fn claimed(todo_id: &str, attempt: u32, max: u32, token: Option<&str>) -> Cl
             "work_order": null, "created_at": "2026-09-22T11:58:00Z",
         }),
         prior_attempts: Vec::new(),
+        budget_remaining: None,
     }
 }
 
@@ -97,6 +99,12 @@ pub fn contract_tools() -> Value {
     let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
     verbs.push(("list_todos", &["queue", "state", "limit"]));
     tools_list(&verbs)
+}
+
+/// What our own server declares to an endpoint granted every verb: the contract's surface and
+/// its extensions (`request_input`, `usage`, the fail class and signature).
+pub fn our_server_capabilities() -> Capabilities {
+    crate::relay::check_capabilities(&crate::wire::tools_list(&crate::wire::Tool::ALL))
 }
 
 /// The request id of the last command in `cmds` that `pick` selects.
@@ -357,6 +365,8 @@ impl Driver {
 pub struct LedgerSource {
     pub ledger: Ledger,
     pub endpoint: String,
+    /// What the calls are built against (default: the contract's surface, release included).
+    pub caps: Capabilities,
     next_token: u32,
 }
 
@@ -365,13 +375,19 @@ impl LedgerSource {
         LedgerSource {
             ledger,
             endpoint: endpoint.into(),
+            caps: Capabilities::full(true),
             next_token: 0,
         }
     }
 
     /// Serves one lease-source command at `now`; `None` for any other command.
     pub fn serve(&mut self, now: Millis, c: &Command) -> Option<Input> {
-        let params = call_params(c, &Capabilities::full(true))?;
+        self.serve_with(now, c, None)
+    }
+
+    /// [`LedgerSource::serve`] with the attempt's usage, as the driver sends it.
+    pub fn serve_with(&mut self, now: Millis, c: &Command, usage: Option<&UsageArg>) -> Option<Input> {
+        let params = call_params_with(c, &self.caps, usage)?;
         let (tool, args) = tool_of(&params).ok()?;
         let caller = Caller {
             endpoint: self.endpoint.clone(),

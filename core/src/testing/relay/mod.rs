@@ -26,5 +26,6 @@ pub fn report_command(request: u64, verb: ReportVerb, token: &str) -> Command {
         result: serde_json::json!({"harness": {"run_id": 1}}),
         retryable: (verb == ReportVerb::Fail).then_some(false),
         failure_signature: (verb == ReportVerb::Fail).then(|| "0123abcd".into()),
+        question: (verb == ReportVerb::RequestInput).then(|| "which branch?".into()),
     }
 }
