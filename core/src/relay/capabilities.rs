@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::contract::ARGUMENTS;
+use super::contract::{ARGUMENTS, OPTIONAL_VERBS};
 
 /// The drain verbs relay needs, with the arguments each must declare.
 const REQUIRED: [(&str, &[&str]); 4] = [
@@ -20,12 +20,6 @@ const REQUIRED: [(&str, &[&str]); 4] = [
 /// `release` is optional (an endpoint may not be granted it), but when it is advertised its
 /// schema must carry these.
 const RELEASE: (&str, &[&str]) = ("release", &["lease_token", "summary"]);
-
-/// Verbs beyond the contract table the daemon uses where a server declares them, with the
-/// arguments it cannot call them without. Their declared arguments are kept like the drain
-/// verbs'.
-pub const OPTIONAL_VERBS: [(&str, &[&str]); 1] =
-    [("request_input", &["id", "question", "lease_token"])];
 
 /// The verdict over one tools/list answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

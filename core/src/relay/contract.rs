@@ -73,6 +73,12 @@ pub const ARGUMENTS: [(&str, &[&str]); 5] = [
     ("release", &["id", "summary", "lease_token"]),
 ];
 
+/// Verbs beyond the contract table the daemon uses where a server declares them, with the
+/// arguments it cannot call them without ([`Capabilities::asks`]). Their declared arguments are
+/// kept like the drain verbs'.
+pub const OPTIONAL_VERBS: [(&str, &[&str]); 1] =
+    [("request_input", &["id", "question", "lease_token"])];
+
 /// The contract's arguments of `verb`; empty for a verb the table does not name.
 pub fn contract_arguments(verb: &str) -> &'static [&'static str] {
     ARGUMENTS

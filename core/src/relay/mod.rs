@@ -104,9 +104,9 @@ pub use record::{
 };
 pub use redact::Redactor;
 pub use settings::{HostFacts, expand_path, harness_settings};
-pub use usage::{BudgetRemaining, UsageFile};
 pub use types::{
     ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input, LeaseError,
     LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal, StopReason,
     SuccessCheck, TimerReason,
 };
+pub use usage::{BudgetRemaining, UsageFile};

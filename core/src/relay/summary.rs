@@ -412,11 +412,21 @@ mod tests {
             question(" which branch?\n\u{7}(main or dev) ", &r).as_deref(),
             Some("which branch?\n(main or dev)")
         );
-        let q = question("use tok-secret-1 or ghp_abcdefghijklmnopqrstuvwxyz0123?", &r)
-            .expect("a question");
-        assert!(!q.contains("tok-secret-1") && !q.contains("ghp_abcdefghij"), "{q}");
+        let q = question(
+            "use tok-secret-1 or ghp_abcdefghijklmnopqrstuvwxyz0123?",
+            &r,
+        )
+        .expect("a question");
+        assert!(
+            !q.contains("tok-secret-1") && !q.contains("ghp_abcdefghij"),
+            "{q}"
+        );
         let long = question(&"é".repeat(3000), &r).expect("a question");
-        assert!(long.len() <= SUMMARY_MAX_BYTES && long.ends_with(CUT), "{}", long.len());
+        assert!(
+            long.len() <= SUMMARY_MAX_BYTES && long.ends_with(CUT),
+            "{}",
+            long.len()
+        );
         assert_eq!(question(" \u{1b}\t ", &r), None);
     }
 

@@ -2060,3 +2060,296 @@ fn a_listed_exit_code_or_the_summary_file_makes_a_failure_non_retryable() {
     d.exit(0, None);
     assert_eq!(fail_class(&d.check_exit(3, "denied\n")).0, Some(false));
 }
+
+// ---- waiting for a human, and spend --------------------------------------------------------
+
+/// What the agent writes to ask: a question naming the lease token (redacted on the way out),
+/// with its summary and a handle.
+fn asking_file() -> Vec<u8> {
+    json!({"needs_input": format!("which branch? ({TOKEN})"), "summary": "stuck",
+           "artifact": "mcp://cairn/Q1"})
+    .to_string()
+    .into_bytes()
+}
+
+/// The one report in `cmds`, whole.
+fn report_in(cmds: &[Command]) -> Command {
+    let reports: Vec<&Command> = cmds.iter().filter(|c| is_report(c)).collect();
+    assert_eq!(reports.len(), 1, "expected one report in {cmds:#?}");
+    reports[0].clone()
+}
+
+#[test]
+fn an_agent_that_asks_sends_request_input_and_no_check_judges_it() {
+    let s = with_check(settings(), 10 * MINUTE, 30 * SECOND);
+    for dead_letter in [false, true] {
+        let mut d = Driver::with_capabilities(s.clone(), our_server_capabilities());
+        assert!(d.describe().input_advertised);
+        d.start(claim_1());
+        d.advance(2 * MINUTE);
+        let cmds = d.exit(0, Some(&asking_file()));
+        assert_eq!(
+            count(&cmds, is_check),
+            0,
+            "the agent did not finish: no check"
+        );
+        let Command::SendReport {
+            verb,
+            summary,
+            artifact,
+            result,
+            question,
+            retryable,
+            failure_signature,
+            ..
+        } = report_in(&cmds)
+        else {
+            unreachable!()
+        };
+        assert_eq!(verb, ReportVerb::RequestInput);
+        assert_eq!(question.as_deref(), Some("which branch? ([REDACTED])"));
+        assert_eq!(
+            summary,
+            "attempt 1/5 · agent success (exit 0) after 2m\nstuck"
+        );
+        assert_eq!(artifact.as_deref(), Some("mcp://cairn/Q1"));
+        assert_eq!(
+            (result, retryable, failure_signature),
+            (Value::Null, None, None)
+        );
+        // The token is nowhere in what the machine said.
+        for c in d.commands() {
+            if !c.is_lease_call() {
+                assert!(!shown(&c).contains(TOKEN), "{c:?}");
+            }
+        }
+        d.report_ok(dead_letter);
+        let record = d.last_record();
+        let want = if dead_letter {
+            RelayOutcome::DeadLettered
+        } else {
+            RelayOutcome::InputRequested
+        };
+        assert_eq!(
+            (record.outcome, record.relay_outcome),
+            (RunOutcome::Success, Some(want))
+        );
+        assert_eq!(record.artifact.as_deref(), Some("mcp://cairn/Q1"));
+        assert!(!d.relay.in_flight());
+    }
+}
+
+#[test]
+fn a_question_where_the_server_cannot_take_one_fails_retryably_and_keeps_the_question() {
+    // The contract's surface: no request_input (our server shows it only to endpoints granted
+    // the verb).
+    let mut d = Driver::new(with_check(settings(), 10 * MINUTE, 30 * SECOND));
+    assert!(!d.describe().input_advertised);
+    d.start(claim_1());
+    let cmds = d.exit(0, Some(&asking_file()));
+    assert_eq!(count(&cmds, is_check), 0);
+    let Command::SendReport {
+        verb,
+        summary,
+        result,
+        question,
+        retryable,
+        failure_signature,
+        ..
+    } = report_in(&cmds)
+    else {
+        unreachable!()
+    };
+    assert_eq!(verb, ReportVerb::Fail);
+    assert_eq!(question, None);
+    assert_eq!(result["harness"]["reason"], "needs_input_unsupported");
+    assert_eq!(
+        summary,
+        "attempt 1/5 · agent success (exit 0) after 0s\n\
+         needs input: which branch? ([REDACTED])\nstuck"
+    );
+    assert_eq!(retryable, Some(true), "another endpoint may be able to ask");
+    // The same question failing again carries the same signature (max_same_failures ends it).
+    let mut again = Driver::new(with_check(settings(), 10 * MINUTE, 30 * SECOND));
+    again.start(claimed("td_1", 2, 5, Some(TOKEN)));
+    let Command::SendReport {
+        failure_signature: second,
+        ..
+    } = report_in(&again.exit(0, Some(&asking_file())))
+    else {
+        unreachable!()
+    };
+    assert!(failure_signature.is_some() && failure_signature == second);
+    d.report_ok(false);
+    assert_eq!(d.last_record().relay_outcome, Some(RelayOutcome::Failed));
+    // A blank question is no question: the check judges as usual.
+    let mut d = Driver::with_capabilities(
+        with_check(settings(), 10 * MINUTE, 30 * SECOND),
+        our_server_capabilities(),
+    );
+    d.start(claim_1());
+    let cmds = d.exit(0, Some(br#"{"needs_input": " \t", "summary": "done"}"#));
+    assert_eq!(count(&cmds, is_check), 1);
+}
+
+#[test]
+fn a_stop_before_the_agent_asks_releases_and_a_lost_lease_sends_no_question() {
+    let mut d = Driver::with_capabilities(settings(), our_server_capabilities());
+    d.start(claim_1());
+    d.input(Input::StopRequested {
+        reason: StopReason::OperatorStop,
+    });
+    let cmds = d.exit(-15, Some(&asking_file()));
+    assert!(matches!(
+        report_in(&cmds),
+        Command::SendReport {
+            verb: ReportVerb::Release,
+            ..
+        }
+    ));
+    let mut d = Driver::with_capabilities(settings(), our_server_capabilities());
+    d.auto_heartbeat = AutoHeartbeat::Reply(Err(conflict()));
+    d.start(claim_1());
+    d.advance(MINUTE);
+    let cmds = d.exit(-15, Some(&asking_file()));
+    assert_eq!(count(&cmds, is_report), 0);
+    assert_eq!(d.last_record().relay_outcome, Some(RelayOutcome::LeaseLost));
+}
+
+/// Asking, answering and spending against the real ledger, through the wire both ways: the
+/// question waits for its answer, the next attempt's context file carries both (as untrusted)
+/// with the budget left in its environment, and the heartbeat whose usage reaches the budget
+/// is refused, which stops the agent.
+#[test]
+fn ask_answer_and_overspend_against_the_ledger() {
+    use crate::ledger::{Actor, Budget, DeadLetterReason, Op, TodoState};
+    use crate::wire::UsageArg;
+    let cost = |usd: f64| UsageArg {
+        cost_usd: Some(usd),
+        ..UsageArg::default()
+    };
+    let mut ledger = Ledger::new(LedgerConfig::default());
+    let new = NewTodo {
+        id: "td_1".into(),
+        queue: "ci-failures".into(),
+        title: "which branch to fix".into(),
+        max_attempts: Some(3),
+        budget: Budget {
+            cost_micros: Some(1_000_000),
+            tokens: None,
+        },
+        ..NewTodo::default()
+    };
+    ledger
+        .add_todo(t0() - MINUTE, "sb", new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut source = LedgerSource::new(ledger, "sb");
+    source.caps = our_server_capabilities();
+    let mut d = Driver::with_capabilities(settings(), our_server_capabilities());
+    d.auto_heartbeat = AutoHeartbeat::Off;
+    let serve = |source: &mut LedgerSource, d: &mut Driver, c: &Command, usage: Option<f64>| {
+        let usage = usage.map(cost);
+        let answer = source
+            .serve_with(d.now, c, usage.as_ref())
+            .unwrap_or_else(|| panic!("not served: {c:?}"));
+        d.input(answer)
+    };
+    let claim_and_spawn = |source: &mut LedgerSource, d: &mut Driver| {
+        let cmds = d.fire();
+        let claim = cmds.iter().find(|c| is_claim(c)).cloned();
+        let cmds = serve(
+            source,
+            d,
+            &claim.unwrap_or_else(|| panic!("no claim")),
+            None,
+        );
+        let spawn = cmds.iter().find(|c| is_spawn(c)).cloned();
+        let context = cmds.iter().find_map(|c| match c {
+            Command::WriteContextFile { bytes, .. } => serde_json::from_slice::<Value>(bytes).ok(),
+            _ => None,
+        });
+        d.spawned();
+        let env = env_of(&spawn.unwrap_or_else(|| panic!("no spawn")));
+        (env, context.unwrap_or_else(|| panic!("no context file")))
+    };
+
+    // Attempt 1 spends 30 cents and asks.
+    let (env, _) = claim_and_spawn(&mut source, &mut d);
+    assert_eq!(
+        var(&env, "HARNESS_BUDGET_REMAINING").as_deref(),
+        Some(r#"{"cost_usd":1.0}"#)
+    );
+    assert_eq!(
+        var(&env, "HARNESS_USAGE_FILE").as_deref(),
+        Some("/state/jobs/fixer/1.usage.json")
+    );
+    for c in d.advance(MINUTE) {
+        let answer = serve(&mut source, &mut d, &c, Some(0.2));
+        assert_eq!(answer, []);
+    }
+    let report = report_in(&d.exit(0, Some(br#"{"needs_input": "which branch?"}"#)));
+    let closed = serve(&mut source, &mut d, &report, Some(0.3));
+    assert_eq!(
+        records(&closed)[0].relay_outcome,
+        Some(RelayOutcome::InputRequested)
+    );
+    let todo = source.ledger.todo("td_1").cloned().expect("the todo");
+    assert_eq!(todo.state, TodoState::InputRequired);
+    assert_eq!(
+        todo.spent.cost_micros, 300_000,
+        "the report's usage, the highest"
+    );
+    // Nothing to claim while it waits.
+    let cmds = d.fire();
+    let claim = cmds.iter().find(|c| is_claim(c)).cloned().expect("a claim");
+    let skipped = serve(&mut source, &mut d, &claim, None);
+    assert_eq!(
+        records(&skipped)[0].skipped_reason,
+        Some(SkippedReason::NoWork)
+    );
+
+    // The operator answers; attempt 2 sees the question and the answer, and what is left.
+    let answer = Op::AnswerTodo {
+        now: d.now,
+        actor: Actor::cli(),
+        id: "td_1".into(),
+        answer: "main".into(),
+        key: None,
+    };
+    source
+        .ledger
+        .apply(answer)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (env, context) = claim_and_spawn(&mut source, &mut d);
+    let prior = &context["prior_attempts"][0];
+    assert_eq!(prior["outcome"], "needs_input");
+    assert_eq!(prior["question"], "which branch?");
+    assert_eq!(prior["answer"], "main");
+    let untrusted = context["untrusted"].as_array().cloned().unwrap_or_default();
+    for path in ["prior_attempts[].question", "prior_attempts[].answer"] {
+        assert!(
+            untrusted.contains(&json!(path)),
+            "{path} not in {untrusted:?}"
+        );
+    }
+    assert_eq!(
+        var(&env, "HARNESS_BUDGET_REMAINING").as_deref(),
+        Some(r#"{"cost_usd":0.7}"#)
+    );
+
+    // Attempt 2's usage reaches the budget at its first heartbeat: refused, the agent stopped.
+    let beats = d.advance(MINUTE);
+    let [beat] = &beats[..] else {
+        panic!("one heartbeat: {beats:?}")
+    };
+    let stopped = serve(&mut source, &mut d, beat, Some(0.7));
+    assert_eq!(count(&stopped, is_term), 1, "{stopped:?}");
+    let todo = source.ledger.todo("td_1").cloned().expect("the todo");
+    assert_eq!(
+        todo.dead_letter_reason,
+        Some(DeadLetterReason::BudgetExhausted)
+    );
+    d.exit(-15, None);
+    assert_eq!(d.last_record().relay_outcome, Some(RelayOutcome::LeaseLost));
+    assert!(!d.relay.in_flight());
+}

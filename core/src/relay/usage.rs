@@ -34,9 +34,9 @@ impl std::fmt::Display for UsageProblem {
             UsageProblem::TooLong => write!(f, "is longer than {USAGE_FILE_MAX_BYTES} bytes"),
             UsageProblem::NotJson => f.write_str("is not JSON"),
             UsageProblem::NotAnObject => f.write_str("is not a JSON object"),
-            UsageProblem::Figure("cost_usd") => f.write_str(
-                "has a cost_usd that is not a number of dollars from 0 to 9 billion",
-            ),
+            UsageProblem::Figure("cost_usd") => {
+                f.write_str("has a cost_usd that is not a number of dollars from 0 to 9 billion")
+            }
             UsageProblem::Figure(name) => {
                 write!(f, "has an {name} that is not a whole number from 0 to 2^53")
             }
@@ -113,7 +113,10 @@ impl UsageFile {
     /// bytes, `Ok(None)` when it does not exist, or the reason it could not be read (a
     /// description that names no content). Answers the usage to send, and the warning to
     /// write to the run log, if any.
-    pub fn read(&mut self, read: Result<Option<Vec<u8>>, String>) -> (Option<UsageArg>, Option<String>) {
+    pub fn read(
+        &mut self,
+        read: Result<Option<Vec<u8>>, String>,
+    ) -> (Option<UsageArg>, Option<String>) {
         let problem = match read {
             Ok(None) => return (None, None),
             Ok(Some(bytes)) => match parse_usage(&bytes) {
@@ -232,8 +235,14 @@ mod tests {
             (br#"{"cost_usd": -1}"#, UsageProblem::Figure("cost_usd")),
             (br#"{"cost_usd": "2"}"#, UsageProblem::Figure("cost_usd")),
             (br#"{"cost_usd": 1e10}"#, UsageProblem::Figure("cost_usd")),
-            (br#"{"input_tokens": -5}"#, UsageProblem::Figure("input_tokens")),
-            (br#"{"input_tokens": 1.5}"#, UsageProblem::Figure("input_tokens")),
+            (
+                br#"{"input_tokens": -5}"#,
+                UsageProblem::Figure("input_tokens"),
+            ),
+            (
+                br#"{"input_tokens": 1.5}"#,
+                UsageProblem::Figure("input_tokens"),
+            ),
             (
                 br#"{"output_tokens": 9007199254740993}"#,
                 UsageProblem::Figure("output_tokens"),
@@ -263,7 +272,10 @@ mod tests {
         let (usage, warning) = file.read(Ok(Some(secret.clone())));
         let warning = warning.expect("a first warning");
         assert_eq!(usage, None);
-        assert!(warning.contains("cost_usd") && !warning.contains("sk-live"), "{warning}");
+        assert!(
+            warning.contains("cost_usd") && !warning.contains("sk-live"),
+            "{warning}"
+        );
         assert_eq!(file.read(Ok(Some(secret))), (None, None), "said once");
         assert_eq!(file.read(Err("not a regular file".into())), (None, None));
         // A good reading after a bad one is sent as usual.

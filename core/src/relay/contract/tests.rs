@@ -75,7 +75,10 @@ fn a_contract_only_claim_answer_decodes() {
             answer: None,
         }]
     );
-    assert_eq!(c.budget_remaining, None, "no budget in the answer, none in the claim");
+    assert_eq!(
+        c.budget_remaining, None,
+        "no budget in the answer, none in the claim"
+    );
 }
 
 #[test]
@@ -363,7 +366,10 @@ fn a_claim_after_an_answer_carries_the_question_the_answer_and_the_budget_left()
     bare["todo"].as_object_mut().map(|t| t.remove("budget"));
     bare["prior_attempts"][0]["question"] = json!(["which", "branch"]);
     let c = claimed(&bare);
-    assert_eq!((c.budget_remaining, c.prior_attempts[0].question.clone()), (None, None));
+    assert_eq!(
+        (c.budget_remaining, c.prior_attempts[0].question.clone()),
+        (None, None)
+    );
 }
 
 fn report(verb: ReportVerb) -> Command {
@@ -423,7 +429,10 @@ fn report_answers_are_read_liberally() {
         (true, None)
     );
     assert_eq!(
-        decode_report(ReportVerb::RequestInput, &json!({"state": "input_required"})),
+        decode_report(
+            ReportVerb::RequestInput,
+            &json!({"state": "input_required"})
+        ),
         (false, None)
     );
     // Any non-error answer is success, JSON or not.
@@ -549,8 +558,8 @@ fn a_question_goes_as_request_input_and_usage_only_where_declared() {
         call.arguments["usage"],
         json!({"cost_usd": 0.42, "input_tokens": 1200})
     );
-    let call = lease_call_with(&report(ReportVerb::Complete), &caps, Some(&usage))
-        .expect("a lease call");
+    let call =
+        lease_call_with(&report(ReportVerb::Complete), &caps, Some(&usage)).expect("a lease call");
     assert!(call.arguments.get("usage").is_none());
     // Never on a claim.
     let all = crate::testing::relay::our_server_capabilities();

@@ -398,9 +398,7 @@ impl Relay {
                     .map(parse_summary_file)
                     .unwrap_or_default();
                 summary.summary = summary.summary.map(|text| a.redactor.redact(&text));
-                summary.needs_input = summary
-                    .needs_input
-                    .and_then(|q| question(&q, &a.redactor));
+                summary.needs_input = summary.needs_input.and_then(|q| question(&q, &a.redactor));
                 (run, summary, None)
             }
             Err(error) => {

@@ -288,10 +288,13 @@ impl Relay {
         let asked = agent
             .and_then(|g| g.summary.needs_input.as_deref())
             .map(|q| format!("needs input: {q}"));
-        let agent_text: Vec<&str> = [asked.as_deref(), agent.and_then(|g| g.summary.summary.as_deref())]
-            .into_iter()
-            .flatten()
-            .collect();
+        let agent_text: Vec<&str> = [
+            asked.as_deref(),
+            agent.and_then(|g| g.summary.summary.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let agent_text = (!agent_text.is_empty()).then(|| agent_text.join("\n"));
         let summary = compose_summary(
             &first,
@@ -373,12 +376,7 @@ impl Relay {
             agent.run,
             None,
         );
-        let summary = compose_summary(
-            &first,
-            agent.summary.summary.as_deref(),
-            None,
-            &a.redactor,
-        );
+        let summary = compose_summary(&first, agent.summary.summary.as_deref(), None, &a.redactor);
         let (artifact, warnings) =
             choose_artifact(agent.summary.artifact.as_deref(), None, &a.redactor);
         // The run is recorded as the agent's process ended; the relay outcome says it asked.

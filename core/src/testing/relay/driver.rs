@@ -10,9 +10,9 @@ use crate::relay::{
     Input, LeaseError, LeaseToken, OnOverlap, Relay, RequestId, RunRecord, SuccessCheck,
     call_params_with, failed_input, result_input,
 };
-use crate::wire::UsageArg;
 use crate::serve::{Caller, Draw, refusal, serve, tool_of};
 use crate::time::{MINUTE, Millis, Now, parse_rfc3339};
+use crate::wire::UsageArg;
 
 /// 2026-09-22T12:00:00Z, where every scripted test starts.
 pub fn t0() -> Millis {
@@ -386,7 +386,12 @@ impl LedgerSource {
     }
 
     /// [`LedgerSource::serve`] with the attempt's usage, as the driver sends it.
-    pub fn serve_with(&mut self, now: Millis, c: &Command, usage: Option<&UsageArg>) -> Option<Input> {
+    pub fn serve_with(
+        &mut self,
+        now: Millis,
+        c: &Command,
+        usage: Option<&UsageArg>,
+    ) -> Option<Input> {
         let params = call_params_with(c, &self.caps, usage)?;
         let (tool, args) = tool_of(&params).ok()?;
         let caller = Caller {

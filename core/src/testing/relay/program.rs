@@ -40,7 +40,7 @@ pub enum RelayOp {
     Spawned,
     SpawnFailed,
     /// The process exits; `summary` 0 none, 1 text, 2 JSON naming the lease token and a
-    /// handle, 3 JSON with a malformed handle.
+    /// handle, 3 JSON with a malformed handle, 4 a question naming the lease token.
     Exit {
         code: i32,
         summary: u8,
@@ -55,6 +55,8 @@ pub enum RelayOp {
     Capabilities {
         supported: bool,
         release: bool,
+        /// The server lists `request_input`.
+        asks: bool,
     },
     SessionExpired,
     /// Feeds an answer given earlier once more.
@@ -101,6 +103,7 @@ pub fn decode_relay_program(bytes: &[u8]) -> RelayProgram {
     let mut ops = vec![RelayOp::Capabilities {
         supported: f2 & 0b111 != 0b111,
         release: f2 & 0b1000 == 0,
+        asks: f2 & 0b1_0000 == 0,
     }];
     let auto_heartbeat = f1 & 0b100_0000 == 0;
     let rest: Vec<u8> = it.collect();
@@ -125,7 +128,7 @@ pub fn decode_relay_program(bytes: &[u8]) -> RelayProgram {
                 0 => RelayOp::SpawnFailed,
                 x => RelayOp::Exit {
                     code: [0, 1, 2, -9, 0, 75, 0][usize::from(x - 1)],
-                    summary: b() % 4,
+                    summary: b() % 5,
                 },
             },
             15 | 16 => match b() % 6 {
@@ -148,6 +151,7 @@ pub fn decode_relay_program(bytes: &[u8]) -> RelayProgram {
                 _ => RelayOp::Capabilities {
                     supported: b() % 4 != 0,
                     release: b() % 2 == 0,
+                    asks: b() % 2 == 0,
                 },
             },
             18 => RelayOp::Replay(b()),
@@ -404,9 +408,15 @@ impl World {
                             .to_string()
                             .into_bytes(),
                         ),
-                        _ => {
+                        3 => {
                             Some(br#"{"summary": "x", "artifact": "file:///etc/passwd"}"#.to_vec())
                         }
+                        _ => Some(
+                            json!({"needs_input": format!("which branch? {token}"),
+                                   "summary": format!("holding {token}")})
+                            .to_string()
+                            .into_bytes(),
+                        ),
                     };
                     let exit = if *code < 0 {
                         ExitStatus::Signal(-code)
@@ -443,9 +453,19 @@ impl World {
                 }
             }
             RelayOp::Stop(reason) => self.feed(Input::StopRequested { reason: *reason })?,
-            RelayOp::Capabilities { supported, release } => {
+            RelayOp::Capabilities {
+                supported,
+                release,
+                asks,
+            } => {
                 let caps = if *supported {
-                    Capabilities::full(*release)
+                    let mut caps = Capabilities::full(*release);
+                    if *asks {
+                        let (verb, args) = crate::relay::contract::OPTIONAL_VERBS[0];
+                        let args = args.iter().map(|a| a.to_string()).collect();
+                        caps.declared.insert(verb.to_string(), args);
+                    }
+                    caps
                 } else {
                     Capabilities {
                         missing: vec!["claim_next.require_fence".into()],
