@@ -103,6 +103,7 @@ pub struct RunPaths {
     pub log: PathBuf,
     pub context_file: PathBuf,
     pub summary_file: PathBuf,
+    pub usage_file: PathBuf,
 }
 
 /// The run journal of one state directory. Cheap to clone.
@@ -167,7 +168,7 @@ impl Journal {
         Ok(self.runs_dir(harness)?.join(format!("{run_id}.json")))
     }
 
-    /// The run's log, context file and summary file: the latter two as
+    /// The run's log, context, summary and usage files: the last three as
     /// [`relay_core::relay::run_files`] names them, the log beside them as `<run_id>.log`.
     pub fn run_paths(&self, harness: &str, run_id: u64) -> RunPaths {
         let files = run_files(&self.inner.jobs_dir, harness, run_id);
@@ -177,6 +178,7 @@ impl Journal {
             log,
             context_file,
             summary_file: PathBuf::from(files.summary_file),
+            usage_file: PathBuf::from(files.usage_file),
         }
     }
 
@@ -334,7 +336,12 @@ impl Journal {
             let record = self.record_path(harness, id)?;
             remove_if_present(&record)?;
             let paths = self.run_paths(harness, id);
-            for path in [&paths.log, &paths.context_file, &paths.summary_file] {
+            for path in [
+                &paths.log,
+                &paths.context_file,
+                &paths.summary_file,
+                &paths.usage_file,
+            ] {
                 remove_if_present(path)?;
             }
             pruned.push(id);
@@ -557,10 +564,15 @@ pub(crate) mod tests {
         }
     }
 
-    /// Creates the run's log, context file and summary file.
+    /// Creates the run's log, context, summary and usage files.
     fn plant_files(j: &Journal, harness: &str, run_id: u64) -> RunPaths {
         let paths = j.run_paths(harness, run_id);
-        for p in [&paths.log, &paths.context_file, &paths.summary_file] {
+        for p in [
+            &paths.log,
+            &paths.context_file,
+            &paths.summary_file,
+            &paths.usage_file,
+        ] {
             crate::runner::create_dirs(p.parent().unwrap()).unwrap();
             std::fs::write(p, "x").unwrap();
         }
@@ -653,7 +665,12 @@ pub(crate) mod tests {
         assert_eq!(kept, [6, 5]);
         for (i, paths) in planted.iter().enumerate() {
             let alive = i >= 4;
-            for p in [&paths.log, &paths.context_file, &paths.summary_file] {
+            for p in [
+                &paths.log,
+                &paths.context_file,
+                &paths.summary_file,
+                &paths.usage_file,
+            ] {
                 assert_eq!(p.exists(), alive, "{}", p.display());
             }
         }

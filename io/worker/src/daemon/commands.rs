@@ -1,5 +1,7 @@
 //! Carrying out a relay machine's commands: files, processes, lease calls, receipts.
 
+use relay_core::wire::UsageArg;
+
 use super::*;
 
 impl Daemon {
@@ -102,6 +104,7 @@ impl Daemon {
                     slot.spawning.remove(&run_id);
                     slot.checks.remove(&run_id);
                     slot.unwritable.remove(&run_id);
+                    slot.usage.remove(&run_id);
                     for task in slot.tasks.remove(&run_id).unwrap_or_default() {
                         task.abort();
                     }
@@ -126,9 +129,29 @@ impl Daemon {
         }
     }
 
+    /// What the run's agent has spent so far, for a heartbeat or report: its usage file, read
+    /// now (bounded, never blocking on what the agent put there) and parsed by core; the first
+    /// reading that cannot be used is said once in the run log. `None` before the spawn.
+    fn usage(&mut self, harness: &str, run_id: u64) -> Option<UsageArg> {
+        let (path, file) = self.slot(harness).usage.get_mut(&run_id)?;
+        let (usage, warning) = file.read(runner::read_usage_file(path));
+        if let Some(text) = warning {
+            tracing::warn!(harness, run_id, "{text}");
+            self.execute(harness, Command::WarnRunLog { run_id, text });
+        }
+        usage
+    }
+
     /// A lease call on a task of its own; its session news, then its answer, come back.
+    /// Heartbeats and reports carry the run's usage (see `usage`).
     pub(super) fn lease_call(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
+        let usage = match cmd {
+            Command::SendHeartbeat { .. } | Command::SendReport { .. } => {
+                self.usage(harness, run_id)
+            }
+            _ => None,
+        };
         // The client the attempt claimed with, even when a reload has replaced it since.
         let slot = self.slot(harness);
         let (source, client, generation) =
@@ -136,7 +159,7 @@ impl Daemon {
         let tx = self.tx.clone();
         let h = harness.to_string();
         let task = tokio::spawn(async move {
-            let Ok(outcome) = client.execute(&cmd).await else {
+            let Ok(outcome) = client.execute_with_usage(&cmd, usage.as_ref()).await else {
                 return;
             };
             // The client has logged any error, with its source and operation.
@@ -176,7 +199,10 @@ impl Daemon {
         let Some(spec) = AgentSpec::from_command(cmd, self.daemon_env.clone(), log) else {
             return;
         };
-        self.slot(harness).spawning.insert(run_id, Vec::new());
+        let slot = self.slot(harness);
+        slot.spawning.insert(run_id, Vec::new());
+        let usage_file = PathBuf::from(&spec.usage_file);
+        slot.usage.insert(run_id, (usage_file, UsageFile::default()));
         let tx = self.tx.clone();
         let h = harness.to_string();
         // Not tracked with the run's tasks: aborting it could not stop a fork under way, and

@@ -27,8 +27,9 @@
 //!
 //! # Files
 //!
-//! `<state>/jobs/<harness>/<run_id>.log` (run log), `.relay.json` (context file, 0600) and
-//! `.summary` beside it; run records under `<state>/runs/` ([`crate::journal`]); the control
+//! `<state>/jobs/<harness>/<run_id>.log` (run log), `.relay.json` (context file, 0600),
+//! `.summary` and `.usage.json` (the agent's usage file, created empty with mode 0600, read before
+//! each heartbeat and report) beside it; run records under `<state>/runs/` ([`crate::journal`]); the control
 //! socket `<state>/control.sock` ([`control`]). No lease token and no header value is written
 //! anywhere: tokens live inside the lease commands only, for the life of the call.
 
@@ -48,7 +49,7 @@ use relay_core::Millis;
 use relay_core::config::{ConfigDiff, Harness, ResolvedConfig};
 use relay_core::relay::{
     self, Capabilities, Command, HarnessSettings, Input, Reconfigured, Relay, RunOutcome,
-    RunRecord, StopReason,
+    RunRecord, StopReason, UsageFile,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -203,6 +204,9 @@ struct Slot {
     checks: BTreeMap<u64, Arc<dyn Control>>,
     /// Runs whose context file could not be written: their spawn fails with this error.
     unwritable: BTreeMap<u64, String>,
+    /// The usage file of each run whose agent was spawned, and its reading so far; read before
+    /// each of the run's heartbeats and reports.
+    usage: BTreeMap<u64, (PathBuf, UsageFile)>,
     /// Tasks started for a run (lease calls, uploads, waits), aborted when it closes.
     tasks: BTreeMap<u64, Vec<AbortHandle>>,
 }
@@ -399,6 +403,7 @@ impl Daemon {
                 spawning: BTreeMap::new(),
                 checks: BTreeMap::new(),
                 unwritable: BTreeMap::new(),
+                usage: BTreeMap::new(),
                 tasks: BTreeMap::new(),
             },
         );

@@ -12,9 +12,10 @@ use relay_core::config::{ResolvedConfig, Secret, SourceKind, SourceRef};
 use relay_core::error::ErrorCode;
 pub use relay_core::relay::TOOL_ERROR;
 use relay_core::relay::{
-    AnswerError, Capabilities, Command, Input, LeaseError, ResultError, call_params,
+    AnswerError, Capabilities, Command, Input, LeaseError, ResultError, call_params_with,
     check_capabilities, failed_input, result_input,
 };
+use relay_core::wire::UsageArg;
 use serde_json::{Value, json};
 
 use super::mcp::{RpcError, Session, SourceLink};
@@ -445,12 +446,13 @@ impl LeaseClient {
     /// One `tools/call` for a lease command, with the session handling: a session is opened
     /// first when there is none; an HTTP 404 on the session (the server forgot it and did not
     /// run the call) re-initializes and retries the call once, unless the re-check finds the
-    /// source unsupported. The params are built (core's [`call_params`]) against the
-    /// capabilities of the session that carries the call.
+    /// source unsupported. The params are built (core's [`call_params_with`], with `usage`)
+    /// against the capabilities of the session that carries the call.
     async fn call(
         &self,
         operation: &str,
         command: &Command,
+        usage: Option<&UsageArg>,
         news: &mut Vec<SessionNews>,
     ) -> CallResult {
         let (session, generation) = match self.current() {
@@ -466,7 +468,7 @@ impl LeaseClient {
         self.supported_or(operation)?;
         match self
             .ep
-            .rpc(Some(&session), "tools/call", self.call_params(command))
+            .rpc(Some(&session), "tools/call", self.call_params(command, usage))
             .await
         {
             Err(RpcError::SessionGone | RpcError::EraGone { .. }) => {}
@@ -479,7 +481,7 @@ impl LeaseClient {
         self.supported_or(operation)?;
         match self
             .ep
-            .rpc(Some(&session), "tools/call", self.call_params(command))
+            .rpc(Some(&session), "tools/call", self.call_params(command, usage))
             .await
         {
             Err(e @ (RpcError::SessionGone | RpcError::EraGone { .. })) => {
@@ -497,9 +499,9 @@ impl LeaseClient {
     }
 
     /// `tools/call`'s params for a lease command under the current capabilities.
-    fn call_params(&self, command: &Command) -> Value {
+    fn call_params(&self, command: &Command, usage: Option<&UsageArg>) -> Value {
         let caps = self.capabilities().unwrap_or_default();
-        call_params(command, &caps).unwrap_or(Value::Null)
+        call_params_with(command, &caps, usage).unwrap_or(Value::Null)
     }
 
     /// The `tools/call` result, or the call's transport or JSON-RPC failure.
@@ -551,6 +553,16 @@ impl LeaseClient {
     /// core's contract decoder ([`result_input`]): only the contract's fields, and an answer
     /// without one the daemon needs is a failure naming it (`malformed_answer`).
     pub async fn execute(&self, command: &Command) -> Result<LeaseOutcome, NotALeaseCall> {
+        self.execute_with_usage(command, None).await
+    }
+
+    /// [`LeaseClient::execute`] with the attempt's usage so far, sent on a heartbeat or report
+    /// where the server's schema for that verb declares `usage`.
+    pub async fn execute_with_usage(
+        &self,
+        command: &Command,
+        usage: Option<&UsageArg>,
+    ) -> Result<LeaseOutcome, NotALeaseCall> {
         let (operation, token) = match command {
             Command::SendClaimNext { .. } => ("claim_next".to_string(), None),
             Command::SendHeartbeat {
@@ -578,7 +590,7 @@ impl LeaseClient {
             }
         };
         let mut news = Vec::new();
-        let answered = self.call(&operation, command, &mut news).await;
+        let answered = self.call(&operation, command, usage, &mut news).await;
         let (input, error) = match answered.map(|result| result_input(command, &result)) {
             Ok(Some(Ok(input))) => (Some(input), None),
             Ok(Some(Err(e))) => {

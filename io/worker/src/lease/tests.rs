@@ -413,13 +413,10 @@ fn heartbeat_cmd(n: u64) -> Command {
     }
 }
 
-/// What our server's schemas declare: the contract's arguments and `fail`'s failure class.
+/// What our server's schemas declare: the contract's arguments, `fail`'s failure class,
+/// `usage` on the heartbeat and every report, and `request_input`.
 fn ours() -> Capabilities {
-    let mut caps = Capabilities::full(true);
-    if let Some(fail) = caps.declared.get_mut("fail") {
-        fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
-    }
-    caps
+    relay_core::testing::relay::our_server_capabilities()
 }
 
 fn report_cmd(n: u64, verb: ReportVerb) -> Command {
@@ -472,7 +469,7 @@ fn failed_with(o: &LeaseOutcome) -> LeaseError {
 #[tokio::test]
 async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     let fake = Fake::new();
-    fake.lock().page_size = Some(3);
+    fake.lock().page_size = Some(4);
     let url = fake.start().await;
     let client = fake.client(&url);
     let caps = client.initialize().await.expect("initialize");
@@ -488,7 +485,7 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     assert!(heartbeat.session.is_empty());
 
     // The probe (a legacy-only server: 404), initialize, initialized, tools/list over 3 pages
-    // (9 tools), then the call.
+    // (11 tools), then the call.
     assert_eq!(
         fake.methods(),
         [
@@ -511,7 +508,7 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     }
     // No capability advertised: above all not claude/channel.
     assert_eq!(s.posts[1].params["capabilities"], json!({}));
-    assert_eq!(s.posts[4].params["cursor"], json!("3"));
+    assert_eq!(s.posts[4].params["cursor"], json!("4"));
     assert_eq!(s.gets, 0, "the lease client never opens a GET stream");
 }
 
@@ -911,6 +908,70 @@ async fn reports_send_their_arguments_and_read_the_dead_letter() {
     assert_eq!(
         calls[2].1,
         json!({"id": "td_1", "summary": "attempt 1/5 · agent failed", "lease_token": TOKEN})
+    );
+}
+
+#[tokio::test]
+async fn a_question_and_the_usage_go_out_as_our_server_declares_them() {
+    let fake = Fake::new();
+    let mut waiting = todo_out("td_1");
+    waiting["state"] = json!("input_required");
+    let mut exhausted = todo_out("td_1");
+    exhausted["dead_letter"] = json!(true);
+    fake.reply(Reply::Ok(json!({})))
+        .reply(Reply::Ok(waiting))
+        .reply(Reply::Ok(exhausted))
+        .reply(Reply::ToolError("conflict", "spend reached its budget".into()));
+    let url = fake.start().await;
+    let client = fake.client(&url);
+    client.initialize().await.expect("initialize");
+    let usage = relay_core::wire::UsageArg {
+        cost_usd: Some(0.25),
+        input_tokens: Some(1000),
+        output_tokens: Some(20),
+    };
+    let beat = client
+        .execute_with_usage(&heartbeat_cmd(1), Some(&usage))
+        .await
+        .expect("a lease call");
+    assert!(matches!(beat.input, Input::HeartbeatOk { .. }));
+    for (n, dead_letter) in [(2, false), (3, true)] {
+        let asked = client
+            .execute_with_usage(&report_cmd(n, ReportVerb::RequestInput), Some(&usage))
+            .await
+            .expect("a lease call");
+        assert_eq!(
+            asked.input,
+            Input::ReportAnswered {
+                request: RequestId(n),
+                dead_letter,
+                next_retry_at: None
+            }
+        );
+    }
+    // At the budget the heartbeat is refused as a cancel is: lease loss.
+    let over = client
+        .execute_with_usage(&heartbeat_cmd(4), Some(&usage))
+        .await
+        .expect("a lease call");
+    assert_eq!(failed_with(&over), LeaseError::Code(ErrorCode::Conflict));
+    let calls = fake.calls();
+    let sent = json!({"cost_usd": 0.25, "input_tokens": 1000, "output_tokens": 20});
+    assert_eq!(
+        calls[0],
+        (
+            "heartbeat".to_string(),
+            json!({"id": "td_1", "lease_ttl_seconds": 300, "lease_token": TOKEN, "usage": sent})
+        )
+    );
+    assert_eq!(
+        calls[1],
+        (
+            "request_input".to_string(),
+            json!({"id": "td_1", "question": "which branch?",
+                   "summary": "attempt 1/5 · agent failed", "artifact": "mcp://cairn/Ab12",
+                   "usage": sent, "lease_token": TOKEN})
+        )
     );
 }
 

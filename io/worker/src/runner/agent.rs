@@ -1,6 +1,6 @@
 //! The attempt's process (`Command::Spawn`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use relay_core::relay::summary::AGENT_SUMMARY_MAX_BYTES;
@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 
-use super::files::open_append;
+use super::files::{open_append, write_private};
 use super::group::{GroupGuard, ProcessGroup};
 use super::{AgentSpec, RunnerError, Start, StartError, StartKind, exit_status};
 
@@ -32,7 +32,8 @@ pub struct Agent {
 /// The process gets exactly `spec.env.merged(spec.daemon_env)` as its environment, `workdir` as
 /// its working directory, a process group of its own, the prompt on stdin, and the run log as
 /// stdout and stderr. A stale summary file is removed first, so that what is read after the exit
-/// is the agent's own. The error names the program, the path tried and the OS error, and turns
+/// is the agent's own, and the usage file is created empty (mode 0600), so that the agent finds
+/// it and no earlier attempt's figures are sent for this one. The error names the program, the path tried and the OS error, and turns
 /// into `Input::SpawnFailed` with `.into()`.
 pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
     let run_id = spec.run_id;
@@ -62,6 +63,13 @@ pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
             )));
         }
     }
+
+    write_private(Path::new(&spec.usage_file), b"", false).map_err(|e| {
+        fail(format!(
+            "cannot create the usage file {}: {e}: check that the jobs directory is writable",
+            spec.usage_file
+        ))
+    })?;
 
     // The command goes with the spawn, and its copies of the log's descriptors with it.
     let mut cmd = start.command(&spec.argv);

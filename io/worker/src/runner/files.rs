@@ -6,6 +6,8 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use relay_core::relay::usage::USAGE_FILE_MAX_BYTES;
+
 use super::RunnerError;
 
 /// Mode of every file the daemon writes for a run: the owner's only.
@@ -111,6 +113,39 @@ pub fn write_context_file_now(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Reads an attempt's usage file (`HARNESS_USAGE_FILE`) for the daemon, before a heartbeat or
+/// report: at most [`USAGE_FILE_MAX_BYTES`] + 1 bytes (the one more tells a longer file from a
+/// full one), `Ok(None)` when there is no file. Synchronous and bounded: the file is opened
+/// without blocking (a FIFO planted there cannot hang the caller) and without following a
+/// symbolic link, and read only when it is a regular file. The error says what is wrong with
+/// the file, never what it holds.
+pub fn read_usage_file(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) => {
+            return Err("is a symbolic link, not a file".into());
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("is not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    let limit = u64::try_from(USAGE_FILE_MAX_BYTES + 1).unwrap_or(u64::MAX);
+    file.take(limit)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(bytes))
 }
 
 /// `WarnRunLog`: appends `relay: warning: <text>` to the run log, one such line per line of

@@ -57,7 +57,8 @@ pub use agent::{Agent, spawn_agent};
 #[cfg(not(madsim))]
 pub use check::{CHECK_TAIL_BYTES, Check, run_check};
 pub use files::{
-    TAIL_MAX_BYTES, run_log_tail, warn_run_log, write_context_file, write_context_file_now,
+    TAIL_MAX_BYTES, read_usage_file, run_log_tail, warn_run_log, write_context_file,
+    write_context_file_now,
 };
 pub(crate) use files::{create_dirs, write_private_atomic};
 pub use group::ProcessGroup;

@@ -19,6 +19,9 @@ pub struct AgentSpec {
     pub daemon_env: Vec<(String, String)>,
     /// Read (at most 16 KiB) when the process has exited; removed before the spawn.
     pub summary_file: String,
+    /// `HARNESS_USAGE_FILE`: created empty (mode 0600) before the spawn, replacing any stale
+    /// one; the daemon reads it before each heartbeat and report.
+    pub usage_file: String,
     /// Receives the process's stdout and stderr; appended to, created with mode 0600.
     pub run_log: PathBuf,
 }
@@ -38,6 +41,7 @@ impl AgentSpec {
                 workdir,
                 env,
                 summary_file,
+                usage_file,
                 ..
             } => Some(AgentSpec {
                 run_id,
@@ -47,6 +51,7 @@ impl AgentSpec {
                 env,
                 daemon_env,
                 summary_file,
+                usage_file,
                 run_log,
             }),
             _ => None,

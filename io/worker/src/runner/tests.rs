@@ -57,6 +57,10 @@ fn process_env(dir: &Path) -> ProcessEnv {
                 "HARNESS_ATTEMPT_SUMMARY_FILE".into(),
                 dir.join("jobs/fixer/7.summary").display().to_string(),
             ),
+            (
+                "HARNESS_USAGE_FILE".into(),
+                dir.join("jobs/fixer/7.usage.json").display().to_string(),
+            ),
         ],
     }
 }
@@ -70,6 +74,7 @@ fn agent(dir: &Path, argv: &[&str]) -> AgentSpec {
         env: process_env(dir),
         daemon_env: daemon(),
         summary_file: dir.join("jobs/fixer/7.summary").display().to_string(),
+        usage_file: dir.join("jobs/fixer/7.usage.json").display().to_string(),
         run_log: dir.join("jobs/fixer/7.log"),
     }
 }
@@ -184,6 +189,10 @@ async fn the_environment_is_exactly_the_layered_one() {
         "ENV_FILE_ONLY=e".into(),
         format!("HARNESS_ATTEMPT_SUMMARY_FILE={}", summary.display()),
         "HARNESS_TODO_ID=td_1".into(),
+        format!(
+            "HARNESS_USAGE_FILE={}",
+            dir.path().join("jobs/fixer/7.usage.json").display()
+        ),
         "PATH=/usr/local/bin:/usr/bin:/bin".into(),
         "SHARED=from-env-file".into(),
     ];
@@ -262,6 +271,50 @@ async fn the_summary_file_is_read_capped_at_16_kib_and_a_stale_one_is_removed() 
     );
     let (_, summary) = run_to_exit(spec).await;
     assert_eq!(summary.as_deref(), Some(&br#"{"summary":"fixed"}"#[..]));
+}
+
+#[tokio::test]
+async fn the_usage_file_is_created_empty_and_private_and_a_stale_one_is_emptied() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = sh(
+        dir.path(),
+        r#"[ -f "$HARNESS_USAGE_FILE" ] && [ ! -s "$HARNESS_USAGE_FILE" ] || exit 9
+           printf '{"cost_usd": 0.5}' > "$HARNESS_USAGE_FILE""#,
+    );
+    let usage = PathBuf::from(&spec.usage_file);
+    std::fs::create_dir_all(usage.parent().unwrap()).unwrap();
+    std::fs::write(&usage, r#"{"cost_usd": 99}"#).unwrap();
+    let (exit, _) = run_to_exit(spec).await;
+    assert_eq!(exit, ExitStatus::Code(0), "the agent found an empty file");
+    let mode = std::fs::metadata(&usage).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    assert_eq!(
+        read_usage_file(&usage),
+        Ok(Some(br#"{"cost_usd": 0.5}"#.to_vec()))
+    );
+}
+
+#[test]
+fn the_usage_file_is_read_bounded_and_only_when_it_is_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("7.usage.json");
+    assert_eq!(read_usage_file(&path), Ok(None), "missing: nothing to send");
+    std::fs::write(&path, vec![b'x'; 10_000]).unwrap();
+    let read = read_usage_file(&path).unwrap().unwrap();
+    assert_eq!(read.len(), relay_core::relay::usage::USAGE_FILE_MAX_BYTES + 1);
+    // A FIFO in its place is refused at once: opening it does not wait for a writer.
+    std::fs::remove_file(&path).unwrap();
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let refused = read_usage_file(&path).unwrap_err();
+    assert!(refused.contains("not a regular file"), "{refused}");
+    // So is a link, to a file or to a device that never ends.
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    let refused = read_usage_file(&path).unwrap_err();
+    assert!(refused.contains("symbolic link"), "{refused}");
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert!(read_usage_file(&path).is_err());
 }
 
 #[tokio::test]
@@ -505,15 +558,17 @@ async fn specs_come_from_the_machines_commands() {
         env: env.clone(),
         context_file: "/j/h/3.relay.json".into(),
         summary_file: "/j/h/3.summary".into(),
+        usage_file: "/j/h/3.usage.json".into(),
     };
     let spec = AgentSpec::from_command(spawn, vec![], PathBuf::from("/j/h/3.log")).unwrap();
     assert_eq!(
         (
             spec.run_id,
             spec.summary_file.as_str(),
+            spec.usage_file.as_str(),
             spec.stdin.as_deref()
         ),
-        (3, "/j/h/3.summary", Some(&b"p"[..]))
+        (3, "/j/h/3.summary", "/j/h/3.usage.json", Some(&b"p"[..]))
     );
     let run_check = Command::RunCheck {
         run_id: 3,
