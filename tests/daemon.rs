@@ -63,16 +63,10 @@ impl Server {
         String::from_utf8(out.stdout).expect("utf-8")
     }
 
-    fn endpoint(&self, name: &str) -> String {
-        self.cli(&[
-            "endpoint",
-            "create",
-            name,
-            "--verbs",
-            "claim_next,claim,heartbeat,complete,fail,release,get_todo,list_todos,add_todo",
-        ])
-        .trim()
-        .to_string()
+    fn endpoint(&self, name: &str, verbs: &str) -> String {
+        self.cli(&["endpoint", "create", name, "--verbs", verbs])
+            .trim()
+            .to_string()
     }
 
     fn add(&self, endpoint: &str, title: &str, max_attempts: u32) -> String {
@@ -180,6 +174,21 @@ env > "$OUT/env.$HARNESS_TODO_ID.$HARNESS_ATTEMPT"
 cp "$HARNESS_RELAY_FILE" "$OUT/context.$HARNESS_TODO_ID.$HARNESS_ATTEMPT"
 title=$(sed -n 's/.*"title": *"\([^"]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -n 1)
 case "$title" in
+  *ask\ a\ human*)
+    # Asks until its context file holds an answer, then works with it.
+    cp "$HARNESS_RELAY_FILE" "$OUT/context.$HARNESS_TODO_ID.seq$HARNESS_ATTEMPT_SEQ"
+    if grep -q '"answer"' "$HARNESS_RELAY_FILE"; then
+      printf '{"summary":"fixed on the branch named"}' > "$HARNESS_ATTEMPT_SUMMARY_FILE"; exit 0
+    fi
+    printf '{"needs_input":"which branch?","summary":"two branches match"}' \
+      > "$HARNESS_ATTEMPT_SUMMARY_FILE"
+    exit 0 ;;
+  *overspend*)
+    # Reports a spend over its budget, then works on until it is stopped.
+    trap 'date +%s%N > "$OUT/term.$HARNESS_TODO_ID"; exit 143' TERM
+    printf '{"cost_usd": 2, "input_tokens": 10}' > "$HARNESS_USAGE_FILE"
+    echo $$ > "$OUT/started.$HARNESS_TODO_ID"
+    while :; do sleep 0.1; done ;;
   *hang*)
     trap 'date +%s%N > "$OUT/term.$HARNESS_TODO_ID"; exit 143' TERM
     echo $$ > "$OUT/started.$HARNESS_TODO_ID"
@@ -219,12 +228,20 @@ struct Setup {
     out: PathBuf,
 }
 
+/// The verbs the daemon's endpoint is granted: the drain verbs, without `request_input`.
+const VERBS: &str = "claim_next,claim,heartbeat,complete,fail,release,get_todo,list_todos,add_todo";
+
 impl Setup {
     fn new() -> Setup {
+        Setup::granted(VERBS)
+    }
+
+    /// A setup whose endpoint is granted `verbs`.
+    fn granted(verbs: &str) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let server = Server::start(dir.path());
         let endpoint = "work".to_string();
-        let token = server.endpoint(&endpoint);
+        let token = server.endpoint(&endpoint, verbs);
         std::fs::write(dir.path().join("agent.sh"), AGENT).expect("agent");
         std::fs::write(dir.path().join("check.sh"), CHECK).expect("check");
         std::fs::write(dir.path().join("token.env"), format!("TOKEN={token}\n")).expect("env");
@@ -1404,4 +1421,120 @@ fn the_daemon_claims_heartbeats_and_completes_through_our_server_in_the_modern_e
 #[test]
 fn the_daemon_claims_heartbeats_and_completes_through_our_server_in_the_legacy_era() {
     claims_heartbeats_and_completes("legacy", "(legacy era, initialize and a session)");
+}
+
+/// The context file an 'ask a human' agent saw at attempt `seq`.
+fn context_at(s: &Setup, id: &str, seq: u32) -> Value {
+    let path = s.out.join(format!("context.{id}.seq{seq}"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("json")
+}
+
+#[test]
+fn an_agent_that_asks_waits_for_the_answer_and_its_next_attempt_reads_both() {
+    let s = Setup::granted(&format!("{VERBS},request_input"));
+    let (id, mut d) = s.daemon_every_second("keep_runs = 1000", "ask a human", 3);
+    wait_for("the question", Duration::from_secs(60), || {
+        (s.server.state(&id) == "input_required").then_some(())
+    });
+    let asked = d.closed_run("w1", &id);
+    assert_eq!(asked["relay_outcome"], "input_requested", "{asked}");
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["outcome"], "needs_input");
+    assert_eq!(attempts[0]["question"], "which branch?");
+    let summary = attempts[0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("two branches match"), "{summary}");
+    assert!(
+        !s.out.join(format!("check.{id}")).exists(),
+        "an agent that asked is not judged by the check"
+    );
+    // No budget on the todo: no budget variable.
+    let env = std::fs::read_to_string(s.out.join(format!("env.{id}.1"))).expect("env");
+    assert!(!env.contains("HARNESS_BUDGET_REMAINING"), "{env}");
+
+    s.server.cli(&["todo", "answer", &id, "--text", "main"]);
+    s.wait_done("the answered todo to complete", &id);
+    d.stop();
+    let context = context_at(&s, &id, 2);
+    let prior = &context["prior_attempts"][0];
+    assert_eq!(prior["question"], "which branch?", "{context}");
+    assert_eq!(prior["answer"], "main", "{context}");
+    let untrusted = context["untrusted"].as_array().cloned().unwrap_or_default();
+    for path in ["prior_attempts[].question", "prior_attempts[].answer"] {
+        assert!(untrusted.contains(&Value::from(path)), "{untrusted:?}");
+    }
+    let checks = std::fs::read_to_string(s.out.join(format!("check.{id}"))).expect("checks");
+    assert_eq!(
+        checks.lines().count(),
+        1,
+        "only the second attempt was checked"
+    );
+}
+
+#[test]
+fn a_question_on_an_endpoint_that_cannot_ask_is_a_fail_that_keeps_it() {
+    let s = Setup::new();
+    let (id, mut d) = s.daemon_every_second("", "ask a human", 1);
+    wait_for("the dead letter", Duration::from_secs(60), || {
+        (s.server.show(&id)["todo"]["dead_letter"] == true).then_some(())
+    });
+    let run = d.closed_run("w1", &id);
+    d.stop();
+    assert_eq!(run["relay_outcome"], "dead_lettered", "{run}");
+    let t = s.server.show(&id);
+    assert_eq!(
+        t["todo"]["result"]["harness"]["reason"], "needs_input_unsupported",
+        "{t}"
+    );
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts[0]["outcome"], "failed");
+    let summary = attempts[0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("needs input: which branch?"), "{summary}");
+}
+
+#[test]
+fn an_agent_whose_usage_crosses_the_budget_is_stopped_at_the_next_heartbeat() {
+    let s = Setup::new();
+    // Heartbeats every second on a 1 m lease: the stop comes from a heartbeat, long before the
+    // lease could lapse.
+    let config = s.config(None, 1, "", r#"schedule = "@every 1s""#);
+    let text = std::fs::read_to_string(&config).expect("config").replace(
+        r#"heartbeat_interval = "20s""#,
+        r#"heartbeat_interval = "1s""#,
+    );
+    std::fs::write(&config, text).expect("config");
+    let extra = ["--max-attempts", "3", "--budget-usd", "1"];
+    let (code, id, err) = todo_add(&s.server.db, &s.endpoint, "work", "overspend", &extra);
+    assert_eq!(code, 0, "relay todo add failed: {err}");
+    let id = id.trim().to_string();
+    let mut d = Daemon::start(s.path(), &config);
+    s.wait_started(&id);
+    s.wait_stopped(&id, Duration::from_secs(30));
+    let run = d.closed_run("w1", &id);
+    d.stop();
+    assert_eq!(run["relay_outcome"], "lease_lost", "{run}");
+    let t = s.server.show(&id);
+    assert_eq!(t["todo"]["dead_letter"], true, "{t}");
+    assert_eq!(t["todo"]["dead_letter_reason"], "budget_exhausted", "{t}");
+    assert_eq!(t["todo"]["spent"]["cost_usd"], 2.0, "{t}");
+    let attempts = s.server.attempts(&id);
+    assert_eq!(attempts.len(), 1, "never claimed again: {attempts:?}");
+    assert_eq!(attempts[0]["usage"]["cost_usd"], 2.0, "{attempts:?}");
+    assert_eq!(attempts[0]["usage"]["input_tokens"], 10, "{attempts:?}");
+    // The agent was told its budget and where to write its usage.
+    let env = std::fs::read_to_string(s.out.join(format!("env.{id}.1"))).expect("env");
+    assert!(
+        env.lines()
+            .any(|l| l == r#"HARNESS_BUDGET_REMAINING={"cost_usd":1.0}"#),
+        "{env}"
+    );
+    let usage_file = env
+        .lines()
+        .find_map(|l| l.strip_prefix("HARNESS_USAGE_FILE="))
+        .unwrap_or_else(|| panic!("no HARNESS_USAGE_FILE in {env}"));
+    assert!(
+        usage_file.starts_with(&d.state.display().to_string()),
+        "{usage_file}"
+    );
 }

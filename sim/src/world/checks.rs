@@ -55,7 +55,13 @@ impl World {
         let agrees = match outcome {
             RelayOutcome::Completed => got.0 == Some(Outcome::Completed),
             RelayOutcome::Failed => got == (Some(Outcome::Failed), Some(D::RetryScheduled)),
-            RelayOutcome::DeadLettered => got == (Some(Outcome::Failed), Some(D::DeadLettered)),
+            RelayOutcome::DeadLettered => {
+                matches!(got.0, Some(Outcome::Failed | Outcome::NeedsInput))
+                    && got.1 == Some(D::DeadLettered)
+            }
+            RelayOutcome::InputRequested => {
+                got == (Some(Outcome::NeedsInput), Some(D::AwaitingInput))
+            }
             RelayOutcome::Released => got.0 == Some(Outcome::Released),
             // The relay lost the lease: no report of its own closed the attempt.
             RelayOutcome::LeaseLost => !matches!(

@@ -202,7 +202,8 @@ impl Daemon {
         let slot = self.slot(harness);
         slot.spawning.insert(run_id, Vec::new());
         let usage_file = PathBuf::from(&spec.usage_file);
-        slot.usage.insert(run_id, (usage_file, UsageFile::default()));
+        slot.usage
+            .insert(run_id, (usage_file, UsageFile::default()));
         let tx = self.tx.clone();
         let h = harness.to_string();
         // Not tracked with the run's tasks: aborting it could not stop a fork under way, and

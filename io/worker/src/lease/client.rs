@@ -468,7 +468,11 @@ impl LeaseClient {
         self.supported_or(operation)?;
         match self
             .ep
-            .rpc(Some(&session), "tools/call", self.call_params(command, usage))
+            .rpc(
+                Some(&session),
+                "tools/call",
+                self.call_params(command, usage),
+            )
             .await
         {
             Err(RpcError::SessionGone | RpcError::EraGone { .. }) => {}
@@ -481,7 +485,11 @@ impl LeaseClient {
         self.supported_or(operation)?;
         match self
             .ep
-            .rpc(Some(&session), "tools/call", self.call_params(command, usage))
+            .rpc(
+                Some(&session),
+                "tools/call",
+                self.call_params(command, usage),
+            )
             .await
         {
             Err(e @ (RpcError::SessionGone | RpcError::EraGone { .. })) => {

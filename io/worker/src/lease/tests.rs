@@ -921,7 +921,10 @@ async fn a_question_and_the_usage_go_out_as_our_server_declares_them() {
     fake.reply(Reply::Ok(json!({})))
         .reply(Reply::Ok(waiting))
         .reply(Reply::Ok(exhausted))
-        .reply(Reply::ToolError("conflict", "spend reached its budget".into()));
+        .reply(Reply::ToolError(
+            "conflict",
+            "spend reached its budget".into(),
+        ));
     let url = fake.start().await;
     let client = fake.client(&url);
     client.initialize().await.expect("initialize");

@@ -301,7 +301,10 @@ fn the_usage_file_is_read_bounded_and_only_when_it_is_a_regular_file() {
     assert_eq!(read_usage_file(&path), Ok(None), "missing: nothing to send");
     std::fs::write(&path, vec![b'x'; 10_000]).unwrap();
     let read = read_usage_file(&path).unwrap().unwrap();
-    assert_eq!(read.len(), relay_core::relay::usage::USAGE_FILE_MAX_BYTES + 1);
+    assert_eq!(
+        read.len(),
+        relay_core::relay::usage::USAGE_FILE_MAX_BYTES + 1
+    );
     // A FIFO in its place is refused at once: opening it does not wait for a writer.
     std::fs::remove_file(&path).unwrap();
     nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
