@@ -69,6 +69,17 @@
 //! - A receipt is also made when the agent's handle was dropped as malformed, and for an
 //!   attempt the check found already satisfied; an artifact that carries a known secret is
 //!   dropped like a malformed one.
+//! - An agent that asks (a non-blank `needs_input` in its summary file, whatever its exit) is
+//!   not judged by the success check: it did not finish. The question goes out as
+//!   `request_input` where the source's tools/list shows that verb ([`Capabilities::asks`]),
+//!   recorded with the agent's run outcome and `relay_outcome = input_requested`; elsewhere as
+//!   a *retryable* `fail` with reason `needs_input_unsupported` and the question at the head of
+//!   the summary: another endpoint may be granted `request_input`, and the same question failing
+//!   again gives the same failure signature, so `max_same_failures` bounds the loop.
+//! - Usage is not the machine's: the driver reads the agent's usage file before each heartbeat
+//!   and report ([`usage::UsageFile`]) and the call builder puts it on the call
+//!   ([`lease_call_with`]). A heartbeat refused because the spend reached the budget is a
+//!   `conflict` like any other: lease loss, the process stopped.
 
 mod capabilities;
 mod context;
