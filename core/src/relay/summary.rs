@@ -89,7 +89,8 @@ pub struct AgentSummary {
     /// `"retryable": false` in the file: the agent knows its failure will not go away.
     pub retryable: Option<bool>,
     /// `"needs_input": "<question>"` in the file: the agent cannot go on without a person's
-    /// answer. Raw as the file says it (not blank); [`question`] makes it sendable.
+    /// answer. As the file says it (never blank); the machine replaces it on arrival with
+    /// [`question`]'s sendable form, or drops it when nothing is left to ask.
     pub needs_input: Option<String>,
 }
 
