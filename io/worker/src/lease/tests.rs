@@ -419,6 +419,11 @@ fn ours() -> Capabilities {
     if let Some(fail) = caps.declared.get_mut("fail") {
         fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
     }
+    for verb in ["heartbeat", "complete", "fail", "release"] {
+        if let Some(args) = caps.declared.get_mut(verb) {
+            args.insert("usage".to_string());
+        }
+    }
     caps
 }
 
@@ -487,14 +492,15 @@ async fn initialize_handshakes_and_sends_the_headers_on_every_request() {
     );
     assert!(heartbeat.session.is_empty());
 
-    // The probe (a legacy-only server: 404), initialize, initialized, tools/list over 3 pages
-    // (9 tools), then the call.
+    // The probe (a legacy-only server: 404), initialize, initialized, tools/list over 4 pages
+    // (11 tools), then the call.
     assert_eq!(
         fake.methods(),
         [
             "server/discover",
             "initialize",
             "notifications/initialized",
+            "tools/list",
             "tools/list",
             "tools/list",
             "tools/list",
