@@ -676,9 +676,11 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
                 .map(|x| format!("<p class=\"artifact\">artifact: {}</p>", artifact(x)))
                 .unwrap_or_default(),
         );
+        // The question and what the attempt spent go inside its item, before it closes.
+        let mut asked = String::new();
         if let Some(q) = &a.question {
             let _ = write!(
-                body,
+                asked,
                 "<p class=\"asked\">asked: {}</p>{}",
                 esc(&q.text),
                 match (&q.answer, q.answered_at, &q.answered_by) {
@@ -694,11 +696,12 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
         }
         if !a.usage.is_zero() {
             let _ = write!(
-                body,
+                asked,
                 "<p class=\"usage\">spent {}</p>",
                 esc(&a.usage.describe())
             );
         }
+        body.insert_str(body.len() - "</li>".len(), &asked);
     }
     body.push_str("</ol>");
     page(&t.title, Some(csrf), &body)
