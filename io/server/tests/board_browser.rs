@@ -142,7 +142,14 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     let bearer = h
         .endpoint(
             "ci",
-            &["claim_next", "claim", "add_todo", "fail", "complete", "request_input"],
+            &[
+                "claim_next",
+                "claim",
+                "add_todo",
+                "fail",
+                "complete",
+                "request_input",
+            ],
             None,
         )
         .await;
@@ -357,7 +364,10 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     // A worker asks a question (hostile markup, like any worker's text) and waits: the overview
     // counts it, its page shows the question first, and the operator answers it there.
     let asking = mcp
-        .ok("add_todo", json!({"queue": "ask", "title": "Which branch?"}))
+        .ok(
+            "add_todo",
+            json!({"queue": "ask", "title": "Which branch?"}),
+        )
         .await["id"]
         .as_str()
         .unwrap()
@@ -381,7 +391,10 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .unwrap();
     assert_eq!(text(&c, ".question .asked").await, question);
     assert!(text(&c, ".spend").await.starts_with("spent $0.5"));
-    let pwned = c.execute("return typeof window.pwned;", vec![]).await.unwrap();
+    let pwned = c
+        .execute("return typeof window.pwned;", vec![])
+        .await
+        .unwrap();
     assert_eq!(pwned, json!("undefined"));
     c.find(Locator::Css("textarea[name='answer']"))
         .await
