@@ -111,7 +111,7 @@ pub enum TodoCmd {
         /// Only this queue.
         #[arg(long)]
         queue: Option<String>,
-        /// Only this state: pending, claimed, failed, done, canceled.
+        /// Only this state: pending, claimed, failed, done, canceled, input_required.
         #[arg(long)]
         state: Option<String>,
         /// At most this many.

@@ -87,6 +87,10 @@ pub struct Served {
     pub closed: Option<(Outcome, Disposition)>,
     /// A todo the call may have made claimable, and how to offer it to the doorbell.
     pub ring: Option<(Todo, Offer)>,
+    /// The call's answer is this refusal although the operation changed the ledger: a
+    /// heartbeat whose usage reached the budget stopped its attempt (`closed` says how), and its
+    /// holder hears what a cancel tells it. The driver counts `closed`, then answers the error.
+    pub refused: Option<Error>,
 }
 
 impl Served {
@@ -473,6 +477,7 @@ impl Serving {
     fn served(&self, waiting: Waiting, answer: Answer) -> Result<Served, Error> {
         let mut closed = None;
         let mut ring = None;
+        let mut refused = None;
         let answer = match waiting {
             Waiting::Claimed(token) => {
                 let claimed: Option<Claimed> = match self.tool {
@@ -499,7 +504,7 @@ impl Serving {
                 if self.tool == Tool::Heartbeat && t.state != TodoState::Claimed {
                     // The heartbeat's usage reached the budget and the attempt was stopped:
                     // the holder hears what a cancel tells it, a conflict.
-                    return Err(Error::conflict(format!(
+                    refused = Some(Error::conflict(format!(
                         "heartbeat {}: the todo's spend reached its budget ({}); the attempt \
                          was stopped and the todo dead-lettered (budget_exhausted): stop work",
                         t.id,
@@ -520,6 +525,9 @@ impl Serving {
                         Some((Outcome::NeedsInput, Disposition::DeadLettered))
                     }
                     Tool::RequestInput => Some((Outcome::NeedsInput, Disposition::AwaitingInput)),
+                    Tool::Heartbeat if refused.is_some() => {
+                        Some((Outcome::Canceled, Disposition::DeadLettered))
+                    }
                     _ => None,
                 };
                 let out = encode(&TodoOut {
@@ -560,6 +568,7 @@ impl Serving {
             answer,
             closed,
             ring,
+            refused,
         })
     }
 }
@@ -577,6 +586,9 @@ pub fn serve(
     loop {
         match step {
             Step::Apply(op) => step = serving.answered(apply(op), draw),
+            Step::Done(Ok(Served {
+                refused: Some(e), ..
+            })) => return Err(e),
             Step::Done(done) => return done,
         }
     }

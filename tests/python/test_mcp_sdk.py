@@ -665,3 +665,182 @@ def test_two_servers_one_postgres_modern_requests_alternate(two_servers) -> None
             assert [x["outcome"] for x in view["attempts"]] == ["completed"]
 
     run(go())
+
+
+# ---- waiting for a human, and spend (both stores) ---------------------------------------------
+
+ASKER_VERBS = "claim_next,heartbeat,complete,fail,add_todo,list_todos,request_input,answer_todo"
+NO_ANSWER_BOUND = 45.0  # seconds; the server's retry sweep runs every 15 s
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def asker(request):
+    """A server on each store, an endpoint granted the asking verbs, a queue of its own."""
+    r = Relay()
+    if request.param == "postgres":
+        r.env["RELAY_DB"] = pg_url()
+    run_id = secrets.token_hex(4)
+    r.endpoint, r.queue = f"asker-{run_id}", f"ask-{run_id}"
+    r.token = r.cli(
+        "endpoint", "create", r.endpoint, "--verbs", ASKER_VERBS, "--queues", r.queue
+    )
+    r.start()
+    yield r
+    r.stop()
+
+
+def asker_client(r: Relay, mode: str) -> Client:
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {r.token}"},
+        timeout=httpx2.Timeout(30.0, read=300.0),
+    )
+    return Client(streamable_http_client(f"{r.base}/mcp/{r.endpoint}", http_client=http), mode=mode)
+
+
+@pytest.mark.parametrize("mode", [MODERN, "legacy"])
+def test_ask_wait_answer_and_the_next_attempt_sees_both(asker: Relay, mode: str) -> None:
+    async def go() -> None:
+        async with asker_client(asker, mode) as c:
+            async def add(**extra: Any) -> str:
+                added = answer(
+                    await c.call_tool("add_todo", {"queue": asker.queue, "title": "ask", **extra})
+                )
+                return added["id"]
+
+            async def claim(todo: str) -> dict[str, Any]:
+                got = answer(
+                    await c.call_tool("claim_next", {"queue": asker.queue, "require_fence": True})
+                )
+                assert got["todo"]["id"] == todo
+                return got
+
+            todo = await add(max_input_requests=1)
+            got = await claim(todo)
+            token = got["lease_token"]
+            # A stale token and an empty question change nothing.
+            stale = {"id": todo, "question": "q", "lease_token": "A" * 22}
+            assert error_code(await c.call_tool("request_input", stale)) == "conflict"
+            empty = {"id": todo, "question": " ", "lease_token": token}
+            assert error_code(await c.call_tool("request_input", empty)) == "invalid"
+            asked = answer(
+                await c.call_tool(
+                    "request_input",
+                    {
+                        "id": todo,
+                        "question": "Which branch?",
+                        "summary": "found two",
+                        "usage": {"cost_usd": 0.25, "input_tokens": 1000},
+                        "lease_token": token,
+                    },
+                )
+            )
+            assert asked["state"] == "input_required" and asked["input_requests"] == 1
+            assert asked["spent"]["cost_usd"] == 0.25
+            nothing = answer(await c.call_tool("claim_next", {"queue": asker.queue}))
+            assert nothing["empty"] is True, "a waiting todo is not claimable"
+            too_long = {"id": todo, "answer": "y" * 8193}
+            assert error_code(await c.call_tool("answer_todo", too_long)) == "invalid"
+            done = answer(
+                await c.call_tool(
+                    "answer_todo", {"id": todo, "answer": "main", "idempotency_key": "a1"}
+                )
+            )
+            assert done["state"] == "pending"
+            # The same answer again (its reply lost): answered as it is, not twice.
+            again = {"id": todo, "answer": "main", "idempotency_key": "a1"}
+            assert answer(await c.call_tool("answer_todo", again))["state"] == "pending"
+            other = {"id": todo, "answer": "dev", "idempotency_key": "a2"}
+            assert error_code(await c.call_tool("answer_todo", other)) == "conflict"
+            got = await claim(todo)
+            prior = got["prior_attempts"][0]
+            assert prior["outcome"] == "needs_input" and prior["disposition"] == "awaiting_input"
+            assert prior["question"] == "Which branch?" and prior["answer"] == "main"
+            assert prior["answered_by"] == f"endpoint:{asker.endpoint}"
+            # A second question is past max_input_requests: a dead letter that says why.
+            token = got["lease_token"]
+            dead = answer(
+                await c.call_tool(
+                    "request_input", {"id": todo, "question": "And now?", "lease_token": token}
+                )
+            )
+            assert dead["dead_letter"] is True
+            assert dead["dead_letter_reason"] == "input_requests_exhausted"
+
+            # Answered by the operator's CLI.
+            todo = await add()
+            got = await claim(todo)
+            answer(
+                await c.call_tool(
+                    "request_input",
+                    {"id": todo, "question": "ok?", "lease_token": got["lease_token"]},
+                )
+            )
+            assert asker.cli("todo", "answer", todo, "--text", "yes").endswith("pending")
+            got = await claim(todo)
+            assert got["prior_attempts"][0]["answered_by"] == "operator:cli"
+            answer(await c.call_tool("complete", {"id": todo, "lease_token": got["lease_token"]}))
+
+            # Nobody answers within answer_within_seconds: the sweep dead-letters it.
+            todo = await add(answer_within_seconds=1)
+            got = await claim(todo)
+            answer(
+                await c.call_tool(
+                    "request_input",
+                    {"id": todo, "question": "anyone?", "lease_token": got["lease_token"]},
+                )
+            )
+            deadline = time.monotonic() + NO_ANSWER_BOUND
+            while True:
+                view = answer(await c.call_tool("get_todo", {"id": todo}))
+                if view["todo"]["dead_letter"]:
+                    break
+                assert time.monotonic() < deadline, "no_answer never fired"
+                await asyncio.sleep(0.5)
+            assert view["todo"]["dead_letter_reason"] == "no_answer"
+
+    run(go())
+
+
+@pytest.mark.parametrize("mode", [MODERN, "legacy"])
+def test_spend_sums_and_a_heartbeat_over_budget_stops_the_attempt(asker: Relay, mode: str) -> None:
+    async def go() -> None:
+        async with asker_client(asker, mode) as c:
+            bad = [
+                {"queue": asker.queue, "title": "t", "budget": {"tokens": 0}},
+                {"queue": asker.queue, "title": "t", "budget": {"cost_usd": -1}},
+                {"queue": asker.queue, "title": "t", "budget": {"cost_usd": "ten"}},
+            ]
+            for args in bad:
+                assert error_code(await c.call_tool("add_todo", args)) == "invalid"
+            added = answer(
+                await c.call_tool(
+                    "add_todo",
+                    {"queue": asker.queue, "title": "spend", "budget": {"cost_usd": 1.0}},
+                )
+            )
+            todo = added["id"]
+            assert added["budget"] == {"cost_usd": 1.0}
+            got = answer(
+                await c.call_tool("claim_next", {"queue": asker.queue, "require_fence": True})
+            )
+            token = got["lease_token"]
+            hb = {"id": todo, "lease_token": token}
+            for usage in ({"cost_usd": -0.1}, {"input_tokens": -5}, {"cost_usd": "x"}):
+                r = await c.call_tool("heartbeat", {**hb, "usage": usage})
+                assert error_code(r) == "invalid"
+            ok = answer(await c.call_tool("heartbeat", {**hb, "usage": {"cost_usd": 0.4}}))
+            assert ok["state"] == "claimed" and ok["spent"]["cost_usd"] == 0.4
+            # A lower figure never lowers the spend.
+            ok = answer(await c.call_tool("heartbeat", {**hb, "usage": {"cost_usd": 0.1}}))
+            assert ok["spent"]["cost_usd"] == 0.4
+            over = await c.call_tool("heartbeat", {**hb, "usage": {"cost_usd": 1.2}})
+            assert error_code(over) == "conflict", "the holder hears what a cancel tells it"
+            view = answer(await c.call_tool("get_todo", {"id": todo}))
+            assert view["todo"]["dead_letter_reason"] == "budget_exhausted"
+            assert view["todo"]["spent"]["cost_usd"] == 1.2
+            assert view["attempts"][0]["outcome"] == "canceled"
+            assert "spent $1.2" in (view["attention"] or "")
+            nothing = answer(await c.call_tool("claim_next", {"queue": asker.queue}))
+            assert nothing["empty"] is True
+
+    run(go())

@@ -338,3 +338,43 @@ fn a_non_retryable_fail_answers_its_dead_letter_reason() {
     let listed = w.call(&all, "list_todos", json!({})).unwrap().answer;
     assert_eq!(listed["todos"][0]["dead_letter_reason"], "non_retryable");
 }
+
+#[test]
+fn a_heartbeat_at_the_budget_is_refused_after_its_stop_is_counted() {
+    let mut w = World::new();
+    let all = caller(&["add_todo", "claim_next", "heartbeat"], None);
+    let budget = json!({"queue": "q", "title": "spend", "budget": {"tokens": 100}});
+    w.call(&all, "add_todo", budget).unwrap();
+    let c = w
+        .call(&all, "claim_next", json!({"require_fence": true}))
+        .unwrap();
+    let token = c.answer["lease_token"].clone();
+    let hb = |n: u64| json!({"id": "td_1", "lease_token": token, "usage": {"input_tokens": n}});
+    assert_eq!(w.call(&all, "heartbeat", hb(99)).unwrap().refused, None);
+    // Through the step machine: the stop is counted, and the answer is the refusal.
+    let params = json!({"name": "heartbeat", "arguments": hb(100)});
+    let (tool, args) = tool_of(&params).unwrap();
+    let (mut s, mut step) = Serving::start(tool, args, all.clone(), w.now, &mut w.draw);
+    let served = loop {
+        match step {
+            Step::Apply(op) => step = s.answered(w.ledger.apply(op), &mut w.draw),
+            Step::Done(done) => break done.unwrap(),
+        }
+    };
+    assert_eq!(
+        served.closed,
+        Some((Outcome::Canceled, Disposition::DeadLettered))
+    );
+    assert_eq!(served.answer["dead_letter_reason"], "budget_exhausted");
+    assert_eq!(served.refused.map(|e| e.code), Some(ErrorCode::Conflict));
+    // `serve` answers the refusal itself; the holder's next heartbeat is an ordinary conflict.
+    assert_eq!(
+        code(w.call(&all, "heartbeat", hb(101))),
+        ErrorCode::Conflict
+    );
+    // A malformed usage is invalid and changes nothing.
+    let before = w.ledger.clone();
+    let bad = json!({"id": "td_1", "usage": {"cost_usd": -1.0}});
+    assert_eq!(code(w.call(&all, "heartbeat", bad)), ErrorCode::Invalid);
+    assert_eq!(w.ledger, before);
+}

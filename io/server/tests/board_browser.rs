@@ -142,7 +142,14 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     let bearer = h
         .endpoint(
             "ci",
-            &["claim_next", "claim", "add_todo", "fail", "complete"],
+            &[
+                "claim_next",
+                "claim",
+                "add_todo",
+                "fail",
+                "complete",
+                "request_input",
+            ],
             None,
         )
         .await;
@@ -353,6 +360,66 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         "released"
     );
     assert_eq!(text(&c, ".attempt[data-seq='1'] .closed-by").await, "alice");
+
+    // A worker asks a question (hostile markup, like any worker's text) and waits: the overview
+    // counts it, its page shows the question first, and the operator answers it there.
+    let asking = mcp
+        .ok(
+            "add_todo",
+            json!({"queue": "ask", "title": "Which branch?"}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.ok("claim", json!({"id": asking})).await;
+    let question = "<img src=x onerror=window.pwned=2> main or release?";
+    mcp.ok(
+        "request_input",
+        json!({"id": asking, "question": question, "usage": {"cost_usd": 0.5}}),
+    )
+    .await;
+    c.goto(&format!("{base}/board")).await.unwrap();
+    assert!(
+        text(&c, "tr[data-queue='ask'] .n-waiting")
+            .await
+            .starts_with("1 (longest"),
+        "the overview counts the waiting todo"
+    );
+    c.goto(&format!("{base}/board/todos/{asking}"))
+        .await
+        .unwrap();
+    assert_eq!(text(&c, ".question .asked").await, question);
+    assert!(text(&c, ".spend").await.starts_with("spent $0.5"));
+    let pwned = c
+        .execute("return typeof window.pwned;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(pwned, json!("undefined"));
+    c.find(Locator::Css("textarea[name='answer']"))
+        .await
+        .unwrap()
+        .send_keys("release, please")
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[text()='Answer']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
+        .await
+        .expect("the answered todo shows pending");
+    let answered = text(&c, ".attempt[data-seq='1'] .answered").await;
+    assert!(
+        answered.contains("by operator:alice") && answered.ends_with("release, please"),
+        "{answered}"
+    );
+    let next = mcp.ok("claim", json!({"id": asking})).await;
+    assert_eq!(next["prior_attempts"][0]["answer"], "release, please");
 
     // A bulk retry of the dead letters a filter matches: 51 whose attempts ran out, and one
     // dead-lettered as non-retryable that the filter leaves out.

@@ -280,7 +280,7 @@ pub fn overview(o: &Overview<'_>) -> String {
         body.push_str(
             "<table class=\"counts\"><thead><tr><th>queue</th><th>pending</th><th>claimed</th>\
              <th>retrying</th><th>dead letters</th><th>done</th><th>canceled</th>\
-             <th>oldest pending</th><th></th></tr></thead><tbody>",
+             <th>oldest pending</th><th>waiting for an answer</th><th></th></tr></thead><tbody>",
         );
         for q in o.queues {
             let _ = write!(
@@ -289,7 +289,7 @@ pub fn overview(o: &Overview<'_>) -> String {
                  <td class=\"n-pending\">{2}</td><td class=\"n-claimed\">{3}</td>\
                  <td class=\"n-retrying\">{4}</td><td class=\"n-dead\">{5}</td>\
                  <td class=\"n-done\">{6}</td><td class=\"n-canceled\">{7}</td><td>{8}</td>\
-                 <td>{9}</td></tr>",
+                 <td class=\"n-waiting\">{10}</td><td>{9}</td></tr>",
                 esc(&q.queue),
                 if q.paused {
                     " <span class=\"badge\">paused</span>"
@@ -304,6 +304,11 @@ pub fn overview(o: &Overview<'_>) -> String {
                 q.canceled,
                 age(o.now, q.oldest_pending),
                 pause_form(o.csrf, &q.queue, q.paused),
+                if q.waiting == 0 {
+                    "0".to_string()
+                } else {
+                    format!("{} (longest {})", q.waiting, age(o.now, q.oldest_waiting))
+                },
             );
         }
         body.push_str("</tbody></table>");
@@ -585,6 +590,17 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
         rfc3339(t.updated_at),
         age(now, Some(t.updated_at)),
     );
+    if !t.spent.is_zero() || !t.budget.is_none() {
+        let _ = write!(
+            body,
+            "<p class=\"spend\">spent {} of budget {}</p>",
+            esc(&t.spent.describe()),
+            esc(&t.budget.describe())
+        );
+    }
+    if t.state == TodoState::InputRequired {
+        body.push_str(&question(csrf, t, view.attempts.first()));
+    }
     body.push_str("<div class=\"actions\">");
     for (name, label, summary) in [
         ("retry", "Retry", false),
@@ -660,9 +676,58 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
                 .map(|x| format!("<p class=\"artifact\">artifact: {}</p>", artifact(x)))
                 .unwrap_or_default(),
         );
+        // The question and what the attempt spent go inside its item, before it closes.
+        let mut asked = String::new();
+        if let Some(q) = &a.question {
+            let _ = write!(
+                asked,
+                "<p class=\"asked\">asked: {}</p>{}",
+                esc(&q.text),
+                match (&q.answer, q.answered_at, &q.answered_by) {
+                    (Some(ans), Some(at), Some(by)) => format!(
+                        "<p class=\"answered\">answered {} by {}: {}</p>",
+                        rfc3339(at),
+                        esc(by),
+                        esc(ans)
+                    ),
+                    _ => String::new(),
+                }
+            );
+        }
+        if !a.usage.is_zero() {
+            let _ = write!(
+                asked,
+                "<p class=\"usage\">spent {}</p>",
+                esc(&a.usage.describe())
+            );
+        }
+        body.insert_str(body.len() - "</li>".len(), &asked);
     }
     body.push_str("</ol>");
     page(&t.title, Some(csrf), &body)
+}
+
+/// A waiting todo's question, prominent, with the form that answers it (the `answer` action:
+/// the same operation as `answer_todo` and `relay todo answer`). The question was written by a
+/// worker: it is shown as text, never as markup.
+fn question(csrf: &str, t: &Todo, newest: Option<&Attempt>) -> String {
+    let asked = newest.and_then(|a| a.question.as_ref());
+    format!(
+        "<section class=\"question\" data-key=\"question\"><h2>Waiting for an answer</h2>\
+         <blockquote class=\"asked\">{}</blockquote><p class=\"hint\">asked {}{}</p>\
+         <form method=\"post\" action=\"/board/todos/{}\" class=\"answer\">{}\
+         <input type=\"hidden\" name=\"action\" value=\"answer\">\
+         <textarea name=\"answer\" rows=\"4\" maxlength=\"8192\" required \
+         aria-label=\"answer\"></textarea><button type=\"submit\">Answer</button></form></section>",
+        esc(asked.map_or("", |q| q.text.as_str())),
+        rfc3339(t.updated_at),
+        t.asking
+            .answer_due_at
+            .map(|d| format!("; unanswered at {} it becomes a dead letter", rfc3339(d)))
+            .unwrap_or_default(),
+        esc(&t.id),
+        csrf_field(csrf),
+    )
 }
 
 /// What the add form shows in its fields (empty, or what was sent when it was refused).

@@ -174,6 +174,21 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
                 .into_response();
         }
     }
+    match server.inner.store.spend_by_queue().await {
+        Ok(spend) => {
+            for (queue, usage) in &spend {
+                server.inner.metrics.set_spent(queue, usage);
+            }
+        }
+        Err(e) => {
+            let msg = server.internal_message("metrics: summing spend failed", &e);
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store unavailable: {msg}\n"),
+            )
+                .into_response();
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

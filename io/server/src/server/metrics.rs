@@ -13,6 +13,9 @@ type Labels = Vec<(String, String)>;
 pub(crate) struct Metrics {
     registry: Registry,
     pub(crate) todos: Family<Labels, Gauge>,
+    /// What each queue's kept todos spent: dollars, and tokens by direction.
+    spent_cost: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    spent_tokens: Family<Labels, Gauge>,
     pub(crate) attempts_closed: Family<Labels, Counter>,
     pub(crate) dead_letters: Family<Labels, Counter>,
     pub(crate) claim_latency: Histogram,
@@ -31,6 +34,18 @@ impl Metrics {
             "todos",
             "Todos in the store by state, counted when scraped",
             todos.clone(),
+        );
+        let spent_cost = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "spent_cost_usd",
+            "What the todos kept in each queue spent, in US dollars, summed when scraped",
+            spent_cost.clone(),
+        );
+        let spent_tokens = Family::<Labels, Gauge>::default();
+        registry.register(
+            "spent_tokens",
+            "Tokens the todos kept in each queue spent, by direction (input, output)",
+            spent_tokens.clone(),
         );
         let attempts_closed = Family::<Labels, Counter>::default();
         registry.register(
@@ -77,6 +92,8 @@ impl Metrics {
         Metrics {
             registry,
             todos,
+            spent_cost,
+            spent_tokens,
             attempts_closed,
             dead_letters,
             claim_latency,
@@ -111,6 +128,19 @@ impl Metrics {
                 ("result".to_string(), result.to_string()),
             ])
             .inc();
+    }
+
+    /// A queue's spend, as `spend_by_queue` sums it.
+    pub(crate) fn set_spent(&self, queue: &str, u: &relay_core::ledger::Usage) {
+        let q = ("queue".to_string(), queue.to_string());
+        self.spent_cost
+            .get_or_create(&vec![q.clone()])
+            .set(relay_core::ledger::cost_usd(u.cost_micros));
+        for (dir, n) in [("input", u.input_tokens), ("output", u.output_tokens)] {
+            self.spent_tokens
+                .get_or_create(&vec![q.clone(), ("direction".to_string(), dir.to_string())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub(crate) fn set_todos(&self, state: &str, n: u64) {

@@ -462,6 +462,9 @@ impl Server {
         if let Some((t, offer)) = &served.ring {
             self.ring_todo(t, *offer);
         }
-        Ok(served)
+        match served.refused {
+            Some(e) => Err(e),
+            None => Ok(served),
+        }
     }
 }

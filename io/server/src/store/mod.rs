@@ -245,6 +245,17 @@ impl Store {
         )
     }
 
+    /// What each queue's kept todos have spent (queues that spent nothing are absent).
+    pub async fn spend_by_queue(&self) -> Result<Vec<(String, relay_core::ledger::Usage)>, Error> {
+        run!(
+            self,
+            ops::TxKind::Read,
+            "spend by queue",
+            String::from("(all)"),
+            |tx| ops::spend_by_queue(tx)
+        )
+    }
+
     /// An endpoint's todos counted by queue and state: `queue`'s, or every queue's.
     pub async fn queue_counts(
         &self,

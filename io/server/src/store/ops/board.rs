@@ -433,3 +433,30 @@ pub(crate) async fn bulk_finish<T: Tx>(tx: &mut T, now: Millis, id: &str) -> Res
         .await
         .map(drop)
 }
+
+/// What the todos kept in each queue have spent, summed (`/metrics`): queues that spent
+/// nothing are absent. Counted by the database, one grouped sum.
+pub(crate) async fn spend_by_queue<T: Tx>(
+    tx: &mut T,
+) -> Result<Vec<(String, relay_core::ledger::Usage)>, Error> {
+    // Summed as bigint: Postgres' SUM of bigint is numeric.
+    let sql = "SELECT queue, CAST(SUM(spent_cost_micros) AS bigint),
+                      CAST(SUM(spent_input_tokens) AS bigint),
+                      CAST(SUM(spent_output_tokens) AS bigint)
+               FROM todos GROUP BY queue
+               HAVING SUM(spent_cost_micros) > 0 OR SUM(spent_input_tokens) > 0
+                   OR SUM(spent_output_tokens) > 0
+               ORDER BY queue";
+    tx.query_sql("spend by queue", "", sql, vec![], |r| {
+        let what = "a queue's spend";
+        Ok((
+            required(r.text(0), what)?,
+            relay_core::ledger::Usage {
+                cost_micros: unsigned(r.int(1), what)?,
+                input_tokens: unsigned(r.int(2), what)?,
+                output_tokens: unsigned(r.int(3), what)?,
+            },
+        ))
+    })
+    .await
+}
