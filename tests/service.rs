@@ -46,22 +46,27 @@ fn exit_code(child: Proc) -> Option<i32> {
         .unwrap()
 }
 
+/// `relay serve` on a SQLite file in `dir`, telling `notify` (a socket path) its state.
+fn serve_notifying(dir: &std::path::Path, notify: &std::path::Path) -> Proc {
+    let db = format!("sqlite:{}", dir.join("relay.db").display());
+    Proc(
+        relay()
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+            .env("NOTIFY_SOCKET", notify)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start relay serve"),
+    )
+}
+
 #[test]
 fn serve_notifies_ready_once_listening_and_stopping_on_sigterm() {
     let dir = temp_dir("notify-serve");
     let path = dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&path).unwrap();
     sock.set_read_timeout(Some(BOUND)).unwrap();
-    let db = format!("sqlite:{}", dir.path().join("relay.db").display());
-    let mut child = Proc(
-        relay()
-            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
-            .env("NOTIFY_SOCKET", &path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start relay serve"),
-    );
+    let mut child = serve_notifying(dir.path(), &path);
     let addr = listening_on(&mut child.0).expect("the ready line");
     assert_eq!(recv(&sock), "READY=1");
     // Ready means serving.
@@ -70,6 +75,25 @@ fn serve_notifies_ready_once_listening_and_stopping_on_sigterm() {
     sigterm(&child.0);
     assert_eq!(recv(&sock), "STOPPING=1");
     assert_eq!(exit_code(child), Some(0));
+}
+
+/// A stop the moment the server says it is ready is a graceful stop. The signal handlers used
+/// to be registered only when the stop future was first polled, after READY: a SIGTERM in
+/// between ended the process by the signal's default action, with no STOPPING and no exit code
+/// (seen under load in CI). Twenty stops at once after READY, each must be graceful.
+#[test]
+fn a_sigterm_right_after_ready_is_a_graceful_stop() {
+    let dir = temp_dir("notify-early");
+    for n in 0..20 {
+        let path = dir.path().join(format!("notify-{n}.sock"));
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(BOUND)).unwrap();
+        let child = serve_notifying(dir.path(), &path);
+        assert_eq!(recv(&sock), "READY=1");
+        sigterm(&child.0);
+        assert_eq!(recv(&sock), "STOPPING=1", "stop {n}");
+        assert_eq!(exit_code(child), Some(0), "stop {n}");
+    }
 }
 
 #[test]

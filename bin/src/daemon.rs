@@ -166,8 +166,9 @@ pub fn daemon(args: DaemonArgs) -> ExitCode {
             Err(e) => tracing::warn!(error = %e, "SIGHUP cannot be caught: use `relay reload`"),
         }
         let stopper = handle.clone();
+        let stop = crate::shutdown_signal();
         tokio::spawn(async move {
-            crate::shutdown_signal().await;
+            stop.await;
             crate::notify::stopping();
             tracing::info!("stopping: attempts in flight are released or failed first");
             stopper.stop();

@@ -189,21 +189,28 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 /// Resolves on Ctrl-C or SIGTERM: the graceful-stop signal of `relay serve` and `relay daemon`.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered now, not when the future is first polled: a SIGTERM or SIGINT that arrives in
+    // between (a service manager stopping us the moment we said READY) would otherwise take the
+    // signal's default action and end the process without its graceful stop.
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    async move {
+        tokio::select! {
+            () = next(&mut term) => {}
+            () = next(&mut int) => {}
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    }
+}
+
+/// The next delivery of a signal, or never when it could not be registered.
+async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

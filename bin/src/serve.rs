@@ -142,9 +142,10 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     let _ = writeln!(std::io::stdout(), "listening on {scheme}://{bound}");
     let _ = std::io::stdout().flush();
     tracing::info!(%bound, db_kind = db_kind(&db.db), "serving MCP at /mcp/<endpoint>");
+    let signal = crate::shutdown_signal();
     crate::notify::ready();
     let stop = async {
-        crate::shutdown_signal().await;
+        signal.await;
         crate::notify::stopping();
     };
     server
