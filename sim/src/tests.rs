@@ -22,6 +22,7 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
             *totals.entry(k).or_default() += v;
         }
     }
+    eprintln!("TOTALS {totals:?}");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     let minimums = [
         // faults
@@ -77,6 +78,7 @@ fn every_mutation_is_caught_within_fifty_seeds_and_replays() {
         let Some((seed, v)) = caught else {
             panic!("{} was not caught in 50 seeds", m.as_str());
         };
+        eprintln!("CAUGHT {} at seed {seed}: {} {}", m.as_str(), v.invariant, v.detail);
         assert_eq!(v.kind, Kind::Correctness, "{}: {v:?}", m.as_str());
         let (_, _, again) = run_seed(seed, Some(m));
         assert_eq!(
