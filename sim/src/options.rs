@@ -270,11 +270,27 @@ impl Options {
     /// no operator who leaves a question unanswered, or no budget.
     fn with_people(mut self, seed: u64) -> Options {
         let mut r = Rng::stream(seed, "people");
-        let ask = if r.chance(650) { r.range(40, 250) as u32 } else { 0 };
+        let ask = if r.chance(650) {
+            r.range(40, 250) as u32
+        } else {
+            0
+        };
         let answer_delay_max = r.range(2, 90) * MINUTE;
-        let unanswered = if r.chance(500) { r.range(150, 600) as u32 } else { 0 };
-        let repeat = if r.chance(600) { r.range(100, 500) as u32 } else { 0 };
-        let budgets = if r.chance(550) { r.range(200, 700) as u32 } else { 0 };
+        let unanswered = if r.chance(600) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
+        let repeat = if r.chance(700) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
+        let budgets = if r.chance(550) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
         let surfaces = (0..self.relays)
             .map(|_| match r.below(10) {
                 0..=4 => Surface::Asks,

@@ -276,7 +276,11 @@ fn may_follow(seen: &Attempt, a: &Attempt) -> bool {
     };
     let late = a.late_reports_total > seen.late_reports_total
         || (a.late_reports_total == seen.late_reports_total && a.late_reports == seen.late_reports);
-    let answer = |x: &Attempt| x.question.clone().map(|q| (q.answer, q.answered_at, q.answered_by, q.answer_key));
+    let answer = |x: &Attempt| {
+        x.question
+            .clone()
+            .map(|q| (q.answer, q.answered_at, q.answered_by, q.answer_key))
+    };
     let unanswered = seen.question.as_ref().is_some_and(|q| q.answer.is_none());
     late && (unanswered || answer(seen) == answer(a)) && settled(seen) == settled(a)
 }
@@ -295,13 +299,18 @@ pub(super) fn answer_problem<'a>(
     for a in attempts {
         kept.insert(a.seq);
         let held = a.question.as_ref().and_then(|q| {
-            q.answer
-                .as_ref()
-                .map(|x| (x.as_str(), q.answer_key.as_deref(), q.answered_by.as_deref()))
+            q.answer.as_ref().map(|x| {
+                (
+                    x.as_str(),
+                    q.answer_key.as_deref(),
+                    q.answered_by.as_deref(),
+                )
+            })
         });
         match (given.get(&(t.id.clone(), a.seq)), held) {
             (None, None) => {}
-            (Some(g), Some(h)) if h == (g.text.as_str(), Some(g.key.as_str()), Some(by.as_str())) => {}
+            (Some(g), Some(h))
+                if h == (g.text.as_str(), Some(g.key.as_str()), Some(by.as_str())) => {}
             (Some(g), h) => {
                 return Some((
                     "answer_kept",
@@ -314,7 +323,10 @@ pub(super) fn answer_problem<'a>(
             (None, Some(h)) => {
                 return Some((
                     "answered_once",
-                    format!("{} seq {} holds an answer no accepted call gave: {h:?}", t.id, a.seq),
+                    format!(
+                        "{} seq {} holds an answer no accepted call gave: {h:?}",
+                        t.id, a.seq
+                    ),
                 ));
             }
         }
@@ -326,7 +338,10 @@ pub(super) fn answer_problem<'a>(
     lost.map(|((_, seq), g)| {
         (
             "answer_kept",
-            format!("{} seq {seq}, answered {:?}, is gone although not pruned", t.id, g.text),
+            format!(
+                "{} seq {seq}, answered {:?}, is gone although not pruned",
+                t.id, g.text
+            ),
         )
     })
 }
@@ -404,7 +419,10 @@ mod tests {
                 ..NewTodo::default()
             },
         };
-        ledger.apply(add).and_then(relay_core::ledger::Answer::todo).expect("added")
+        ledger
+            .apply(add)
+            .and_then(relay_core::ledger::Answer::todo)
+            .expect("added")
     }
 
     #[test]

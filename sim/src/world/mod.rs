@@ -433,9 +433,9 @@ impl World {
                 }
                 caps
             }
-            Surface::Spend | Surface::Asks => relay_core::relay::check_capabilities(
-                &relay_core::wire::tools_list(&grant.tools()),
-            ),
+            Surface::Spend | Surface::Asks => {
+                relay_core::relay::check_capabilities(&relay_core::wire::tools_list(&grant.tools()))
+            }
         };
         (caps, grant)
     }

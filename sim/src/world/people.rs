@@ -70,7 +70,7 @@ impl World {
         // Some todos allow one question or none: the next one dead-letters them.
         let max_input_requests = r.chance(300).then(|| r.range(0, 1) as u32);
         let answer_within = r
-            .chance(500)
+            .chance(600)
             .then(|| r.range(5 * MINUTE, ANSWER_WITHIN_MAX) / SECOND);
         let budget = if r.chance(self.o.people.budgets) {
             let cost = r.range(50_000, 1_500_000);
@@ -209,7 +209,10 @@ impl World {
                 self.violate(
                     Kind::Correctness,
                     "answered_once",
-                    format!("an answer to {id}, {}, not waiting, was accepted", before.state),
+                    format!(
+                        "an answer to {id}, {}, not waiting, was accepted",
+                        before.state
+                    ),
                 );
             }
             return;

@@ -187,7 +187,9 @@ impl World {
                 self.count("asked_unsupported");
             }
             // The server stopped the attempt at its budget: the holder hears a conflict.
-            if s.refused.is_some() && s.closed == Some((Outcome::Canceled, Disposition::DeadLettered)) {
+            if s.refused.is_some()
+                && s.closed == Some((Outcome::Canceled, Disposition::DeadLettered))
+            {
                 self.count("budget_stop");
             }
         }

@@ -299,8 +299,7 @@ impl World {
                 }
                 self.hosts[r].proc = None;
                 let now = self.now;
-                if let Some(spend) = self
-                    .hosts[r]
+                if let Some(spend) = self.hosts[r]
                     .runs
                     .get_mut(&run_id)
                     .and_then(|run| run.spend.as_mut())
