@@ -185,7 +185,12 @@ impl World {
             }
             let (seen, problem) = spend_problem(self.spend.get(&t.id), t);
             problems.extend(problem);
-            self.spend.insert(t.id.clone(), seen);
+            match self.spend.get_mut(&t.id) {
+                Some(s) => *s = seen,
+                None => {
+                    self.spend.insert(t.id.clone(), seen);
+                }
+            }
         }
         if let Some((inv, detail)) = problems.into_iter().next() {
             self.violate(Kind::Correctness, inv, detail);
@@ -295,6 +300,11 @@ pub(super) fn answer_problem<'a>(
     attempts: impl Iterator<Item = &'a Attempt>,
 ) -> Option<(&'static str, String)> {
     let by = transition::answered_by(&Actor::cli());
+    let todo = |seq| (t.id.clone(), seq);
+    let mine: Vec<(u32, &Given)> = given
+        .range(todo(0)..=todo(u32::MAX))
+        .map(|((_, seq), g)| (*seq, g))
+        .collect();
     let mut kept = BTreeSet::new();
     for a in attempts {
         kept.insert(a.seq);
@@ -307,7 +317,8 @@ pub(super) fn answer_problem<'a>(
                 )
             })
         });
-        match (given.get(&(t.id.clone(), a.seq)), held) {
+        let given = mine.iter().find(|(seq, _)| *seq == a.seq).map(|(_, g)| *g);
+        match (given, held) {
             (None, None) => {}
             (Some(g), Some(h))
                 if h == (g.text.as_str(), Some(g.key.as_str()), Some(by.as_str())) => {}
@@ -331,11 +342,10 @@ pub(super) fn answer_problem<'a>(
             }
         }
     }
-    let first = (t.id.clone(), t.attempts_pruned + 1);
-    let lost = given
-        .range(first..=(t.id.clone(), u32::MAX))
-        .find(|((_, seq), _)| !kept.contains(seq));
-    lost.map(|((_, seq), g)| {
+    let lost = mine
+        .into_iter()
+        .find(|(seq, _)| *seq > t.attempts_pruned && !kept.contains(seq));
+    lost.map(|(seq, g)| {
         (
             "answer_kept",
             format!(
