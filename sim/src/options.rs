@@ -26,6 +26,9 @@ pub enum Mutation {
     /// The relay driver hands the machine its wall clock as the monotonic one: every deadline
     /// moves with a wall-clock step.
     DeadlinesOnWallClock,
+    /// The server acknowledges an operator's answer and makes the todo pending again, but does
+    /// not keep the answer on the attempt that asked.
+    AnswerDropped,
 }
 
 relay_core::names!(Mutation {
@@ -34,7 +37,48 @@ relay_core::names!(Mutation {
     ReportAfterDeadline => "report-after-deadline",
     ReaperClosesTwice => "reaper-closes-twice",
     DeadlinesOnWallClock => "deadlines-on-wall-clock",
+    AnswerDropped => "answer-dropped",
 });
+
+/// What a relay's lease source shows it in `tools/list`, which decides what its daemon sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Surface {
+    /// Only the contract table's arguments (and `fail`'s failure class): no `usage`, no
+    /// `request_input`, as a server that declares nothing more shows it.
+    Contract,
+    /// Our server's schemas to an endpoint not granted `request_input`: `usage` on the heartbeat
+    /// and every report, no `request_input` (an agent's question goes out as a retryable fail,
+    /// `needs_input_unsupported`).
+    Spend,
+    /// Our server's schemas to an endpoint granted `request_input` too: it may ask.
+    Asks,
+}
+
+relay_core::names!(Surface {
+    Contract => "contract",
+    Spend => "spend",
+    Asks => "asks",
+});
+
+/// People in the loop, and what agents spend: how often an agent asks a question, how the
+/// operators answer, which todos carry a spend budget, and what each relay's source shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct People {
+    /// Per mille of agent runs that end by asking a question (`needs_input`); 0: none asks.
+    pub ask: u32,
+    /// An operator answers a question within this long of its asking (drawn per question).
+    pub answer_delay_max: Millis,
+    /// Per mille of questions, on todos with an answer deadline, that nobody ever answers.
+    pub unanswered: u32,
+    /// Per mille of operators' answers repeated under their key (the first reply was lost).
+    pub repeat: u32,
+    /// Per mille of todos added with a spend budget.
+    pub budgets: u32,
+    /// Per relay, what its lease source shows it.
+    pub surfaces: Vec<Surface>,
+}
 
 /// Fault kinds; each is on or off for a whole run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +156,9 @@ pub struct Options {
     /// Each relay's operating hours, as config writes them (empty: none). Firings outside them
     /// are skipped or held as the daemon's are.
     pub hours: Vec<Vec<String>>,
+    /// Questions, answers and spend (drawn from a stream of their own).
+    #[serde(default)]
+    pub people: People,
 }
 
 /// Relay clocks drift at most this much (parts per million). The lease argument holds within
@@ -129,6 +176,9 @@ pub struct Shape {
 }
 
 pub const MAX_DRIFT_PPM: i64 = 2_000;
+
+/// The longest answer deadline (`answer_within_seconds`) a todo is added with.
+pub const ANSWER_WITHIN_MAX: Millis = 2 * HOUR;
 
 impl Options {
     pub fn draw(seed: u64, mutation: Option<Mutation>) -> Options {
@@ -187,7 +237,9 @@ impl Options {
             faults,
             mutation,
             hours: Vec::new(),
+            people: People::default(),
         }
+        .with_people(seed)
         .with_hours(seed)
     }
 
@@ -210,7 +262,61 @@ impl Options {
         if shape.all_faults {
             o.faults = o.faults.all_on();
         }
-        o.with_hours(seed)
+        o.with_people(seed).with_hours(seed)
+    }
+
+    /// Draws the people and spend options from their own stream (the others stay as the seed
+    /// drew them before agents asked): swarm again, so that some seeds have no agent that asks,
+    /// no operator who leaves a question unanswered, or no budget.
+    fn with_people(mut self, seed: u64) -> Options {
+        let mut r = Rng::stream(seed, "people");
+        let ask = if r.chance(650) {
+            r.range(40, 250) as u32
+        } else {
+            0
+        };
+        let answer_delay_max = r.range(2, 90) * MINUTE;
+        let unanswered = if r.chance(600) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
+        let repeat = if r.chance(700) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
+        let budgets = if r.chance(550) {
+            r.range(200, 700) as u32
+        } else {
+            0
+        };
+        let surfaces = (0..self.relays)
+            .map(|_| match r.below(10) {
+                0..=4 => Surface::Asks,
+                5..=7 => Surface::Spend,
+                _ => Surface::Contract,
+            })
+            .collect();
+        self.people = People {
+            ask,
+            answer_delay_max,
+            unanswered,
+            repeat,
+            budgets,
+            surfaces,
+        };
+        self
+    }
+
+    /// What relay `r`'s lease source shows it (the contract's surface for a relay the options
+    /// name none for: a plan saved before agents asked).
+    pub fn surface(&self, r: usize) -> Surface {
+        self.people
+            .surfaces
+            .get(r)
+            .copied()
+            .unwrap_or(Surface::Contract)
     }
 
     /// Draws each relay's operating hours from their own stream (the other options stay as the
@@ -244,12 +350,24 @@ impl Options {
     /// running to its timeout, each relay working only the minutes an hour it is open). Seed
     /// 1355 drew one relay open 27 minutes an hour for 27 todos of up to 5 attempts of 8 minutes:
     /// about 76 hours of work, which a fixed day reported as a liveness failure.
+    ///
+    /// Where agents ask, a todo's questions add attempts that do not count against
+    /// `max_attempts` (up to its question budget, and the one past it that dead-letters), and
+    /// each question waits for its answer or for its answer deadline: the todos wait side by
+    /// side, a todo's questions one after another.
     fn liveness_bound_for(&self, minutes_open: &[u64]) -> Millis {
         let attempt =
             self.agent_timeout.unwrap_or(self.agent_max) + self.fire_every + self.lease_ttl;
-        let work = attempt * self.todos as u64 * u64::from(self.max_attempts);
+        let questions = if self.people.ask > 0 {
+            u64::from(relay_core::ledger::MAX_INPUT_REQUESTS_DEFAULT) + 1
+        } else {
+            0
+        };
+        let attempts = u64::from(self.max_attempts) + questions;
+        let work = attempt * self.todos as u64 * attempts;
+        let wait = questions * self.people.answer_delay_max.max(ANSWER_WITHIN_MAX);
         let open_minutes_an_hour: u64 = minutes_open.iter().sum();
-        (work * 60 / open_minutes_an_hour.max(1)).max(24 * HOUR)
+        (work * 60 / open_minutes_an_hour.max(1) + wait).max(24 * HOUR)
     }
 }
 
@@ -293,6 +411,19 @@ impl fmt::Display for Options {
             fl.clock_drift,
             fl.wall_steps,
             fl.operators
+        )?;
+        let p = &self.people;
+        let surfaces: Vec<&str> = p.surfaces.iter().map(|s| s.as_str()).collect();
+        write!(
+            f,
+            "\npeople: ask={}‰ answer_delay_max={} unanswered={}‰ repeat={}‰ budgets={}‰ \
+             surfaces={}",
+            p.ask,
+            s(p.answer_delay_max),
+            p.unanswered,
+            p.repeat,
+            p.budgets,
+            surfaces.join(",")
         )?;
         for (r, hours) in self.hours.iter().enumerate() {
             if let Some(first) = hours.first() {

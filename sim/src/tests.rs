@@ -58,6 +58,22 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("ring", 1000),
         ("owed_ring", 200),
         ("outside_hours", 1000),
+        // people in the loop: questions asked where the endpoint may ask, and failed as
+        // needs_input_unsupported where it may not; operators answering (twice, under one key,
+        // when a reply was lost), too late, or never; the question budget running out
+        ("asked", 60),
+        ("asked_unsupported", 90),
+        ("answered", 40),
+        ("answer_repeated", 10),
+        ("answer_refused", 8),
+        ("no_answer_dead_letter", 8),
+        ("input_requests_exhausted_dead_letter", 10),
+        // spend: usage sent where declared (and an unusable usage file not sent), heartbeats
+        // stopped at the budget, todos dead-lettered budget_exhausted
+        ("usage_reported", 15000),
+        ("usage_unreadable", 80),
+        ("budget_stop", 70),
+        ("budget_exhausted_dead_letter", 70),
     ];
     for (k, min) in minimums {
         let got = totals.get(k).copied().unwrap_or(0);

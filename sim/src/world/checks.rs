@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use relay_core::ledger::Outcome;
+use relay_core::ledger::{Budget, Outcome, Usage, transition};
 use relay_core::relay::{Relay, RelayOutcome, RunRecord};
 use relay_core::time::SECOND;
 
@@ -169,22 +169,26 @@ impl World {
                 }
                 let key = (t.id.clone(), a.seq);
                 match self.closed.get_mut(&key) {
-                    // Late reports gather on a closed attempt; nothing else of it changes.
-                    Some(seen)
-                        if a.late_reports_total > seen.late_reports_total
-                            && super::queue::without_late(seen)
-                                == super::queue::without_late(a) =>
-                    {
-                        *seen = a.clone();
-                    }
-                    Some(seen) if seen != a => problems.push((
+                    Some(seen) if seen == a => {}
+                    Some(seen) if may_follow(seen, a) => *seen = a.clone(),
+                    Some(_) => problems.push((
                         "closed_once",
                         format!("{} seq {} changed after it closed", t.id, a.seq),
                     )),
-                    Some(_) => {}
                     None => {
                         self.closed.insert(key, a.clone());
                     }
+                }
+            }
+            if let Some(p) = answer_problem(&self.given, t, self.ledger.attempts(&t.id)) {
+                problems.push(p);
+            }
+            let (seen, problem) = spend_problem(self.spend.get(&t.id), t);
+            problems.extend(problem);
+            match self.spend.get_mut(&t.id) {
+                Some(s) => *s = seen,
+                None => {
+                    self.spend.insert(t.id.clone(), seen);
                 }
             }
         }
@@ -262,5 +266,206 @@ impl World {
         if let Some((inv, detail)) = problems.into_iter().next() {
             self.violate(Kind::Correctness, inv, detail);
         }
+    }
+}
+
+/// What a closed attempt may still become: late reports gather on it, and its question's answer
+/// is written once; nothing else of it changes.
+fn may_follow(seen: &Attempt, a: &Attempt) -> bool {
+    let settled = |x: &Attempt| {
+        let mut x = super::queue::without_late(x);
+        if let Some(q) = x.question.as_mut() {
+            (q.answer, q.answered_at, q.answered_by, q.answer_key) = (None, None, None, None);
+        }
+        x
+    };
+    let late = a.late_reports_total > seen.late_reports_total
+        || (a.late_reports_total == seen.late_reports_total && a.late_reports == seen.late_reports);
+    let answer = |x: &Attempt| {
+        x.question
+            .clone()
+            .map(|q| (q.answer, q.answered_at, q.answered_by, q.answer_key))
+    };
+    let unanswered = seen.question.as_ref().is_some_and(|q| q.answer.is_none());
+    late && (unanswered || answer(seen) == answer(a)) && settled(seen) == settled(a)
+}
+
+/// An answered question is never lost nor answered twice: each answer the ledger accepted
+/// (`given`, by todo and the seq of the attempt that asked) is on that attempt exactly as given,
+/// by the operator who gave it, for as long as the attempt is kept; and no attempt holds an
+/// answer the ledger did not accept.
+pub(super) fn answer_problem<'a>(
+    given: &BTreeMap<(String, u32), Given>,
+    t: &Todo,
+    attempts: impl Iterator<Item = &'a Attempt>,
+) -> Option<(&'static str, String)> {
+    let by = transition::answered_by(&Actor::cli());
+    let todo = |seq| (t.id.clone(), seq);
+    let mine: Vec<(u32, &Given)> = given
+        .range(todo(0)..=todo(u32::MAX))
+        .map(|((_, seq), g)| (*seq, g))
+        .collect();
+    let mut kept = BTreeSet::new();
+    for a in attempts {
+        kept.insert(a.seq);
+        let held = a.question.as_ref().and_then(|q| {
+            q.answer.as_ref().map(|x| {
+                (
+                    x.as_str(),
+                    q.answer_key.as_deref(),
+                    q.answered_by.as_deref(),
+                )
+            })
+        });
+        let given = mine.iter().find(|(seq, _)| *seq == a.seq).map(|(_, g)| *g);
+        match (given, held) {
+            (None, None) => {}
+            (Some(g), Some(h))
+                if h == (g.text.as_str(), Some(g.key.as_str()), Some(by.as_str())) => {}
+            (Some(g), h) => {
+                return Some((
+                    "answer_kept",
+                    format!(
+                        "{} seq {}: the answer {:?} the ledger accepted reads {h:?} on its attempt",
+                        t.id, a.seq, g.text
+                    ),
+                ));
+            }
+            (None, Some(h)) => {
+                return Some((
+                    "answered_once",
+                    format!(
+                        "{} seq {} holds an answer no accepted call gave: {h:?}",
+                        t.id, a.seq
+                    ),
+                ));
+            }
+        }
+    }
+    let lost = mine
+        .into_iter()
+        .find(|(seq, _)| *seq > t.attempts_pruned && !kept.contains(seq));
+    lost.map(|(seq, g)| {
+        (
+            "answer_kept",
+            format!(
+                "{} seq {seq}, answered {:?}, is gone although not pruned",
+                t.id, g.text
+            ),
+        )
+    })
+}
+
+/// What the invariants remember of a todo's spend between checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct SpendSeen {
+    spent: Usage,
+    /// The todo had reached its budget: its newest attempt then, and that budget.
+    over: Option<(u32, Budget)>,
+}
+
+/// Spend never decreases, figure by figure; and a todo whose spend reached its budget is never
+/// claimed again (no attempt opens on it) unless an operator's retry lifted the budget. Answers
+/// what to remember for the next check, and the first rule broken.
+pub(super) fn spend_problem(
+    seen: Option<&SpendSeen>,
+    t: &Todo,
+) -> (SpendSeen, Option<(&'static str, String)>) {
+    let mut problem = None;
+    if let Some(s) = seen {
+        let (was, now) = (s.spent, t.spent);
+        if now.cost_micros < was.cost_micros
+            || now.input_tokens < was.input_tokens
+            || now.output_tokens < was.output_tokens
+        {
+            problem = Some((
+                "spend_never_decreases",
+                format!("{} had spent {was:?}, now {now:?}", t.id),
+            ));
+        }
+        if let Some((seq, budget)) = s.over
+            && budget == t.budget
+            && t.attempts_total > seq
+        {
+            problem = Some((
+                "never_claimed_over_budget",
+                format!(
+                    "{} reached its budget {budget:?} at attempt {seq}, and attempt {} opened",
+                    t.id, t.attempts_total
+                ),
+            ));
+        }
+    }
+    let over = match seen.and_then(|s| s.over) {
+        Some((seq, budget)) if budget == t.budget => Some((seq, budget)),
+        _ => t.over_budget().then_some((t.attempts_total, t.budget)),
+    };
+    let seen = SpendSeen {
+        spent: t.spent,
+        over,
+    };
+    (seen, problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use relay_core::ledger::{Ledger, LedgerConfig, NewTodo, Op};
+
+    use super::*;
+
+    fn todo() -> Todo {
+        let mut ledger = Ledger::new(LedgerConfig::default());
+        let add = Op::AddTodo {
+            now: T0,
+            endpoint: ENDPOINT.into(),
+            new: NewTodo {
+                id: "td_0".into(),
+                queue: QUEUE.into(),
+                title: "fix thing 0".into(),
+                budget: Budget {
+                    cost_micros: None,
+                    tokens: Some(1_000),
+                },
+                ..NewTodo::default()
+            },
+        };
+        ledger
+            .apply(add)
+            .and_then(relay_core::ledger::Answer::todo)
+            .expect("added")
+    }
+
+    #[test]
+    fn spend_that_decreases_is_caught() {
+        let mut t = todo();
+        t.spent.output_tokens = 40;
+        let (seen, problem) = spend_problem(None, &t);
+        assert_eq!(problem, None);
+        t.spent.input_tokens = 500;
+        let (seen, problem) = spend_problem(Some(&seen), &t);
+        assert_eq!(problem, None, "growing is fine");
+        t.spent.output_tokens = 39;
+        let (_, problem) = spend_problem(Some(&seen), &t);
+        assert_eq!(problem.map(|p| p.0), Some("spend_never_decreases"));
+    }
+
+    #[test]
+    fn a_claim_after_the_budget_was_reached_is_caught_unless_a_retry_lifted_it() {
+        let mut t = todo();
+        t.attempts_total = 2;
+        t.spent.input_tokens = 600;
+        let (seen, _) = spend_problem(None, &t);
+        t.spent.output_tokens = 400;
+        let (seen, problem) = spend_problem(Some(&seen), &t);
+        assert_eq!((problem, seen.over), (None, Some((2, t.budget))));
+        // Another attempt opens on the todo at its budget.
+        let mut claimed = t.clone();
+        claimed.attempts_total = 3;
+        let (_, problem) = spend_problem(Some(&seen), &claimed);
+        assert_eq!(problem.map(|p| p.0), Some("never_claimed_over_budget"));
+        // The operator's retry lifted the budget: the next claim is allowed.
+        claimed.budget = Budget::default();
+        let (after, problem) = spend_problem(Some(&seen), &claimed);
+        assert_eq!((problem, after.over), (None, None));
     }
 }

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use relay_core::config::{OperatingHours, Schedule, within_hours};
 use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
-use relay_core::ledger::{self, Actor, Attempt, Ledger, LedgerConfig, NewTodo, Op, Todo};
+use relay_core::grant::Grant;
+use relay_core::ledger::{self, Actor, Attempt, Budget, Ledger, LedgerConfig, NewTodo, Op, Todo};
 use relay_core::relay::{
     Capabilities, Command, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     RequestId, SuccessCheck, reconcile_interrupted,
@@ -16,13 +17,14 @@ use relay_core::relay::{
 use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
 use serde_json::{Value, json};
 
-use crate::options::{MAX_DRIFT_PPM, Options};
+use crate::options::{ANSWER_WITHIN_MAX, MAX_DRIFT_PPM, Options, Surface};
 use crate::plan::{Fault, Plan, Work};
 use crate::rng::Rng;
 
 mod checks;
 mod host;
 mod net;
+mod people;
 mod queue;
 mod relay;
 
@@ -110,6 +112,14 @@ enum Ev {
         run_id: u64,
         command: Command,
     },
+    /// An operator answers todo `id`'s question (`repeat`: again, under the same key, after
+    /// the first reply was lost).
+    Answer {
+        id: String,
+        text: String,
+        key: String,
+        repeat: bool,
+    },
     /// An input for the relay of this lifetime (process and check events, receipts).
     Local {
         relay: usize,
@@ -153,6 +163,17 @@ struct Run {
     todo: String,
     seq: u32,
     report_answered: bool,
+    /// What the run's agent spends, once it is spawned.
+    spend: Option<people::Spend>,
+    /// The driver's reading of the agent's usage file (its one warning per attempt).
+    usage_file: relay_core::relay::usage::UsageFile,
+}
+
+/// An answer the ledger accepted: kept on the attempt that asked, exactly so, for good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Given {
+    text: String,
+    key: String,
 }
 
 #[derive(Clone, Debug)]
@@ -200,8 +221,19 @@ pub struct World {
     gate: Gate,
     /// Every relay's harness schedule (`@every fire_every`).
     schedule_of: Schedule,
-    /// What the server offers (every relay sees the same surface); built once.
-    caps: Capabilities,
+    /// What the server shows each relay (its surface), and what each relay's endpoint was
+    /// granted; built once.
+    caps: Vec<Capabilities>,
+    grants: Vec<Grant>,
+    /// The agents' questions and spend.
+    asking: Rng,
+    /// The operators who answer questions.
+    answering: Rng,
+    /// Every answer the ledger accepted, by todo and the seq of the attempt that asked.
+    given: BTreeMap<(String, u32), Given>,
+    /// Per todo, its spend when last checked, and whether (since which attempt, under which
+    /// budget) it had reached its budget.
+    spend: BTreeMap<String, checks::SpendSeen>,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -283,7 +315,12 @@ impl World {
             since_full_check: 0,
             gate: Gate::new(doorbell::WINDOW),
             schedule_of: Schedule::Every(o.fire_every),
-            caps: World::capabilities(o.release_granted),
+            caps: (0..o.relays).map(|r| World::surface(&o, r).0).collect(),
+            grants: (0..o.relays).map(|r| World::surface(&o, r).1).collect(),
+            asking: Rng::stream(o.seed, "asking"),
+            answering: Rng::stream(o.seed, "answering"),
+            given: BTreeMap::new(),
+            spend: BTreeMap::new(),
             o,
         };
         for r in 0..w.hosts.len() {
@@ -373,14 +410,34 @@ impl World {
         }
     }
 
-    /// What the simulated server's schemas declare: the contract's arguments, and `fail`'s
-    /// failure class (the server is ours).
-    fn capabilities(release_granted: bool) -> Capabilities {
-        let mut caps = Capabilities::full(release_granted);
-        if let Some(fail) = caps.declared.get_mut("fail") {
-            fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
+    /// What relay `r`'s endpoint was granted (the relay's verbs on the one queue, and
+    /// `request_input` where it may ask), and what the server's `tools/list` shows it, read as
+    /// the daemon reads it: our server's schemas for those verbs, or (for a relay whose source
+    /// declares only the contract's table) the contract's arguments and `fail`'s failure class.
+    fn surface(o: &Options, r: usize) -> (Capabilities, Grant) {
+        let mut verbs = vec!["claim_next", "heartbeat", "complete", "fail"];
+        if o.release_granted {
+            verbs.push("release");
         }
-        caps
+        let surface = o.surface(r);
+        if surface == Surface::Asks {
+            verbs.push("request_input");
+        }
+        let verbs: Vec<String> = verbs.into_iter().map(str::to_string).collect();
+        let grant = Grant::new(&verbs, Some(vec![QUEUE.to_string()]));
+        let caps = match surface {
+            Surface::Contract => {
+                let mut caps = Capabilities::full(o.release_granted);
+                if let Some(fail) = caps.declared.get_mut("fail") {
+                    fail.extend(["retryable".to_string(), "failure_signature".to_string()]);
+                }
+                caps
+            }
+            Surface::Spend | Surface::Asks => {
+                relay_core::relay::check_capabilities(&relay_core::wire::tools_list(&grant.tools()))
+            }
+        };
+        (caps, grant)
     }
 
     fn start_relay(&mut self, r: usize) {
@@ -389,7 +446,7 @@ impl World {
         let first = self.hosts[r].next_run_id;
         let mut relay = Relay::new(settings, seed, first);
         let now = self.hosts[r].now(self.now, self.o.mutation);
-        let caps = self.caps.clone();
+        let caps = self.caps[r].clone();
         if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
@@ -488,8 +545,13 @@ impl World {
                 match self.ledger.apply(requeue).and_then(ledger::Answer::todos) {
                     Ok(moved) if !moved.is_empty() => {
                         self.touched.extend(moved.iter().map(|t| t.id.clone()));
-                        for _ in moved.iter().filter(|t| t.dead_letter()) {
-                            self.count("deadline_dead_letter");
+                        for t in moved.iter().filter(|t| t.dead_letter()) {
+                            match t.dead_letter_reason {
+                                Some(ledger::DeadLetterReason::NoAnswer) => {
+                                    self.count("no_answer_dead_letter");
+                                }
+                                _ => self.count("deadline_dead_letter"),
+                            }
                         }
                         let (due, _): (Vec<Todo>, Vec<Todo>) =
                             moved.into_iter().partition(|t| !t.dead_letter());
@@ -567,6 +629,12 @@ impl World {
                     self.on_local(relay, input);
                 }
             }
+            Ev::Answer {
+                id,
+                text,
+                key,
+                repeat,
+            } => self.operator_answers(&id, text, key, repeat),
         }
     }
 
@@ -589,6 +657,7 @@ impl World {
         match w {
             Work::Add(n) => {
                 let id = todo_id(n);
+                let (max_input_requests, answer_within_seconds, budget) = self.todo_people(n);
                 let new = NewTodo {
                     id: id.clone(),
                     queue: QUEUE.into(),
@@ -599,6 +668,9 @@ impl World {
                     // budget of about two leases' worth of attempts.
                     idempotency_key: Some(format!("event-{n}")),
                     deadline_seconds: n.is_multiple_of(3).then(|| self.o.lease_ttl / 1000 * 8),
+                    max_input_requests,
+                    answer_within_seconds,
+                    budget,
                     ..NewTodo::default()
                 };
                 let add = Op::AddTodo {

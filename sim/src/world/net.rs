@@ -1,7 +1,8 @@
 //! The network between relays and the server: sends, delays, losses and answers.
 
 use relay_core::relay::{
-    Command, Input, LeaseError, RequestId, ResultError, call_params, failed_input, result_input,
+    Command, Input, LeaseError, RequestId, ResultError, call_params_with, failed_input,
+    result_input,
 };
 use relay_core::time::{Millis, SECOND};
 
@@ -11,10 +12,15 @@ use super::*;
 
 impl World {
     /// Puts a lease command on the wire as the lease client does: its `tools/call` params,
-    /// built by core's client side of the contract.
+    /// built by core's client side of the contract, with the agent's usage on a heartbeat or
+    /// report (read from its usage file now, as the driver reads it; sent where declared).
     pub(super) fn send(&mut self, r: usize, req: RequestId, run_id: u64, command: Command) {
         let life = self.hosts[r].life;
-        let Some(params) = call_params(&command, &self.caps) else {
+        let usage = match command {
+            Command::SendHeartbeat { .. } | Command::SendReport { .. } => self.usage_of(r, run_id),
+            _ => None,
+        };
+        let Some(params) = call_params_with(&command, &self.caps[r], usage.as_ref()) else {
             self.violate(
                 Kind::Correctness,
                 "contract",
@@ -22,6 +28,9 @@ impl World {
             );
             return;
         };
+        if params["arguments"].get("usage").is_some() {
+            self.count("usage_reported");
+        }
         self.hosts[r]
             .pending
             .insert(req, Pending { run_id, command });
@@ -113,6 +122,7 @@ impl World {
                     todo: claim.todo_id.clone(),
                     seq: claim.attempt_seq as u32,
                     report_answered: false,
+                    ..Run::default()
                 };
                 self.hosts[r].runs.insert(p.run_id, run);
             }
@@ -142,9 +152,9 @@ impl World {
             return;
         }
         let result = if modern(self.o.seed, r) {
-            self.serve_modern(params)
+            self.serve_modern(r, params)
         } else {
-            self.serve(params)
+            self.serve(r, params)
         };
         if self.hosts[r].partitioned
             || (!self.healed && self.net.chance(self.o.faults.response_loss))
@@ -178,7 +188,7 @@ impl World {
     /// the client stamps it, classified as the server classifies it (it must be served
     /// modern, never refused), served, and framed for the era (the relay reads the framed
     /// answer as liberally as any).
-    fn serve_modern(&mut self, params: &Value) -> Value {
+    fn serve_modern(&mut self, r: usize, params: &Value) -> Value {
         use relay_core::mcp::{self, Method, era};
         let info = json!({"name": "relay-sim", "version": "0"});
         let (stamped, headers) = era::stamp("tools/call", params.clone(), &info);
@@ -189,7 +199,7 @@ impl World {
         match served {
             Ok((era, method)) if era.is_modern() => {
                 self.count("modern_call");
-                let result = self.serve(&stamped);
+                let result = self.serve(r, &stamped);
                 mcp::framed(&era, method, result)
             }
             other => {

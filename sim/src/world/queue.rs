@@ -1,12 +1,11 @@
 //! The simulated queue server: the ledger behind the tool calls, its reaper and retry requeue.
 
 use relay_core::ErrorCode;
-use relay_core::grant::Grant;
 use relay_core::ledger::{
     self, Attempt, Disposition, Op, Outcome, Todo, TodoState, TokenHash, transition,
 };
 use relay_core::relay::LeaseToken;
-use relay_core::serve::{Caller, Draw, refusal, serve, tool_of};
+use relay_core::serve::{Caller, Draw, Serving, Step, refusal, tool_of};
 use relay_core::wire::Tool;
 
 use crate::options::Mutation;
@@ -53,10 +52,11 @@ impl World {
     // The relay side: feeding the machine and carrying out its commands.
     // -----------------------------------------------------------------------------------------
 
-    /// The server's side of a `tools/call`: core's serving function over the ledger, the very
-    /// conversion the MCP server runs. Around it, the simulator's own checks (a stale fence
-    /// accepted, dead letters) and its canary (a server that skips the fence).
-    pub(super) fn serve(&mut self, params: &Value) -> Value {
+    /// The server's side of relay `r`'s `tools/call`: core's serving over the ledger, the very
+    /// conversion the MCP server runs, under the grant of the relay's endpoint. Around it, the
+    /// simulator's own checks (a stale fence accepted, dead letters), what it counts, the
+    /// operators it sends a question to, and its canary (a server that skips the fence).
+    pub(super) fn serve(&mut self, r: usize, params: &Value) -> Value {
         let (tool, args) = match tool_of(params) {
             Ok(t) => t,
             Err(e) => {
@@ -96,12 +96,12 @@ impl World {
         let caller = Caller {
             endpoint: ENDPOINT.into(),
             session: None,
-            grant: self.grant(),
+            grant: self.grants[r].clone(),
         };
         let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
         let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
         let (mut late_kept, mut late_moved) = (false, None);
-        let served = serve(tool, args, caller, self.now, &mut Tokens(tokens), |op| {
+        let mut apply = |op| {
             let op = if skip_fence {
                 skip_the_fence(ledger, op)
             } else {
@@ -118,7 +118,18 @@ impl World {
                 late_moved = Some(id);
             }
             answer
-        });
+        };
+        // The serving loop (`relay_core::serve::serve`), kept open here so that a call answered
+        // with a refusal although it changed the ledger (a heartbeat that reached the budget)
+        // is counted and checked like any other change.
+        let (mut serving, mut step) =
+            Serving::start(tool, args, caller, self.now, &mut Tokens(tokens));
+        let served = loop {
+            match step {
+                Step::Apply(op) => step = serving.answered(apply(op), &mut Tokens(tokens)),
+                Step::Done(done) => break done,
+            }
+        };
         if late_kept {
             self.count("late_report");
         }
@@ -129,7 +140,7 @@ impl World {
                 format!("a late report changed todo {id}"),
             );
         }
-        let s = match served {
+        let mut s = match served {
             Ok(s) => s,
             Err(e) => {
                 if e.code == ErrorCode::Internal {
@@ -165,8 +176,27 @@ impl World {
             match s.answer["dead_letter_reason"].as_str() {
                 Some("non_retryable") => self.count("non_retryable_dead_letter"),
                 Some("repeated_failure") => self.count("repeated_failure_dead_letter"),
+                Some("input_requests_exhausted") => {
+                    self.count("input_requests_exhausted_dead_letter");
+                }
+                Some("budget_exhausted") => self.count("budget_exhausted_dead_letter"),
                 _ => {}
             }
+            let reason = args.and_then(|a| a.pointer("/result/harness/reason"));
+            if tool == Tool::Fail && reason == Some(&json!("needs_input_unsupported")) {
+                self.count("asked_unsupported");
+            }
+            // The server stopped the attempt at its budget: the holder hears a conflict.
+            if s.refused.is_some()
+                && s.closed == Some((Outcome::Canceled, Disposition::DeadLettered))
+            {
+                self.count("budget_stop");
+            }
+        }
+        if let (Some(id), true) = (&id, changed)
+            && s.closed == Some((Outcome::NeedsInput, Disposition::AwaitingInput))
+        {
+            self.on_question(id);
         }
         if let Some((t, offer)) = &s.ring {
             self.ring(std::slice::from_ref(t), *offer);
@@ -181,7 +211,7 @@ impl World {
             let late = json!({"name": "complete", "arguments": {
                 "id": id, "lease_token": token, "summary": "a stale twin finished too",
             }});
-            if self.serve(&late)["isError"] != json!(true) {
+            if self.serve(r, &late)["isError"] != json!(true) {
                 self.violate(
                     Kind::Correctness,
                     "late_report_refused",
@@ -189,17 +219,10 @@ impl World {
                 );
             }
         }
-        s.result()
-    }
-
-    /// What the simulated endpoint was vended: the relay's verbs, on the one queue.
-    fn grant(&self) -> Grant {
-        let mut verbs = vec!["claim_next", "heartbeat", "complete", "fail"];
-        if self.o.release_granted {
-            verbs.push("release");
+        match s.refused.take() {
+            Some(e) => refusal(&e),
+            None => s.result(),
         }
-        let verbs: Vec<String> = verbs.into_iter().map(str::to_string).collect();
-        Grant::new(&verbs, Some(vec![QUEUE.to_string()]))
     }
 
     /// Whether a write under `hash` would be stale: the todo has no open attempt under that

@@ -147,9 +147,17 @@ impl World {
                         input: LocalInput::Spawned(run_id),
                     },
                 );
+                let spend = self.draw_spend();
+                if let Some(run) = self.hosts[r].runs.get_mut(&run_id) {
+                    run.spend = Some(spend);
+                }
+                // An agent that asks a person leaves the todo as it was.
+                let asks = self.agent_asks(&todo);
                 let took = self.work.range(SECOND, self.o.agent_max);
                 let code = if self.work.chance(650) {
-                    self.truth.fixed.insert(todo);
+                    if asks.is_none() {
+                        self.truth.fixed.insert(todo);
+                    }
                     0
                 } else if took.is_multiple_of(8) {
                     // Derived from a draw already made, so the seeds' streams stay as they were.
@@ -158,6 +166,7 @@ impl World {
                     1
                 };
                 let summary = self.agent_summary();
+                let summary = asks.or(summary);
                 self.schedule(
                     self.now + took,
                     Ev::Local {
@@ -289,6 +298,14 @@ impl World {
                     _ => return, // already exited (a second signal's exit, or a crash)
                 }
                 self.hosts[r].proc = None;
+                let now = self.now;
+                if let Some(spend) = self.hosts[r]
+                    .runs
+                    .get_mut(&run_id)
+                    .and_then(|run| run.spend.as_mut())
+                {
+                    spend.stop(now);
+                }
                 Input::ProcessExited {
                     run_id,
                     exit,
