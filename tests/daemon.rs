@@ -1325,11 +1325,22 @@ fn doctor_without_a_daemon_initializes_each_source_itself_and_prints_the_same_ro
     assert_eq!(code, Some(1));
     assert_eq!(with_daemon, alone);
     d.stop();
-    // A full endpoint is one ok row, exit 0; a server that does not answer is a fail row.
+    // An endpoint with every drain verb is ok, exit 0, with a notice that, not granted
+    // request_input, an agent's question is reported as a fail; a server that does not answer is
+    // a fail row.
     let config = s.config(None, 1, "", r#"schedule = "@daily""#);
     let (code, out, _) = doctor(&config, &state);
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.starts_with("ok") && out.contains("queue.q"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok") && l.contains("queue.q")),
+        "{out}"
+    );
+    let notice = out.lines().find(|l| l.starts_with("notice"));
+    assert!(
+        notice.is_some_and(|l| l.contains("needs_input_unsupported")),
+        "{out}"
+    );
     let closed = TcpListener::bind("127.0.0.1:0").expect("bind");
     let gone = format!("http://{}", closed.local_addr().expect("addr"));
     drop(closed);

@@ -77,6 +77,14 @@ pub fn source_rows(source: &str, answer: Result<&Capabilities, &str>) -> Vec<Row
             "release is not advertised: aborted attempts are reported with fail instead".into(),
         ));
     }
+    if !caps.asks() {
+        rows.push(row(
+            Level::Notice,
+            "request_input is not offered: an agent's question (needs_input) is reported with \
+             fail, reason needs_input_unsupported; grant request_input to ask a person"
+                .into(),
+        ));
+    }
     if rows.is_empty() {
         rows.push(row(Level::Ok, "supported".into()));
     }
@@ -140,6 +148,8 @@ pub fn binding_rows(config: &Config) -> Vec<Row> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::relay::check_capabilities;
     use crate::testing::relay::tools_list;
@@ -182,9 +192,21 @@ mod tests {
 
     #[test]
     fn a_full_server_is_one_ok_row() {
-        let rows = source_rows("queue.ci", Ok(&Capabilities::full(true)));
-        assert_eq!(rows.len(), 1);
+        let mut caps = Capabilities::full(true);
+        let (verb, args) = crate::relay::contract::OPTIONAL_VERBS[0];
+        let asked: BTreeSet<String> = args.iter().map(|a| a.to_string()).collect();
+        caps.declared.insert(verb.to_string(), asked);
+        let rows = source_rows("queue.ci", Ok(&caps));
+        assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0].level, Level::Ok);
+        // Without request_input the daemon still works; doctor says what a question becomes.
+        let rows = source_rows("queue.ci", Ok(&Capabilities::full(true)));
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].level, Level::Notice);
+        assert!(
+            rows[0].message.contains("needs_input_unsupported"),
+            "{rows:?}"
+        );
         let rows = source_rows("queue.ci", Err("connection refused"));
         assert_eq!(rows[0].level, Level::Fail);
         let era = era_row("queue.ci", "MCP 2026-07-28 (modern era, no session)");
