@@ -214,6 +214,12 @@ title=$(sed -n 's/.*"title": *"\([^"]*\)".*/\1/p' "$HARNESS_RELAY_FILE" | head -
 echo "check ran" >> "$OUT/check.$HARNESS_TODO_ID"
 case "$title" in
   *green*) exit 0 ;;
+  *slow\ check*)
+    # After the agent: runs until the test opens the gate, then judges as below.
+    if [ -n "${HARNESS_AGENT_EXIT:-}" ]; then
+      echo $$ > "$OUT/checking.$HARNESS_TODO_ID"
+      while [ ! -e "$OUT/open.$HARNESS_TODO_ID" ]; do sleep 0.1; done
+    fi ;;
   *wait*)
     n=$(wc -l < "$OUT/check.$HARNESS_TODO_ID")
     [ "$n" -le 2 ] && exit 75 ;;
@@ -601,6 +607,91 @@ fn a_daemon_killed_mid_attempt_records_interrupted_and_the_todo_is_claimed_afres
     d.stop();
     let last = s.server.attempts(&id);
     assert_eq!(last[0]["outcome"], "released", "{last:?}");
+}
+
+/// Kills the process whose pid a test agent or check wrote to `file` (an orphan once its
+/// daemon is killed), so that only the lease decides what happens next.
+fn kill_orphan(file: &Path) {
+    let pid = line_in(file).expect("pid");
+    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+}
+
+#[test]
+fn a_daemon_killed_at_each_step_restarts_into_a_record_naming_its_todo_and_sends_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let s = Setup::new();
+    let config = s.config(None, 1, "keep_runs = 1000", r#"schedule = "@every 1s""#);
+    // One todo per step, each claimed by a daemon killed at that step: by itself (SIGKILL at
+    // a named point, RELAY_TEST_KILL_AT) or by the test once the agent or the check runs. The
+    // earlier todos stay leased (1 m), so each daemon's claim takes the step's own todo.
+    let steps = [
+        ("spawn", "fine"),
+        ("spawned", "fine"),
+        ("agent", "gate"),
+        ("check", "slow check"),
+        ("report", "fine"),
+    ];
+    let mut ids = Vec::new();
+    for (step, title) in steps {
+        let id = s.server.add(&s.endpoint, &format!("{title} ({step})"), 3);
+        let mut d = match step {
+            "agent" | "check" => Daemon::start(s.path(), &config),
+            _ => Daemon::start_env(s.path(), &config, &[], &[("RELAY_TEST_KILL_AT", step)]),
+        };
+        match step {
+            "agent" => {
+                s.wait_started(&id);
+                d.kill9();
+                kill_orphan(&s.out.join(format!("started.{id}")));
+            }
+            "check" => {
+                let checking = s.out.join(format!("checking.{id}"));
+                wait_for("the check to run", Duration::from_secs(60), || {
+                    line_in(&checking)
+                });
+                d.kill9();
+                kill_orphan(&checking);
+            }
+            _ => {
+                let status = d.wait_exit();
+                assert_eq!(status.signal(), Some(9), "{step}: {status:?}");
+            }
+        }
+        ids.push((step, id));
+    }
+    // The gates open for the attempts that come next.
+    for (_, id) in &ids {
+        std::fs::write(s.out.join(format!("open.{id}")), "").expect("open");
+    }
+    // Restarted: each run left running is recorded interrupted, naming its todo and attempt.
+    let mut d = Daemon::start(s.path(), &config);
+    let runs = wait_for("the restart's reconciling", Duration::from_secs(30), || {
+        let runs = d.runs("w1");
+        (!runs.iter().any(|r| r["outcome"] == "running")).then_some(runs)
+    });
+    for (step, id) in &ids {
+        let run = runs
+            .iter()
+            .find(|r| r["todo_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{step}: no record names {id}: {runs:?}"));
+        assert_eq!(run["outcome"], "interrupted", "{step}: {run}");
+        assert_eq!(run["attempt"], 1, "{step}: {run}");
+        assert!(
+            run.get("relay_outcome").is_none_or(Value::is_null),
+            "{step}: {run}"
+        );
+    }
+    // Nothing was sent for them: each first attempt dies when its lease lapses, and the
+    // restarted daemon claims the todo afresh and finishes it.
+    for (step, id) in &ids {
+        wait_for(step, Duration::from_secs(180), || {
+            (s.server.state(id) == "done").then_some(())
+        });
+        let attempts = s.server.attempts(id);
+        let first = attempts.iter().find(|a| a["seq"] == 1).expect("seq 1");
+        assert_eq!(first["died"], true, "{step}: {first}");
+    }
+    d.stop();
 }
 
 #[test]

@@ -214,6 +214,17 @@ impl Daemon {
         self.proc = Some(Proc(child));
     }
 
+    /// Waits (within a minute) for the daemon to end by itself, e.g. at its
+    /// `RELAY_TEST_KILL_AT` step; its exit status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let p = self.proc.as_mut().expect("the daemon runs");
+        let status = wait_for("the daemon to exit", Duration::from_secs(60), || {
+            p.0.try_wait().expect("the daemon's status")
+        });
+        self.proc = None;
+        status
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut p) = self.proc.take() {
             let _ = p.0.kill();

@@ -97,7 +97,7 @@ impl Daemon {
                     self.metrics.run_closed(&record);
                 }
                 let keep = self.slot(harness).harness.keep_runs as usize;
-                let _ = self.records.send((record, keep));
+                let _ = self.records.send(RecordJob::Write(record, keep));
                 if closed {
                     let slot = self.slot(harness);
                     slot.agents.remove(&run_id);
@@ -156,6 +156,9 @@ impl Daemon {
         let slot = self.slot(harness);
         let (source, client, generation) =
             (slot.source.clone(), slot.client.clone(), slot.generation);
+        if matches!(cmd, Command::SendReport { .. }) {
+            KillAt::here(self.kill_at, KillAt::Report);
+        }
         let tx = self.tx.clone();
         let h = harness.to_string();
         let task = tokio::spawn(async move {
@@ -189,6 +192,11 @@ impl Daemon {
     /// `Msg::Spawned` (see `spawned`), which hands its wait to a task that posts the exit. A fork
     /// and exec that cannot finish (a hung filesystem under the run log or the workdir) must not
     /// freeze every other harness, their lease-loss kills included.
+    ///
+    /// Write-ahead: the process starts only once the run's record naming its todo and attempt
+    /// (written by the machine before the spawn) is on disk, so that a daemon killed at any
+    /// later step restarts into a record that says which todo it was working on. A record that
+    /// cannot be written fails the spawn, like a context file that cannot.
     pub(super) fn spawn(&mut self, harness: &str, cmd: Command) {
         let run_id = cmd.run_id();
         if let Some(error) = self.slot(harness).unwritable.remove(&run_id) {
@@ -209,13 +217,31 @@ impl Daemon {
         // Not tracked with the run's tasks: aborting it could not stop a fork under way, and
         // its answer is what tells a closed run's late process to die.
         let launcher = self.launcher.clone();
-        tokio::task::spawn_blocking(move || {
-            let agent = Box::new(launcher.agent(spec));
-            let _ = tx.send(Msg::Spawned {
-                harness: h,
-                run_id,
-                agent,
-            });
+        let (done, synced) = oneshot::channel();
+        let run = (harness.to_string(), run_id);
+        let _ = self.records.send(RecordJob::Flush { run, done });
+        let kill_at = self.kill_at;
+        tokio::spawn(async move {
+            let synced = synced
+                .await
+                .unwrap_or_else(|_| Err("the run record writer stopped".into()));
+            if let Err(e) = synced {
+                let error =
+                    format!("the run record was not written, so the agent was not started: {e}");
+                let input = Input::SpawnFailed { run_id, error };
+                let _ = tx.send(Msg::ToHarness { harness: h, input });
+                return;
+            }
+            KillAt::here(kill_at, KillAt::Spawn);
+            let _ = tokio::task::spawn_blocking(move || {
+                let agent = Box::new(launcher.agent(spec));
+                let _ = tx.send(Msg::Spawned {
+                    harness: h,
+                    run_id,
+                    agent,
+                });
+            })
+            .await;
         });
     }
 
@@ -241,6 +267,7 @@ impl Daemon {
                 tracing::warn!(harness, run_id, error = %e, "signal not delivered");
             }
         }
+        KillAt::here(self.kill_at, KillAt::Spawned);
         self.slot(harness)
             .agents
             .insert(run_id, agent.control.clone());

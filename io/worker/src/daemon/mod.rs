@@ -230,8 +230,11 @@ pub struct Daemon {
     journal: Journal,
     /// Held for the daemon's life: one daemon per state dir.
     _lock: DaemonLock,
-    /// Run records (and the `keep_runs` to prune to after a closing one) for the writer task.
-    records: mpsc::UnboundedSender<(RunRecord, usize)>,
+    /// Run records (and the `keep_runs` to prune to after a closing one), and flushes, for the
+    /// writer task.
+    records: mpsc::UnboundedSender<RecordJob>,
+    /// A test's kill -9 at a named step (`RELAY_TEST_KILL_AT`); `None` in production.
+    kill_at: Option<KillAt>,
     writer: tokio::task::JoinHandle<()>,
     daemon_env: Vec<(String, String)>,
     config_path: PathBuf,
@@ -291,6 +294,7 @@ impl Daemon {
             _lock: lock,
             records,
             writer,
+            kill_at: KillAt::from_env(),
             daemon_env: opts.daemon_env,
             config_path: opts.config,
             host: opts.host,
@@ -1103,29 +1107,52 @@ impl Daemon {
 /// How many queued run records [`record_writer`] takes at once, at most.
 const RECORD_BATCH: usize = 64;
 
+/// What the record writer is asked to do.
+pub(super) enum RecordJob {
+    /// Write this record (and after a closing one prune the harness to this many runs).
+    Write(RunRecord, usize),
+    /// Answer once every record sent before it is on disk: `Err` when the newest of them for
+    /// this run (harness, run id) could not be written. The spawn waits for it.
+    Flush {
+        run: (String, u64),
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
 /// The one task that writes run records, in the order the machines wrote them (a run's
 /// records replace one another), each synced to disk, off the actor; after a run's closing
-/// record it prunes the harness to its `keep_runs`. It takes every record waiting (up to
+/// record it prunes the harness to its `keep_runs`. It takes every job waiting (up to
 /// [`RECORD_BATCH`]) in one trip to the blocking pool, and of a run's records among them
 /// writes only the newest: the older ones were already replaced in memory, and writing them
 /// would only replace them on disk a file and an fsync later. Under a burst of short attempts,
-/// a firing's and a claim's records are often both superseded by the closing one.
+/// a firing's and a claim's records are often both superseded by the closing one. The flushes
+/// among the jobs are answered after the batch is written: what a spawn waits for.
 fn record_writer(
     journal: Journal,
 ) -> (
-    mpsc::UnboundedSender<(RunRecord, usize)>,
+    mpsc::UnboundedSender<RecordJob>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(RunRecord, usize)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<RecordJob>();
     let task = tokio::spawn(async move {
         let mut waiting = Vec::new();
         while rx.recv_many(&mut waiting, RECORD_BATCH).await > 0 {
-            let batch = newest_per_run(std::mem::take(&mut waiting));
+            let mut writes = Vec::new();
+            let mut flushes = Vec::new();
+            for job in waiting.drain(..) {
+                match job {
+                    RecordJob::Write(record, keep) => writes.push((record, keep)),
+                    RecordJob::Flush { run, done } => flushes.push((run, done)),
+                }
+            }
+            let batch = newest_per_run(writes);
             let journal = journal.clone();
-            let done = tokio::task::spawn_blocking(move || {
+            let failed = tokio::task::spawn_blocking(move || {
+                let mut failed = std::collections::HashMap::new();
                 for (record, keep) in batch {
                     if let Err(e) = journal.write_record(&record) {
                         tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
+                        failed.insert((record.harness.clone(), record.run_id), e.to_string());
                     }
                     if record.outcome != RunOutcome::Running
                         && let Err(e) = journal.prune(&record.harness, keep)
@@ -1133,14 +1160,66 @@ fn record_writer(
                         tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
                     }
                 }
+                failed
             })
             .await;
-            if done.is_err() {
+            let failed = failed.unwrap_or_else(|_| {
                 tracing::error!("the run record writer failed");
+                std::collections::HashMap::new()
+            });
+            for (run, done) in flushes {
+                let _ = done.send(match failed.get(&run) {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(()),
+                });
             }
         }
     });
     (tx, task)
+}
+
+/// A step at which a test kills the daemon with SIGKILL, as an operator's `kill -9` or a
+/// power cut would, but exactly there: `RELAY_TEST_KILL_AT` names it. Not a setting: a fault
+/// injection point for the tests that prove the run record survives each step
+/// (tests/daemon.rs); the daemon logs a warning at start when it is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KillAt {
+    /// The claim's record is on disk, the context file written; the process not yet started.
+    Spawn,
+    /// The process started; the machine has not heard of it yet.
+    Spawned,
+    /// The attempt is judged; its report not yet sent.
+    Report,
+}
+
+relay_core::names!(KillAt { Spawn => "spawn", Spawned => "spawned", Report => "report" });
+
+impl KillAt {
+    const VAR: &str = "RELAY_TEST_KILL_AT";
+
+    fn from_env() -> Option<KillAt> {
+        let v = std::env::var(Self::VAR).ok()?;
+        let at = KillAt::parse(&v);
+        match at {
+            Some(at) => tracing::warn!(
+                step = at.as_str(),
+                "{} is set: this daemon kills itself at that step (a test's fault injection)",
+                Self::VAR
+            ),
+            None => tracing::warn!(
+                "{} names no step (spawn, spawned or report); ignored",
+                Self::VAR
+            ),
+        }
+        at
+    }
+
+    /// Kills the daemon with SIGKILL when `self` is `at`.
+    pub(super) fn here(this: Option<KillAt>, at: KillAt) {
+        if this == Some(at) {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 /// Of `records` (oldest first), the newest of each run, in the order of those newest ones.
@@ -1202,7 +1281,8 @@ mod tests {
             (2, RunOutcome::Running),
             (3, RunOutcome::Failed),
         ] {
-            tx.send((record("a", run_id, outcome), 2)).unwrap();
+            tx.send(RecordJob::Write(record("a", run_id, outcome), 2))
+                .unwrap();
         }
         drop(tx);
         task.await.unwrap();
@@ -1211,5 +1291,37 @@ mod tests {
         assert_eq!(on_disk(1), None);
         assert_eq!(on_disk(2), Some(RunOutcome::Running));
         assert_eq!(on_disk(3), Some(RunOutcome::Failed));
+    }
+
+    /// What the spawn waits for: a flush answers once the records sent before it are on disk,
+    /// and says so when its run's record could not be written (here: a directory stands where
+    /// the record's file goes, which stops root too).
+    #[tokio::test]
+    async fn a_flush_answers_after_the_records_before_it_and_names_a_record_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path()).unwrap();
+        let blocked = dir.path().join("runs").join("a").join("4.json");
+        std::fs::create_dir_all(blocked.join("in-the-way")).unwrap();
+        let (tx, task) = record_writer(journal.clone());
+        let flush = |run_id| {
+            let (done, answer) = oneshot::channel();
+            let run = ("a".to_string(), run_id);
+            tx.send(RecordJob::Flush { run, done }).unwrap();
+            answer
+        };
+        tx.send(RecordJob::Write(record("a", 2, RunOutcome::Running), 9))
+            .unwrap();
+        let two = flush(2);
+        tx.send(RecordJob::Write(record("a", 4, RunOutcome::Running), 9))
+            .unwrap();
+        let four = flush(4);
+        assert_eq!(two.await.unwrap(), Ok(()));
+        // Answered, so on disk: read back at once.
+        let on_disk = journal.record("a", 2).unwrap().map(|r| r.outcome);
+        assert_eq!(on_disk, Some(RunOutcome::Running));
+        let refused = four.await.unwrap().unwrap_err();
+        assert!(refused.contains("4.json"), "{refused}");
+        drop(tx);
+        task.await.unwrap();
     }
 }
