@@ -1,7 +1,9 @@
 //! Several servers on one Postgres under faults (issue 16): three `relay serve` processes on one
 //! database behind a small in-test TCP balancer (round-robin per connection, no stickiness),
 //! workers doing fenced claim → heartbeat → complete/fail through it, and a nemesis that
-//! kill -9s and restarts servers with their clocks offset by ±30 s (libfaketime). Then a checker
+//! kill -9s and restarts servers with their clocks offset by ±30 s (libfaketime), while the
+//! balancer drops one answer in ten after the server sent it (the operation committed, its
+//! client never hears: a claim whose answer is lost leaves a lease nobody holds). Then a checker
 //! over the recorded history and the database's rows:
 //!
 //! - no acknowledged add lost;
@@ -95,14 +97,37 @@ type Backends = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 /// no idle connections), so the nemesis can kill a server with requests in flight.
 type InFlight = Arc<[AtomicUsize; SERVERS]>;
 
-/// Round-robin per connection over the live backends; a backend that refuses is skipped.
-async fn balance(listener: tokio::net::TcpListener, backends: Backends, in_flight: InFlight) {
+/// While the faults run, every this many connections lose their answer after the server sent
+/// it: the operation committed and its client never hears so (a claim whose answer is lost
+/// leaves a lease nobody holds).
+const ANSWER_LOST_EVERY: usize = 10;
+
+/// The balancer's fault switch and what it did.
+#[derive(Default)]
+struct Losses {
+    /// Whether answers are being lost now.
+    on: AtomicBool,
+    /// Answers the server sent that the balancer dropped.
+    dropped: AtomicUsize,
+}
+
+/// Round-robin per connection over the live backends; a backend that refuses is skipped. While
+/// `losses.on`, every [`ANSWER_LOST_EVERY`]th connection's answer is dropped once the server
+/// has started sending it (so after the server committed what it answers).
+async fn balance(
+    listener: tokio::net::TcpListener,
+    backends: Backends,
+    in_flight: InFlight,
+    losses: Arc<Losses>,
+) {
     let next = Arc::new(AtomicUsize::new(0));
-    loop {
+    for n in 0usize.. {
         let Ok((mut inbound, _)) = listener.accept().await else {
             continue;
         };
         let (backends, next, in_flight) = (backends.clone(), next.clone(), in_flight.clone());
+        let lose = losses.on.load(Ordering::Relaxed) && n % ANSWER_LOST_EVERY == 0;
+        let losses = losses.clone();
         tokio::spawn(async move {
             for _ in 0..SERVERS {
                 let i = next.fetch_add(1, Ordering::Relaxed) % SERVERS;
@@ -111,13 +136,36 @@ async fn balance(listener: tokio::net::TcpListener, backends: Backends, in_fligh
                 };
                 if let Ok(mut out) = tokio::net::TcpStream::connect(addr).await {
                     in_flight[i].fetch_add(1, Ordering::SeqCst);
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    if lose {
+                        if lose_answer(inbound, out).await {
+                            losses.dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                    } else {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
                     in_flight[i].fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
             }
         });
     }
+}
+
+/// Passes the request on and drops the answer: waits (at most 10 s) for the server's first
+/// byte back, then closes both connections. `true` when the server did answer.
+async fn lose_answer(inbound: tokio::net::TcpStream, out: tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let (mut from_client, _to_client) = inbound.into_split();
+    let (mut from_server, mut to_server) = out.into_split();
+    let request = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+    });
+    let mut first = [0u8; 1];
+    let answered = tokio::time::timeout(Duration::from_secs(10), from_server.read(&mut first))
+        .await
+        .is_ok_and(|r| r.is_ok_and(|n| n > 0));
+    request.abort();
+    answered
 }
 
 /// What a client saw: an answer (the tool's structured content, or a tool error's code), or
@@ -581,10 +629,17 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let no_more_adds = Arc::new(AtomicBool::new(false));
+    let losses = Arc::new(Losses::default());
+    losses.on.store(true, Ordering::Relaxed);
     let (balancer_url, handles) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp/w", listener.local_addr().unwrap());
-        tokio::spawn(balance(listener, backends.clone(), in_flight.clone()));
+        tokio::spawn(balance(
+            listener,
+            backends.clone(),
+            in_flight.clone(),
+            losses.clone(),
+        ));
         let mut handles = Vec::new();
         for n in 0..WORKERS {
             handles.push(tokio::spawn(worker(
@@ -632,6 +687,7 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
         backends.lock().unwrap()[victim] = Some(addr);
     }
     no_more_adds.store(true, Ordering::Relaxed);
+    losses.on.store(false, Ordering::Relaxed);
 
     // The drain: every server up, until no todo is pending or claimed (bounded).
     let drained = rt.block_on(async {
@@ -711,13 +767,15 @@ fn three_servers_under_kill_and_clock_offsets_keep_the_ledger_whole() {
         .count();
     eprintln!(
         "multi-server: {} s, {kills} kills -9, {} todos, {} attempts ({died} died; outcomes \
-         {outcomes:?}), {} acknowledged events, {} lost answers, {} stale reports refused, {} \
-         sessions lost, drained: {drained}, {} violations; balancer {balancer_url}",
+         {outcomes:?}), {} acknowledged events, {} lost answers ({} dropped after the server \
+         answered), {} stale reports refused, {} sessions lost, drained: {drained}, {} \
+         violations; balancer {balancer_url}",
         started.elapsed().as_secs(),
         todos.len(),
         attempts.len(),
         t.events.len(),
         t.lost_answers,
+        losses.dropped.load(Ordering::Relaxed),
         t.stale_refused,
         t.sessions_lost,
         violations.len()
