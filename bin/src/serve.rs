@@ -50,6 +50,10 @@ pub struct Args {
     /// A request body must arrive whole within this long, else 408.
     #[arg(long, default_value = "30s", value_parser = positive_duration)]
     body_timeout: Duration,
+    /// An MCP request whose answer waits on the database this long is answered 503
+    /// (outcome unknown) instead of hanging.
+    #[arg(long, default_value = "8s", value_parser = positive_duration)]
+    answer_timeout: Duration,
     /// Open connections at most; more are answered 503 at once.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
@@ -129,6 +133,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.header_read_timeout = args.header_read_timeout;
     config.idle_timeout = args.idle_timeout;
     config.body_timeout = args.body_timeout;
+    config.answer_timeout = args.answer_timeout;
     config.max_connections = args.max_connections as usize;
     config.max_sessions = args.max_sessions as usize;
     config.max_sessions_per_endpoint = args.max_sessions_per_endpoint as usize;

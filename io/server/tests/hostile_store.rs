@@ -257,3 +257,106 @@ impl Db {
         }
     }
 }
+
+/// A connection of the test's own that holds the database's write lock until released.
+enum WriteLock {
+    Sqlite(rusqlite::Connection),
+    Postgres(tokio_postgres::Client),
+}
+
+impl Db {
+    /// Takes the write lock from outside the server: SQLite's (`BEGIN IMMEDIATE`), or on
+    /// Postgres a table lock on `todos` that lets reads through and stops every write.
+    async fn lock_writes(&self) -> WriteLock {
+        match self {
+            Db::Sqlite { path, .. } => {
+                let c = rusqlite::Connection::open(path).unwrap();
+                c.busy_timeout(BOUND).unwrap();
+                c.execute_batch("BEGIN IMMEDIATE").unwrap();
+                WriteLock::Sqlite(c)
+            }
+            Db::Postgres { url, schema } => {
+                let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                c.batch_execute(&format!(
+                    "SET search_path = \"{schema}\"; BEGIN; \
+                     LOCK TABLE todos IN SHARE ROW EXCLUSIVE MODE"
+                ))
+                .await
+                .unwrap();
+                WriteLock::Postgres(c)
+            }
+        }
+    }
+}
+
+impl WriteLock {
+    async fn release(self) {
+        match self {
+            WriteLock::Sqlite(c) => c.execute_batch("ROLLBACK").unwrap(),
+            WriteLock::Postgres(c) => c.batch_execute("ROLLBACK").await.unwrap(),
+        }
+    }
+}
+
+/// Issue 36: a request whose store does not answer (here: another process holds the write
+/// lock, as a stalled database or a partition without a reset would) is answered 503 within
+/// the answer timeout, saying the outcome is unknown, instead of hanging; reads go on, and
+/// writes work again once the lock is gone, the same server never restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_recovers() {
+    for backend in Db::all("hs") {
+        let store = backend.open_manual(LedgerConfig::default()).await;
+        let h = Harness::start_on(
+            store,
+            13,
+            |c| c.answer_timeout = std::time::Duration::from_millis(300),
+            false,
+        )
+        .await;
+        let token = h.endpoint("w", &["add_todo", "get_todo"], None).await;
+        let mut c = h.mcp_modern("w", &token);
+        let add = json!({"name": "add_todo", "arguments": {"queue": "q", "title": "t"}});
+        let (status, before) = c.rpc("tools/call", add.clone()).await;
+        assert_eq!(status, 200, "{}: {before}", backend.name());
+        let id = before["result"]["structuredContent"]["id"].clone();
+        let lock = backend.lock_writes().await;
+        let r = c.send("tools/call", add.clone()).await;
+        assert_eq!(r.status().as_u16(), 503, "{}", backend.name());
+        assert_eq!(r.headers()["retry-after"], "1");
+        let body: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], -32603, "{}: {body}", backend.name());
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("did not answer within 0.3 s") && msg.contains("may or may not"),
+            "{msg}"
+        );
+        // Reads need no write: they answer while the lock is held.
+        let (status, read) = c
+            .rpc(
+                "tools/call",
+                json!({"name": "get_todo", "arguments": {"id": id}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{}: {read}", backend.name());
+        lock.release().await;
+        let (status, after) = c.rpc("tools/call", add.clone()).await;
+        assert_eq!(status, 200, "{}: {after}", backend.name());
+        assert_eq!(after["result"]["isError"], false, "{after}");
+        let metrics = h
+            .http
+            .get(format!("{}/metrics", h.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("relay_store_timeouts_total 1"),
+            "{metrics}"
+        );
+    }
+}

@@ -321,7 +321,12 @@ async fn mcp_post(
     body: Body,
 ) -> Response {
     let limit = server.inner.config.body_limit;
-    let endpoint = match admit(&server, &name, &headers).await {
+    let deadline = server.inner.config.answer_timeout;
+    let admitted = match tokio::time::timeout(deadline, admit(&server, &name, &headers)).await {
+        Ok(admitted) => admitted,
+        Err(_) => Err(no_answer(&server, &name, "admit", Value::Null)),
+    };
+    let endpoint = match admitted {
         Ok(e) => e,
         Err(r) => {
             // Read the body (within its limit and timeout) before refusing: a connection closed
@@ -386,7 +391,16 @@ async fn mcp_post(
         Ok(m) => m,
         Err(f) => return fault_response(&f),
     };
-    match rpc::handle(&server, &endpoint, &headers, message).await {
+    let id = match &message {
+        relay_core::mcp::Message::Request { id, .. } => id.clone(),
+        _ => Value::Null,
+    };
+    let handled =
+        tokio::time::timeout(deadline, rpc::handle(&server, &endpoint, &headers, message)).await;
+    let Ok(reply) = handled else {
+        return no_answer(&server, &name, "request", id);
+    };
+    match reply {
         Reply::Accepted => StatusCode::ACCEPTED.into_response(),
         Reply::Json {
             status,
@@ -403,6 +417,29 @@ async fn mcp_post(
         }
         Reply::Raw(r) => r,
     }
+}
+
+/// The answer to an MCP request the store did not answer within `answer_timeout`: 503 with
+/// a JSON-RPC internal error. Whatever was asked may or may not take effect, as when an answer
+/// is lost, and the message says how to find out.
+fn no_answer(server: &Server, name: &str, what: &str, id: Value) -> Response {
+    let timeout = server.inner.config.answer_timeout;
+    server.inner.metrics.store_timeout();
+    tracing::warn!(endpoint = %escape_text(name), what, timeout_ms = timeout.as_millis() as u64, "the store did not answer within the answer timeout");
+    let mut r = rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        relay_core::mcp::INTERNAL_ERROR,
+        &format!(
+            "the database did not answer within {} s, so this request has no answer: it may or \
+             may not take effect. Read before repeating a write (get_todo), or repeat it under \
+             its idempotency key; a fenced write whose lease lapses meanwhile is refused",
+            timeout.as_secs_f64()
+        ),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 /// GET and DELETE belong to legacy sessions; the 2026-07-28 era has neither (405), and hears

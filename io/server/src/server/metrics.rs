@@ -24,6 +24,7 @@ pub(crate) struct Metrics {
     pub(crate) doorbell_rings: Counter,
     pub(crate) sessions: Gauge,
     pub(crate) connections_refused: Counter,
+    store_timeouts: Counter,
 }
 
 impl Metrics {
@@ -89,6 +90,12 @@ impl Metrics {
             "Connections refused at the maximum of open connections",
             connections_refused.clone(),
         );
+        let store_timeouts = Counter::default();
+        registry.register(
+            "store_timeouts",
+            "MCP requests answered 503 because the store did not answer within the answer timeout",
+            store_timeouts.clone(),
+        );
         Metrics {
             registry,
             todos,
@@ -102,7 +109,13 @@ impl Metrics {
             doorbell_rings,
             sessions,
             connections_refused,
+            store_timeouts,
         }
+    }
+
+    /// A request answered 503 for want of the store's answer.
+    pub(crate) fn store_timeout(&self) {
+        self.store_timeouts.inc();
     }
 
     pub(crate) fn closed(&self, outcome: Outcome, disposition: Disposition) {

@@ -117,6 +117,13 @@ pub struct ServerConfig {
     /// A request body must be in whole within this long of its handler starting to read it;
     /// otherwise 408 and nothing changes. Default 30 s: a 1 MiB body at a slow 64 KiB/s.
     pub body_timeout: Duration,
+    /// An MCP request whose answer waits on the store this long is answered 503 with a
+    /// JSON-RPC internal error saying the outcome is unknown, instead of hanging: the database
+    /// unreachable without a reset (a partition, a stalled proxy), or stalled. Default 8 s,
+    /// under the daemon's 10 s client timeout, so a worker hears an answer, not silence. What
+    /// was asked may still take effect once the database answers; a fenced write then still
+    /// meets its lease, checked on the database's clock at commit.
+    pub answer_timeout: Duration,
     /// Open connections at most; one more is answered 503 at once and closed (logged at most
     /// once per 10 s). Default 512: half the common fd limit of 1 024, leaving room for the
     /// store and the logs.
@@ -156,6 +163,7 @@ impl ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(30),
+            answer_timeout: Duration::from_secs(8),
             max_connections: 512,
             max_sessions: 1024,
             max_sessions_per_endpoint: 64,

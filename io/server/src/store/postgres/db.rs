@@ -50,6 +50,27 @@ pub(crate) struct Db {
     db_clock: Arc<AtomicBool>,
 }
 
+/// How long a connection attempt, unacknowledged data on a connection, and an idle connection
+/// before its first keepalive probe may take, unless the URL says otherwise: a database host
+/// that vanished (powered off, partitioned away) fails the connections to it within about this
+/// long instead of the kernel's defaults (no connect bound, 2 h of idleness, ~15 min of
+/// retransmissions), so that a server recovers by itself once the database is back. A request
+/// never waits this long: `--answer-timeout` answers it first.
+const CONNECTION_BOUND: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Applies [`CONNECTION_BOUND`] where the URL left the driver's defaults.
+fn bound_the_connections(pg: &mut tokio_postgres::Config) {
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECTION_BOUND);
+    }
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(CONNECTION_BOUND);
+    }
+    if pg.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
+        pg.keepalives_idle(CONNECTION_BOUND);
+    }
+}
+
 impl Db {
     /// Connects with `search_path` set to `schema` when given (created when missing), and
     /// migrates up to `target`.
@@ -64,6 +85,7 @@ impl Db {
                 "--db: not a valid postgres:// URL ({e}); use {DB_URL_FORMS}"
             ))
         })?;
+        bound_the_connections(&mut pg);
         if let Some(s) = schema {
             if !valid_schema(s) {
                 return Err(Error::invalid(format!(
