@@ -10,6 +10,10 @@
 //! 3. server A stopped (SIGSTOP, like a long GC or VM pause) while its daemon holds a claim,
 //!    until that lease has lapsed, then continued (SIGCONT).
 //!
+//! In faults 2 and 3 a fenced holder of the test's own (a 5 s lease on queue `held`, which the
+//! daemons leave alone) also sits behind the failing server, so a report under a lapsed token
+//! is sure to be tried: the partitioned holder's `complete` once B is back, the paused one's sent
+//! to A while it is stopped and read when it continues. Each must be refused `conflict`.
 //! Then the queue drains and the history checker of `common::history` (shared with
 //! tests/multi_server.rs) runs over the acknowledged adds, the daemons' acknowledged reports
 //! (their run records, matched to attempts by claimant) and the database's rows: no acknowledged
@@ -332,21 +336,26 @@ struct Mcp {
     next_id: u64,
 }
 
-fn http_client() -> reqwest::Client {
+fn http_client(timeout: Duration) -> reqwest::Client {
     // reqwest is built without a TLS provider; plain http still wants one installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         // A new connection per request: no race with the server closing an idle one.
         .pool_max_idle_per_host(0)
-        .timeout(REQUEST_TIMEOUT)
+        .timeout(timeout)
         .build()
         .expect("a client")
 }
 
 impl Mcp {
     fn new(url: &str, token: &str) -> Mcp {
+        Mcp::waiting(url, token, REQUEST_TIMEOUT)
+    }
+
+    /// A client that waits up to `timeout` for an answer.
+    fn waiting(url: &str, token: &str, timeout: Duration) -> Mcp {
         Mcp {
-            http: http_client(),
+            http: http_client(timeout),
             url: url.to_string(),
             token: token.to_string(),
             session: None,
@@ -551,7 +560,7 @@ async fn producer(mut targets: Vec<Target>, shared: Arc<Shared>) {
 /// Asks each server's `/healthz` every second (server A not while it is stopped), recording
 /// each answer: a 503 during an outage is a clear answer, no answer is a hang.
 async fn prober(bases: [String; 2], shared: Arc<Shared>) {
-    let http = http_client();
+    let http = http_client(REQUEST_TIMEOUT);
     let bound = Instant::now() + Duration::from_secs(600);
     while !shared.stop.load(Ordering::SeqCst) && Instant::now() < bound {
         for (server, base) in bases.iter().enumerate() {
@@ -569,6 +578,131 @@ async fn prober(bases: [String; 2], shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// A fenced holder of the test's own, through one server: a todo on queue `held` (which the
+/// daemons do not drain), added and claimed with a lease of `HOLD_S` seconds, so that the test
+/// knows its lease token and can send a report after its lease lapsed.
+struct Held {
+    id: String,
+    seq: u32,
+    fence: String,
+}
+
+/// The holder's lease, in seconds.
+const HOLD_S: u64 = 5;
+
+/// Bounded retries of a call the server must answer ok (it is up and healthy).
+async fn must(c: &mut Mcp, tool: &str, args: Value) -> Value {
+    let mut last = String::new();
+    for _ in 0..10 {
+        match c.call(tool, args.clone()).await {
+            Answer::Ok(v) => return v,
+            Answer::Error(e) => last = e,
+            Answer::SessionLost => last = "session lost".into(),
+            Answer::Timeout => last = "no answer".into(),
+            Answer::Dropped(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{tool} was not answered ok: {last}");
+}
+
+/// Claims todo `id` with a fence (a takeover once an earlier lease lapsed): the attempt's seq
+/// and token; the granted lease is recorded.
+async fn claim(c: &mut Mcp, id: &str, ttl: u64, tally: &Mutex<Tally>) -> (u32, String) {
+    let v = must(
+        c,
+        "claim",
+        json!({"id": id, "require_fence": true, "claimant": "db-faults-holder",
+               "lease_ttl_seconds": ttl}),
+    )
+    .await;
+    let seq = u32::try_from(v["attempt_seq"].as_u64().expect("a seq")).expect("a seq");
+    let until = v["todo"]["lease_expires_at"]
+        .as_str()
+        .and_then(relay_core::time::parse_rfc3339)
+        .expect("a lease");
+    tally.lock().unwrap().events.push(Event::Leased {
+        id: id.to_string(),
+        seq,
+        until,
+    });
+    let fence = v["lease_token"]
+        .as_str()
+        .expect("a lease token")
+        .to_string();
+    (seq, fence)
+}
+
+/// Adds a todo on `held` and claims it for `HOLD_S` seconds.
+async fn hold(c: &mut Mcp, tally: &Mutex<Tally>) -> Held {
+    let t = must(
+        c,
+        "add_todo",
+        json!({"queue": "held", "title": "held by the test", "max_attempts": 5}),
+    )
+    .await;
+    let id = t["id"].as_str().expect("an id").to_string();
+    {
+        let mut tally = tally.lock().unwrap();
+        tally.added.push(id.clone());
+        tally.events.push(Event::Added { id: id.clone() });
+    }
+    let (seq, fence) = claim(c, &id, HOLD_S, tally).await;
+    Held { id, seq, fence }
+}
+
+/// The holder's report under its token: `complete`.
+fn stale_complete(held: &Held) -> Value {
+    json!({"id": held.id, "lease_token": held.fence, "summary": "done late"})
+}
+
+/// Judges the answer to the holder's report sent after its lease lapsed: it must be refused
+/// `conflict`; `where_` says where the holder was.
+fn judge_stale(answer: &Answer, held: &Held, where_: &str, bad: &mut Vec<String>) -> bool {
+    match answer {
+        Answer::Error(code) if code == "conflict" => true,
+        Answer::Ok(_) => {
+            bad.push(format!(
+                "{}#{}: the {where_} holder's complete was accepted after its lease lapsed",
+                held.id, held.seq
+            ));
+            false
+        }
+        Answer::Error(code) => {
+            bad.push(format!(
+                "{}#{}: the {where_} holder's late complete was answered {code}, not conflict",
+                held.id, held.seq
+            ));
+            false
+        }
+        _ => {
+            bad.push(format!(
+                "{}#{}: the {where_} holder's late complete got no answer within {} s",
+                held.id,
+                held.seq,
+                REQUEST_TIMEOUT.as_secs()
+            ));
+            false
+        }
+    }
+}
+
+/// Takes the held todo over after its lease lapsed and completes it (the todo must end done).
+async fn finish(c: &mut Mcp, held: &Held, tally: &Mutex<Tally>) {
+    let (seq, fence) = claim(c, &held.id, 60, tally).await;
+    must(
+        c,
+        "complete",
+        json!({"id": held.id, "lease_token": fence, "summary": "done"}),
+    )
+    .await;
+    tally.lock().unwrap().events.push(Event::Reported {
+        id: held.id.clone(),
+        seq,
+        outcome: "completed",
+    });
 }
 
 /// A connection straight to the cluster (never through the proxy), made again after a restart.
@@ -620,6 +754,21 @@ impl Admin {
     }
 }
 
+/// Sends `kill SIGNAL pid`.
+fn signal(signal: &str, pid: u32) {
+    let sent = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill {signal} {pid}");
+}
+
+/// A process's state letter from /proc (`T` when stopped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) STATE …: comm may hold spaces and parentheses; the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// Polls `f` until it returns `Some`, at most `bound`; `None` then.
 fn poll<T>(bound: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
@@ -646,7 +795,7 @@ fn normal_running(admin: &mut Admin, rt: &tokio::runtime::Runtime, after: &str) 
 
 /// Waits for both servers to answer `/healthz` 200.
 fn healthy(rt: &tokio::runtime::Runtime, bases: &[String; 2], what: &str) {
-    let http = http_client();
+    let http = http_client(REQUEST_TIMEOUT);
     for (i, base) in bases.iter().enumerate() {
         wait_for(
             &format!(
@@ -728,7 +877,15 @@ fn reports(
             let harness = format!("{d}-{ep}{n}");
             let records = daemon.cli_array(&["runs", &harness, "--json", "--limit", "10000"]);
             for r in records {
-                let outcome = r["relay_outcome"].as_str().unwrap_or("none").to_string();
+                let outcome = match r["relay_outcome"].as_str() {
+                    Some(o) => o.to_string(),
+                    // A firing that claimed nothing: why (`overlap`, `claim_failed`, …).
+                    None => r["skipped_reason"]
+                        .as_str()
+                        .or(r["outcome"].as_str())
+                        .unwrap_or("?")
+                        .to_string(),
+                };
                 *outcomes.entry(outcome.clone()).or_default() += 1;
                 let outcome = match outcome.as_str() {
                     "completed" => "completed",
@@ -761,8 +918,15 @@ fn servers_and_daemons_survive_a_restart_a_cut_and_a_pause_of_their_database() {
     scenario(Cut::Refuse);
 }
 
+/// The cut as a partition that accepts connections and never answers them. Fails: server B
+/// answers no `tools/call` while its database is blackholed (its `/healthz`, which has a 1 s
+/// bound, answers 503), because nothing bounds getting a Postgres connection or a query — the
+/// pool has no wait or create timeout, and tokio-postgres's `connect_timeout` (not set either)
+/// covers only the TCP connect, not the startup exchange. The calls are answered only when the
+/// heal resets the held connections.
 #[test]
-#[ignore = "experiment"]
+#[ignore = "relay bug: with its database blackholed, server B leaves tools/call unanswered until \
+            the heal (no bound on a Postgres connect or query); run with --ignored"]
 fn a_blackholed_database_is_answered_too() {
     scenario(Cut::Blackhole);
 }
@@ -838,6 +1002,9 @@ fn scenario(how: Cut) {
         client: None,
     };
     let phase = |p: usize| shared.phase.store(p, Ordering::SeqCst);
+    let mut bad = Vec::new();
+    // The holder's late reports refused `conflict` (one per fault it sits through).
+    let mut stale_refused = 0;
 
     // Normal running: both daemons complete work.
     for d in ["sa", "sb"] {
@@ -870,9 +1037,22 @@ fn scenario(how: Cut) {
     let lapse = wait_for("daemon sb to hold a claim", WAIT_BOUND, || {
         admin.held_by(&rt, "sb", 500)
     });
+    // The test's own holder through B too: its token lets the test report after the lapse.
+    let mut holder_b = Mcp::new(&format!("{}/mcp/a", bases[1]), &tokens[0]);
+    let held_b = rt.block_on(hold(&mut holder_b, &shared.tally));
     phase(CUT);
     let cut_at = Instant::now();
     let reset = proxy.cut(how);
+    // Cut off, B can only refuse the holder's report, and must say so in time.
+    let stops = shared.a_stops.load(Ordering::SeqCst);
+    let answer = rt.block_on(holder_b.call("complete", stale_complete(&held_b)));
+    shared.record(1, "the partitioned holder's complete", &answer, stops);
+    if let Answer::Ok(_) = answer {
+        bad.push(format!(
+            "{}#{}: completed through server B while B was cut off from its database",
+            held_b.id, held_b.seq
+        ));
+    }
     // Leases B's daemon got in the instant before the cut count too.
     let lapse = admin.held_by(&rt, "sb", ANY).unwrap_or(lapse).max(lapse);
     wait_for("server B's daemon's leases to lapse", LAPSE_BOUND, || {
@@ -881,6 +1061,10 @@ fn scenario(how: Cut) {
     proxy.heal();
     let cut_for = cut_at.elapsed();
     healthy(&rt, &bases, "the cut");
+    // The partitioned holder reports again once B is back: its lease lapsed meanwhile.
+    let answer = rt.block_on(holder_b.call("complete", stale_complete(&held_b)));
+    stale_refused += usize::from(judge_stale(&answer, &held_b, "partitioned", &mut bad));
+    rt.block_on(finish(&mut holder_b, &held_b, &shared.tally));
     phase(NORMAL);
     normal_running(&mut admin, &rt, "the cut");
 
@@ -889,32 +1073,38 @@ fn scenario(how: Cut) {
     wait_for("daemon sa to hold a claim", WAIT_BOUND, || {
         admin.held_by(&rt, "sa", 500)
     });
+    // The test's own holder through A, whose report waits for A as long as A is stopped.
+    let patient = LAPSE_BOUND + REQUEST_TIMEOUT * 2;
+    let mut holder_a = Mcp::waiting(&format!("{}/mcp/b", bases[0]), &tokens[1], patient);
+    let held_a = rt.block_on(hold(&mut holder_a, &shared.tally));
     phase(PAUSE);
-    let a_pid = servers[0].0.id().to_string();
+    let a_pid = servers[0].0.id();
     let paused_at = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &a_pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal("-STOP", a_pid);
     shared.a_stops.fetch_add(1, Ordering::SeqCst);
+    wait_for("server A to stop", WAIT_BOUND, || {
+        (process_state(a_pid) == Some('T')).then_some(())
+    });
+    // Sent to the stopped server: the kernel takes it, A reads it when it continues.
+    let args = stale_complete(&held_a);
+    let report = rt.spawn(async move { holder_a.call("complete", args).await });
     // Read once A is stopped: nothing it holds can change until it continues.
     let lapse = admin.held_by(&rt, "sa", ANY).expect("daemon sa's claim");
     wait_for("server A's daemon's leases to lapse", LAPSE_BOUND, || {
         admin.i64(&rt, DB_NOW).filter(|now| *now > lapse + 1_000)
     });
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &a_pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal("-CONT", a_pid);
     shared.a_stops.fetch_add(1, Ordering::SeqCst);
     let paused_for = paused_at.elapsed();
+    // A continued: the report it held is answered within the clients' timeout, refused.
+    let answer = rt
+        .block_on(tokio::time::timeout(REQUEST_TIMEOUT, report))
+        .map(|joined| joined.expect("the holder's report ran"))
+        .unwrap_or(Answer::Timeout);
+    stale_refused += usize::from(judge_stale(&answer, &held_a, "paused", &mut bad));
     healthy(&rt, &bases, "the pause");
+    let mut holder_a = Mcp::new(&format!("{}/mcp/b", bases[0]), &tokens[1]);
+    rt.block_on(finish(&mut holder_a, &held_a, &shared.tally));
     phase(NORMAL);
     normal_running(&mut admin, &rt, "the pause");
 
@@ -939,7 +1129,6 @@ fn scenario(how: Cut) {
     .is_some();
 
     // Each server recovered by itself: the same process answers a tools/call and /healthz.
-    let mut bad = Vec::new();
     for (i, p) in servers.iter_mut().enumerate() {
         let name = SERVER_NAMES[i];
         if p.0.try_wait().expect("a status").is_some() || p.0.id() != pids[i] {
@@ -1036,7 +1225,8 @@ fn scenario(how: Cut) {
         "db-faults: {} s, 3 faults injected (postgres restarted -m immediate; server B cut from \
          postgres for {} s ({how:?}), {reset} connections reset; server A stopped for {} s), {} \
          operations checked ({} acknowledged adds, {reported} acknowledged reports, {} \
-         attempts: {died} died, {late} late reports refused), {outage_errors} errors answered \
+         attempts: {died} died, {late} late reports recorded; the test's holder's late \
+         completes refused {stale_refused} of 2), {outage_errors} errors answered \
          during outages (restart {}, cut {}, pause {}; by kind {:?}), {} calls to the stopped server \
          unanswered, {} hangs, drained: {drained}, daemon outcomes {outcomes:?}, {} violations",
         started.elapsed().as_secs(),
