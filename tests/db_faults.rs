@@ -14,6 +14,7 @@
 //! daemons leave alone) also sits behind the failing server, so a report under a lapsed token
 //! is sure to be tried: the partitioned holder's `complete` once B is back, the paused one's sent
 //! to A while it is stopped and read when it continues. Each must be refused `conflict`.
+//!
 //! Then the queue drains and the history checker of `common::history` (shared with
 //! tests/multi_server.rs) runs over the acknowledged adds, the daemons' acknowledged reports
 //! (their run records, matched to attempts by claimant) and the database's rows: no acknowledged
@@ -25,13 +26,16 @@
 //! server itself may go unanswered.
 //!
 //! Leases are 1 minute, the shortest a daemon's config allows (`lease_ttl`, 1m to 1h), so the
-//! cut and the pause each last a little over a minute. Bounded: about three minutes; every loop
-//! is bounded in count and time, and every wait polls a condition. The cluster is made with
+//! cut and the pause each last a little over a minute. Bounded: about two and a half minutes;
+//! every loop is bounded in count and time, and every wait polls a condition. The cluster is made with
 //! initdb and pg_ctl (as the `postgres` user when the test runs as root), on a free loopback
 //! port, and stopped and removed at the end, a panic included; the shared cluster of
 //! `RELAY_TEST_POSTGRES` is never touched. Runs when `RELAY_TEST_POSTGRES` is set (to anything)
 //! or `RELAY_REQUIRE_POSTGRES=1`, else skips; with `RELAY_REQUIRE_POSTGRES=1` missing PostgreSQL
 //! server binaries fail it.
+//!
+//! `a_blackholed_database_is_answered_too` (ignored: it fails, see its doc) runs the same with a
+//! cut that holds new connections unanswered instead of refusing them.
 
 mod common;
 
@@ -56,7 +60,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Todos the producer adds at most, one every `ADD_EVERY`.
 const TODOS: usize = 600;
 const ADD_EVERY: Duration = Duration::from_millis(400);
-/// Completions that make "some normal running" after a heal, and the bound on waiting for them.
+/// Completions that make "some normal running" after a heal.
 const NORMAL_RUN: i64 = 8;
 /// The bound on one wait: a lease to lapse (a minute and a little), a server to answer again.
 const LAPSE_BOUND: Duration = Duration::from_secs(100);
@@ -244,8 +248,9 @@ impl Proxy {
         let st = state.clone();
         tokio::spawn(async move {
             loop {
+                // The loop ends with the runtime (or on a failed accept: no spinning).
                 let Ok((inbound, _)) = listener.accept().await else {
-                    continue;
+                    break;
                 };
                 let _ = inbound.set_zero_linger();
                 // Checked and registered under the lock the cut takes: no connection slips past.
@@ -404,7 +409,7 @@ impl Mcp {
                 "clientInfo": {"name": "db-faults", "version": "0"}}});
             match self.post(body).await {
                 Ok((200, Some(s), _)) => self.session = Some(s),
-                Ok((status, _, v)) => return Answer::Error(format!("initialize: {status} {v}")),
+                Ok((status, _, _)) => return Answer::Error(format!("initialize: http {status}")),
                 Err(a) => return a,
             }
         }
@@ -1070,7 +1075,7 @@ fn scenario(how: Cut) {
 
     // Fault 3: server A stopped while its daemon holds a claim, until every lease A's daemon
     // held has lapsed; then continued.
-    wait_for("daemon sa to hold a claim", WAIT_BOUND, || {
+    let lapse = wait_for("daemon sa to hold a claim", WAIT_BOUND, || {
         admin.held_by(&rt, "sa", 500)
     });
     // The test's own holder through A, whose report waits for A as long as A is stopped.
@@ -1089,7 +1094,7 @@ fn scenario(how: Cut) {
     let args = stale_complete(&held_a);
     let report = rt.spawn(async move { holder_a.call("complete", args).await });
     // Read once A is stopped: nothing it holds can change until it continues.
-    let lapse = admin.held_by(&rt, "sa", ANY).expect("daemon sa's claim");
+    let lapse = admin.held_by(&rt, "sa", ANY).unwrap_or(lapse).max(lapse);
     wait_for("server A's daemon's leases to lapse", LAPSE_BOUND, || {
         admin.i64(&rt, DB_NOW).filter(|now| *now > lapse + 1_000)
     });
