@@ -3,6 +3,8 @@
 //! some tests need. Each test binary uses a part of it.
 #![allow(dead_code)]
 
+pub mod history;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
