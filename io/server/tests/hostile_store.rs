@@ -258,6 +258,25 @@ impl Db {
     }
 }
 
+/// A form body, every byte but the unreserved ones percent-encoded.
+fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |v: &str| -> String {
+        v.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let fields: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect();
+    fields.join("&")
+}
+
 /// A connection of the test's own that holds the database's write lock until released.
 enum WriteLock {
     Sqlite(rusqlite::Connection),
@@ -322,6 +341,37 @@ async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_rec
         let (status, before) = c.rpc("tools/call", add.clone()).await;
         assert_eq!(status, 200, "{}: {before}", backend.name());
         let id = before["result"]["structuredContent"]["id"].clone();
+        // An operator logged in to the Board before the stall (a login writes its session).
+        let _ = harness::client();
+        let board = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let operator = relay_server::server::new_bearer_token().unwrap();
+        h.store
+            .operator_create(T0, "op", relay_core::ledger::TokenHash::of(&operator))
+            .await
+            .unwrap();
+        let login = board
+            .post(format!("{}/board/login", h.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("token", operator.as_str())]))
+            .send()
+            .await
+            .unwrap();
+        let cookie = login.headers()["set-cookie"].to_str().unwrap();
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        let page = board
+            .get(format!("{}/board/add", h.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+        let csrf = page[at..].split('"').next().unwrap().to_string();
         let lock = backend.lock_writes().await;
         let r = c.send("tools/call", add.clone()).await;
         assert_eq!(r.status().as_u16(), 503, "{}", backend.name());
@@ -333,6 +383,23 @@ async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_rec
             msg.contains("did not answer within 0.3 s") && msg.contains("may or may not"),
             "{msg}"
         );
+        // The Board's add is a write too: a 503 page that says so, not a page that never loads.
+        let r = board
+            .post(format!("{}/board/add", h.base))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[
+                ("csrf", csrf.as_str()),
+                ("endpoint", "w"),
+                ("queue", "q"),
+                ("title", "from the board"),
+            ]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 503, "{}", backend.name());
+        let page = r.text().await.unwrap();
+        assert!(page.contains("did not answer within 0.3 s"), "{page}");
         // Reads need no write: they answer while the lock is held.
         let (status, read) = c
             .rpc(
@@ -355,7 +422,7 @@ async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_rec
             .await
             .unwrap();
         assert!(
-            metrics.contains("relay_store_timeouts_total 1"),
+            metrics.contains("relay_store_timeouts_total 2"),
             "{metrics}"
         );
     }

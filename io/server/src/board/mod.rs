@@ -97,9 +97,36 @@ pub fn router(server: Server) -> Router {
         .route("/board/add", get(add_page).post(add_todo))
         .route("/board/endpoints", get(endpoints_page))
         .route("/board/endpoints/{name}/revoke", post(endpoint_revoke))
+        .layer(axum::middleware::from_fn_with_state(board.clone(), bounded))
         .layer(axum::middleware::from_fn(fragment))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(board)
+}
+
+/// Every Board request waits on the store at most the server's `answer_timeout`, as an MCP
+/// request does: a page or action the database does not answer in time is a 503 page saying
+/// the action may or may not have taken effect, instead of a page that never loads.
+async fn bounded(
+    State(b): State<Board>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let timeout = b.server.config().answer_timeout;
+    match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "board: the store did not answer within the answer timeout"
+            );
+            let message = format!(
+                "{} Reload the page to see what the database holds before repeating an action.",
+                b.server.no_answer()
+            );
+            let body = html::page("No answer", None, &html::error_banner(&message));
+            html(StatusCode::SERVICE_UNAVAILABLE, body)
+        }
+    }
 }
 
 /// The request header with which the Board's script asks for a page's `<main>` alone, to patch

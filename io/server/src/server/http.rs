@@ -424,17 +424,15 @@ async fn mcp_post(
 /// is lost, and the message says how to find out.
 fn no_answer(server: &Server, name: &str, what: &str, id: Value) -> Response {
     let timeout = server.inner.config.answer_timeout;
-    server.inner.metrics.store_timeout();
     tracing::warn!(endpoint = %escape_text(name), what, timeout_ms = timeout.as_millis() as u64, "the store did not answer within the answer timeout");
     let mut r = rpc_error(
         StatusCode::SERVICE_UNAVAILABLE,
         id,
         relay_core::mcp::INTERNAL_ERROR,
         &format!(
-            "the database did not answer within {} s, so this request has no answer: it may or \
-             may not take effect. Read before repeating a write (get_todo), or repeat it under \
-             its idempotency key; a fenced write whose lease lapses meanwhile is refused",
-            timeout.as_secs_f64()
+            "{} Read before repeating a write (get_todo), or repeat it under its idempotency \
+             key; a fenced write whose lease lapses meanwhile is refused",
+            server.no_answer()
         ),
     );
     r.headers_mut()

@@ -93,7 +93,7 @@ impl Metrics {
         let store_timeouts = Counter::default();
         registry.register(
             "store_timeouts",
-            "MCP requests answered 503 because the store did not answer within the answer timeout",
+            "MCP requests and Board pages answered 503 because the store did not answer within the answer timeout",
             store_timeouts.clone(),
         );
         Metrics {

@@ -118,7 +118,8 @@ pub struct ServerConfig {
     /// otherwise 408 and nothing changes. Default 30 s: a 1 MiB body at a slow 64 KiB/s.
     pub body_timeout: Duration,
     /// An MCP request whose answer waits on the store this long is answered 503 with a
-    /// JSON-RPC internal error saying the outcome is unknown, instead of hanging: the database
+    /// JSON-RPC internal error saying the outcome is unknown (a Board page, a 503 page saying
+    /// the same), instead of hanging: the database
     /// unreachable without a reset (a partition, a stalled proxy), or stalled. Default 8 s,
     /// under the daemon's 10 s client timeout, so a worker hears an answer, not silence. What
     /// was asked may still take effect once the database answers; a fenced write then still
@@ -338,6 +339,17 @@ impl Server {
                 login_link: Mutex::new(None),
             }),
         }
+    }
+
+    /// What a request the store did not answer within `answer_timeout` is told (counted in
+    /// `relay_store_timeouts_total`): MCP's 503 and the Board's both start with it.
+    pub(crate) fn no_answer(&self) -> String {
+        self.inner.metrics.store_timeout();
+        format!(
+            "The database did not answer within {} s, so this request has no answer: it may or \
+             may not take effect.",
+            self.inner.config.answer_timeout.as_secs_f64()
+        )
     }
 
     pub fn config(&self) -> &ServerConfig {
