@@ -369,15 +369,7 @@ impl Mcp {
     }
 
     async fn post(&mut self, body: Value) -> Result<(u16, Option<String>, Value), Answer> {
-        let mut r = self
-            .http
-            .post(&self.url)
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream");
-        if let Some(s) = &self.session {
-            r = r.header("mcp-session-id", s);
-        }
+        let r = common::mcp_post(&self.http, &self.url, &self.token, self.session.as_deref());
         let failed = |e: reqwest::Error| {
             if e.is_timeout() {
                 Answer::Timeout

@@ -205,15 +205,7 @@ impl Client {
     }
 
     async fn post(&mut self, body: Value) -> Option<(u16, reqwest::header::HeaderMap, Value)> {
-        let mut r = self
-            .http
-            .post(&self.url)
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream");
-        if let Some(s) = &self.session {
-            r = r.header("mcp-session-id", s);
-        }
+        let r = common::mcp_post(&self.http, &self.url, &self.token, self.session.as_deref());
         let resp = r.body(body.to_string()).send().await.ok()?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();

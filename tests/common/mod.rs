@@ -95,6 +95,25 @@ kill_grace = "2s"
     )
 }
 
+/// A JSON-RPC POST to an MCP endpoint at `url` under `token` (and the legacy `session`, if
+/// any): the headers the fault tests' clients send, before the body.
+pub fn mcp_post(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    session: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let r = http
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    match session {
+        Some(s) => r.header("mcp-session-id", s),
+        None => r,
+    }
+}
+
 /// The real `relay` binary, as a command to add arguments to.
 pub fn relay() -> Command {
     Command::new(relay_bin())

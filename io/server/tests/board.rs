@@ -5,7 +5,7 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Harness, T0};
+use harness::{Harness, T0, form};
 use relay_core::board::{CSRF_FIELD_LEN, SESSION_TTL};
 use relay_core::ledger::{LedgerConfig, TokenHash};
 use relay_server::store::Store;
@@ -24,25 +24,6 @@ fn no_redirects() -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
-}
-
-fn form(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            let enc: String = v
-                .bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                        (b as char).to_string()
-                    }
-                    _ => format!("%{b:02X}"),
-                })
-                .collect();
-            format!("{k}={enc}")
-        })
-        .collect::<Vec<_>>()
-        .join("&")
 }
 
 struct Board {

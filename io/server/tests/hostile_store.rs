@@ -11,7 +11,7 @@ mod harness;
 mod db;
 
 use db::Db;
-use harness::{BOUND, Harness, T0, next_event, pg_schema};
+use harness::{BOUND, Harness, T0, form, next_event, pg_schema};
 use relay_core::ledger::{LedgerConfig, NewTodo, Op};
 use serde_json::{Value, json};
 
@@ -258,23 +258,9 @@ impl Db {
     }
 }
 
-/// A form body, every byte but the unreserved ones percent-encoded.
-fn form(pairs: &[(&str, &str)]) -> String {
-    let enc = |v: &str| -> String {
-        v.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect()
-    };
-    let fields: Vec<String> = pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={}", enc(v)))
-        .collect();
-    fields.join("&")
+/// The body of a GET's answer, whatever its status.
+async fn text(request: reqwest::RequestBuilder) -> String {
+    request.send().await.unwrap().text().await.unwrap()
 }
 
 /// A connection of the test's own that holds the database's write lock until released.
@@ -361,15 +347,12 @@ async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_rec
             .unwrap();
         let cookie = login.headers()["set-cookie"].to_str().unwrap();
         let cookie = cookie.split(';').next().unwrap().to_string();
-        let page = board
-            .get(format!("{}/board/add", h.base))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = text(
+            board
+                .get(format!("{}/board/add", h.base))
+                .header("cookie", &cookie),
+        )
+        .await;
         let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
         let csrf = page[at..].split('"').next().unwrap().to_string();
         let lock = backend.lock_writes().await;
@@ -412,15 +395,7 @@ async fn a_store_that_does_not_answer_is_a_503_within_the_answer_timeout_and_rec
         let (status, after) = c.rpc("tools/call", add.clone()).await;
         assert_eq!(status, 200, "{}: {after}", backend.name());
         assert_eq!(after["result"]["isError"], false, "{after}");
-        let metrics = h
-            .http
-            .get(format!("{}/metrics", h.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = text(h.http.get(format!("{}/metrics", h.base))).await;
         assert!(
             metrics.contains("relay_store_timeouts_total 2"),
             "{metrics}"

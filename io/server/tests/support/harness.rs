@@ -55,6 +55,26 @@ pub async fn start_with(tweak: impl FnOnce(&mut ServerConfig), full_serve: bool)
 
 pub const T0: Millis = 1_790_000_000_000;
 
+/// A form body (`application/x-www-form-urlencoded`), every byte but the unreserved ones
+/// percent-encoded.
+pub fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |v: &str| -> String {
+        v.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let fields: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect();
+    fields.join("&")
+}
+
 /// Every verb an endpoint can be vended.
 pub const ALL_VERBS: &[&str] = &[
     "claim_next",
