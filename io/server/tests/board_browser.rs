@@ -118,6 +118,26 @@ async fn text(c: &Client, css: &str) -> String {
     }
 }
 
+/// Clicks the button labelled `label`.
+async fn click(c: &Client, label: &str) {
+    c.find(Locator::XPath(&format!("//button[text()='{label}']")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Waits (at most `WAIT`) for the todo page to show `state`; `what` says what failed if not.
+async fn shows_state(c: &Client, state: &str, what: &str) {
+    let at = format!("//dd[@class='state' and text()='{state}']");
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath(&at))
+        .await
+        .expect(what);
+}
+
 async fn screenshot(c: &Client, name: &str) {
     if let Ok(dir) = std::env::var("RELAY_BOARD_SCREENSHOTS") {
         let png = c.screenshot().await.unwrap();
@@ -215,12 +235,7 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     c.goto(&format!("{base}/board/login")).await.unwrap();
     let field = c.find(Locator::Css("input[name='token']")).await.unwrap();
     field.send_keys(&token).await.unwrap();
-    c.find(Locator::XPath("//button[text()='Log in']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "Log in").await;
 
     // The overview's counts.
     assert_eq!(text(&c, "tr[data-queue='ci'] .n-dead").await, "1");
@@ -248,17 +263,8 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     screenshot(&c, "board-todo.png").await;
 
     // Retry it, and see it pending.
-    c.find(Locator::XPath("//button[text()='Retry']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
-        .await
-        .expect("the retried todo shows pending");
+    click(&c, "Retry").await;
+    shows_state(&c, "pending", "the retried todo shows pending").await;
 
     // An open page updates live, without a reload, when a worker claims and completes its todo
     // over MCP; the summary the operator is typing meanwhile stays in its field, focused.
@@ -281,18 +287,10 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .unwrap();
     typing.send_keys("the lockfile is half").await.unwrap();
     mcp.ok("claim", json!({"id": live})).await;
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::XPath("//dd[@class='state' and text()='claimed']"))
-        .await
-        .expect("the page shows the claim without a reload");
+    shows_state(&c, "claimed", "the page shows the claim without a reload").await;
     mcp.ok("complete", json!({"id": live, "summary": "bumped"}))
         .await;
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::XPath("//dd[@class='state' and text()='done']"))
-        .await
-        .expect("the page shows the todo done without a reload");
+    shows_state(&c, "done", "the page shows the todo done without a reload").await;
     let mark = c.execute("return window.relayMark;", vec![]).await.unwrap();
     assert_eq!(mark, json!("this page"), "the page was reloaded");
     let field = c
@@ -344,17 +342,8 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .await
         .unwrap();
     assert_eq!(text(&c, "dd.state").await, "claimed");
-    c.find(Locator::XPath("//button[text()='Release']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
-        .await
-        .expect("the released todo shows pending");
+    click(&c, "Release").await;
+    shows_state(&c, "pending", "the released todo shows pending").await;
     assert_eq!(
         text(&c, ".attempt[data-seq='1'] .outcome").await,
         "released"
@@ -402,17 +391,8 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         .send_keys("release, please")
         .await
         .unwrap();
-    c.find(Locator::XPath("//button[text()='Answer']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .at_most(WAIT)
-        .for_element(Locator::XPath("//dd[@class='state' and text()='pending']"))
-        .await
-        .expect("the answered todo shows pending");
+    click(&c, "Answer").await;
+    shows_state(&c, "pending", "the answered todo shows pending").await;
     let answered = text(&c, ".attempt[data-seq='1'] .answered").await;
     assert!(
         answered.contains("by operator:alice") && answered.ends_with("release, please"),
@@ -454,12 +434,7 @@ async fn an_operator_works_the_board_in_headless_chromium() {
     .await
     .unwrap();
     assert_eq!(text(&c, ".n-matched").await, "51");
-    c.find(Locator::XPath("//button[text()='Retry all']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "Retry all").await;
     assert_eq!(text(&c, ".bulk-count").await, "51");
     // Between the listing and the confirmation a worker claims one of them (an operator retried
     // it from the CLI first): the bulk retry must leave that live claim alone.
@@ -479,12 +454,7 @@ async fn an_operator_works_the_board_in_headless_chromium() {
         )
         .await;
     let seq = claimed["attempt_seq"].as_u64().unwrap();
-    c.find(Locator::XPath("//button[text()='Retry 51 todos']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "Retry 51 todos").await;
     // The bulk retry finishes (the open page shows it).
     text(&c, "p.finished").await;
     assert_eq!(text(&c, ".n-applied").await, "50");
