@@ -496,6 +496,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             .map_err(|e| Error::invalid(e.message.replace("budget.cost_usd", "--budget-usd")))?;
             let id = relay_server::server::new_todo_id()?;
             let new = NewTodo {
+                task_id: None,
                 id,
                 queue: a.queue,
                 title: a.title,

@@ -54,6 +54,10 @@ pub struct Args {
     /// (outcome unknown) instead of hanging.
     #[arg(long, default_value = "8s", value_parser = positive_duration)]
     answer_timeout: Duration,
+    /// How often an MCP task's client is asked to poll (pollIntervalMs), and how often a
+    /// listen stream looks at the tasks it watches.
+    #[arg(long, default_value = "5s", value_parser = positive_duration)]
+    task_poll_interval: Duration,
     /// Open connections at most; more are answered 503 at once.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
@@ -134,6 +138,7 @@ async fn serve(db: &DbOpt, args: Args) -> Result<(), Error> {
     config.idle_timeout = args.idle_timeout;
     config.body_timeout = args.body_timeout;
     config.answer_timeout = args.answer_timeout;
+    config.task_poll_interval = args.task_poll_interval;
     config.max_connections = args.max_connections as usize;
     config.max_sessions = args.max_sessions as usize;
     config.max_sessions_per_endpoint = args.max_sessions_per_endpoint as usize;

@@ -493,6 +493,7 @@ mod tests {
             },
             budget: crate::ledger::Budget::default(),
             spent: crate::ledger::Usage::default(),
+            task_id: None,
         }
     }
 

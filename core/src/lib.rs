@@ -24,6 +24,7 @@ mod names;
 pub mod relay;
 pub mod resources;
 pub mod serve;
+pub mod task;
 pub mod time;
 pub mod wire;
 

@@ -29,8 +29,8 @@ use crate::error::{Error, ErrorCode};
 use crate::grant::Grant;
 use crate::ledger::transition::not_found;
 use crate::ledger::{
-    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, Todo,
-    TodoFilter, TodoState,
+    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, TaskId,
+    Todo, TodoFilter, TodoState,
 };
 use crate::wire::{
     self, ClaimArgs, ClaimOut, ErrorOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool,
@@ -44,6 +44,10 @@ pub struct Caller {
     /// The MCP session, recorded on the attempts the call opens.
     pub session: Option<String>,
     pub grant: Grant,
+    /// Set when the request declared the Tasks extension (a 2026-07-28 request only): the
+    /// server's suggested poll interval. An `add_todo` then makes the todo a task and answers
+    /// its `CreateTaskResult`.
+    pub tasks: Option<Millis>,
 }
 
 impl Caller {
@@ -61,6 +65,9 @@ pub trait Draw {
     fn todo_id(&mut self) -> Result<String, Error>;
     /// A fence token (a claim with `require_fence`).
     fn lease_token(&mut self) -> Result<LeaseToken, Error>;
+    /// A task id's secret: [`crate::ledger::TASK_SECRET_HEX`] lower-case hex digits (an
+    /// `add_todo` made as a task).
+    fn task_secret(&mut self) -> Result<String, Error>;
 }
 
 /// What to do next.
@@ -69,11 +76,18 @@ pub trait Draw {
     clippy::large_enum_variant,
     reason = "one Step lives per call, moved a few times: a box per operation would cost more"
 )]
-pub enum Step {
+pub enum Step<T = Served> {
     /// Apply this operation and hand its answer to [`Serving::answered`].
     Apply(Op),
     /// The call is answered: the tool's answer, or its refusal.
-    Done(Result<Served, Error>),
+    Done(Result<T, Error>),
+}
+
+/// A call being served, as its driver sees it: hand it each operation's answer until it is
+/// [`Step::Done`]. [`Serving`] (a tool) and [`TaskServing`] (a task method) are driven alike.
+pub trait Drive {
+    type Out;
+    fn answered(&mut self, answer: Result<Answer, Error>, draw: &mut dyn Draw) -> Step<Self::Out>;
 }
 
 /// A call's answer, with what it did that the driver counts or rings for.
@@ -91,12 +105,18 @@ pub struct Served {
     /// heartbeat whose usage reached the budget stopped its attempt (`closed` says how), and its
     /// holder hears what a cancel tells it. The driver counts `closed`, then answers the error.
     pub refused: Option<Error>,
+    /// `answer` is an `add_todo`'s `CreateTaskResult` (the todo is a task), not a tool answer.
+    pub task: bool,
 }
 
 impl Served {
-    /// The `tools/call` result.
+    /// The `tools/call` result: the tool's answer, or the task that stands for it.
     pub fn result(self) -> Value {
-        wire::call_result(self.answer, false)
+        if self.task {
+            self.answer
+        } else {
+            wire::call_result(self.answer, false)
+        }
     }
 }
 
@@ -217,6 +237,14 @@ impl Serving {
 
     /// Hands over the answer to the last [`Step::Apply`].
     pub fn answered(&mut self, answer: Result<Answer, Error>, draw: &mut dyn Draw) -> Step {
+        Drive::answered(self, answer, draw)
+    }
+}
+
+impl Drive for Serving {
+    type Out = Served;
+
+    fn answered(&mut self, answer: Result<Answer, Error>, draw: &mut dyn Draw) -> Step {
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
         let next = match waiting {
             Waiting::ClaimScope(a) => self.scoped_claim(a, answer, draw).map(Step::Apply),
@@ -237,7 +265,9 @@ impl Serving {
         };
         next.unwrap_or_else(|e| Step::Done(Err(e)))
     }
+}
 
+impl Serving {
     fn claim_opts(
         &self,
         require_fence: Option<bool>,
@@ -409,8 +439,14 @@ impl Serving {
             }
             ToolCall::AddTodo(a) => {
                 grant.check_queue(Tool::AddTodo, &a.queue)?;
+                let id = draw.todo_id()?;
+                let task_id = match self.caller.tasks {
+                    Some(_) => Some(TaskId::new(&id, &draw.task_secret()?)),
+                    None => None,
+                };
                 let new = NewTodo {
-                    id: draw.todo_id()?,
+                    id,
+                    task_id,
                     queue: a.queue,
                     title: a.title,
                     kind: a.kind,
@@ -478,6 +514,7 @@ impl Serving {
         let mut closed = None;
         let mut ring = None;
         let mut refused = None;
+        let mut task = false;
         let answer = match waiting {
             Waiting::Claimed(token) => {
                 let claimed: Option<Claimed> = match self.tool {
@@ -530,10 +567,16 @@ impl Serving {
                     }
                     _ => None,
                 };
-                let out = encode(&TodoOut {
-                    created,
-                    ..TodoOut::from(&t)
-                })?;
+                let out = match (&t.task_id, self.caller.tasks, self.tool) {
+                    (Some(id), Some(poll), Tool::AddTodo) => {
+                        task = true;
+                        crate::task::created(&t, id, poll)
+                    }
+                    _ => encode(&TodoOut {
+                        created,
+                        ..TodoOut::from(&t)
+                    })?,
+                };
                 ring = match self.tool {
                     Tool::Release if !t.dead_letter() => Some((t, Offer::Requeued)),
                     Tool::AnswerTodo if t.state == TodoState::Pending => Some((t, Offer::Requeued)),
@@ -548,7 +591,13 @@ impl Serving {
                     // What the endpoint cannot enumerate does not exist for it.
                     return Err(not_found("get_todo", &id));
                 }
-                encode(&GetTodoOut::from(&view))?
+                let mut out = GetTodoOut::from(&view);
+                // The task's client hears its task id; no one else (an operator's view
+                // included) ever sees it.
+                if view.todo.endpoint == self.caller.endpoint {
+                    out.todo.task_id = view.todo.task_id.as_ref().map(|t| t.expose().to_string());
+                }
+                encode(&out)?
             }
             Waiting::Todos => {
                 let todos = answer.todos()?;
@@ -569,6 +618,7 @@ impl Serving {
             closed,
             ring,
             refused,
+            task,
         })
     }
 }
@@ -580,19 +630,34 @@ pub fn serve(
     caller: Caller,
     now: Millis,
     draw: &mut dyn Draw,
-    mut apply: impl FnMut(Op) -> Result<Answer, Error>,
+    apply: impl FnMut(Op) -> Result<Answer, Error>,
 ) -> Result<Served, Error> {
-    let (mut serving, mut step) = Serving::start(tool, arguments, caller, now, draw);
+    let (mut serving, step) = Serving::start(tool, arguments, caller, now, draw);
+    match drive(&mut serving, step, draw, apply) {
+        Ok(Served {
+            refused: Some(e), ..
+        }) => Err(e),
+        done => done,
+    }
+}
+
+/// Drives a call being served to its end over a ledger at hand, from its first step.
+pub fn drive<D: Drive>(
+    serving: &mut D,
+    mut step: Step<D::Out>,
+    draw: &mut dyn Draw,
+    mut apply: impl FnMut(Op) -> Result<Answer, Error>,
+) -> Result<D::Out, Error> {
     loop {
         match step {
             Step::Apply(op) => step = serving.answered(apply(op), draw),
-            Step::Done(Ok(Served {
-                refused: Some(e), ..
-            })) => return Err(e),
             Step::Done(done) => return done,
         }
     }
 }
+
+mod task;
+pub use task::{TaskServed, TaskServing};
 
 #[cfg(test)]
 mod tests;

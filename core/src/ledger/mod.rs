@@ -31,8 +31,8 @@ pub use transition::{
 };
 pub use types::{
     Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT,
-    LATE_SUMMARY_MAX_BYTES, LateReport, Outcome, Question, Todo, TodoState, TokenHash, Usage,
-    cost_usd, dead_letter_of, usd,
+    LATE_SUMMARY_MAX_BYTES, LateReport, Outcome, Question, TASK_SECRET_HEX, TaskId, Todo,
+    TodoState, TokenHash, Usage, cost_usd, dead_letter_of, usd,
 };
 
 use crate::error::Error;
@@ -95,6 +95,8 @@ pub struct NewTodo {
     pub answer_within_seconds: Option<u64>,
     /// The spend limit (none by default).
     pub budget: Budget,
+    /// The task id when the todo is made as an MCP task.
+    pub task_id: Option<TaskId>,
 }
 
 /// The answer to a successful claim.
@@ -225,6 +227,12 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         }
     };
     check_budget(&new.budget).map_err(bad)?;
+    if new.task_id.as_ref().is_some_and(|t| t.todo_id() != new.id) {
+        return Err(Error::internal(format!(
+            "add_todo {}: the task id drawn names another todo",
+            new.id
+        )));
+    }
     Ok(Todo {
         id: new.id,
         endpoint: endpoint.to_string(),
@@ -259,6 +267,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         },
         budget: new.budget,
         spent: Usage::default(),
+        task_id: new.task_id,
     })
 }
 

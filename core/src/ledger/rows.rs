@@ -381,6 +381,7 @@ async fn write<R: Rows>(
         && t.assignee == before.assignee
         && t.max_attempts == before.max_attempts
         && t.idempotency_key == before.idempotency_key
+        && t.task_id == before.task_id
         && t.max_same_failures == before.max_same_failures
         && t.asking.max_requests == before.asking.max_requests
         && t.asking.answer_within == before.asking.answer_within

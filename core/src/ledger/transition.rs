@@ -1076,6 +1076,13 @@ pub fn retry(
 ) -> Result<Change, Error> {
     let op = "retry";
     scoped(op, todo, actor)?;
+    if todo.task_id.is_some() && super::finished(todo) {
+        return Err(Error::conflict(format!(
+            "{op} {}: the todo is an MCP task that has ended ({}), and a task's end is final: its \
+             client may already have taken the result; add the work again as a new todo",
+            todo.id, todo.state
+        )));
+    }
     if let Some(a) = newest
         && matches!(a.outcome, Some(Outcome::Canceled | Outcome::Revoked))
         && now < a.lease_expires_at

@@ -236,8 +236,8 @@ pub struct Question {
     pub text: String,
     pub answer: Option<String>,
     pub answered_at: Option<Millis>,
-    /// Who answered: `endpoint:<name>`, `operator:<name>` (`operator:cli` from the command
-    /// line), or `task:<endpoint>`.
+    /// Who answered: `endpoint:<name>` (by `answer_todo`, or as a task's client by
+    /// `tasks/update`), or `operator:<name>` (`operator:cli` from the command line).
     pub answered_by: Option<String>,
     /// The answering call's idempotency key: a repeat with it answers as the first did.
     pub answer_key: Option<String>,
@@ -265,6 +265,59 @@ impl TokenHash {
 impl std::fmt::Debug for TokenHash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "TokenHash({:02x}{:02x}…)", self.0[0], self.0[1])
+    }
+}
+
+/// An MCP task's id (the Tasks extension): `<todo id>.<secret>`, the secret 160 bits from the
+/// server's RNG. It is a handle, not a credential: every task method must also come from the
+/// endpoint that made the todo. The store keeps it (the owner's `get_todo` answers it); its
+/// `Debug` shows only the todo id, and no log line, page or error carries it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TaskId(String);
+
+impl std::fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TaskId({}.<redacted>)", self.todo_id())
+    }
+}
+
+/// Hex digits in a task id's secret (160 bits).
+pub const TASK_SECRET_HEX: usize = 40;
+
+impl TaskId {
+    /// The task id of todo `todo_id` with `secret` (lower-case hex, [`TASK_SECRET_HEX`] digits).
+    pub fn new(todo_id: &str, secret: &str) -> TaskId {
+        TaskId(format!("{todo_id}.{secret}"))
+    }
+
+    /// A presented id, if it has a task id's shape (the todo id, a dot, the secret).
+    pub fn parse(presented: &str) -> Option<TaskId> {
+        let (todo, secret) = presented.rsplit_once('.')?;
+        let shaped = !todo.is_empty()
+            && todo.len() <= 128
+            && !todo.chars().any(char::is_control)
+            && secret.len() == TASK_SECRET_HEX
+            && secret
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        shaped.then(|| TaskId(presented.to_string()))
+    }
+
+    /// The todo the task is.
+    pub fn todo_id(&self) -> &str {
+        self.0.rsplit_once('.').map_or("", |(t, _)| t)
+    }
+
+    /// The id's text, for the wire and the store only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `other` is this id, in time that does not depend on where they differ.
+    pub fn same(&self, other: &TaskId) -> bool {
+        let (a, b) = (self.0.as_bytes(), other.0.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
     }
 }
 
@@ -315,6 +368,9 @@ pub struct Todo {
     pub budget: Budget,
     /// What every attempt spent, summed (pruned attempts included).
     pub spent: Usage,
+    /// Set when the todo was made as an MCP task (the Tasks extension); never changes.
+    #[serde(default)]
+    pub task_id: Option<TaskId>,
 }
 
 /// The dead-letter rule on a todo's state and whether a retry is scheduled, for callers that

@@ -172,13 +172,19 @@ pub enum Method {
     ResourcesRead,
     ResourcesTemplatesList,
     Listen,
+    /// The Tasks extension's methods (`tasks/list` and `tasks/result` were removed from it, and
+    /// are method-not-found).
+    TasksGet,
+    TasksUpdate,
+    TasksCancel,
 }
 
 crate::names!(Method {
     Initialize => "initialize", Ping => "ping", Discover => "server/discover",
     ToolsList => "tools/list", ToolsCall => "tools/call", ResourcesList => "resources/list",
     ResourcesRead => "resources/read", ResourcesTemplatesList => "resources/templates/list",
-    Listen => "subscriptions/listen",
+    Listen => "subscriptions/listen", TasksGet => "tasks/get", TasksUpdate => "tasks/update",
+    TasksCancel => "tasks/cancel",
 });
 
 impl Method {
@@ -188,7 +194,19 @@ impl Method {
         match self {
             Method::Initialize | Method::Ping => !modern,
             Method::Discover | Method::Listen => modern,
+            Method::TasksGet | Method::TasksUpdate | Method::TasksCancel => modern,
             _ => true,
+        }
+    }
+
+    /// The task method this is, if it is one.
+    pub fn task(self) -> Option<crate::task::TaskMethod> {
+        use crate::task::TaskMethod;
+        match self {
+            Method::TasksGet => Some(TaskMethod::Get),
+            Method::TasksUpdate => Some(TaskMethod::Update),
+            Method::TasksCancel => Some(TaskMethod::Cancel),
+            _ => None,
         }
     }
 
@@ -251,6 +269,9 @@ pub fn capabilities(grant: &crate::grant::Grant, era: &Era) -> Value {
     let mut caps = json!({"tools": {"listChanged": false}});
     if !era.is_modern() {
         caps["experimental"] = json!({"relay/doorbell": {"method": LEGACY_DOORBELL}});
+    } else if grant.allows(crate::wire::Tool::AddTodo) {
+        // Tasks are made by add_todo: an endpoint that may add is offered them.
+        caps["extensions"] = json!({crate::task::EXTENSION: {}});
     }
     let listens = listen::offered(grant);
     if crate::resources::offered(grant) || listens {
@@ -310,6 +331,42 @@ pub fn refusal(era: &Era, id: Value, code: i64, message: impl Into<String>) -> F
         _ => 200,
     };
     Fault::new(status, id, code, message)
+}
+
+/// Whether a task method (or a task subscription) may be answered in `era`: the request must
+/// declare the Tasks extension, or it is refused `-32021` naming the capability to declare.
+pub fn tasks_declared(era: &Era, id: &Value, what: &str) -> Result<(), Fault> {
+    let declared = match era {
+        Era::Modern(env) => env.declares_extension(crate::task::EXTENSION),
+        Era::Legacy { .. } => false,
+    };
+    if declared {
+        return Ok(());
+    }
+    let ext = crate::task::EXTENSION;
+    Err(refusal(
+        era,
+        id.clone(),
+        MISSING_CAPABILITY,
+        format!(
+            "missing required client capability: {what} needs the Tasks extension; declare \
+             {ext:?} under extensions in params._meta[{:?}]",
+            era::META_CAPABILITIES
+        ),
+    )
+    .with_data(json!({"requiredCapabilities": {"extensions": {ext: {}}}})))
+}
+
+/// A task method's refusal of `e` in `era` (`None` for an internal error): an unknown, foreign
+/// or malformed task and bad params are invalid params (`-32602`), as the extension says.
+pub fn task_refusal(era: &Era, id: Value, e: &crate::Error) -> Option<Fault> {
+    use crate::ErrorCode;
+    match e.code {
+        ErrorCode::Internal => None,
+        ErrorCode::Invalid | ErrorCode::NotFound | ErrorCode::Conflict | ErrorCode::Forbidden => {
+            Some(refusal(era, id, INVALID_PARAMS, e.message.clone()))
+        }
+    }
 }
 
 /// A resource that does not exist, or that the endpoint may not see (the same answer): legacy

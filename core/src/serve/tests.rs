@@ -20,6 +20,10 @@ impl Draw for Seq {
         self.0 += 1;
         Ok(LeaseToken::new(format!("tok-{}", self.0)))
     }
+    fn task_secret(&mut self) -> Result<String, Error> {
+        self.0 += 1;
+        Ok(format!("{:040x}", self.0))
+    }
 }
 
 struct World {
@@ -37,6 +41,7 @@ fn caller(verbs: &[&str], queues: Option<&[&str]>) -> Caller {
         endpoint: "ci".into(),
         session: Some("s1".into()),
         grant: Grant::new(&strings(verbs), queues.map(strings)),
+        tasks: None,
     }
 }
 

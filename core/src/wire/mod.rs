@@ -756,6 +756,10 @@ pub struct TodoOut {
     /// idempotency key did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<bool>,
+    /// The todo was made as an MCP task (the Tasks extension); its client is the endpoint that
+    /// added it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub task: bool,
 }
 
 impl From<&Todo> for TodoOut {
@@ -793,6 +797,7 @@ impl From<&Todo> for TodoOut {
                 tokens: t.budget.tokens,
             }),
             created: None,
+            task: t.task_id.is_some(),
         }
     }
 }
@@ -830,6 +835,9 @@ pub struct TodoWithResult {
     #[serde(flatten)]
     pub todo: TodoOut,
     pub result: Option<Value>,
+    /// `get_todo` by the endpoint that made the task: its task id (for `tasks/get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
 }
 
 /// One attempt as the answers show it. `died` is true exactly for `lease_expired` and `reaped`.
@@ -984,6 +992,7 @@ impl From<&TodoView> for GetTodoOut {
             todo: TodoWithResult {
                 todo: TodoOut::from(&v.todo),
                 result: v.todo.result.clone(),
+                task_id: None,
             },
             attempts: v.attempts.iter().map(AttemptOut::from).collect(),
             attempts_total: v.attempts_total,

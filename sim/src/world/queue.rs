@@ -97,6 +97,7 @@ impl World {
             endpoint: ENDPOINT.into(),
             session: None,
             grant: self.grants[r].clone(),
+            tasks: None,
         };
         let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
         let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
@@ -257,6 +258,11 @@ impl Draw for Tokens<'_> {
     }
     fn lease_token(&mut self) -> Result<LeaseToken, relay_core::Error> {
         Ok(LeaseToken::new(format!("tok-{}", self.0.hex16())))
+    }
+    fn task_secret(&mut self) -> Result<String, relay_core::Error> {
+        Err(relay_core::Error::internal(
+            "the simulated relays make no tasks",
+        ))
     }
 }
 

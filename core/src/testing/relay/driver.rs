@@ -398,6 +398,7 @@ impl LedgerSource {
             endpoint: self.endpoint.clone(),
             session: None,
             grant: Grant::all(),
+            tasks: None,
         };
         let mut tokens = Tokens {
             endpoint: &self.endpoint,
@@ -431,5 +432,8 @@ impl Draw for Tokens<'_> {
             "tok-{}-{}",
             self.endpoint, self.next
         )))
+    }
+    fn task_secret(&mut self) -> Result<String, crate::Error> {
+        Err(crate::Error::internal("the ledger source makes no tasks"))
     }
 }

@@ -125,6 +125,10 @@ pub struct ServerConfig {
     /// was asked may still take effect once the database answers; a fenced write then still
     /// meets its lease, checked on the database's clock at commit.
     pub answer_timeout: Duration,
+    /// The poll interval a task's client is asked to keep (`pollIntervalMs`), and how often a
+    /// `subscriptions/listen` stream looks at the tasks it watches. Default 5 s: agent work
+    /// takes minutes, and a poll is one indexed read.
+    pub task_poll_interval: Duration,
     /// Open connections at most; one more is answered 503 at once and closed (logged at most
     /// once per 10 s). Default 512: half the common fd limit of 1 024, leaving room for the
     /// store and the logs.
@@ -165,6 +169,7 @@ impl ServerConfig {
             idle_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(30),
             answer_timeout: Duration::from_secs(8),
+            task_poll_interval: Duration::from_millis(relay_core::task::POLL_INTERVAL_DEFAULT_MS),
             max_connections: 512,
             max_sessions: 1024,
             max_sessions_per_endpoint: 64,

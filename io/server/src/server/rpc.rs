@@ -15,7 +15,10 @@ use relay_core::grant::Grant;
 use relay_core::ledger::Op;
 use relay_core::mcp::{self, Era, Fault, Message, Method, era, listen};
 use relay_core::resources;
-use relay_core::serve::{self, Caller, Draw, Served, Serving, Step};
+use relay_core::serve::{
+    self, Caller, Draw, Drive, Served, Serving, Step, TaskServed, TaskServing,
+};
+use relay_core::task::{self, TaskCall};
 use relay_core::wire::{self, LeaseToken, Tool};
 use relay_core::{Error, ErrorCode};
 use serde_json::{Value, json};
@@ -133,7 +136,19 @@ async fn answer(
             let params = params.unwrap_or_else(|| json!({}));
             let (tool, arguments) = serve::tool_of(&params)
                 .map_err(|m| mcp::refusal(era, id.clone(), mcp::INVALID_PARAMS, m))?;
-            let answer = server.call(endpoint, grant, session, tool, arguments).await;
+            let tasks = match era {
+                Era::Modern(env) if env.declares_extension(task::EXTENSION) => {
+                    Some(server.task_poll_ms())
+                }
+                _ => None,
+            };
+            let caller = Caller {
+                endpoint: endpoint.name.clone(),
+                session,
+                grant,
+                tasks,
+            };
+            let answer = server.call(caller, tool, arguments).await;
             let code = match &answer {
                 Ok(_) => "ok",
                 Err(e) => e.code.as_str(),
@@ -169,9 +184,13 @@ async fn answer(
                 Some(queue) => read_queue(server, endpoint, &grant, queue).await,
                 None => match resources::read(&grant, params.as_ref()) {
                     Ok((todo, args)) => {
-                        let served = server
-                            .call(endpoint, grant, session, Tool::GetTodo, Some(&args))
-                            .await;
+                        let caller = Caller {
+                            endpoint: endpoint.name.clone(),
+                            session,
+                            grant,
+                            tasks: None,
+                        };
+                        let served = server.call(caller, Tool::GetTodo, Some(&args)).await;
                         resources::read_result(&todo, served)
                     }
                     Err(e) => Err(e),
@@ -203,12 +222,60 @@ async fn answer(
             }
             Ok(json!({"resourceTemplates": templates}))
         }
+        Method::TasksGet | Method::TasksUpdate | Method::TasksCancel => {
+            task_answer(server, endpoint, era, method, id, params).await
+        }
         Method::Initialize | Method::Listen => Err(mcp::refusal(
             era,
             id.clone(),
             mcp::INTERNAL_ERROR,
             "internal error: this method is answered elsewhere",
         )),
+    }
+}
+
+/// A task method's answer: the request must declare the extension; the call is core's
+/// [`TaskServing`] over the store.
+async fn task_answer(
+    server: &Server,
+    endpoint: &Endpoint,
+    era: &Era,
+    method: Method,
+    id: &Value,
+    params: Option<Value>,
+) -> Result<Value, Fault> {
+    let Some(which) = method.task() else {
+        return Err(mcp::refusal(
+            era,
+            id.clone(),
+            mcp::METHOD_NOT_FOUND,
+            "not a task method",
+        ));
+    };
+    mcp::tasks_declared(era, id, which.as_str())?;
+    let call = TaskCall::decode(which, params.as_ref())
+        .map_err(|e| mcp::refusal(era, id.clone(), mcp::INVALID_PARAMS, e.message))?;
+    let caller = Caller {
+        endpoint: endpoint.name.clone(),
+        session: None,
+        grant: endpoint.grant(),
+        tasks: Some(server.task_poll_ms()),
+    };
+    let answer = server.task_call(caller, call).await;
+    let code = match &answer {
+        Ok(_) => "ok",
+        Err(e) => e.code.as_str(),
+    };
+    server.inner.metrics.tool_call(which.as_str(), code);
+    match answer {
+        Ok(served) => Ok(served.result),
+        Err(e) => {
+            tracing::info!(endpoint = %endpoint.name, method = which.as_str(), result = code, "task method refused");
+            Err(mcp::task_refusal(era, id.clone(), &e).unwrap_or_else(|| {
+                let context = format!("endpoint {} {}", endpoint.name, which.as_str());
+                internal(server, era, id, &context, &e)
+            }))
+        }
     }
 }
 
@@ -408,29 +475,21 @@ impl Draw for ServerDraw<'_> {
     fn lease_token(&mut self) -> Result<LeaseToken, Error> {
         self.0.new_lease_token()
     }
+    fn task_secret(&mut self) -> Result<String, Error> {
+        self.0.random_hex::<20>()
+    }
 }
 
 impl Server {
-    /// Serves one tool call for `endpoint` (over its legacy session, if any): core's serving function over the
-    /// store, with the metrics and the doorbell around it.
-    async fn call(
+    /// Drives a call being served (a tool's or a task method's) over the store to its end.
+    async fn drive<D: Drive>(
         &self,
-        endpoint: &Endpoint,
-        grant: Grant,
-        session: Option<String>,
-        tool: Tool,
-        arguments: Option<&Value>,
-    ) -> Result<Served, Error> {
-        let caller = Caller {
-            endpoint: endpoint.name.clone(),
-            session,
-            grant,
-        };
+        serving: &mut D,
+        mut step: Step<D::Out>,
+        draw: &mut ServerDraw<'_>,
+    ) -> Result<D::Out, Error> {
         let m = &self.inner.metrics;
-        let mut draw = ServerDraw(self);
-        let (mut serving, mut step) =
-            Serving::start(tool, arguments, caller, self.now(), &mut draw);
-        let served = loop {
+        loop {
             match step {
                 Step::Apply(op) => {
                     let claim = matches!(op, Op::Claim { .. } | Op::ClaimNext { .. });
@@ -443,11 +502,45 @@ impl Server {
                     if claim {
                         m.claim_latency.observe(started.elapsed().as_secs_f64());
                     }
-                    step = serving.answered(answer, &mut draw);
+                    step = serving.answered(answer, draw);
                 }
-                Step::Done(done) => break done?,
+                Step::Done(done) => return done,
             }
-        };
+        }
+    }
+
+    /// Serves one task method: core's [`TaskServing`] over the store, with the metrics and the
+    /// doorbell around it.
+    async fn task_call(&self, caller: Caller, call: TaskCall) -> Result<TaskServed, Error> {
+        let mut draw = ServerDraw(self);
+        let (mut serving, step) = TaskServing::start(call, caller, self.now());
+        let served = self.drive(&mut serving, step, &mut draw).await?;
+        if let Some((outcome, disposition)) = served.closed {
+            self.inner.metrics.closed(outcome, disposition);
+        }
+        if let Some((t, offer)) = &served.ring {
+            self.ring_todo(t, *offer);
+        }
+        Ok(served)
+    }
+
+    /// The poll interval a task's client is asked to keep, in ms.
+    pub(crate) fn task_poll_ms(&self) -> relay_core::Millis {
+        self.inner.config.task_poll_interval.as_millis() as relay_core::Millis
+    }
+
+    /// Serves one tool call for `caller`: core's serving function over the store, with the
+    /// metrics and the doorbell around it.
+    async fn call(
+        &self,
+        caller: Caller,
+        tool: Tool,
+        arguments: Option<&Value>,
+    ) -> Result<Served, Error> {
+        let m = &self.inner.metrics;
+        let mut draw = ServerDraw(self);
+        let (mut serving, step) = Serving::start(tool, arguments, caller, self.now(), &mut draw);
+        let served = self.drive(&mut serving, step, &mut draw).await?;
         if let Some((outcome, disposition)) = served.closed {
             m.closed(outcome, disposition);
             if disposition == relay_core::ledger::Disposition::DeadLettered

@@ -17,7 +17,13 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (10, "lease_due", MIGRATION_0010),
     (11, "store_heartbeat", MIGRATION_0011),
     (12, "asking", MIGRATION_0012),
+    (13, "tasks", MIGRATION_0013),
 ];
+
+/// A todo made as an MCP task keeps its task id (never changed after the add).
+const MIGRATION_0013: &str = "
+ALTER TABLE todos ADD COLUMN task_id text CHECK (octet_length(task_id) BETWEEN 1 AND 200);
+";
 
 /// The todos table before attempt history. Ids sort bytewise (`COLLATE "C"`) like Rust strings,
 /// so FIFO ties and sweep order match the ledger whatever the database's locale.

@@ -3,8 +3,8 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, Outcome, Question, Todo,
-    TodoState, TokenHash, Usage,
+    Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, Outcome, Question, TaskId,
+    Todo, TodoState, TokenHash, Usage,
 };
 use serde_json::Value;
 
@@ -151,6 +151,12 @@ pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
             cost_micros: r.figure()?,
             input_tokens: r.figure()?,
             output_tokens: r.figure()?,
+        },
+        task_id: match r.opt_text()? {
+            None => None,
+            Some(s) => {
+                Some(TaskId::parse(&s).ok_or_else(|| bad("a todo", "task_id is malformed"))?)
+            }
         },
     })
 }

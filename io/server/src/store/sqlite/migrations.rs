@@ -17,7 +17,13 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (10, "board_bulk", MIGRATION_0010),
     (11, "store_heartbeat", MIGRATION_0011),
     (12, "asking", MIGRATION_0012),
+    (13, "tasks", MIGRATION_0013),
 ];
+
+/// A todo made as an MCP task keeps its task id (never changed after the add).
+const MIGRATION_0013: &str = "
+ALTER TABLE todos ADD COLUMN task_id TEXT CHECK (length(CAST(task_id AS BLOB)) BETWEEN 1 AND 200);
+";
 
 /// The migrations that rebuild a table another one references: foreign keys are off while
 /// they run (see `migrate`).
