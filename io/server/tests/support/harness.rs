@@ -194,6 +194,7 @@ impl Harness {
             session: None,
             next_id: 1,
             modern: false,
+            tasks: false,
         }
     }
 
@@ -202,6 +203,14 @@ impl Harness {
         Mcp {
             modern: true,
             ..self.mcp(name, token)
+        }
+    }
+
+    /// A modern client that declares the Tasks extension on every request.
+    pub fn mcp_tasks(&self, name: &str, token: &str) -> Mcp {
+        Mcp {
+            tasks: true,
+            ..self.mcp_modern(name, token)
         }
     }
 
@@ -223,6 +232,8 @@ pub struct Mcp {
     pub next_id: u64,
     /// Speaks the 2026-07-28 era: `_meta` and the protocol headers on every request.
     pub modern: bool,
+    /// Declares the Tasks extension in every modern request's client capabilities.
+    pub tasks: bool,
 }
 
 impl Mcp {
@@ -253,7 +264,12 @@ impl Mcp {
         self.next_id += 1;
         let (params, headers) = if self.modern {
             let info = json!({"name": "test", "version": "0"});
-            relay_core::mcp::era::stamp(method, params, &info)
+            let (mut params, headers) = relay_core::mcp::era::stamp(method, params, &info);
+            if self.tasks {
+                params["_meta"][relay_core::mcp::era::META_CAPABILITIES] =
+                    json!({"extensions": {relay_core::task::EXTENSION: {}}});
+            }
+            (params, headers)
         } else {
             (params, Vec::new())
         };
