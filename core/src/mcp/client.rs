@@ -273,6 +273,7 @@ mod tests {
             &sub,
             &crate::mcp::listen::Listen {
                 queues: BTreeSet::from(["a".to_string()]),
+                tasks: Vec::new(),
             },
         );
         assert_eq!(

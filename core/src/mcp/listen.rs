@@ -3,6 +3,11 @@
 //! `subscriptions/listen` stream subscribed to it hears `notifications/resources/updated` for
 //! it when work may be waiting. Which rings go out is the same gate as the legacy ring
 //! ([`crate::doorbell::Gate`]); this module decodes the request and writes the frames.
+//!
+//! A stream may also watch MCP tasks (`taskIds`, the Tasks extension, for a request that
+//! declares it): it hears `notifications/tasks` with the whole task whenever what `tasks/get`
+//! would answer changes ([`task_changed`]). The server looks at the watched tasks every poll
+//! interval in the shared store, so a change made through any server of a cluster is heard.
 
 use std::collections::BTreeSet;
 
@@ -11,6 +16,7 @@ use serde_json::{Value, json};
 use super::era::META_SUBSCRIPTION;
 use crate::error::Error;
 use crate::grant::Grant;
+use crate::ledger::TaskId;
 
 /// Where a queue's resource URI starts; the queue's name follows.
 pub const QUEUE_URI_PREFIX: &str = "relay://queues/";
@@ -47,11 +53,52 @@ pub fn readable(grant: &Grant, queue: &str) -> Result<(), Error> {
     )))
 }
 
-/// A decoded `subscriptions/listen`: the queues to ring for, and the honoured subset of the
-/// request's filter for the acknowledgement.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A decoded `subscriptions/listen`: the queues to ring for and the tasks to watch, the
+/// honoured subset of the request's filter for the acknowledgement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listen {
     pub queues: BTreeSet<String>,
+    /// Task ids with a task id's shape, at most [`TASKS_PER_LISTEN`] (one that names no task of
+    /// this endpoint is watched and never heard of).
+    pub tasks: Vec<TaskId>,
+}
+
+/// The notification a task watcher hears.
+pub const TASK_STATUS: &str = "notifications/tasks";
+/// Tasks one stream may watch.
+pub const TASKS_PER_LISTEN: usize = 100;
+
+/// Whether a listen request asks for task notifications (the request must then declare the
+/// Tasks extension).
+pub fn asks_tasks(params: Option<&Value>) -> bool {
+    params
+        .and_then(|p| p.get("notifications"))
+        .and_then(|n| n.get("taskIds"))
+        .is_some_and(|t| !t.is_null())
+}
+
+fn task_ids(v: Option<&Value>) -> Result<Vec<TaskId>, Error> {
+    let bad = || {
+        Error::invalid(format!(
+            "params.notifications.taskIds must be a list of at most {TASKS_PER_LISTEN} task id \
+             strings (the taskId add_todo answered)"
+        ))
+    };
+    let ids = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(ids)) if ids.len() <= TASKS_PER_LISTEN => ids,
+        Some(_) => return Err(bad()),
+    };
+    let mut out: Vec<TaskId> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = id.as_str().ok_or_else(bad)?;
+        if let Some(t) = TaskId::parse(id)
+            && !out.contains(&t)
+        {
+            out.push(t);
+        }
+    }
+    Ok(out)
 }
 
 /// Decodes a listen request's `notifications` filter for an endpoint with `grant`. Only
@@ -59,10 +106,17 @@ pub struct Listen {
 /// the `*ListChanged` kinds are left out of the acknowledgement, as the specification asks for
 /// kinds a server does not send); a URI that is not a granted queue's is refused, naming it.
 pub fn decode(grant: &Grant, params: Option<&Value>) -> Result<Listen, Error> {
-    if !offered(grant) {
+    let tasks_only = asks_tasks(params)
+        && grant.allows(crate::wire::Tool::AddTodo)
+        && params
+            .and_then(|p| p.get("notifications"))
+            .and_then(|n| n.get("resourceSubscriptions"))
+            .is_none_or(|r| r.as_array().is_some_and(Vec::is_empty));
+    if !offered(grant) && !tasks_only {
         return Err(Error::forbidden(
             "subscriptions/listen: the doorbell is for endpoints that claim work, and this one \
-             is granted neither claim_next nor claim",
+             is granted neither claim_next nor claim (an endpoint granted add_todo may watch \
+             its tasks, with taskIds)",
         ));
     }
     let filter = params.and_then(|p| p.get("notifications")).ok_or_else(|| {
@@ -107,20 +161,49 @@ pub fn decode(grant: &Grant, params: Option<&Value>) -> Result<Listen, Error> {
             ));
         }
     }
-    Ok(Listen { queues })
+    let tasks = task_ids(filter.get("taskIds"))?;
+    Ok(Listen { queues, tasks })
 }
 
 /// The stream's first message: what of the filter is honoured.
 pub fn acknowledged(subscription: &Value, listen: &Listen) -> Value {
     let uris: Vec<String> = listen.queues.iter().map(|q| queue_uri(q)).collect();
+    let mut notifications = json!({"resourceSubscriptions": uris});
+    if !listen.tasks.is_empty() {
+        let ids: Vec<&str> = listen.tasks.iter().map(TaskId::expose).collect();
+        notifications["taskIds"] = json!(ids);
+    }
     json!({
         "jsonrpc": "2.0",
         "method": ACKNOWLEDGED,
         "params": {
             "_meta": {META_SUBSCRIPTION: subscription},
-            "notifications": {"resourceSubscriptions": uris},
+            "notifications": notifications,
         },
     })
+}
+
+/// Whether a watched task's answer `now` (what `tasks/get` answers) is news after the one last
+/// sent (`None`: nothing sent yet): its status, message or update time moved.
+pub fn task_changed(last: Option<&Value>, now: &Value) -> bool {
+    let key = |t: &Value| {
+        (
+            t["status"].clone(),
+            t["statusMessage"].clone(),
+            t["lastUpdatedAt"].clone(),
+        )
+    };
+    last.is_none_or(|l| key(l) != key(now))
+}
+
+/// A watched task's news: the whole task, as `tasks/get` would answer it now.
+pub fn task_status(subscription: &Value, task: &Value) -> Value {
+    let mut params = match task {
+        Value::Object(m) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    params.insert("_meta".into(), json!({META_SUBSCRIPTION: subscription}));
+    json!({"jsonrpc": "2.0", "method": TASK_STATUS, "params": params})
 }
 
 /// A ring: work may be waiting in `queue`.

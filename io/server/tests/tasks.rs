@@ -10,7 +10,9 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Harness, Mcp, open_store};
+use std::time::Duration;
+
+use harness::{BOUND, Harness, Mcp, next_event, open_store};
 use relay_core::ledger::LedgerConfig;
 use relay_core::mcp::era::{self, MODERN};
 use relay_core::task::EXTENSION;
@@ -32,6 +34,11 @@ const VERBS: &[&str] = &[
 /// Two servers over one database: the first owns the harness's store; the second opens its own
 /// (a pool of its own on Postgres, the same in-memory SQLite otherwise).
 async fn two_servers() -> (Harness, Harness) {
+    two_servers_polling(Duration::from_secs(5)).await
+}
+
+/// [`two_servers`] with the task poll interval `poll`.
+async fn two_servers_polling(poll: Duration) -> (Harness, Harness) {
     let (store, pg) = open_store().await;
     let second = match &pg {
         Some((url, schema)) => Store::Postgres(
@@ -42,9 +49,9 @@ async fn two_servers() -> (Harness, Harness) {
         ),
         None => store.clone(),
     };
-    let mut a = Harness::start_on(store, 7, |_| {}, false).await;
+    let mut a = Harness::start_on(store, 7, |c| c.task_poll_interval = poll, false).await;
     a.pg_schema = pg;
-    let b = Harness::start_on(second, 8, |_| {}, false).await;
+    let b = Harness::start_on(second, 8, |c| c.task_poll_interval = poll, false).await;
     (a, b)
 }
 
@@ -397,4 +404,94 @@ async fn task_requests_are_checked_and_a_refusal_names_no_task_id() {
     assert_eq!(v["error"]["code"], -32020, "{v}");
     assert!(!v.to_string().contains(&secret), "{v}");
     assert_eq!(get(&mut client, &id).await["status"], "working");
+}
+
+#[tokio::test]
+async fn a_listen_stream_hears_a_task_change_made_through_another_server() {
+    let (a, b) = two_servers_polling(Duration::from_millis(20)).await;
+    let token = a.endpoint("ci", VERBS, None).await;
+    let adder = a.endpoint("adder", &["add_todo"], None).await;
+    let mut client = a.mcp_tasks("ci", &token);
+    let mut watcher = b.mcp_tasks("ci", &token);
+    let mut worker = a.mcp_modern("ci", &token);
+    let id = create(&mut client, json!({"queue": "q", "title": "t"})).await["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Without the extension declared, task notifications are refused.
+    let mut plain = b.mcp_modern("ci", &token);
+    let (status, v) = plain
+        .rpc(
+            "subscriptions/listen",
+            json!({"notifications": {"taskIds": [id]}}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_i64()),
+        (400, Some(-32021)),
+        "{v}"
+    );
+
+    let mut stream = watcher
+        .send(
+            "subscriptions/listen",
+            json!({"notifications": {"taskIds": [id]}}),
+        )
+        .await;
+    assert_eq!(stream.status(), 200);
+    let mut buf = String::new();
+    let ack = next_event(&mut stream, &mut buf, BOUND).await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let seen = next_event(&mut stream, &mut buf, BOUND).await.unwrap();
+    assert_eq!(seen["method"], "notifications/tasks", "{seen}");
+    assert_eq!(
+        (
+            seen["params"]["taskId"].as_str(),
+            seen["params"]["status"].as_str()
+        ),
+        (Some(id.as_str()), Some("working"))
+    );
+    assert!(seen["params"]["_meta"].is_object());
+
+    // The worker claims and completes through the other server: each change is heard, the
+    // last with the result, and then the stream has nothing more to say of the task.
+    let (todo, lease, _) = claim(&mut worker).await;
+    let running = next_event(&mut stream, &mut buf, BOUND).await.unwrap();
+    assert_eq!(
+        running["params"]["statusMessage"], "attempt 1/5 running",
+        "{running}"
+    );
+    worker
+        .ok(
+            "complete",
+            json!({"id": todo, "lease_token": lease, "result": {"ok": true}}),
+        )
+        .await;
+    let done = next_event(&mut stream, &mut buf, BOUND).await.unwrap();
+    assert_eq!(done["params"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["params"]["result"]["structuredContent"]["result"],
+        json!({"ok": true})
+    );
+
+    // An endpoint that only adds may watch its tasks; another endpoint's task is never heard.
+    let mut only_adds = b.mcp_tasks("adder", &adder);
+    let mut s2 = only_adds
+        .send(
+            "subscriptions/listen",
+            json!({"notifications": {"taskIds": [id]}}),
+        )
+        .await;
+    assert_eq!(s2.status(), 200);
+    let mut buf2 = String::new();
+    next_event(&mut s2, &mut buf2, BOUND).await.unwrap();
+    assert_eq!(
+        next_event(&mut s2, &mut buf2, Duration::from_millis(200)).await,
+        None
+    );
 }

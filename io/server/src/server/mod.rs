@@ -679,7 +679,7 @@ impl Server {
         endpoint: &str,
         listen: relay_core::mcp::listen::Listen,
         subscription: serde_json::Value,
-    ) -> Result<mpsc::Receiver<String>, String> {
+    ) -> Result<(mpsc::Receiver<String>, mpsc::Sender<String>), String> {
         let mut st = lock(&self.inner.state);
         relay_core::limits::admit_stream(&self.caps(), Self::streams_open(&st))?;
         let (tx, rx) = mpsc::channel(16);
@@ -694,10 +694,10 @@ impl Server {
                 endpoint: endpoint.to_string(),
                 queues: listen.queues,
                 subscription,
-                tx,
+                tx: tx.clone(),
             },
         );
-        Ok(rx)
+        Ok((rx, tx))
     }
 
     // -----------------------------------------------------------------------------------------

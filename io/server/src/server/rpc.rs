@@ -389,6 +389,11 @@ fn open_listen(
     id: Value,
     params: Option<&Value>,
 ) -> Reply {
+    if listen::asks_tasks(params)
+        && let Err(f) = mcp::tasks_declared(era, &id, "subscriptions/listen with taskIds")
+    {
+        return f.into();
+    }
     let listen = match listen::decode(&endpoint.grant(), params) {
         Ok(l) => l,
         Err(e) => {
@@ -397,9 +402,19 @@ fn open_listen(
         }
     };
     let farewell = listen::closed(&id).to_string();
+    let tasks = listen.tasks.clone();
     match server.open_listen(&endpoint.name, listen, id.clone()) {
-        Ok(rx) => {
-            tracing::info!(endpoint = %endpoint.name, "listen stream opened");
+        Ok((rx, tx)) => {
+            tracing::info!(endpoint = %endpoint.name, tasks = tasks.len(), "listen stream opened");
+            if !tasks.is_empty() {
+                let caller = Caller {
+                    endpoint: endpoint.name.clone(),
+                    session: None,
+                    grant: endpoint.grant(),
+                    tasks: Some(server.task_poll_ms()),
+                };
+                tokio::spawn(watch_tasks(server.clone(), caller, tasks, id.clone(), tx));
+            }
             Reply::Raw(event_stream(server, rx, Some(farewell), StreamEnd::Listen))
         }
         Err(message) => {
@@ -411,6 +426,55 @@ fn open_listen(
                 message,
             )))
         }
+    }
+}
+
+/// A listen stream's task watcher: every poll interval, each watched task as `tasks/get` answers
+/// it, read from the store (so a change made through any server is heard); a change goes out as
+/// `notifications/tasks`. A task that reached a terminal status, or that names no task of this
+/// endpoint, is watched no longer. Ends when the stream does or nothing is left to watch.
+async fn watch_tasks(
+    server: Server,
+    caller: Caller,
+    tasks: Vec<relay_core::ledger::TaskId>,
+    subscription: Value,
+    tx: tokio::sync::mpsc::Sender<String>,
+) {
+    let mut watched: Vec<(relay_core::ledger::TaskId, Option<Value>)> =
+        tasks.into_iter().map(|t| (t, None)).collect();
+    let mut tick = tokio::time::interval(server.inner.config.task_poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !watched.is_empty() {
+        tokio::select! {
+            () = tx.closed() => return,
+            _ = tick.tick() => {}
+        }
+        let mut keep = Vec::with_capacity(watched.len());
+        for (id, last) in watched {
+            let call = TaskCall::Get(task::Presented::Shaped(id.clone()));
+            let now = match server.task_call(caller.clone(), call).await {
+                Ok(served) => served.result,
+                // Not this endpoint's task (or deleted): nothing to hear of.
+                Err(e) if e.code != ErrorCode::Internal => continue,
+                // The store did not answer: look again next time.
+                Err(_) => {
+                    keep.push((id, last));
+                    continue;
+                }
+            };
+            if listen::task_changed(last.as_ref(), &now) {
+                let note = listen::task_status(&subscription, &now).to_string();
+                if tx.send(note).await.is_err() {
+                    return;
+                }
+            }
+            let ended = task::TaskStatus::parse(now["status"].as_str().unwrap_or_default())
+                .is_some_and(task::TaskStatus::terminal);
+            if !ended {
+                keep.push((id, Some(now)));
+            }
+        }
+        watched = keep;
     }
 }
 
