@@ -84,14 +84,44 @@ pub fn mcp_decode(data: &[u8]) {
     let named_ok = match method.as_str() {
         "tools/call" => stamped.get("name").is_some_and(Value::is_string),
         "resources/read" => stamped.get("uri").is_some_and(Value::is_string),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => {
+            stamped.get("taskId").is_some_and(Value::is_string)
+        }
         _ => true,
     };
+    if let Some(m) = Method::parse(&method).and_then(Method::task) {
+        task_decode(m, params.as_ref());
+    }
+    if method == "subscriptions/listen" {
+        let grant = crate::grant::Grant::all();
+        if let Ok(l) = mcp::listen::decode(&grant, params.as_ref()) {
+            assert!(l.tasks.len() <= mcp::listen::TASKS_PER_LISTEN);
+        }
+    }
     let sendable = Method::parse(&method).is_some_and(|m| m.in_era(true)) && named_ok;
     if pick % 4 == 2 && sendable {
         assert!(
             matches!(classified, Ok((Era::Modern(_), _))),
             "a stamped {method} was refused: {classified:?}"
         );
+    }
+}
+
+/// A task method's params decoded: never panics; a refusal is `invalid`, names the method, and
+/// never quotes the presented task id; a decoded call is of the method asked.
+fn task_decode(m: crate::task::TaskMethod, params: Option<&Value>) {
+    use crate::task::TaskCall;
+    match TaskCall::decode(m, params) {
+        Ok(call) => assert_eq!(call.method(), m),
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::Invalid, "{e}");
+            assert!(e.message.starts_with(m.as_str()), "{e}");
+            if let Some(id) = params.and_then(|p| p.get("taskId")).and_then(Value::as_str)
+                && id.len() >= 8
+            {
+                assert!(!e.message.contains(id), "{e}");
+            }
+        }
     }
 }
 
