@@ -848,3 +848,27 @@ async fn a_confirmed_bulk_action_resumes_after_a_restart_from_the_todos_left() {
         assert_eq!(t.todo.state, want, "{id}");
     }
 }
+
+#[tokio::test]
+async fn a_task_page_says_it_is_a_task_and_whose_but_never_its_id() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let ep = h.endpoint("ci", &["add_todo", "get_todo"], None).await;
+    let mut client = h.mcp_tasks("ci", &ep);
+    let (_, made) = client
+        .rpc(
+            "tools/call",
+            json!({"name": "add_todo", "arguments": {"queue": "q", "title": "as a task"}}),
+        )
+        .await;
+    let task_id = made["result"]["taskId"].as_str().expect("a task").to_string();
+    let (todo, secret) = task_id.rsplit_once('.').unwrap();
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b.get(&format!("/board/todos/{todo}")).await.text().await.unwrap();
+    assert!(page.contains("An MCP task"), "{page}");
+    assert!(page.contains("endpoint ci"), "{page}");
+    assert!(!page.contains(secret), "the page shows the task id");
+    let list = b.get("/board/queues/q").await.text().await.unwrap();
+    assert!(!list.contains(secret), "the queue page shows the task id");
+}

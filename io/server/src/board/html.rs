@@ -590,6 +590,16 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
         rfc3339(t.updated_at),
         age(now, Some(t.updated_at)),
     );
+    if t.task_id.is_some() {
+        // That it is a task and whose; never its id (a handle its client keeps).
+        let _ = write!(
+            body,
+            "<p class=\"task\">An MCP task (the Tasks extension): its client, endpoint {}, \
+             polls its status with tasks/get and may answer or cancel it. A task's end is final: \
+             once finished it cannot be retried.</p>",
+            esc(&t.endpoint)
+        );
+    }
     if !t.spent.is_zero() || !t.budget.is_none() {
         let _ = write!(
             body,
