@@ -19,8 +19,8 @@
 //! of a task's finished todo is refused (`transition::retry`), since its client may already have
 //! taken the result.
 //!
-//! relay keeps a finished todo until it is deleted, so `ttlMs` is `null`; a deleted todo's task
-//! is not found. An input request's key is `q<seq>`, the attempt that asked: unique over the
+//! `relay serve` discards no todo on its own, so `ttlMs` is `null`; a todo removed from the
+//! store is a task not found. An input request's key is `q<seq>`, the attempt that asked: unique over the
 //! task's life, as the extension requires.
 
 use serde_json::{Map, Value, json};
