@@ -861,11 +861,19 @@ async fn a_task_page_says_it_is_a_task_and_whose_but_never_its_id() {
             json!({"name": "add_todo", "arguments": {"queue": "q", "title": "as a task"}}),
         )
         .await;
-    let task_id = made["result"]["taskId"].as_str().expect("a task").to_string();
+    let task_id = made["result"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_string();
     let (todo, secret) = task_id.rsplit_once('.').unwrap();
     let mut b = Board::new(&h);
     b.login(&token).await;
-    let page = b.get(&format!("/board/todos/{todo}")).await.text().await.unwrap();
+    let page = b
+        .get(&format!("/board/todos/{todo}"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("An MCP task"), "{page}");
     assert!(page.contains("endpoint ci"), "{page}");
     assert!(!page.contains(secret), "the page shows the task id");
