@@ -7,24 +7,7 @@ use super::*;
 use crate::ledger::{Ledger, LedgerConfig};
 use crate::relay::{ClaimAnswer, decode_claim};
 
-/// Ids and tokens in sequence.
-#[derive(Default)]
-struct Seq(u32);
-
-impl Draw for Seq {
-    fn todo_id(&mut self) -> Result<String, Error> {
-        self.0 += 1;
-        Ok(format!("td_{}", self.0))
-    }
-    fn lease_token(&mut self) -> Result<LeaseToken, Error> {
-        self.0 += 1;
-        Ok(LeaseToken::new(format!("tok-{}", self.0)))
-    }
-    fn task_secret(&mut self) -> Result<String, Error> {
-        self.0 += 1;
-        Ok(format!("{:040x}", self.0))
-    }
-}
+use crate::testing::SeqDraw as Seq;
 
 struct World {
     ledger: Ledger,

@@ -7,27 +7,9 @@ use super::*;
 use crate::ErrorCode;
 use crate::grant::Grant;
 use crate::ledger::{Actor, Answer, Ledger, LedgerConfig, Op, TASK_SECRET_HEX};
-use crate::serve::{Caller, Draw, Served, TaskServed, TaskServing, drive, serve, tool_of};
-use crate::wire::LeaseToken;
+use crate::serve::{Caller, Served, TaskServed, TaskServing, drive, serve, tool_of};
 
-/// Ids, tokens and task secrets in sequence.
-#[derive(Default)]
-struct Seq(u32);
-
-impl Draw for Seq {
-    fn todo_id(&mut self) -> Result<String, Error> {
-        self.0 += 1;
-        Ok(format!("td_{}", self.0))
-    }
-    fn lease_token(&mut self) -> Result<LeaseToken, Error> {
-        self.0 += 1;
-        Ok(LeaseToken::new(format!("tok-{}", self.0)))
-    }
-    fn task_secret(&mut self) -> Result<String, Error> {
-        self.0 += 1;
-        Ok(format!("{:040x}", self.0))
-    }
-}
+use crate::testing::SeqDraw as Seq;
 
 struct World {
     ledger: Ledger,
@@ -94,6 +76,12 @@ fn create(w: &mut World, c: &Caller, args: Value) -> Value {
     served.result()
 }
 
+/// Adds a todo as a task; answers its task id.
+fn create_id(w: &mut World, c: &Caller, args: Value) -> String {
+    let made = create(w, c, args);
+    made["taskId"].as_str().expect("a task id").to_string()
+}
+
 #[test]
 fn add_todo_answers_a_task_only_to_a_request_that_declares_the_extension() {
     let mut w = World::new();
@@ -140,10 +128,7 @@ fn every_todo_state_maps_to_its_task_status() {
     let mut w = World::new();
     let c = caller("ci", true);
     let args = json!({"queue": "q", "title": "t", "max_attempts": 2});
-    let id = create(&mut w, &c, args.clone())["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut w, &c, args.clone());
     let t = w.get(&c, &id);
     assert_eq!(
         (t["status"].as_str(), t["resultType"].as_str()),
@@ -228,10 +213,7 @@ fn every_todo_state_maps_to_its_task_status() {
 fn a_terminal_task_status_never_changes() {
     let mut w = World::new();
     let c = caller("ci", true);
-    let id = create(&mut w, &c, json!({"queue": "q", "title": "t"}))["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let (todo, token) = w.claim(&c);
     w.call(&c, "complete", json!({"id": todo, "lease_token": token}))
         .unwrap();
@@ -260,20 +242,14 @@ fn a_terminal_task_status_never_changes() {
 fn a_cancel_stops_a_pending_or_claimed_task_and_a_completion_committed_first_wins() {
     let mut w = World::new();
     let c = caller("ci", true);
-    let pending = create(&mut w, &c, json!({"queue": "q", "title": "t"}))["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let pending = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let served = w
         .task(&c, TaskMethod::Cancel, json!({"taskId": pending}))
         .unwrap();
     assert_eq!(served.closed, None);
     assert_eq!(w.get(&c, &pending)["status"], "cancelled");
 
-    let claimed = create(&mut w, &c, json!({"queue": "q", "title": "t"}))["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let claimed = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let (todo, token) = w.claim(&c);
     let served = w
         .task(&c, TaskMethod::Cancel, json!({"taskId": claimed}))
@@ -298,10 +274,7 @@ fn a_cancel_stops_a_pending_or_claimed_task_and_a_completion_committed_first_win
 fn an_update_answers_only_the_outstanding_request_once() {
     let mut w = World::new();
     let c = caller("ci", true);
-    let id = create(&mut w, &c, json!({"queue": "q", "title": "t"}))["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let update = |w: &mut World, key: &str, action: &str| {
         let r = json!({key: {"action": action, "content": {"answer": "yes"}}});
         w.task(
@@ -345,10 +318,7 @@ fn an_update_answers_only_the_outstanding_request_once() {
 fn unknown_foreign_and_malformed_tasks_are_not_found_without_echoing_the_id() {
     let mut w = World::new();
     let c = caller("ci", true);
-    let id = create(&mut w, &c, json!({"queue": "q", "title": "t"}))["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let (todo, secret) = id.rsplit_once('.').unwrap();
     let wrong_secret = format!("{todo}.{}", "f".repeat(secret.len()));
     let other_todo = format!("td_99.{secret}");

@@ -31,14 +31,9 @@ const VERBS: &[&str] = &[
     "answer_todo",
 ];
 
-/// Two servers over one database: the first owns the harness's store; the second opens its own
+/// Two servers over one database, polling tasks every `poll`: the first owns the harness's store; the second opens its own
 /// (a pool of its own on Postgres, the same in-memory SQLite otherwise).
-async fn two_servers() -> (Harness, Harness) {
-    two_servers_polling(Duration::from_secs(5)).await
-}
-
-/// [`two_servers`] with the task poll interval `poll`.
-async fn two_servers_polling(poll: Duration) -> (Harness, Harness) {
+async fn two_servers(poll: Duration) -> (Harness, Harness) {
     let (store, pg) = open_store().await;
     let second = match &pg {
         Some((url, schema)) => Store::Postgres(
@@ -53,6 +48,30 @@ async fn two_servers_polling(poll: Duration) -> (Harness, Harness) {
     a.pg_schema = pg;
     let b = Harness::start_on(second, 8, |c| c.task_poll_interval = poll, false).await;
     (a, b)
+}
+
+/// Two servers, an endpoint `ci`, and its clients: the task's client on the first server,
+/// another task client on the second, and a modern worker on the first.
+struct Cluster {
+    a: Harness,
+    b: Harness,
+    token: String,
+    client: Mcp,
+    other: Mcp,
+    worker: Mcp,
+}
+
+async fn cluster(poll: Duration) -> Cluster {
+    let (a, b) = two_servers(poll).await;
+    let token = a.endpoint("ci", VERBS, None).await;
+    Cluster {
+        client: a.mcp_tasks("ci", &token),
+        other: b.mcp_tasks("ci", &token),
+        worker: a.mcp_modern("ci", &token),
+        a,
+        b,
+        token,
+    }
 }
 
 /// A task method's result (asserting HTTP 200 and no error).
@@ -79,6 +98,12 @@ async fn create(c: &mut Mcp, args: Value) -> Value {
     r
 }
 
+/// `add_todo` answered with a task: its id.
+async fn create_id(c: &mut Mcp, args: Value) -> String {
+    let made = create(c, args).await;
+    made["taskId"].as_str().expect("a task id").to_string()
+}
+
 /// A fenced claim by a worker: (todo id, lease token, the claim's answer).
 async fn claim(w: &mut Mcp) -> (String, String, Value) {
     let c = w.ok("claim_next", json!({"require_fence": true})).await;
@@ -88,10 +113,15 @@ async fn claim(w: &mut Mcp) -> (String, String, Value) {
 
 #[tokio::test]
 async fn a_task_is_created_polled_worked_and_completed_across_two_servers() {
-    let (a, b) = two_servers().await;
-    let token = a.endpoint("ci", VERBS, None).await;
-    let mut client = a.mcp_tasks("ci", &token);
-    let mut other = b.mcp_tasks("ci", &token);
+    let Cluster {
+        a: _a,
+        b,
+        token,
+        mut client,
+        mut other,
+        worker: _,
+    } = cluster(Duration::from_secs(5)).await;
+    // This worker speaks the legacy era, through the second server.
     let mut worker = b.mcp("ci", &token);
     worker.init().await;
 
@@ -166,15 +196,16 @@ async fn a_task_is_created_polled_worked_and_completed_across_two_servers() {
 
 #[tokio::test]
 async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it() {
-    let (a, b) = two_servers().await;
-    let token = a.endpoint("ci", VERBS, None).await;
-    let mut client = a.mcp_tasks("ci", &token);
-    let mut other = b.mcp_tasks("ci", &token);
-    let mut worker = a.mcp_modern("ci", &token);
-    let id = create(&mut client, json!({"queue": "q", "title": "deploy"})).await["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    // Every field bound: a harness dropped stops its server.
+    let Cluster {
+        a: _a,
+        b: _b,
+        token: _,
+        mut client,
+        mut other,
+        mut worker,
+    } = cluster(Duration::from_secs(5)).await;
+    let id = create_id(&mut client, json!({"queue": "q", "title": "deploy"})).await;
     let (todo, lease, _) = claim(&mut worker).await;
     worker
         .ok(
@@ -220,23 +251,21 @@ async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it()
 
 #[tokio::test]
 async fn cancel_stops_a_pending_and_a_claimed_task_and_a_dead_letter_is_an_error_result() {
-    let (a, b) = two_servers().await;
-    let token = a.endpoint("ci", VERBS, None).await;
-    let mut client = a.mcp_tasks("ci", &token);
-    let mut other = b.mcp_tasks("ci", &token);
-    let mut worker = a.mcp_modern("ci", &token);
+    // Every field bound: a harness dropped stops its server.
+    let Cluster {
+        a: _a,
+        b: _b,
+        token: _,
+        mut client,
+        mut other,
+        mut worker,
+    } = cluster(Duration::from_secs(5)).await;
 
-    let pending = create(&mut client, json!({"queue": "p", "title": "t"})).await["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let pending = create_id(&mut client, json!({"queue": "p", "title": "t"})).await;
     task(&mut other, "tasks/cancel", json!({"taskId": pending})).await;
     assert_eq!(get(&mut client, &pending).await["status"], "cancelled");
 
-    let claimed = create(&mut client, json!({"queue": "q", "title": "t"})).await["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let claimed = create_id(&mut client, json!({"queue": "q", "title": "t"})).await;
     let (todo, lease, _) = claim(&mut worker).await;
     task(&mut other, "tasks/cancel", json!({"taskId": claimed})).await;
     assert_eq!(get(&mut client, &claimed).await["status"], "cancelled");
@@ -288,14 +317,11 @@ async fn cancel_stops_a_pending_and_a_claimed_task_and_a_dead_letter_is_an_error
 
 #[tokio::test]
 async fn task_requests_are_checked_and_a_refusal_names_no_task_id() {
-    let (a, _b) = two_servers().await;
+    let (a, _b) = two_servers(Duration::from_secs(5)).await;
     let token = a.endpoint("ci", VERBS, None).await;
     let other_token = a.endpoint("other", VERBS, None).await;
     let mut client = a.mcp_tasks("ci", &token);
-    let id = create(&mut client, json!({"queue": "q", "title": "t"})).await["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut client, json!({"queue": "q", "title": "t"})).await;
     let secret = id.rsplit_once('.').unwrap().1.to_string();
 
     // Without the extension declared: a plain answer to add_todo, -32021 to a task method.
@@ -408,16 +434,16 @@ async fn task_requests_are_checked_and_a_refusal_names_no_task_id() {
 
 #[tokio::test]
 async fn a_listen_stream_hears_a_task_change_made_through_another_server() {
-    let (a, b) = two_servers_polling(Duration::from_millis(20)).await;
-    let token = a.endpoint("ci", VERBS, None).await;
+    let Cluster {
+        a,
+        b,
+        token,
+        mut client,
+        other: mut watcher,
+        mut worker,
+    } = cluster(Duration::from_millis(20)).await;
     let adder = a.endpoint("adder", &["add_todo"], None).await;
-    let mut client = a.mcp_tasks("ci", &token);
-    let mut watcher = b.mcp_tasks("ci", &token);
-    let mut worker = a.mcp_modern("ci", &token);
-    let id = create(&mut client, json!({"queue": "q", "title": "t"})).await["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_id(&mut client, json!({"queue": "q", "title": "t"})).await;
 
     // Without the extension declared, task notifications are refused.
     let mut plain = b.mcp_modern("ci", &token);
