@@ -4,16 +4,9 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::ledger::{Ledger, LedgerConfig};
 use crate::relay::{ClaimAnswer, decode_claim};
 
-use crate::testing::SeqDraw as Seq;
-
-struct World {
-    ledger: Ledger,
-    draw: Seq,
-    now: Millis,
-}
+use crate::testing::ServingWorld as World;
 
 fn strings(xs: &[&str]) -> Vec<String> {
     xs.iter().map(|s| s.to_string()).collect()
@@ -28,32 +21,13 @@ fn caller(verbs: &[&str], queues: Option<&[&str]>) -> Caller {
     }
 }
 
-impl World {
-    fn new() -> World {
-        World {
-            ledger: Ledger::new(LedgerConfig::default()),
-            draw: Seq::default(),
-            now: 1_000_000,
-        }
-    }
-
-    fn call(&mut self, caller: &Caller, tool: &str, args: Value) -> Result<Served, Error> {
-        let params = json!({"name": tool, "arguments": args});
-        let (tool, args) = tool_of(&params).expect("a tool");
-        let ledger = &mut self.ledger;
-        serve(tool, args, caller.clone(), self.now, &mut self.draw, |op| {
-            ledger.apply(op)
-        })
-    }
-}
-
 fn code(r: Result<Served, Error>) -> ErrorCode {
     r.expect_err("refused").code
 }
 
 #[test]
 fn an_added_todo_rings_fresh_and_a_fenced_claim_decodes_as_the_daemon_reads_it() {
-    let mut w = World::new();
+    let mut w = World::default();
     let all = caller(&["add_todo", "claim_next"], None);
     let added = w
         .call(&all, "add_todo", json!({"queue": "q", "title": "fix it"}))
@@ -77,7 +51,7 @@ fn an_added_todo_rings_fresh_and_a_fenced_claim_decodes_as_the_daemon_reads_it()
 
 #[test]
 fn reports_say_what_they_closed_and_a_release_rings_requeued() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller(
         &["add_todo", "claim_next", "complete", "fail", "release"],
         None,
@@ -134,7 +108,7 @@ fn reports_say_what_they_closed_and_a_release_rings_requeued() {
 
 #[test]
 fn a_takeover_reports_the_lapsed_attempt_closed() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller(&["add_todo", "claim_next"], None);
     w.call(&c, "add_todo", json!({"queue": "q", "title": "t"}))
         .unwrap();
@@ -150,7 +124,7 @@ fn a_takeover_reports_the_lapsed_attempt_closed() {
 
 #[test]
 fn grants_are_checked_before_the_arguments_and_scope_every_queue() {
-    let mut w = World::new();
+    let mut w = World::default();
     let admin = caller(&["add_todo"], None);
     w.call(&admin, "add_todo", json!({"queue": "a", "title": "t"}))
         .unwrap();
@@ -223,7 +197,7 @@ fn tools_call_params_name_a_known_tool() {
 
 #[test]
 fn an_add_with_a_used_idempotency_key_answers_created_false_and_rings_nothing() {
-    let mut w = World::new();
+    let mut w = World::default();
     let all = caller(&["add_todo"], None);
     let args = json!({"queue": "q", "title": "from a webhook", "idempotency_key": "evt-1"});
     let first = w.call(&all, "add_todo", args.clone()).unwrap();
@@ -245,7 +219,7 @@ fn an_add_with_a_used_idempotency_key_answers_created_false_and_rings_nothing() 
 
 #[test]
 fn a_stale_fenced_report_answers_conflict_and_get_todo_shows_it_late() {
-    let mut w = World::new();
+    let mut w = World::default();
     let all = caller(
         &["add_todo", "claim", "complete", "fail", "list_todos"],
         None,
@@ -295,7 +269,7 @@ fn a_stale_fenced_report_answers_conflict_and_get_todo_shows_it_late() {
 
 #[test]
 fn a_non_retryable_fail_answers_its_dead_letter_reason() {
-    let mut w = World::new();
+    let mut w = World::default();
     let all = caller(&["add_todo", "claim_next", "fail", "list_todos"], None);
     w.call(&all, "add_todo", json!({"queue": "q", "title": "t"}))
         .unwrap();
@@ -329,7 +303,7 @@ fn a_non_retryable_fail_answers_its_dead_letter_reason() {
 
 #[test]
 fn a_heartbeat_at_the_budget_is_refused_after_its_stop_is_counted() {
-    let mut w = World::new();
+    let mut w = World::default();
     let all = caller(&["add_todo", "claim_next", "heartbeat"], None);
     let budget = json!({"queue": "q", "title": "spend", "budget": {"tokens": 100}});
     w.call(&all, "add_todo", budget).unwrap();

@@ -6,16 +6,9 @@ use serde_json::{Value, json};
 use super::*;
 use crate::ErrorCode;
 use crate::grant::Grant;
-use crate::ledger::{Actor, Answer, Ledger, LedgerConfig, Op, TASK_SECRET_HEX};
-use crate::serve::{Caller, Served, TaskServed, TaskServing, drive, serve, tool_of};
-
-use crate::testing::SeqDraw as Seq;
-
-struct World {
-    ledger: Ledger,
-    draw: Seq,
-    now: Millis,
-}
+use crate::ledger::{Actor, Answer, Op, TASK_SECRET_HEX};
+use crate::serve::Caller;
+use crate::testing::ServingWorld as World;
 
 const POLL: Millis = 2_000;
 
@@ -28,31 +21,13 @@ fn caller(endpoint: &str, tasks: bool) -> Caller {
     }
 }
 
-impl World {
-    fn new() -> World {
-        World {
-            ledger: Ledger::new(LedgerConfig::default()),
-            draw: Seq::default(),
-            now: 1_000_000,
-        }
-    }
+/// What these tests ask of the world besides its calls.
+trait Tasks {
+    fn get(&mut self, c: &Caller, id: &str) -> Value;
+    fn claim(&mut self, c: &Caller) -> (String, String);
+}
 
-    fn call(&mut self, c: &Caller, tool: &str, args: Value) -> Result<Served, Error> {
-        let params = json!({"name": tool, "arguments": args});
-        let (tool, args) = tool_of(&params).expect("a tool");
-        let ledger = &mut self.ledger;
-        serve(tool, args, c.clone(), self.now, &mut self.draw, |op| {
-            ledger.apply(op)
-        })
-    }
-
-    fn task(&mut self, c: &Caller, method: TaskMethod, params: Value) -> Result<TaskServed, Error> {
-        let call = TaskCall::decode(method, Some(&params))?;
-        let (mut serving, step) = TaskServing::start(call, c.clone(), self.now);
-        let ledger = &mut self.ledger;
-        drive(&mut serving, step, &mut self.draw, |op| ledger.apply(op))
-    }
-
+impl Tasks for World {
     fn get(&mut self, c: &Caller, id: &str) -> Value {
         self.task(c, TaskMethod::Get, json!({"taskId": id}))
             .expect("tasks/get")
@@ -84,7 +59,7 @@ fn create_id(w: &mut World, c: &Caller, args: Value) -> String {
 
 #[test]
 fn add_todo_answers_a_task_only_to_a_request_that_declares_the_extension() {
-    let mut w = World::new();
+    let mut w = World::default();
     let plain = w
         .call(
             &caller("ci", false),
@@ -125,7 +100,7 @@ fn add_todo_answers_a_task_only_to_a_request_that_declares_the_extension() {
 
 #[test]
 fn every_todo_state_maps_to_its_task_status() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller("ci", true);
     let args = json!({"queue": "q", "title": "t", "max_attempts": 2});
     let id = create_id(&mut w, &c, args.clone());
@@ -211,7 +186,7 @@ fn every_todo_state_maps_to_its_task_status() {
 
 #[test]
 fn a_terminal_task_status_never_changes() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller("ci", true);
     let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let (todo, token) = w.claim(&c);
@@ -240,7 +215,7 @@ fn a_terminal_task_status_never_changes() {
 
 #[test]
 fn a_cancel_stops_a_pending_or_claimed_task_and_a_completion_committed_first_wins() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller("ci", true);
     let pending = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let served = w
@@ -272,7 +247,7 @@ fn a_cancel_stops_a_pending_or_claimed_task_and_a_completion_committed_first_win
 
 #[test]
 fn an_update_answers_only_the_outstanding_request_once() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller("ci", true);
     let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let update = |w: &mut World, key: &str, action: &str| {
@@ -316,7 +291,7 @@ fn an_update_answers_only_the_outstanding_request_once() {
 
 #[test]
 fn unknown_foreign_and_malformed_tasks_are_not_found_without_echoing_the_id() {
-    let mut w = World::new();
+    let mut w = World::default();
     let c = caller("ci", true);
     let id = create_id(&mut w, &c, json!({"queue": "q", "title": "t"}));
     let (todo, secret) = id.rsplit_once('.').unwrap();
@@ -415,7 +390,7 @@ fn bad_task_params_are_refused_naming_the_field() {
 #[test]
 fn a_task_answer_is_the_views_own() {
     // `detailed` reads only its view: a todo that is not a task has no task.
-    let mut w = World::new();
+    let mut w = World::default();
     w.call(
         &caller("ci", false),
         "add_todo",
