@@ -196,24 +196,16 @@ async fn a_task_is_created_polled_worked_and_completed_across_two_servers() {
 
 #[tokio::test]
 async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it() {
-    // Every field bound: a harness dropped stops its server.
-    let Cluster {
-        a: _a,
-        b: _b,
-        token: _,
-        mut client,
-        mut other,
-        mut worker,
-    } = cluster(Duration::from_secs(5)).await;
-    let id = create_id(&mut client, json!({"queue": "q", "title": "deploy"})).await;
-    let (todo, lease, _) = claim(&mut worker).await;
-    worker
+    let mut c = cluster(Duration::from_secs(5)).await;
+    let id = create_id(&mut c.client, json!({"queue": "q", "title": "deploy"})).await;
+    let (todo, lease, _) = claim(&mut c.worker).await;
+    c.worker
         .ok(
             "request_input",
             json!({"id": todo, "lease_token": lease, "question": "Which region?"}),
         )
         .await;
-    let t = get(&mut other, &id).await;
+    let t = get(&mut c.other, &id).await;
     assert_eq!(t["status"], "input_required", "{t}");
     let requests = t["inputRequests"].as_object().unwrap();
     assert_eq!(requests.len(), 1);
@@ -223,7 +215,7 @@ async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it()
 
     let answer = json!({key.as_str(): {"action": "accept", "content": {"answer": "eu-west"}}});
     let ack = task(
-        &mut other,
+        &mut c.other,
         "tasks/update",
         json!({"taskId": id, "inputResponses": answer}),
     )
@@ -235,14 +227,14 @@ async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it()
     );
     // The repeat (its ack lost) is ignored.
     task(
-        &mut client,
+        &mut c.client,
         "tasks/update",
         json!({"taskId": id, "inputResponses": answer}),
     )
     .await;
-    assert_eq!(get(&mut client, &id).await["status"], "working");
-    // The next attempt sees the question and its answer, by the task's client.
-    let (_, _, c) = claim(&mut worker).await;
+    assert_eq!(get(&mut c.client, &id).await["status"], "working");
+    // The next attempt sees the question and its answer, by the task's c.client.
+    let (_, _, c) = claim(&mut c.worker).await;
     let prior = &c["prior_attempts"][0];
     assert_eq!(prior["question"], "Which region?", "{c}");
     assert_eq!(prior["answer"], "eu-west", "{c}");
@@ -251,57 +243,49 @@ async fn a_question_is_answered_through_the_task_and_the_next_attempt_reads_it()
 
 #[tokio::test]
 async fn cancel_stops_a_pending_and_a_claimed_task_and_a_dead_letter_is_an_error_result() {
-    // Every field bound: a harness dropped stops its server.
-    let Cluster {
-        a: _a,
-        b: _b,
-        token: _,
-        mut client,
-        mut other,
-        mut worker,
-    } = cluster(Duration::from_secs(5)).await;
+    let mut c = cluster(Duration::from_secs(5)).await;
 
-    let pending = create_id(&mut client, json!({"queue": "p", "title": "t"})).await;
-    task(&mut other, "tasks/cancel", json!({"taskId": pending})).await;
-    assert_eq!(get(&mut client, &pending).await["status"], "cancelled");
+    let pending = create_id(&mut c.client, json!({"queue": "p", "title": "t"})).await;
+    task(&mut c.other, "tasks/cancel", json!({"taskId": pending})).await;
+    assert_eq!(get(&mut c.client, &pending).await["status"], "cancelled");
 
-    let claimed = create_id(&mut client, json!({"queue": "q", "title": "t"})).await;
-    let (todo, lease, _) = claim(&mut worker).await;
-    task(&mut other, "tasks/cancel", json!({"taskId": claimed})).await;
-    assert_eq!(get(&mut client, &claimed).await["status"], "cancelled");
-    // The worker is stopped at its next heartbeat; its late completion changes nothing.
-    worker
+    let claimed = create_id(&mut c.client, json!({"queue": "q", "title": "t"})).await;
+    let (todo, lease, _) = claim(&mut c.worker).await;
+    task(&mut c.other, "tasks/cancel", json!({"taskId": claimed})).await;
+    assert_eq!(get(&mut c.client, &claimed).await["status"], "cancelled");
+    // The c.worker is stopped at its next heartbeat; its late completion changes nothing.
+    c.worker
         .fails(
             "heartbeat",
             json!({"id": todo, "lease_token": lease}),
             "conflict",
         )
         .await;
-    worker
+    c.worker
         .fails(
             "complete",
             json!({"id": todo, "lease_token": lease}),
             "conflict",
         )
         .await;
-    assert_eq!(get(&mut other, &claimed).await["status"], "cancelled");
+    assert_eq!(get(&mut c.other, &claimed).await["status"], "cancelled");
 
     let dead = create(
-        &mut client,
+        &mut c.client,
         json!({"queue": "q", "title": "t", "max_attempts": 1}),
     )
     .await["taskId"]
         .as_str()
         .unwrap()
         .to_string();
-    let (todo, lease, _) = claim(&mut worker).await;
-    worker
+    let (todo, lease, _) = claim(&mut c.worker).await;
+    c.worker
         .ok(
             "fail",
             json!({"id": todo, "lease_token": lease, "summary": "tests still red"}),
         )
         .await;
-    let t = get(&mut other, &dead).await;
+    let t = get(&mut c.other, &dead).await;
     assert_eq!(
         (t["status"].as_str(), &t["result"]["isError"]),
         (Some("completed"), &json!(true))
