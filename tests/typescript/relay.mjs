@@ -20,9 +20,10 @@ export class Relay {
     return execFileSync(this.bin, args, { env: this.env, encoding: 'utf8', timeout: 60_000 }).trim();
   }
 
-  async start() {
+  // Starts `relay serve`; serveArgs are further flags (e.g. '--task-poll-interval', '100ms').
+  async start(...serveArgs) {
     const log = openSync(join(this.dir, 'serve.log'), 'w');
-    this.proc = spawn(this.bin, ['serve', '--listen', '127.0.0.1:0'], {
+    this.proc = spawn(this.bin, ['serve', '--listen', '127.0.0.1:0', ...serveArgs], {
       env: this.env,
       stdio: ['ignore', 'pipe', log],
     });

@@ -162,6 +162,8 @@ fn every_todo_state_maps_to_its_task_status() {
     let t = w.get(&c, &id);
     assert_eq!(t["status"], "completed");
     assert_eq!(t["result"]["isError"], false);
+    // The CallToolResult of the era: it says its resultType, as the ext-tasks client requires.
+    assert_eq!(t["result"]["resultType"], "complete");
     assert_eq!(t["result"]["structuredContent"]["result"], json!({"pr": 7}));
     assert_eq!(t["result"]["structuredContent"]["state"], "done");
 
@@ -180,6 +182,7 @@ fn every_todo_state_maps_to_its_task_status() {
         (t["status"].as_str(), &t["result"]["isError"]),
         (Some("completed"), &json!(true))
     );
+    assert_eq!(t["result"]["resultType"], "complete");
     let why = t["result"]["content"][0]["text"].as_str().unwrap();
     assert!(why.contains("attempts"), "{why}");
 }

@@ -180,6 +180,7 @@ async fn a_task_is_created_polled_worked_and_completed_across_two_servers() {
         let t = get(c, &id).await;
         assert_eq!(t["status"], "completed", "{t}");
         assert_eq!(t["result"]["isError"], false);
+        assert_eq!(t["result"]["resultType"], "complete", "{t}");
         assert_eq!(
             t["result"]["structuredContent"]["result"],
             json!({"pr": 12})
