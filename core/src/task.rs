@@ -16,8 +16,8 @@
 //!
 //! `failed` (a JSON-RPC error during execution) never happens: an attempt's failure is the
 //! worker's report, not a protocol error. A terminal status never changes: an operator's retry
-//! of a task's finished todo is refused (`transition::retry`), since its client may already have
-//! taken the result.
+//! of a task's finished todo is refused (`transition::retry`), and so is a cancel of its dead
+//! letter (`transition::cancel`), since its client may already have taken the result.
 //!
 //! relay keeps a finished todo until it is deleted, so `ttlMs` is `null`; a deleted todo's task
 //! is not found. An input request's key is `q<seq>`, the attempt that asked: unique over the

@@ -1149,7 +1149,8 @@ pub fn pause(actor: &Actor, queue: &str, paused: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Cancels the todo; an open attempt is closed `canceled`/`canceled`.
+/// Cancels the todo; an open attempt is closed `canceled`/`canceled`. A done or canceled todo
+/// is a `conflict`, and so is an MCP task's dead letter (a task's end is final).
 pub fn cancel(
     now: Millis,
     todo: &Todo,
@@ -1163,6 +1164,15 @@ pub fn cancel(
         return Err(Error::conflict(format!(
             "{op} {}: todo is already {}; nothing to cancel",
             todo.id, todo.state
+        )));
+    }
+    // A dead letter is a task's end (`completed`, as an error), as final as done: canceling it
+    // would change the status its client may already have taken, as a retry would.
+    if todo.task_id.is_some() && todo.dead_letter() {
+        return Err(Error::conflict(format!(
+            "{op} {}: the todo is an MCP task that has ended (a dead letter), and a task's end is \
+             final: its client may already have taken the result",
+            todo.id
         )));
     }
     let mut change = Change::new(todo.clone());

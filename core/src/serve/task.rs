@@ -7,8 +7,9 @@
 //! The two writes acknowledge as the extension says, cooperatively: a response to an input
 //! request that is no longer outstanding is ignored, and so is a `decline` (the question stays
 //! open for the operator, or until `answer_within_seconds` dead-letters it); a cancel of a task
-//! that has ended changes nothing, and a cancel that loses to a completion committed first is
-//! acknowledged too (the task then reads `completed`).
+//! that has ended changes nothing, and a cancel that loses to a completion committed first (the
+//! todo done, or dead-lettered, between the read and the write) is acknowledged too: the ledger
+//! refuses it, and the task reads `completed`.
 
 use serde_json::{Value, json};
 

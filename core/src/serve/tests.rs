@@ -383,3 +383,43 @@ fn a_heartbeat_at_the_budget_is_refused_after_its_stop_is_counted() {
     assert_eq!(code(w.call(&all, "heartbeat", bad)), ErrorCode::Invalid);
     assert_eq!(w.ledger, before);
 }
+
+/// A `tasks/cancel` reads its task, then writes; a report may commit in between. Found by the
+/// simulator (a server stalled between the two): the read saw the task working (claimed), the
+/// worker's fail on its last attempt dead-lettered the todo, and the write then canceled the
+/// dead letter, turning the task's `completed` into `cancelled`. The cancel is acknowledged as
+/// one that lost to a completion committed first, and the task still reads `completed`.
+#[test]
+fn a_cancel_that_loses_to_a_dead_letter_leaves_the_task_completed() {
+    use crate::task::{self, TaskCall, TaskMethod, TaskStatus};
+    let mut w = World::new();
+    let client = Caller {
+        tasks: Some(5_000),
+        ..caller(&["add_todo", "claim_next", "fail"], None)
+    };
+    let args = json!({"queue": "q", "title": "fix it", "max_attempts": 1});
+    let made = w.call(&client, "add_todo", args).unwrap();
+    let task_id = made.answer["taskId"].as_str().unwrap().to_string();
+    w.call(&client, "claim_next", json!({})).unwrap();
+    let params = json!({"taskId": task_id});
+    let call = TaskCall::decode(TaskMethod::Cancel, Some(&params)).unwrap();
+    let (mut serving, read) = TaskServing::start(call, client.clone(), w.now);
+    let Step::Apply(read) = read else {
+        panic!("a cancel reads its task first: {read:?}")
+    };
+    let write = serving.answered(w.ledger.apply(read), &mut w.draw);
+    let Step::Apply(write) = write else {
+        panic!("a working task's cancel writes: {write:?}")
+    };
+    w.call(&client, "fail", json!({"id": "td_1"})).unwrap();
+    let dead = w.ledger.todo("td_1").unwrap().clone();
+    assert!(dead.dead_letter());
+    let done = serving.answered(w.ledger.apply(write), &mut w.draw);
+    let Step::Done(Ok(acked)) = done else {
+        panic!("the cancel is acknowledged: {done:?}")
+    };
+    assert_eq!((acked.result, acked.closed), (json!({}), None));
+    let t = w.ledger.todo("td_1").unwrap();
+    assert_eq!(t, &dead);
+    assert_eq!(task::status(t), TaskStatus::Completed);
+}
