@@ -1683,6 +1683,7 @@ mod asking {
             id: "td_1".into(),
             answer: text.into(),
             key: key.map(str::to_string),
+            seq: None,
         };
         l.apply(op).and_then(Answer::todo)
     }
@@ -1741,6 +1742,32 @@ mod asking {
         assert_eq!(q.answered_by.as_deref(), Some("operator:cli"));
         // Asking did not spend one of the two attempts.
         assert_eq!(c.todo.attempt, 1);
+        l.check().unwrap();
+    }
+
+    /// An answer that names its question (a task's input request) answers only that one: once
+    /// the todo waits on another attempt's question, it is a conflict and changes nothing.
+    #[test]
+    fn an_answer_naming_its_question_never_answers_another() {
+        let mut l = ledger_with(1, 2);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        ask(&mut l, T0 + 20, "t1", "first?", None);
+        answer(&mut l, T0 + 30, Actor::cli(), "yes", None).unwrap();
+        l.claim(T0 + 40, &ep("e"), "td_1", &fenced("t2")).unwrap();
+        ask(&mut l, T0 + 50, "t2", "second?", None);
+        let before = l.clone();
+        let named = |seq| Op::AnswerTodo {
+            now: T0 + 60,
+            actor: ep("e"),
+            id: "td_1".into(),
+            answer: "for the first".into(),
+            key: Some("task-q1".into()),
+            seq: Some(seq),
+        };
+        assert_eq!(code(l.apply(named(1))), ErrorCode::Conflict);
+        assert_eq!(l, before);
+        let t = l.apply(named(2)).and_then(Answer::todo).unwrap();
+        assert_eq!(t.state, TodoState::Pending);
         l.check().unwrap();
     }
 

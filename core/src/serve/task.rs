@@ -117,17 +117,23 @@ impl TaskServing {
             }
             TaskCall::Update(_, responses) => {
                 let outstanding = (view.todo.state == TodoState::InputRequired)
-                    .then(|| view.attempts.first().map(|a| task::input_key(a.seq)))
+                    .then(|| {
+                        view.attempts
+                            .first()
+                            .map(|a| (a.seq, task::input_key(a.seq)))
+                    })
                     .flatten();
-                let accepted = responses.iter().find_map(|(key, r)| match r {
-                    Response::Accept(text) if Some(key) == outstanding.as_ref() => {
-                        Some((key, text))
-                    }
-                    _ => None,
+                let accepted = outstanding.and_then(|(seq, open)| {
+                    responses.iter().find_map(|(key, r)| match r {
+                        Response::Accept(text) if *key == open => Some((seq, key, text)),
+                        _ => None,
+                    })
                 });
                 match accepted {
                     None => Step::Done(Ok(ack(method))),
-                    Some((key, text)) => {
+                    // The write names the question: should another be open by then (this one
+                    // answered meanwhile, and the todo asked again), the ledger refuses it.
+                    Some((seq, key, text)) => {
                         self.waiting = Waiting::Answered;
                         Step::Apply(Op::AnswerTodo {
                             now: self.now,
@@ -135,6 +141,7 @@ impl TaskServing {
                             id: todo_id,
                             answer: text.clone(),
                             key: Some(format!("task-{key}")),
+                            seq: Some(seq),
                         })
                     }
                 }

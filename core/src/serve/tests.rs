@@ -423,3 +423,77 @@ fn a_cancel_that_loses_to_a_dead_letter_leaves_the_task_completed() {
     assert_eq!(t, &dead);
     assert_eq!(task::status(t), TaskStatus::Completed);
 }
+
+/// A `tasks/update` reads the outstanding input request, then writes the answer; other requests
+/// may commit in between. If the operator answered that question meanwhile and the next attempt
+/// asked another, the response (keyed `q1`) must not answer the new question (`q2`): the write
+/// names the question it answers, the ledger refuses it, and the update is acknowledged as one
+/// no longer outstanding.
+#[test]
+fn an_update_never_answers_a_question_asked_after_its_read() {
+    use crate::ledger::{Actor, TodoState};
+    use crate::task::{TaskCall, TaskMethod};
+    let mut w = World::new();
+    let client = Caller {
+        tasks: Some(5_000),
+        ..caller(&["add_todo", "claim_next", "request_input"], None)
+    };
+    let made = w
+        .call(
+            &client,
+            "add_todo",
+            json!({"queue": "q", "title": "fix it"}),
+        )
+        .unwrap();
+    let task_id = made.answer["taskId"].as_str().unwrap().to_string();
+    let ask = |w: &mut World, question: &str| {
+        w.call(&client, "claim_next", json!({})).unwrap();
+        let args = json!({"id": "td_1", "question": question});
+        w.call(&client, "request_input", args).unwrap();
+    };
+    ask(&mut w, "which branch?");
+    let params = json!({"taskId": task_id, "inputResponses": {
+        "q1": {"action": "accept", "content": {"answer": "main"}},
+    }});
+    let call = TaskCall::decode(TaskMethod::Update, Some(&params)).unwrap();
+    let (mut serving, read) = TaskServing::start(call, client.clone(), w.now);
+    let Step::Apply(read) = read else {
+        panic!("an update reads its task first: {read:?}")
+    };
+    let write = serving.answered(w.ledger.apply(read), &mut w.draw);
+    let Step::Apply(write) = write else {
+        panic!("an accepted outstanding request is written: {write:?}")
+    };
+    let operator = Op::AnswerTodo {
+        now: w.now,
+        actor: Actor::cli(),
+        id: "td_1".into(),
+        answer: "release-2".into(),
+        key: None,
+        seq: None,
+    };
+    w.ledger.apply(operator).unwrap();
+    ask(&mut w, "which file?");
+    let done = serving.answered(w.ledger.apply(write), &mut w.draw);
+    let Step::Done(Ok(acked)) = done else {
+        panic!("the update is acknowledged: {done:?}")
+    };
+    assert_eq!((acked.result, acked.ring), (json!({}), None));
+    let t = w.ledger.todo("td_1").unwrap();
+    assert_eq!((t.state, t.attempts_total), (TodoState::InputRequired, 2));
+    let questions: Vec<_> = w
+        .ledger
+        .attempts("td_1")
+        .map(|a| {
+            let q = a.question.as_ref().unwrap();
+            (a.seq, q.answer.as_deref(), q.answered_by.as_deref())
+        })
+        .collect();
+    assert_eq!(
+        questions,
+        [
+            (1, Some("release-2"), Some("operator:cli")),
+            (2, None, None)
+        ]
+    );
+}

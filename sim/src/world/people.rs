@@ -196,6 +196,7 @@ impl World {
                 id: id.to_string(),
                 answer: text.clone(),
                 key: Some(key.clone()),
+                seq: None,
             };
             self.ledger.apply(op).and_then(ledger::Answer::todo)
         };
@@ -274,7 +275,8 @@ impl World {
             .collect();
         recent.reverse();
         recent.truncate(ledger::PRIOR_ATTEMPTS);
-        let change = transition::answer(self.now, before, &recent, &Actor::cli(), text, Some(key))?;
+        let cli = Actor::cli();
+        let change = transition::answer(self.now, before, &recent, &cli, text, Some(key), None)?;
         let Some(mut change) = change else {
             return Ok(before.clone());
         };
