@@ -746,6 +746,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 id,
                 answer: text,
                 key: None,
+                seq: None,
             };
             let t = store.apply(op).await?.todo()?;
             out!("{}: {}", esc(&t.id), t.state);

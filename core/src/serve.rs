@@ -416,6 +416,7 @@ impl Serving {
                     id: a.id,
                     answer: a.answer,
                     key: a.idempotency_key,
+                    seq: None,
                 };
                 (op, Waiting::Todo)
             }

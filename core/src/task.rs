@@ -16,8 +16,8 @@
 //!
 //! `failed` (a JSON-RPC error during execution) never happens: an attempt's failure is the
 //! worker's report, not a protocol error. A terminal status never changes: an operator's retry
-//! of a task's finished todo is refused (`transition::retry`), since its client may already have
-//! taken the result.
+//! of a task's finished todo is refused (`transition::retry`), and so is a cancel of its dead
+//! letter (`transition::cancel`), since its client may already have taken the result.
 //!
 //! `relay serve` discards no todo on its own, so `ttlMs` is `null`; a todo removed from the
 //! store is a task not found. An input request's key is `q<seq>`, the attempt that asked: unique over the

@@ -29,6 +29,9 @@ pub enum Mutation {
     /// The server acknowledges an operator's answer and makes the todo pending again, but does
     /// not keep the answer on the attempt that asked.
     AnswerDropped,
+    /// The server applies a task's `tasks/cancel` even when the task has ended (it skips
+    /// `TaskServing`'s check of a terminal status): a finished todo becomes canceled.
+    TaskCancelOverrides,
 }
 
 relay_core::names!(Mutation {
@@ -38,6 +41,7 @@ relay_core::names!(Mutation {
     ReaperClosesTwice => "reaper-closes-twice",
     DeadlinesOnWallClock => "deadlines-on-wall-clock",
     AnswerDropped => "answer-dropped",
+    TaskCancelOverrides => "task-cancel-overrides",
 });
 
 /// What a relay's lease source shows it in `tools/list`, which decides what its daemon sends.
@@ -78,6 +82,26 @@ pub struct People {
     pub budgets: u32,
     /// Per relay, what its lease source shows it.
     pub surfaces: Vec<Surface>,
+}
+
+/// MCP task clients (the Tasks extension): how many todos they add as tasks, and how they
+/// behave. Each task has a client of its own, which polls it until it ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Tasks {
+    /// Todos added as MCP tasks, besides `todos` (0: no client declares the extension).
+    pub count: usize,
+    /// The poll interval the server suggests (`pollIntervalMs`); a client keeps about it.
+    pub poll: Millis,
+    /// Per mille of adds whose `CreateTaskResult` is lost: the client adds again, same key.
+    pub replay: u32,
+    /// Per mille of polls of a live task at which its client cancels it.
+    pub cancel: u32,
+    /// Per mille of input requests a client declines at first (it accepts at a later poll).
+    pub decline: u32,
+    /// Per mille of task methods whose write the server applies only after a stall (another
+    /// request's transaction may commit between the method's read and its write).
+    pub stall: u32,
 }
 
 /// Fault kinds; each is on or off for a whole run.
@@ -159,6 +183,9 @@ pub struct Options {
     /// Questions, answers and spend (drawn from a stream of their own).
     #[serde(default)]
     pub people: People,
+    /// MCP task clients (drawn from a stream of their own).
+    #[serde(default)]
+    pub tasks: Tasks,
 }
 
 /// Relay clocks drift at most this much (parts per million). The lease argument holds within
@@ -238,8 +265,10 @@ impl Options {
             mutation,
             hours: Vec::new(),
             people: People::default(),
+            tasks: Tasks::default(),
         }
         .with_people(seed)
+        .with_tasks(seed)
         .with_hours(seed)
     }
 
@@ -262,7 +291,7 @@ impl Options {
         if shape.all_faults {
             o.faults = o.faults.all_on();
         }
-        o.with_people(seed).with_hours(seed)
+        o.with_people(seed).with_tasks(seed).with_hours(seed)
     }
 
     /// Draws the people and spend options from their own stream (the others stay as the seed
@@ -305,6 +334,35 @@ impl Options {
             repeat,
             budgets,
             surfaces,
+        };
+        self
+    }
+
+    /// Draws the task clients from their own stream (the other options stay as the seed drew
+    /// them before tasks existed). Swarm: some seeds have none, some never cancel or decline,
+    /// and the server's stalls come and go.
+    fn with_tasks(mut self, seed: u64) -> Options {
+        let mut r = Rng::stream(seed, "tasks");
+        let on = |r: &mut Rng, per_mille, lo, hi| {
+            if r.chance(per_mille) {
+                r.range(lo, hi) as u32
+            } else {
+                0
+            }
+        };
+        let count = if r.chance(750) {
+            r.range(1, 4) as usize
+        } else {
+            0
+        };
+        let poll = r.range(30, 300) * SECOND;
+        self.tasks = Tasks {
+            count,
+            poll,
+            replay: on(&mut r, 700, 200, 600),
+            cancel: on(&mut r, 600, 20, 150),
+            decline: on(&mut r, 700, 300, 700),
+            stall: on(&mut r, 600, 100, 500),
         };
         self
     }
@@ -364,7 +422,7 @@ impl Options {
             0
         };
         let attempts = u64::from(self.max_attempts) + questions;
-        let work = attempt * self.todos as u64 * attempts;
+        let work = attempt * (self.todos + self.tasks.count) as u64 * attempts;
         let wait = questions * self.people.answer_delay_max.max(ANSWER_WITHIN_MAX);
         let open_minutes_an_hour: u64 = minutes_open.iter().sum();
         (work * 60 / open_minutes_an_hour.max(1) + wait).max(24 * HOUR)
@@ -425,6 +483,19 @@ impl fmt::Display for Options {
             p.budgets,
             surfaces.join(",")
         )?;
+        let t = &self.tasks;
+        if t.count > 0 {
+            write!(
+                f,
+                "\ntasks: count={} poll={} replay={}‰ cancel={}‰ decline={}‰ stall={}‰",
+                t.count,
+                s(t.poll),
+                t.replay,
+                t.cancel,
+                t.decline,
+                t.stall
+            )?;
+        }
         for (r, hours) in self.hours.iter().enumerate() {
             if let Some(first) = hours.first() {
                 write!(f, "\nhours of relay {r}: {first}, … (every hour)")?;

@@ -47,6 +47,12 @@ pub enum Work {
     Cancel(usize),
     /// An operator retries todo number `n` (if it failed or was canceled).
     Retry(usize),
+    /// A task client adds task number `n` (an MCP task), then polls it until it ends.
+    Task(usize),
+    /// An operator cancels task number `n`'s todo (refused once the task has ended).
+    CancelTask(usize),
+    /// An operator retries task number `n`'s todo (refused once the task has ended).
+    RetryTask(usize),
 }
 
 /// Everything scheduled, as offsets from the start of the run.
@@ -124,6 +130,27 @@ impl Plan {
                 let by = if p.chance(600) { -by } else { by };
                 let (at, relay) = at_relay(&mut p);
                 plan.faults.push((at, Fault::WallStep { relay, by }));
+            }
+        }
+        // Tasks arrive like todos, from a stream of their own (the plans drawn before tasks
+        // existed are unchanged but for them).
+        let mut t = Rng::stream(o.seed, "task-plan");
+        for n in 0..o.tasks.count {
+            let at = if t.chance(200) {
+                0
+            } else {
+                t.below(o.safety / 2)
+            };
+            plan.work.push((at, Work::Task(n)));
+            // Where operators act, now and then on a task, some while after it arrived.
+            if o.faults.operators && t.chance(500) {
+                let when = at + t.below(o.safety - at);
+                let op = if t.chance(500) {
+                    Work::CancelTask(n)
+                } else {
+                    Work::RetryTask(n)
+                };
+                plan.work.push((when, op));
             }
         }
         plan.work.sort_by_key(|(at, _)| *at);

@@ -74,6 +74,31 @@ fn two_hundred_seeds_hold_every_invariant_and_reach_every_transition() {
         ("usage_unreadable", 80),
         ("budget_stop", 70),
         ("budget_exhausted_dead_letter", 70),
+        // MCP tasks: made (and made again under the key, the first answer lost), polled through
+        // every status, their questions answered (declined, repeated, under a stale key, or
+        // ignored), canceled pending, claimed, asking and after their end, the server stalled
+        // between a method's read and its write, ids that name no task of the caller's, and
+        // operators refused a task's end
+        ("task_created", 170),
+        ("task_replayed", 40),
+        ("task_polled", 2900),
+        ("task_completed", 65),
+        ("task_dead_letter_seen", 35),
+        ("task_cancelled_seen", 60),
+        ("task_input_required_seen", 40),
+        ("task_answered", 18),
+        ("task_declined", 5),
+        ("task_stale_key", 6),
+        ("task_update_repeated", 10),
+        ("task_update_ignored", 24),
+        ("task_canceled", 60),
+        ("task_cancel_pending", 40),
+        ("task_cancel_claimed", 15),
+        ("task_cancel_input_required", 4),
+        ("task_cancel_after_end", 150),
+        ("task_stall", 18),
+        ("task_not_found", 340),
+        ("task_operator_refused", 30),
     ];
     for (k, min) in minimums {
         let got = totals.get(k).copied().unwrap_or(0);

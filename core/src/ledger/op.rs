@@ -89,13 +89,16 @@ pub enum Op {
         report: Report,
     },
     /// Answers the question a waiting todo asked; it is pending again. A repeat under the same
-    /// `key` answers the todo as it is. Answers [`Answer::Todo`].
+    /// `key` answers the todo as it is. `seq`, when set, names the attempt whose question this
+    /// answers (a task's input request): a `conflict` once the todo waits on another question.
+    /// Answers [`Answer::Todo`].
     AnswerTodo {
         now: Millis,
         actor: Actor,
         id: String,
         answer: String,
         key: Option<String>,
+        seq: Option<u32>,
     },
     /// Keeps a report that was refused as stale on the closed attempt its lease token names
     /// (see `transition::note_late`). Answers [`Answer::Late`]: the attempt's seq, or `None`

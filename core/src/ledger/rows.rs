@@ -248,13 +248,15 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             id,
             answer,
             key,
+            seq,
         } => {
             let op = "answer_todo";
             let (todo, _) = load(rows, op, &id).await?;
             let recent = rows
                 .attempts(op, &id, Newest::closed(PRIOR_ATTEMPTS))
                 .await?;
-            match transition::answer(now, &todo, &recent, &actor, &answer, key.as_deref())? {
+            let (text, key) = (answer.as_str(), key.as_deref());
+            match transition::answer(now, &todo, &recent, &actor, text, key, seq)? {
                 Some(change) => write(rows, op, &todo, change).await.map(Answer::Todo),
                 None => Ok(Answer::Todo(todo)),
             }

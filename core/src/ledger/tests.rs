@@ -698,6 +698,42 @@ fn cancel_closes_the_open_attempt_as_canceled() {
     l.check().unwrap();
 }
 
+/// An MCP task's end is final: an operator may neither retry nor cancel a task's finished todo
+/// (a dead letter included, which the task reads `completed`); a plain todo's dead letter may
+/// still be canceled. Found by the simulator: a cancel that read a claimed task, then wrote
+/// after the worker's last fail had dead-lettered it, turned `completed` into `cancelled`.
+#[test]
+fn a_tasks_end_is_final_for_the_operator_too() {
+    let mut l = ledger_with(1, 1);
+    for id in ["tk_1", "tk_2"] {
+        let task = NewTodo {
+            max_attempts: Some(1),
+            task_id: Some(TaskId::new(id, &"a".repeat(TASK_SECRET_HEX))),
+            ..new(id, "ci")
+        };
+        l.add_todo(T0, "e", task).unwrap();
+    }
+    for id in ["td_1", "tk_1", "tk_2"] {
+        l.claim(T0 + 1, &ep("e"), id, &opts()).unwrap();
+    }
+    let dead = l.fail(T0 + 2, &ep("e"), "tk_1", &report(None)).unwrap();
+    assert!(dead.dead_letter());
+    l.complete(T0 + 2, &ep("e"), "tk_2", &report(None)).unwrap();
+    l.fail(T0 + 2, &ep("e"), "td_1", &report(None)).unwrap();
+    for id in ["tk_1", "tk_2"] {
+        let cancel = l.cancel(T0 + 3, &Actor::cli(), id).unwrap_err();
+        assert_eq!(cancel.code, ErrorCode::Conflict, "{id}: {cancel}");
+        assert_eq!(
+            code(l.retry(T0 + 3, &Actor::cli(), id)),
+            ErrorCode::Conflict
+        );
+    }
+    assert_eq!(l.todo("tk_1"), Some(&dead));
+    let t = l.cancel(T0 + 3, &Actor::cli(), "td_1").unwrap();
+    assert_eq!(t.state, TodoState::Canceled);
+    l.check().unwrap();
+}
+
 #[test]
 fn revoking_an_endpoint_dead_letters_its_claimed_todos() {
     let mut l = ledger_with(2, 5);
@@ -1647,6 +1683,7 @@ mod asking {
             id: "td_1".into(),
             answer: text.into(),
             key: key.map(str::to_string),
+            seq: None,
         };
         l.apply(op).and_then(Answer::todo)
     }
@@ -1705,6 +1742,32 @@ mod asking {
         assert_eq!(q.answered_by.as_deref(), Some("operator:cli"));
         // Asking did not spend one of the two attempts.
         assert_eq!(c.todo.attempt, 1);
+        l.check().unwrap();
+    }
+
+    /// An answer that names its question (a task's input request) answers only that one: once
+    /// the todo waits on another attempt's question, it is a conflict and changes nothing.
+    #[test]
+    fn an_answer_naming_its_question_never_answers_another() {
+        let mut l = ledger_with(1, 2);
+        l.claim(T0 + 10, &ep("e"), "td_1", &fenced("t1")).unwrap();
+        ask(&mut l, T0 + 20, "t1", "first?", None);
+        answer(&mut l, T0 + 30, Actor::cli(), "yes", None).unwrap();
+        l.claim(T0 + 40, &ep("e"), "td_1", &fenced("t2")).unwrap();
+        ask(&mut l, T0 + 50, "t2", "second?", None);
+        let before = l.clone();
+        let named = |seq| Op::AnswerTodo {
+            now: T0 + 60,
+            actor: ep("e"),
+            id: "td_1".into(),
+            answer: "for the first".into(),
+            key: Some("task-q1".into()),
+            seq: Some(seq),
+        };
+        assert_eq!(code(l.apply(named(1))), ErrorCode::Conflict);
+        assert_eq!(l, before);
+        let t = l.apply(named(2)).and_then(Answer::todo).unwrap();
+        assert_eq!(t.state, TodoState::Pending);
         l.check().unwrap();
     }
 

@@ -805,8 +805,10 @@ pub fn answered_by(actor: &Actor) -> String {
 /// attempt (with when and by whom) and the todo is pending again. An answer to a todo that is
 /// not waiting is a `conflict` and changes nothing, except the repeat of an answer already
 /// given with the same `key` by the same caller (its answer was lost on the way back): that
-/// answers `Ok(None)`, nothing to write. `recent` is the todo's newest closed attempts, newest
-/// first.
+/// answers `Ok(None)`, nothing to write. An answer to the question of attempt `seq` (a task's
+/// input request names it) is a `conflict` too once the todo waits on another attempt's
+/// question: that one was answered meanwhile, and this answer is not for the new one. `recent`
+/// is the todo's newest closed attempts, newest first.
 pub fn answer(
     now: Millis,
     todo: &Todo,
@@ -814,6 +816,7 @@ pub fn answer(
     actor: &Actor,
     text: &str,
     key: Option<&str>,
+    seq: Option<u32>,
 ) -> Result<Option<Change>, Error> {
     let op = "answer_todo";
     scoped(op, todo, actor)?;
@@ -847,6 +850,14 @@ pub fn answer(
         return Err(Error::conflict(format!(
             "{op} {}: todo is {}, not waiting for an answer; nothing to answer",
             todo.id, todo.state
+        )));
+    }
+    if let Some(seq) = seq
+        && seq != todo.attempts_total
+    {
+        return Err(Error::conflict(format!(
+            "{op} {}: the question of attempt {seq} was answered meanwhile, and attempt {} asked              another; nothing to answer",
+            todo.id, todo.attempts_total
         )));
     }
     let asked = recent
@@ -1149,7 +1160,8 @@ pub fn pause(actor: &Actor, queue: &str, paused: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Cancels the todo; an open attempt is closed `canceled`/`canceled`.
+/// Cancels the todo; an open attempt is closed `canceled`/`canceled`. A done or canceled todo
+/// is a `conflict`, and so is an MCP task's dead letter (a task's end is final).
 pub fn cancel(
     now: Millis,
     todo: &Todo,
@@ -1163,6 +1175,15 @@ pub fn cancel(
         return Err(Error::conflict(format!(
             "{op} {}: todo is already {}; nothing to cancel",
             todo.id, todo.state
+        )));
+    }
+    // A dead letter is a task's end (`completed`, as an error), as final as done: canceling it
+    // would change the status its client may already have taken, as a retry would.
+    if todo.task_id.is_some() && todo.dead_letter() {
+        return Err(Error::conflict(format!(
+            "{op} {}: the todo is an MCP task that has ended (a dead letter), and a task's end is \
+             final: its client may already have taken the result",
+            todo.id
         )));
     }
     let mut change = Change::new(todo.clone());

@@ -2315,6 +2315,7 @@ fn ask_answer_and_overspend_against_the_ledger() {
         id: "td_1".into(),
         answer: "main".into(),
         key: None,
+        seq: None,
     };
     source
         .ledger

@@ -7,8 +7,9 @@
 //! The two writes acknowledge as the extension says, cooperatively: a response to an input
 //! request that is no longer outstanding is ignored, and so is a `decline` (the question stays
 //! open for the operator, or until `answer_within_seconds` dead-letters it); a cancel of a task
-//! that has ended changes nothing, and a cancel that loses to a completion committed first is
-//! acknowledged too (the task then reads `completed`).
+//! that has ended changes nothing, and a cancel that loses to a completion committed first (the
+//! todo done, or dead-lettered, between the read and the write) is acknowledged too: the ledger
+//! refuses it, and the task reads `completed`.
 
 use serde_json::{Value, json};
 
@@ -116,17 +117,23 @@ impl TaskServing {
             }
             TaskCall::Update(_, responses) => {
                 let outstanding = (view.todo.state == TodoState::InputRequired)
-                    .then(|| view.attempts.first().map(|a| task::input_key(a.seq)))
+                    .then(|| {
+                        view.attempts
+                            .first()
+                            .map(|a| (a.seq, task::input_key(a.seq)))
+                    })
                     .flatten();
-                let accepted = responses.iter().find_map(|(key, r)| match r {
-                    Response::Accept(text) if Some(key) == outstanding.as_ref() => {
-                        Some((key, text))
-                    }
-                    _ => None,
+                let accepted = outstanding.and_then(|(seq, open)| {
+                    responses.iter().find_map(|(key, r)| match r {
+                        Response::Accept(text) if *key == open => Some((seq, key, text)),
+                        _ => None,
+                    })
                 });
                 match accepted {
                     None => Step::Done(Ok(ack(method))),
-                    Some((key, text)) => {
+                    // The write names the question: should another be open by then (this one
+                    // answered meanwhile, and the todo asked again), the ledger refuses it.
+                    Some((seq, key, text)) => {
                         self.waiting = Waiting::Answered;
                         Step::Apply(Op::AnswerTodo {
                             now: self.now,
@@ -134,6 +141,7 @@ impl TaskServing {
                             id: todo_id,
                             answer: text.clone(),
                             key: Some(format!("task-{key}")),
+                            seq: Some(seq),
                         })
                     }
                 }

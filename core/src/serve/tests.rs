@@ -340,3 +340,117 @@ fn a_heartbeat_at_the_budget_is_refused_after_its_stop_is_counted() {
     assert_eq!(code(w.call(&all, "heartbeat", bad)), ErrorCode::Invalid);
     assert_eq!(w.ledger, before);
 }
+
+/// A `tasks/cancel` reads its task, then writes; a report may commit in between. Found by the
+/// simulator (a server stalled between the two): the read saw the task working (claimed), the
+/// worker's fail on its last attempt dead-lettered the todo, and the write then canceled the
+/// dead letter, turning the task's `completed` into `cancelled`. The cancel is acknowledged as
+/// one that lost to a completion committed first, and the task still reads `completed`.
+#[test]
+fn a_cancel_that_loses_to_a_dead_letter_leaves_the_task_completed() {
+    use crate::task::{self, TaskCall, TaskMethod, TaskStatus};
+    let mut w = World::new();
+    let client = Caller {
+        tasks: Some(5_000),
+        ..caller(&["add_todo", "claim_next", "fail"], None)
+    };
+    let args = json!({"queue": "q", "title": "fix it", "max_attempts": 1});
+    let made = w.call(&client, "add_todo", args).unwrap();
+    let task_id = made.answer["taskId"].as_str().unwrap().to_string();
+    w.call(&client, "claim_next", json!({})).unwrap();
+    let params = json!({"taskId": task_id});
+    let call = TaskCall::decode(TaskMethod::Cancel, Some(&params)).unwrap();
+    let (mut serving, read) = TaskServing::start(call, client.clone(), w.now);
+    let Step::Apply(read) = read else {
+        panic!("a cancel reads its task first: {read:?}")
+    };
+    let write = serving.answered(w.ledger.apply(read), &mut w.draw);
+    let Step::Apply(write) = write else {
+        panic!("a working task's cancel writes: {write:?}")
+    };
+    w.call(&client, "fail", json!({"id": "td_1"})).unwrap();
+    let dead = w.ledger.todo("td_1").unwrap().clone();
+    assert!(dead.dead_letter());
+    let done = serving.answered(w.ledger.apply(write), &mut w.draw);
+    let Step::Done(Ok(acked)) = done else {
+        panic!("the cancel is acknowledged: {done:?}")
+    };
+    assert_eq!((acked.result, acked.closed), (json!({}), None));
+    let t = w.ledger.todo("td_1").unwrap();
+    assert_eq!(t, &dead);
+    assert_eq!(task::status(t), TaskStatus::Completed);
+}
+
+/// A `tasks/update` reads the outstanding input request, then writes the answer; other requests
+/// may commit in between. If the operator answered that question meanwhile and the next attempt
+/// asked another, the response (keyed `q1`) must not answer the new question (`q2`): the write
+/// names the question it answers, the ledger refuses it, and the update is acknowledged as one
+/// no longer outstanding.
+#[test]
+fn an_update_never_answers_a_question_asked_after_its_read() {
+    use crate::ledger::{Actor, TodoState};
+    use crate::task::{TaskCall, TaskMethod};
+    let mut w = World::new();
+    let client = Caller {
+        tasks: Some(5_000),
+        ..caller(&["add_todo", "claim_next", "request_input"], None)
+    };
+    let made = w
+        .call(
+            &client,
+            "add_todo",
+            json!({"queue": "q", "title": "fix it"}),
+        )
+        .unwrap();
+    let task_id = made.answer["taskId"].as_str().unwrap().to_string();
+    let ask = |w: &mut World, question: &str| {
+        w.call(&client, "claim_next", json!({})).unwrap();
+        let args = json!({"id": "td_1", "question": question});
+        w.call(&client, "request_input", args).unwrap();
+    };
+    ask(&mut w, "which branch?");
+    let params = json!({"taskId": task_id, "inputResponses": {
+        "q1": {"action": "accept", "content": {"answer": "main"}},
+    }});
+    let call = TaskCall::decode(TaskMethod::Update, Some(&params)).unwrap();
+    let (mut serving, read) = TaskServing::start(call, client.clone(), w.now);
+    let Step::Apply(read) = read else {
+        panic!("an update reads its task first: {read:?}")
+    };
+    let write = serving.answered(w.ledger.apply(read), &mut w.draw);
+    let Step::Apply(write) = write else {
+        panic!("an accepted outstanding request is written: {write:?}")
+    };
+    let operator = Op::AnswerTodo {
+        now: w.now,
+        actor: Actor::cli(),
+        id: "td_1".into(),
+        answer: "release-2".into(),
+        key: None,
+        seq: None,
+    };
+    w.ledger.apply(operator).unwrap();
+    ask(&mut w, "which file?");
+    let done = serving.answered(w.ledger.apply(write), &mut w.draw);
+    let Step::Done(Ok(acked)) = done else {
+        panic!("the update is acknowledged: {done:?}")
+    };
+    assert_eq!((acked.result, acked.ring), (json!({}), None));
+    let t = w.ledger.todo("td_1").unwrap();
+    assert_eq!((t.state, t.attempts_total), (TodoState::InputRequired, 2));
+    let questions: Vec<_> = w
+        .ledger
+        .attempts("td_1")
+        .map(|a| {
+            let q = a.question.as_ref().unwrap();
+            (a.seq, q.answer.as_deref(), q.answered_by.as_deref())
+        })
+        .collect();
+    assert_eq!(
+        questions,
+        [
+            (1, Some("release-2"), Some("operator:cli")),
+            (2, None, None)
+        ]
+    );
+}

@@ -181,6 +181,8 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                         _ => summary(u16::from(k)).unwrap_or_else(|| "yes".into()),
                     },
                     key: (k % 3 != 0).then(|| format!("ans-{}", k % 2)),
+                    // Now and then the question of a given attempt (a task's input request).
+                    seq: (k % 4 == 3).then_some(u32::from(k % 3) + 1),
                 }
             }
             8 => Op::Reap { now },

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use relay_core::ledger::{Budget, Outcome, Usage, transition};
+use relay_core::ledger::{Budget, Outcome, Usage};
 use relay_core::relay::{Relay, RelayOutcome, RunRecord};
 use relay_core::time::SECOND;
 
@@ -183,6 +183,9 @@ impl World {
             if let Some(p) = answer_problem(&self.given, t, self.ledger.attempts(&t.id)) {
                 problems.push(p);
             }
+            if let Some(detail) = super::tasks::end_problem(&mut self.task_ends, t) {
+                problems.push(("task_terminal_final", detail));
+            }
             let (seen, problem) = spend_problem(self.spend.get(&t.id), t);
             problems.extend(problem);
             match self.spend.get_mut(&t.id) {
@@ -292,14 +295,13 @@ fn may_follow(seen: &Attempt, a: &Attempt) -> bool {
 
 /// An answered question is never lost nor answered twice: each answer the ledger accepted
 /// (`given`, by todo and the seq of the attempt that asked) is on that attempt exactly as given,
-/// by the operator who gave it, for as long as the attempt is kept; and no attempt holds an
-/// answer the ledger did not accept.
+/// by whoever gave it (an operator, or a task's client), for as long as the attempt is kept;
+/// and no attempt holds an answer the ledger did not accept.
 pub(super) fn answer_problem<'a>(
     given: &BTreeMap<(String, u32), Given>,
     t: &Todo,
     attempts: impl Iterator<Item = &'a Attempt>,
 ) -> Option<(&'static str, String)> {
-    let by = transition::answered_by(&Actor::cli());
     let todo = |seq| (t.id.clone(), seq);
     let mine: Vec<(u32, &Given)> = given
         .range(todo(0)..=todo(u32::MAX))
@@ -321,7 +323,7 @@ pub(super) fn answer_problem<'a>(
         match (given, held) {
             (None, None) => {}
             (Some(g), Some(h))
-                if h == (g.text.as_str(), Some(g.key.as_str()), Some(by.as_str())) => {}
+                if h == (g.text.as_str(), Some(g.key.as_str()), Some(g.by.as_str())) => {}
             (Some(g), h) => {
                 return Some((
                     "answer_kept",

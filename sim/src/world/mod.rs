@@ -27,6 +27,7 @@ mod net;
 mod people;
 mod queue;
 mod relay;
+mod tasks;
 
 use relay_core::relay::invariants::Monitor;
 
@@ -120,6 +121,13 @@ enum Ev {
         key: String,
         repeat: bool,
     },
+    /// Task client `n` acts.
+    Task {
+        n: usize,
+        act: tasks::Act,
+    },
+    /// The server goes on with a task method it stalled before its write.
+    TaskStep(u64),
     /// An input for the relay of this lifetime (process and check events, receipts).
     Local {
         relay: usize,
@@ -174,6 +182,8 @@ struct Run {
 struct Given {
     text: String,
     key: String,
+    /// Who gave it, as the attempt records it (`operator:cli`, or a task's `endpoint:sim`).
+    by: String,
 }
 
 #[derive(Clone, Debug)]
@@ -211,6 +221,15 @@ pub struct World {
     hash: u64,
     violation: Option<Violation>,
     heal_at: Millis,
+    /// The MCP task clients, by task number, and their stream; the task secrets' stream.
+    clients: Vec<tasks::Client>,
+    tasking: Rng,
+    secrets: Rng,
+    /// Task methods the server stalled between their read and their write, by call number.
+    calls: BTreeMap<u64, (tasks::Call, Op)>,
+    next_call: u64,
+    /// Per task's todo, the terminal status first seen, and whether it was a dead letter.
+    task_ends: BTreeMap<String, (relay_core::task::TaskStatus, bool)>,
     /// Print every event and command to stderr (`relay sim --trace`).
     pub trace: bool,
     /// The todos the server changed since their invariants were last checked.
@@ -321,6 +340,12 @@ impl World {
             answering: Rng::stream(o.seed, "answering"),
             given: BTreeMap::new(),
             spend: BTreeMap::new(),
+            clients: vec![tasks::Client::default(); o.tasks.count],
+            tasking: Rng::stream(o.seed, "task-clients"),
+            secrets: Rng::stream(o.seed, "task-secrets"),
+            calls: BTreeMap::new(),
+            next_call: 0,
+            task_ends: BTreeMap::new(),
             o,
         };
         for r in 0..w.hosts.len() {
@@ -493,6 +518,9 @@ impl World {
                 break;
             }
         }
+        if self.violation.is_none() {
+            self.check_task_ends();
+        }
         RunResult {
             violation: self.violation,
             events: self.step,
@@ -503,7 +531,7 @@ impl World {
     }
 
     fn finished(&self) -> bool {
-        self.added.len() == self.o.todos
+        self.added.len() == self.o.todos + self.o.tasks.count
             && self.ledger.todos().all(relay_core::ledger::finished)
             && self
                 .hosts
@@ -635,6 +663,8 @@ impl World {
                 key,
                 repeat,
             } => self.operator_answers(&id, text, key, repeat),
+            Ev::Task { n, act } => self.task_act(n, act),
+            Ev::TaskStep(call) => self.task_step(call),
         }
     }
 
@@ -723,6 +753,10 @@ impl World {
                 }
             }
             Work::Cancel(_) | Work::Retry(_) => {}
+            Work::Task(n) => self.task_act(n, tasks::Act::Add { replay: false }),
+            Work::CancelTask(n) if !self.healed => self.operator_on_task(n, true),
+            Work::RetryTask(n) if !self.healed => self.operator_on_task(n, false),
+            Work::CancelTask(_) | Work::RetryTask(_) => {}
         }
     }
 

@@ -117,7 +117,12 @@ impl World {
     /// Whether this agent run ends by asking a person (its summary file then holds
     /// `needs_input`), and the file.
     pub(super) fn agent_asks(&mut self, todo: &str) -> Option<Vec<u8>> {
-        self.asking.chance(self.o.people.ask).then(|| {
+        // An MCP task's agent asks three times as often: its client is there to answer, and the
+        // few tasks of a seed should reach their input requests often enough to mean something.
+        let task = self.ledger.todo(todo).is_some_and(|t| t.task_id.is_some());
+        let ask = self.o.people.ask;
+        let per_mille = if task { (ask * 3).min(750) } else { ask };
+        self.asking.chance(per_mille).then(|| {
             format!(
                 r#"{{"needs_input": "which branch for {todo}, main or release-2?", "summary": "two branches match"}}"#
             )
@@ -149,6 +154,11 @@ impl World {
             return;
         };
         let seq = t.attempts_total;
+        // A task's question is its client's to answer (`tasks/update`); now and then an
+        // operator answers it at the Board too, and one of the two comes too late.
+        if t.task_id.is_some() && !self.answering.chance(250) {
+            return;
+        }
         if t.asking.answer_within.is_some() && self.answering.chance(self.o.people.unanswered) {
             self.count("left_unanswered");
             return;
@@ -186,6 +196,7 @@ impl World {
                 id: id.to_string(),
                 answer: text.clone(),
                 key: Some(key.clone()),
+                seq: None,
             };
             self.ledger.apply(op).and_then(ledger::Answer::todo)
         };
@@ -221,6 +232,7 @@ impl World {
         let given = Given {
             text: text.clone(),
             key: key.clone(),
+            by: transition::answered_by(&Actor::cli()),
         };
         if let Some(first) = self.given.insert((id.to_string(), seq), given) {
             self.violate(
@@ -263,7 +275,8 @@ impl World {
             .collect();
         recent.reverse();
         recent.truncate(ledger::PRIOR_ATTEMPTS);
-        let change = transition::answer(self.now, before, &recent, &Actor::cli(), text, Some(key))?;
+        let cli = Actor::cli();
+        let change = transition::answer(self.now, before, &recent, &cli, text, Some(key), None)?;
         let Some(mut change) = change else {
             return Ok(before.clone());
         };

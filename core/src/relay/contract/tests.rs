@@ -328,6 +328,7 @@ fn answered_claim() -> Value {
             id: "td_1".into(),
             answer: "main".into(),
             key: None,
+            seq: None,
         },
     ];
     for op in ops {

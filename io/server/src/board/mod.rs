@@ -723,6 +723,7 @@ fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> 
             id,
             answer: f.answer.clone(),
             key: None,
+            seq: None,
         },
         "complete" => Op::Complete {
             now,

@@ -221,6 +221,7 @@ async fn asks_after_the_upgrade(mut store: Store) {
         id: "p1".into(),
         answer: "the first".into(),
         key: None,
+        seq: None,
     };
     store.apply(answer).await.unwrap();
     let c = store
