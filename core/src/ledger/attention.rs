@@ -75,7 +75,12 @@ pub fn attention(view: &TodoView) -> Option<String> {
     if !t.spent.is_zero() && reason != DeadLetterReason::BudgetExhausted {
         let _ = write!(s, ". Spent {}", t.spent.describe());
     }
-    s.push_str(". An operator's retry starts a fresh budget.");
+    s.push_str(if t.task_id.is_some() {
+        // A task's end is final (`transition::retry`): its client adds the work again.
+        ". The task has ended; to try again, add the work as a new task."
+    } else {
+        ". An operator's retry starts a fresh budget."
+    });
     Some(cut_at_char_boundary(&s, ATTENTION_MAX_BYTES).to_string())
 }
 

@@ -822,7 +822,8 @@ pub fn answer(
     scoped(op, todo, actor)?;
     if text.trim().is_empty() || text.len() > ANSWER_MAX_BYTES {
         return Err(Error::invalid(format!(
-            "{op} {}: answer must be 1 to {ANSWER_MAX_BYTES} bytes of text; got {} bytes              (link to anything longer)",
+            "{op} {}: answer must be 1 to {ANSWER_MAX_BYTES} bytes of text; got {} bytes \
+             (link to anything longer)",
             todo.id,
             text.len()
         )));
@@ -856,7 +857,8 @@ pub fn answer(
         && seq != todo.attempts_total
     {
         return Err(Error::conflict(format!(
-            "{op} {}: the question of attempt {seq} was answered meanwhile, and attempt {} asked              another; nothing to answer",
+            "{op} {}: the question of attempt {seq} was answered meanwhile, and attempt {} asked \
+             another; nothing to answer",
             todo.id, todo.attempts_total
         )));
     }

@@ -349,7 +349,7 @@ fn a_heartbeat_at_the_budget_is_refused_after_its_stop_is_counted() {
 #[test]
 fn a_cancel_that_loses_to_a_dead_letter_leaves_the_task_completed() {
     use crate::task::{self, TaskCall, TaskMethod, TaskStatus};
-    let mut w = World::new();
+    let mut w = World::default();
     let client = Caller {
         tasks: Some(5_000),
         ..caller(&["add_todo", "claim_next", "fail"], None)
@@ -390,7 +390,7 @@ fn a_cancel_that_loses_to_a_dead_letter_leaves_the_task_completed() {
 fn an_update_never_answers_a_question_asked_after_its_read() {
     use crate::ledger::{Actor, TodoState};
     use crate::task::{TaskCall, TaskMethod};
-    let mut w = World::new();
+    let mut w = World::default();
     let client = Caller {
         tasks: Some(5_000),
         ..caller(&["add_todo", "claim_next", "request_input"], None)

@@ -185,6 +185,8 @@ fn every_todo_state_maps_to_its_task_status() {
     assert_eq!(t["result"]["resultType"], "complete");
     let why = t["result"]["content"][0]["text"].as_str().unwrap();
     assert!(why.contains("attempts"), "{why}");
+    // Its advice is the task's way out, not an operator's retry (which a task refuses).
+    assert!(why.ends_with("add the work as a new task."), "{why}");
 }
 
 #[test]
