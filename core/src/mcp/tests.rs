@@ -303,6 +303,48 @@ fn a_listen_names_granted_queues_only() {
     );
 }
 
+#[test]
+fn a_listen_watches_task_ids_of_a_task_shape_and_an_adder_may_listen_for_them_only() {
+    let id = format!("td_1.{}", "a".repeat(crate::ledger::TASK_SECRET_HEX));
+    let adder = Grant::new(&["add_todo".into()], None);
+    let p = json!({"notifications": {"taskIds": [id, id, "not-a-task"]}});
+    let l = listen::decode(&adder, Some(&p)).unwrap();
+    // Shaped ids once each; one that cannot name a task is simply not watched.
+    assert_eq!(
+        l.tasks.iter().map(|t| t.expose()).collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    assert!(l.queues.is_empty());
+    let ack = listen::acknowledged(&json!(9), &l);
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([id]));
+    // A notification is the task as tasks/get answers it, tagged with the listen.
+    let task = json!({"taskId": id, "status": "working", "lastUpdatedAt": "t1"});
+    let note = listen::task_status(&json!(9), &task);
+    assert_eq!(note["method"], listen::TASK_STATUS);
+    assert_eq!(note["params"]["status"], "working");
+    assert_eq!(note["params"]["_meta"][era::META_SUBSCRIPTION], json!(9));
+    assert!(listen::task_changed(None, &task));
+    assert!(!listen::task_changed(Some(&task), &task));
+    let later = json!({"taskId": id, "status": "working", "lastUpdatedAt": "t2"});
+    assert!(listen::task_changed(Some(&task), &later));
+    // An adder may not ring queues; too many ids, or ids that are not strings, are refused.
+    let queues =
+        json!({"notifications": {"taskIds": [id], "resourceSubscriptions": ["relay://queues/ci"]}});
+    assert_eq!(
+        listen::decode(&adder, Some(&queues)).unwrap_err().code,
+        crate::ErrorCode::Forbidden
+    );
+    let many: Vec<String> = (0..=listen::TASKS_PER_LISTEN).map(|_| id.clone()).collect();
+    for bad in [json!(many), json!([7]), json!("td_1")] {
+        let p = json!({"notifications": {"taskIds": bad}});
+        let e = listen::decode(&adder, Some(&p)).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::Invalid, "{bad}");
+        assert!(e.message.contains("taskIds"), "{}", e.message);
+    }
+    assert!(listen::asks_tasks(Some(&p)));
+    assert!(!listen::asks_tasks(Some(&json!({"notifications": {}}))));
+}
+
 proptest::proptest! {
     /// The fuzz body over arbitrary bytes, and over requests shaped like either era's.
     #[test]
