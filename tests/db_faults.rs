@@ -48,7 +48,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::history::{self, Event};
-use common::{Daemon, Proc, listening_on, relay, run_db, server_table, temp_dir, wait_for};
+use common::{
+    Daemon, Proc, harness_table_on, listening_on, relay, run_db, server_table, temp_dir, wait_for,
+};
 use serde_json::{Value, json};
 
 /// The verbs of both endpoints: what a daemon drains with, and the producer's `add_todo`.
@@ -838,19 +840,12 @@ fn daemon_config(dir: &Path, d: &str, base: &str, tokens: &[(&str, &str)]) -> Pa
         text += &format!("queue = \"work\"\nlease_ttl = \"{LEASE_TTL}\"\n");
         text += &server_table(&format!("channel.{ep}"), &url, &env, "TOKEN");
         for n in 1..=2 {
-            text += &format!(
-                r#"
-[harness.{d}-{ep}{n}]
-command = ["sh", "agent.sh"]
-env_file = "agent.env"
-lease = "queue.{ep}"
-success_check = ["sh", "check.sh"]
-success_check_interval = "1s"
-kill_grace = "2s"
-schedule = "@every 1s"
-triggers = ["channel.{ep}"]
-keep_runs = 10000
-"#
+            text += &harness_table_on(
+                &format!("{d}-{ep}{n}"),
+                &format!("queue.{ep}"),
+                &format!(
+                    "schedule = \"@every 1s\"\ntriggers = [\"channel.{ep}\"]\nkeep_runs = 10000"
+                ),
             );
         }
     }

@@ -81,12 +81,17 @@ pub fn queue_table(url: &str, heartbeat_interval: &str) -> String {
 /// A harness leased on `queue.q`: `agent.sh` checked by `check.sh`, its environment from
 /// `agent.env`, then `extra` (its trigger, for one).
 pub fn harness_table(name: &str, extra: &str) -> String {
+    harness_table_on(name, "queue.q", extra)
+}
+
+/// [`harness_table`] leased on the source `lease` (e.g. `queue.ci`).
+pub fn harness_table_on(name: &str, lease: &str, extra: &str) -> String {
     format!(
         r#"
 [harness.{name}]
 command = ["sh", "agent.sh"]
 env_file = "agent.env"
-lease = "queue.q"
+lease = "{lease}"
 success_check = ["sh", "check.sh"]
 success_check_interval = "1s"
 kill_grace = "2s"

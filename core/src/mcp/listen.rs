@@ -6,7 +6,7 @@
 //!
 //! A stream may also watch MCP tasks (`taskIds`, the Tasks extension, for a request that
 //! declares it): it hears `notifications/tasks` with the whole task whenever what `tasks/get`
-//! would answer changes ([`task_changed`]). The server looks at the watched tasks every poll
+//! would answer changes ([`Watched::look`]). The server looks at the watched tasks every poll
 //! interval in the shared store, so a change made through any server of a cluster is heard.
 
 use std::collections::BTreeSet;
@@ -183,17 +183,60 @@ pub fn acknowledged(subscription: &Value, listen: &Listen) -> Value {
     })
 }
 
-/// Whether a watched task's answer `now` (what `tasks/get` answers) is news after the one last
-/// sent (`None`: nothing sent yet): its status, message or update time moved.
-pub fn task_changed(last: Option<&Value>, now: &Value) -> bool {
-    let key = |t: &Value| {
-        (
-            t["status"].clone(),
-            t["statusMessage"].clone(),
-            t["lastUpdatedAt"].clone(),
-        )
-    };
-    last.is_none_or(|l| key(l) != key(now))
+/// One task a listen stream watches, and what the stream last heard of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Watched {
+    pub id: TaskId,
+    last: Option<Value>,
+}
+
+/// What one look at a watched task decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Look {
+    /// The task to send in `notifications/tasks` ([`task_status`]), when it is news.
+    pub news: Option<Value>,
+    /// Whether to look at it again.
+    pub keep: bool,
+}
+
+impl Watched {
+    pub fn new(id: TaskId) -> Watched {
+        Watched { id, last: None }
+    }
+
+    /// Takes what `tasks/get` answered now (`Err`: its refusal's code). It is news when its
+    /// status, message or update time moved since the last one sent (the first one always is).
+    /// A task that reached a terminal status, or that names no task of the endpoint, is watched
+    /// no longer; one whose store did not answer (an internal error) is looked at again.
+    pub fn look(&mut self, answer: Result<Value, crate::ErrorCode>) -> Look {
+        let now = match answer {
+            Ok(now) => now,
+            Err(code) => {
+                return Look {
+                    news: None,
+                    keep: code == crate::ErrorCode::Internal,
+                };
+            }
+        };
+        let key = |t: &Value| {
+            (
+                t["status"].clone(),
+                t["statusMessage"].clone(),
+                t["lastUpdatedAt"].clone(),
+            )
+        };
+        let news = self.last.as_ref().is_none_or(|l| key(l) != key(&now));
+        let ended = now["status"]
+            .as_str()
+            .and_then(crate::task::TaskStatus::parse)
+            .is_some_and(crate::task::TaskStatus::terminal);
+        let look = Look {
+            news: news.then(|| now.clone()),
+            keep: !ended,
+        };
+        self.last = Some(now);
+        look
+    }
 }
 
 /// A watched task's news: the whole task, as `tasks/get` would answer it now.

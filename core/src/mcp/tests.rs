@@ -323,10 +323,22 @@ fn a_listen_watches_task_ids_of_a_task_shape_and_an_adder_may_listen_for_them_on
     assert_eq!(note["method"], listen::TASK_STATUS);
     assert_eq!(note["params"]["status"], "working");
     assert_eq!(note["params"]["_meta"][era::META_SUBSCRIPTION], json!(9));
-    assert!(listen::task_changed(None, &task));
-    assert!(!listen::task_changed(Some(&task), &task));
+    // A watcher's looks: the first is news, the same again is not, a move is; a terminal
+    // status is the last news; a store that did not answer is looked at again, a task not
+    // found is not.
+    let mut w = listen::Watched::new(l.tasks[0].clone());
+    assert_eq!(w.look(Ok(task.clone())).news, Some(task.clone()));
+    let again = w.look(Ok(task.clone()));
+    assert_eq!((again.news, again.keep), (None, true));
     let later = json!({"taskId": id, "status": "working", "lastUpdatedAt": "t2"});
-    assert!(listen::task_changed(Some(&task), &later));
+    assert_eq!(w.look(Ok(later.clone())).news, Some(later));
+    let stalled = w.look(Err(crate::ErrorCode::Internal));
+    assert_eq!((stalled.news, stalled.keep), (None, true));
+    let done = json!({"taskId": id, "status": "completed", "lastUpdatedAt": "t3"});
+    let last = w.look(Ok(done.clone()));
+    assert_eq!((last.news, last.keep), (Some(done), false));
+    let gone = listen::Watched::new(l.tasks[0].clone()).look(Err(crate::ErrorCode::NotFound));
+    assert_eq!((gone.news, gone.keep), (None, false));
     // An adder may not ring queues; too many ids, or ids that are not strings, are refused.
     let queues =
         json!({"notifications": {"taskIds": [id], "resourceSubscriptions": ["relay://queues/ci"]}});

@@ -430,9 +430,8 @@ fn open_listen(
 }
 
 /// A listen stream's task watcher: every poll interval, each watched task as `tasks/get` answers
-/// it, read from the store (so a change made through any server is heard); a change goes out as
-/// `notifications/tasks`. A task that reached a terminal status, or that names no task of this
-/// endpoint, is watched no longer. Ends when the stream does or nothing is left to watch.
+/// it, read from the store (so a change made through any server is heard); what is news and what
+/// is watched on is `listen::Watched`'s. Ends when the stream does or nothing is left to watch.
 async fn watch_tasks(
     server: Server,
     caller: Caller,
@@ -440,8 +439,7 @@ async fn watch_tasks(
     subscription: Value,
     tx: tokio::sync::mpsc::Sender<String>,
 ) {
-    let mut watched: Vec<(relay_core::ledger::TaskId, Option<Value>)> =
-        tasks.into_iter().map(|t| (t, None)).collect();
+    let mut watched: Vec<listen::Watched> = tasks.into_iter().map(listen::Watched::new).collect();
     let mut tick = tokio::time::interval(server.inner.config.task_poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !watched.is_empty() {
@@ -450,28 +448,18 @@ async fn watch_tasks(
             _ = tick.tick() => {}
         }
         let mut keep = Vec::with_capacity(watched.len());
-        for (id, last) in watched {
-            let call = TaskCall::Get(task::Presented::Shaped(id.clone()));
-            let now = match server.task_call(caller.clone(), call).await {
-                Ok(served) => served.result,
-                // Not this endpoint's task (or deleted): nothing to hear of.
-                Err(e) if e.code != ErrorCode::Internal => continue,
-                // The store did not answer: look again next time.
-                Err(_) => {
-                    keep.push((id, last));
-                    continue;
-                }
-            };
-            if listen::task_changed(last.as_ref(), &now) {
-                let note = listen::task_status(&subscription, &now).to_string();
+        for mut w in watched {
+            let call = TaskCall::Get(task::Presented::Shaped(w.id.clone()));
+            let answer = server.task_call(caller.clone(), call).await;
+            let look = w.look(answer.map(|s| s.result).map_err(|e| e.code));
+            if let Some(task) = look.news {
+                let note = listen::task_status(&subscription, &task).to_string();
                 if tx.send(note).await.is_err() {
                     return;
                 }
             }
-            let ended = task::TaskStatus::parse(now["status"].as_str().unwrap_or_default())
-                .is_some_and(task::TaskStatus::terminal);
-            if !ended {
-                keep.push((id, Some(now)));
+            if look.keep {
+                keep.push(w);
             }
         }
         watched = keep;
