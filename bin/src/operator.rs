@@ -196,6 +196,16 @@ pub struct AddArgs {
     /// A spend limit in tokens (input and output) across its attempts.
     #[arg(long)]
     budget_tokens: Option<u64>,
+    /// Higher is claimed first, from -100 to 100 (default 0); FIFO within one priority.
+    #[arg(long, allow_hyphen_values = true)]
+    priority: Option<i32>,
+    /// Not claimable before this instant (RFC 3339, e.g. 2026-12-24T09:00:00Z; at most a year
+    /// ahead). Not with --delay-seconds.
+    #[arg(long)]
+    run_at: Option<String>,
+    /// Not claimable for this many seconds from now (at most a year). Not with --run-at.
+    #[arg(long)]
+    delay_seconds: Option<u64>,
 }
 
 /// Prints the error as one line and answers the exit code.
@@ -494,9 +504,21 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             }
             .to_budget("todo add")
             .map_err(|e| Error::invalid(e.message.replace("budget.cost_usd", "--budget-usd")))?;
+            let run_at = match &a.run_at {
+                None => None,
+                Some(s) => Some(relay_core::time::parse_rfc3339(s).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "todo add: --run-at must be an RFC 3339 instant such as \
+                         2026-12-24T09:00:00Z; got {s:?}"
+                    ))
+                })?),
+            };
             let id = relay_server::server::new_todo_id()?;
             let new = NewTodo {
                 task_id: None,
+                priority: a.priority,
+                run_at,
+                delay_seconds: a.delay_seconds,
                 id,
                 queue: a.queue,
                 title: a.title,

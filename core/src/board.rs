@@ -494,6 +494,8 @@ mod tests {
             budget: crate::ledger::Budget::default(),
             spent: crate::ledger::Usage::default(),
             task_id: None,
+            priority: 0,
+            run_at: None,
         }
     }
 

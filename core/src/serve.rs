@@ -445,9 +445,13 @@ impl Serving {
                     Some(_) => Some(TaskId::new(&id, &draw.task_secret()?)),
                     None => None,
                 };
+                let run_at = a.run_at_ms("add_todo")?;
                 let new = NewTodo {
                     id,
                     task_id,
+                    priority: a.priority,
+                    run_at,
+                    delay_seconds: a.delay_seconds,
                     queue: a.queue,
                     title: a.title,
                     kind: a.kind,

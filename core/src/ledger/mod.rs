@@ -27,7 +27,7 @@ pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
     ANSWER_MAX_BYTES, Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig,
-    OPERATOR_OWNER, Report, answered_by, claimable,
+    OPERATOR_OWNER, Report, answered_by, claim_order, claimable,
 };
 pub use types::{
     Asking, Attempt, Budget, ClaimerKind, DeadLetterReason, Disposition, LATE_REPORTS_KEPT,
@@ -57,6 +57,12 @@ pub const IDEMPOTENCY_KEY_MAX_BYTES: usize = 200;
 pub const SIGNATURE_MAX_BYTES: usize = 128;
 /// The longest `deadline_seconds` an add may ask for (30 days).
 pub const DEADLINE_MAX_SECS: u64 = 30 * 86_400;
+/// A todo's `priority`: from this to [`PRIORITY_MAX`], default 0; `claim_next` takes a higher
+/// priority first and keeps FIFO within one.
+pub const PRIORITY_MIN: i32 = -100;
+pub const PRIORITY_MAX: i32 = 100;
+/// The farthest ahead a todo may be scheduled (`run_at`, `delay_seconds`): a year, in seconds.
+pub const RUN_AT_MAX_AHEAD_SECS: u64 = 365 * 86_400;
 /// `max_same_failures` when a todo is added without one, and its largest value (0 turns the
 /// rule off).
 pub const MAX_SAME_FAILURES_DEFAULT: u32 = 2;
@@ -97,6 +103,12 @@ pub struct NewTodo {
     pub budget: Budget,
     /// The task id when the todo is made as an MCP task.
     pub task_id: Option<TaskId>,
+    /// See [`Todo::priority`]; default 0.
+    pub priority: Option<i32>,
+    /// Not claimable before this instant (at most a year ahead; an instant past is now).
+    pub run_at: Option<Millis>,
+    /// Not claimable for this many seconds from the add (instead of `run_at`).
+    pub delay_seconds: Option<u64>,
 }
 
 /// The answer to a successful claim.
@@ -227,6 +239,36 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         }
     };
     check_budget(&new.budget).map_err(bad)?;
+    let priority = new.priority.unwrap_or(0);
+    if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&priority) {
+        return Err(bad(format!(
+            "priority must be between {PRIORITY_MIN} and {PRIORITY_MAX} (higher is claimed \
+             first); got {priority}"
+        )));
+    }
+    let horizon = now.saturating_add(RUN_AT_MAX_AHEAD_SECS * 1000);
+    let run_at = match (new.run_at, new.delay_seconds) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "give run_at or delay_seconds, not both".to_string()
+            ));
+        }
+        (Some(t), None) if t > horizon => {
+            return Err(bad(format!(
+                "run_at must be at most a year ahead ({RUN_AT_MAX_AHEAD_SECS} seconds); got {} \
+                 seconds ahead",
+                (t - now) / 1000
+            )));
+        }
+        (Some(t), None) => Some(t),
+        (None, Some(d)) if d > RUN_AT_MAX_AHEAD_SECS => {
+            return Err(bad(format!(
+                "delay_seconds must be between 0 and {RUN_AT_MAX_AHEAD_SECS} (a year); got {d}"
+            )));
+        }
+        (None, Some(d)) => Some(now.saturating_add(d * 1000)),
+        (None, None) => None,
+    };
     if new.task_id.as_ref().is_some_and(|t| t.todo_id() != new.id) {
         return Err(Error::internal(format!(
             "add_todo {}: the task id drawn names another todo",
@@ -268,6 +310,8 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         budget: new.budget,
         spent: Usage::default(),
         task_id: new.task_id,
+        priority,
+        run_at,
     })
 }
 
@@ -526,7 +570,8 @@ impl Rows for Mem<'_> {
         let next = self
             .0
             .todos()
-            .find(|t| claimable(now, t, actor, queues) && !paused.contains(&t.queue))
+            .filter(|t| claimable(now, t, actor, queues) && !paused.contains(&t.queue))
+            .min_by(|a, b| claim_order(a).cmp(&claim_order(b)))
             .map(|t| t.id.clone());
         Ok(next.and_then(|id| self.loaded(&id)))
     }
@@ -772,6 +817,9 @@ where
             t.state,
             open.len()
         ));
+    }
+    if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&t.priority) {
+        return Err(format!("priority {} is out of range", t.priority));
     }
     if claimed != (t.owner.is_some() && t.lease_expires_at.is_some()) {
         return Err(format!(

@@ -87,7 +87,7 @@ impl Newest {
 pub trait Rows {
     /// The todo and its open attempt, the row locked for the rest of the transaction.
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
-    /// The first claimable todo by (created_at, id) with its open attempt, locked (Postgres skips
+    /// The first claimable todo in [`super::claim_order`] with its open attempt, locked (Postgres skips
     /// rows other transactions hold), outside the `paused` queues. `queues` holds only valid
     /// queue names.
     async fn next_claimable(
@@ -384,6 +384,8 @@ async fn write<R: Rows>(
         && t.max_attempts == before.max_attempts
         && t.idempotency_key == before.idempotency_key
         && t.task_id == before.task_id
+        && t.priority == before.priority
+        && t.run_at == before.run_at
         && t.max_same_failures == before.max_same_failures
         && t.asking.max_requests == before.asking.max_requests
         && t.asking.answer_within == before.asking.answer_within

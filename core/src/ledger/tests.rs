@@ -115,6 +115,139 @@ fn claim_next_is_fifo_by_creation_within_the_queue_filter() {
 }
 
 #[test]
+fn claim_next_takes_a_higher_priority_first_and_fifo_within_one() {
+    let mut l = ledger_with(0, 5);
+    let at = |p: Option<i32>, id: &str| NewTodo {
+        priority: p,
+        ..new(id, "ci")
+    };
+    l.add_todo(T0 + 1, "e", at(None, "old_default")).unwrap();
+    l.add_todo(T0 + 2, "e", at(Some(-5), "low")).unwrap();
+    l.add_todo(T0 + 3, "e", at(Some(7), "high_first")).unwrap();
+    l.add_todo(T0 + 4, "e", at(Some(7), "high_second")).unwrap();
+    l.add_todo(T0 + 5, "e", at(Some(0), "new_default")).unwrap();
+    let mut order = Vec::new();
+    while let Some(c) = l.claim_next(T0 + 9, &ep("e"), None, &opts()).unwrap() {
+        order.push(c.todo.id);
+    }
+    assert_eq!(
+        order,
+        ["high_first", "high_second", "old_default", "new_default", "low"]
+    );
+    l.check().unwrap();
+}
+
+#[test]
+fn a_delayed_todo_is_not_claimable_before_its_time_and_keeps_its_place_after() {
+    let mut l = ledger_with(0, 5);
+    let run_at = T0 + 10 * SECOND;
+    l.add_todo(
+        T0,
+        "e",
+        NewTodo {
+            run_at: Some(run_at),
+            ..new("at", "ci")
+        },
+    )
+    .unwrap();
+    l.add_todo(
+        T0 + 1,
+        "e",
+        NewTodo {
+            delay_seconds: Some(5),
+            ..new("delayed", "ci")
+        },
+    )
+    .unwrap();
+    l.add_todo(T0 + 2, "e", new("now", "ci")).unwrap();
+    let next = |l: &mut Ledger, now: Millis| {
+        l.claim_next(now, &ep("e"), None, &opts())
+            .unwrap()
+            .map(|c| c.todo.id)
+    };
+    assert_eq!(next(&mut l, T0 + 3).as_deref(), Some("now"));
+    assert_eq!(next(&mut l, T0 + 1 + 5 * SECOND - 1), None);
+    assert_eq!(next(&mut l, T0 + 1 + 5 * SECOND).as_deref(), Some("delayed"));
+    assert_eq!(next(&mut l, run_at - 1), None);
+    assert_eq!(next(&mut l, run_at).as_deref(), Some("at"));
+    // An instant already past is due at once.
+    l.add_todo(
+        run_at,
+        "e",
+        NewTodo {
+            run_at: Some(T0),
+            ..new("past", "ci")
+        },
+    )
+    .unwrap();
+    assert_eq!(next(&mut l, run_at).as_deref(), Some("past"));
+    l.check().unwrap();
+}
+
+#[test]
+fn bad_priorities_and_schedules_are_refused_naming_the_field_and_add_nothing() {
+    let mut l = ledger_with(0, 5);
+    let year = RUN_AT_MAX_AHEAD_SECS;
+    let cases = [
+        (
+            NewTodo {
+                priority: Some(101),
+                ..new("a", "ci")
+            },
+            "priority",
+        ),
+        (
+            NewTodo {
+                priority: Some(-101),
+                ..new("a", "ci")
+            },
+            "priority",
+        ),
+        (
+            NewTodo {
+                run_at: Some(T0 + 5),
+                delay_seconds: Some(5),
+                ..new("a", "ci")
+            },
+            "run_at or delay_seconds",
+        ),
+        (
+            NewTodo {
+                run_at: Some(T0 + year * 1000 + 1),
+                ..new("a", "ci")
+            },
+            "run_at",
+        ),
+        (
+            NewTodo {
+                delay_seconds: Some(year + 1),
+                ..new("a", "ci")
+            },
+            "delay_seconds",
+        ),
+    ];
+    for (n, field) in cases {
+        let e = l.add_todo(T0, "e", n).expect_err("refused");
+        assert_eq!(e.code, ErrorCode::Invalid, "{e}");
+        assert!(e.message.contains(field), "{field}: {e}");
+    }
+    assert_eq!(l.todos().count(), 0);
+    // The bounds themselves are accepted.
+    for (id, p) in [("lo", PRIORITY_MIN), ("hi", PRIORITY_MAX)] {
+        l.add_todo(
+            T0,
+            "e",
+            NewTodo {
+                priority: Some(p),
+                delay_seconds: Some(year),
+                ..new(id, "ci")
+            },
+        )
+        .unwrap();
+    }
+}
+
+#[test]
 fn claim_next_never_sees_another_endpoints_todos() {
     let mut l = ledger_with(2, 5);
     assert!(

@@ -231,13 +231,23 @@ pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[Strin
         && queues.is_none_or(|qs| qs.iter().any(|q| q == &todo.queue))
         && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
         && match todo.state {
-            TodoState::Pending => true,
+            TodoState::Pending => todo.run_at.is_none_or(|t| t <= now),
             TodoState::Claimed => !todo.lease_valid_at(now) && todo.attempt < todo.max_attempts,
             TodoState::Failed => {
                 todo.next_retry_at.is_some_and(|t| t <= now) && todo.attempt < todo.max_attempts
             }
             TodoState::Done | TodoState::Canceled | TodoState::InputRequired => false,
         }
+}
+
+/// The order `claim_next` takes claimable todos in, smallest first: a higher priority first,
+/// then FIFO by `(created_at, id)`. The stores' `ORDER BY` and their FIFO index mirror it.
+pub fn claim_order(todo: &Todo) -> (std::cmp::Reverse<i32>, Millis, &str) {
+    (
+        std::cmp::Reverse(todo.priority),
+        todo.created_at,
+        todo.id.as_str(),
+    )
 }
 
 /// Validates a lease TTL in milliseconds: more than zero, at most a day.

@@ -371,6 +371,12 @@ pub struct Todo {
     /// Set when the todo was made as an MCP task (the Tasks extension); never changes.
     #[serde(default)]
     pub task_id: Option<TaskId>,
+    /// `claim_next` takes a higher priority first (FIFO within one); fixed at the add.
+    #[serde(default)]
+    pub priority: i32,
+    /// A pending todo is not claimable before this instant; fixed at the add.
+    #[serde(default)]
+    pub run_at: Option<Millis>,
 }
 
 /// The dead-letter rule on a todo's state and whether a retry is scheduled, for callers that

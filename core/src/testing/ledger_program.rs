@@ -59,6 +59,9 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
             1 => {
                 let (endpoint, todo, queue) = (b() % 2, b() % TODOS, b() % 2);
                 let budget = b();
+                // A few priorities (one out of range, refused) and delays, some both (refused),
+                // from the bytes already drawn (so that older programs decode as before).
+                let flow = budget.wrapping_mul(73).wrapping_add(todo);
                 Op::AddTodo {
                     now,
                     endpoint: ENDPOINTS[usize::from(endpoint)].into(),
@@ -82,6 +85,14 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                             cost_micros: (budget % 5 == 2).then(|| u64::from(budget) * 20_000),
                             tokens: (budget % 11 == 3).then(|| u64::from(budget) * 40),
                         },
+                        priority: match flow % 5 {
+                            0 | 1 => None,
+                            2 => Some(5),
+                            3 => Some(-5),
+                            _ => Some(if flow > 250 { 101 } else { 50 }),
+                        },
+                        delay_seconds: (flow % 7 == 3).then(|| u64::from(flow) / 4),
+                        run_at: (flow % 11 == 3 || flow > 252).then(|| now + u64::from(flow) * 100),
                         ..NewTodo::default()
                     },
                 }

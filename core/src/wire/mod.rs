@@ -18,10 +18,11 @@ use crate::error::Error;
 use crate::ledger::{
     ANSWER_MAX_BYTES, ANSWER_WITHIN_MAX_SECS, Attempt, Budget, Claimed, DEADLINE_MAX_SECS,
     DeadLetterReason, IDEMPOTENCY_KEY_MAX_BYTES, LEASE_TTL_DEFAULT_SECS, LEASE_TTL_MAX_SECS,
-    MAX_ATTEMPTS_MAX, MAX_INPUT_REQUESTS_MAX, MAX_SAME_FAILURES_MAX, SIGNATURE_MAX_BYTES, Todo,
+    MAX_ATTEMPTS_MAX, MAX_INPUT_REQUESTS_MAX, MAX_SAME_FAILURES_MAX, PRIORITY_MAX, PRIORITY_MIN,
+    RUN_AT_MAX_AHEAD_SECS, SIGNATURE_MAX_BYTES, Todo,
     TodoState, TodoView, USAGE_MAX, Usage, cost_usd,
 };
-use crate::time::rfc3339;
+use crate::time::{Millis, parse_rfc3339, rfc3339};
 
 /// `get_todo`'s `attempts_limit`: default and bounds.
 pub const ATTEMPTS_LIMIT_DEFAULT: u32 = 20;
@@ -361,6 +362,38 @@ pub struct AddTodoArgs {
     /// dead-lettered (reason budget_exhausted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetArg>,
+    /// Higher is claimed first (default 0); FIFO within one priority.
+    #[schemars(range(min = PRIORITY_MIN, max = PRIORITY_MAX))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Not claimable before this instant (RFC 3339, at most a year ahead). Not with
+    /// delay_seconds.
+    #[schemars(extend("format" = "date-time"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<String>,
+    /// Not claimable for this many seconds from now (at most a year). Not with run_at.
+    #[schemars(range(max = RUN_AT_MAX_AHEAD_SECS))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<u64>,
+}
+
+impl AddTodoArgs {
+    /// `run_at` as an instant; the other rules on it (a year ahead at most, not with
+    /// `delay_seconds`) are the ledger's.
+    pub fn run_at_ms(&self, tool: &str) -> Result<Option<Millis>, Error> {
+        self.run_at
+            .as_deref()
+            .map(|s| {
+                parse_rfc3339(s).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{tool}: run_at must be an RFC 3339 instant such as \
+                         2026-12-04T09:30:00Z; got {} bytes that are not one",
+                        s.len()
+                    ))
+                })
+            })
+            .transpose()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,12 +580,15 @@ fn schema_of<T: JsonSchema>() -> Value {
 }
 
 /// Keeps a property's schema to what a client needs: an optional argument is declared by being
-/// absent from `required`, not by a `null` type; Rust's integer formats mean nothing to clients.
+/// absent from `required`, not by a `null` type; Rust's integer formats mean nothing to clients
+/// (a string's `date-time` does, and stays).
 fn tidy_property(prop: &mut Value) {
     let Some(p) = prop.as_object_mut() else {
         return;
     };
-    p.remove("format");
+    if p.get("format") != Some(&json!("date-time")) {
+        p.remove("format");
+    }
     for nested in p
         .get_mut("properties")
         .and_then(Value::as_object_mut)
@@ -651,6 +687,7 @@ impl ToolCall {
                 u64::from(LIST_LIMIT_MAX),
             ),
             ToolCall::AddTodo(a) => {
+                a.run_at_ms(name)?;
                 in_range(
                     name,
                     "max_attempts",
@@ -760,6 +797,12 @@ pub struct TodoOut {
     /// added it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub task: bool,
+    /// Higher is claimed first; FIFO within one priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// While pending: not claimable before this instant.
+    #[serde(default)]
+    pub run_at: Option<String>,
 }
 
 impl From<&Todo> for TodoOut {
@@ -798,6 +841,8 @@ impl From<&Todo> for TodoOut {
             }),
             created: None,
             task: t.task_id.is_some(),
+            priority: t.priority,
+            run_at: t.run_at.map(rfc3339),
         }
     }
 }

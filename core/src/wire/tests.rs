@@ -26,6 +26,7 @@ fn every_tool_schema_is_a_closed_object() {
 /// argument can be built from the schema alone.
 fn sample(prop: &Value) -> Value {
     match prop["type"].as_str() {
+        Some("string") if prop["format"] == "date-time" => json!("2026-12-04T09:30:00Z"),
         Some("string") => json!("x"),
         Some("integer") => json!(prop["minimum"].as_u64().unwrap_or(1)),
         Some("boolean") => json!(true),

@@ -880,3 +880,31 @@ async fn a_task_page_says_it_is_a_task_and_whose_but_never_its_id() {
     let list = b.get("/board/queues/q").await.text().await.unwrap();
     assert!(!list.contains(secret), "the queue page shows the task id");
 }
+
+#[tokio::test]
+async fn a_delayed_todo_page_says_until_when_it_waits_and_its_priority() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let ep = h.endpoint("ci", &["add_todo"], None).await;
+    let mut c = h.mcp("ci", &ep);
+    c.init().await;
+    let at = relay_core::time::rfc3339(h.now() + 3_600_000);
+    let later = c
+        .ok(
+            "add_todo",
+            json!({"queue": "q", "title": "later", "run_at": at, "priority": 7}),
+        )
+        .await;
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let page = b
+        .get(&format!("/board/todos/{}", later["id"].as_str().unwrap()))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("waits until {at}")) && page.contains("priority 7"),
+        "{page}"
+    );
+}

@@ -1081,3 +1081,81 @@ async fn todo_resources_page_every_todo_once_and_are_scoped_like_get_todo() {
     assert_eq!(v["error"]["code"], -32003, "{v}");
     assert_eq!(snapshot(&h).await, before);
 }
+
+/// Priorities and delayed todos (CONTRACT "Flow control"), the same in both MCP eras: a higher
+/// priority is claimed first and FIFO holds within one; `run_at` and `delay_seconds` hold a
+/// todo back until their instant; bad values are refused naming the argument, alike in both
+/// eras, and add nothing.
+#[tokio::test]
+async fn priorities_and_delays_order_claims_in_both_eras() {
+    let h = start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut legacy = h.mcp("ci", &token);
+    legacy.init().await;
+    let mut modern = h.mcp_modern("ci", &token);
+    for (era, c) in [("legacy", &mut legacy), ("modern", &mut modern)] {
+        let q = format!("q-{era}");
+        let in_a_minute = relay_core::time::rfc3339(h.now() + 60_000);
+        let add = |title: &str, extra: Value| {
+            let mut args = json!({"queue": q, "title": title});
+            args.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            args
+        };
+        let low = c.ok("add_todo", add("low", json!({"priority": -3}))).await;
+        assert_eq!(low["priority"], -3, "{low}");
+        c.ok("add_todo", add("plain", json!({}))).await;
+        let later = c
+            .ok("add_todo", add("later", json!({"run_at": in_a_minute})))
+            .await;
+        assert_eq!(later["run_at"], in_a_minute.as_str(), "{later}");
+        c.ok("add_todo", add("delayed", json!({"delay_seconds": 30})))
+            .await;
+        c.ok("add_todo", add("urgent", json!({"priority": 100})))
+            .await;
+        let mut order = Vec::new();
+        loop {
+            let next = c.ok("claim_next", json!({"queue": q})).await;
+            match next["todo"]["title"].as_str() {
+                Some(t) => order.push(t.to_string()),
+                None => break,
+            }
+        }
+        assert_eq!(order, ["urgent", "plain", "low"], "{era}");
+        h.clock.advance(30_000);
+        let next = c.ok("claim_next", json!({"queue": q})).await;
+        assert_eq!(next["todo"]["title"], "delayed", "{era}: {next}");
+        h.clock.advance(30_000);
+        let next = c.ok("claim_next", json!({"queue": q})).await;
+        assert_eq!(next["todo"]["title"], "later", "{era}: {next}");
+    }
+
+    let before = snapshot(&h).await;
+    let in_a_minute = relay_core::time::rfc3339(h.now() + 60_000);
+    let far = relay_core::time::rfc3339(h.now() + 366 * 86_400_000);
+    let bad = [
+        (json!({"priority": 101}), "priority"),
+        (json!({"priority": -101}), "priority"),
+        (json!({"priority": "high"}), "priority"),
+        (json!({"run_at": "tomorrow"}), "run_at"),
+        (json!({"run_at": far}), "run_at"),
+        (json!({"delay_seconds": -1}), "delay_seconds"),
+        (json!({"delay_seconds": 31_536_001}), "delay_seconds"),
+        (
+            json!({"run_at": in_a_minute, "delay_seconds": 5}),
+            "delay_seconds",
+        ),
+    ];
+    for (extra, field) in bad {
+        let mut args = json!({"queue": "q-bad", "title": "bad"});
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let l = legacy.fails("add_todo", args.clone(), "invalid").await;
+        let m = modern.fails("add_todo", args, "invalid").await;
+        assert!(l.contains(field), "{extra}: {l}");
+        assert_eq!(l, m, "both eras answer {extra} alike");
+    }
+    assert_eq!(snapshot(&h).await, before, "nothing changed");
+}

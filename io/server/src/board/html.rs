@@ -562,6 +562,19 @@ fn action(csrf: &str, id: &str, name: &str, label: &str, summary: bool) -> Strin
     )
 }
 
+/// A todo's place in the claim order, and while pending why it is not claimable yet.
+fn waits(now: u64, t: &relay_core::ledger::Todo) -> Option<String> {
+    let due = t.run_at.filter(|&at| t.state == TodoState::Pending && at > now);
+    match (t.priority, due) {
+        (0, None) => None,
+        (p, None) => Some(format!("priority {p} (higher is claimed first)")),
+        (p, Some(at)) => Some(format!(
+            "waits until {}: not claimable before (priority {p})",
+            rfc3339(at)
+        )),
+    }
+}
+
 pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> String {
     let t = &view.todo;
     let mut body = format!("<h1 data-todo=\"{}\">{}</h1>", esc(&t.id), esc(&t.title));
@@ -599,6 +612,9 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
              once finished it cannot be retried.</p>",
             esc(&t.endpoint)
         );
+    }
+    if let Some(why) = waits(now, t) {
+        let _ = write!(body, "<p class=\"schedule\">{}</p>", esc(&why));
     }
     if !t.spent.is_zero() || !t.budget.is_none() {
         let _ = write!(

@@ -12,7 +12,7 @@ use crate::store::types::Endpoint;
 /// The todo columns, in the order [`todo`] decodes them.
 ///
 /// [`todo`]: super::decode::todo
-pub(crate) const TODO_COLS: [&str; 35] = [
+pub(crate) const TODO_COLS: [&str; 37] = [
     "id",
     "endpoint",
     "queue",
@@ -48,6 +48,8 @@ pub(crate) const TODO_COLS: [&str; 35] = [
     "spent_input_tokens",
     "spent_output_tokens",
     "task_id",
+    "priority",
+    "run_at",
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
@@ -182,6 +184,8 @@ fn todo_val(op: &str, t: &Todo, i: usize) -> Result<Val, Error> {
         "spent_input_tokens" => figure(op, Some(t.spent.input_tokens))?,
         "spent_output_tokens" => figure(op, Some(t.spent.output_tokens))?,
         "task_id" => text(&t.task_id.as_ref().map(|t| t.expose().to_string())),
+        "priority" => Val::Big(Some(i64::from(t.priority))),
+        "run_at" => opt_time(op, t.run_at)?,
         other => unreachable!("todo column {other} has no value"),
     })
 }
@@ -267,7 +271,7 @@ pub(crate) fn amend_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
 /// `ledger::run`); an update rewrites every other column, keyed by `id`.
 const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
                           max_attempts created_at idempotency_key max_same_failures \
-                          max_input_requests answer_within_ms task_id";
+                          max_input_requests answer_within_ms task_id priority run_at";
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 pub(super) fn todo_updated() -> impl Iterator<Item = usize> {

@@ -158,6 +158,11 @@ pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
                 Some(TaskId::parse(&s).ok_or_else(|| bad("a todo", "task_id is malformed"))?)
             }
         },
+        priority: {
+            let v = r.opt_int()?.unwrap_or(0);
+            i32::try_from(v).map_err(|e| bad("a todo", e))?
+        },
+        run_at: r.opt_millis()?,
     })
 }
 

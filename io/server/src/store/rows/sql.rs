@@ -234,18 +234,19 @@ impl Shared {
         } else {
             format!("{queues} AND NOT ({})", q.queue_in(paused))
         };
-        // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending, or
+        // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending and
+        // due (run_at), or
         // claimed with a lapsed lease and attempts left, or failed with the retry due and
-        // attempts left.
+        // attempts left; in transition::claim_order.
         let sql = format!(
             "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
                AND (t.deadline_at IS NULL OR t.deadline_at > {now})
                AND {live} -- lets the partial FIFO index serve
-               AND (t.state = 'pending'
+               AND ((t.state = 'pending' AND (t.run_at IS NULL OR t.run_at <= {now}))
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
                         AND t.attempt < t.max_attempts)
                     OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
-             ORDER BY t.created_at, t.id LIMIT {limit}{lock}",
+             ORDER BY t.priority DESC, t.created_at, t.id LIMIT {limit}{lock}",
             self.todo_select,
             live = q.one_of("t.state", LIVE)
         );

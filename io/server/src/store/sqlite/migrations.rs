@@ -18,7 +18,20 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (11, "store_heartbeat", MIGRATION_0011),
     (12, "asking", MIGRATION_0012),
     (13, "tasks", MIGRATION_0013),
+    (14, "flow", MIGRATION_0014),
 ];
+
+/// Priorities and delayed todos: `claim_next` takes a higher priority first (FIFO within one),
+/// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the
+/// priority so that a claim still walks it in order and stops at the first rows it can take.
+const MIGRATION_0014: &str = "
+ALTER TABLE todos ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
+    CHECK (priority BETWEEN -100 AND 100);
+ALTER TABLE todos ADD COLUMN run_at INTEGER;
+DROP INDEX todos_fifo;
+CREATE INDEX todos_fifo ON todos (endpoint, priority DESC, created_at, id)
+    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
+";
 
 /// A todo made as an MCP task keeps its task id (never changed after the add).
 const MIGRATION_0013: &str = "

@@ -4,17 +4,13 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter, transition,
+    Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter, claim_order, transition,
 };
 
 use super::stmt::claim_key;
 use super::tx::{Batch, Entry, Group, Held};
 use crate::store::postgres::tx::{CLAIM_LOCK, SQL};
 use crate::store::rows::{self, Val};
-
-fn fifo(t: &Todo) -> (Millis, &str) {
-    (t.created_at, t.id.as_str())
-}
 
 impl Rows for Batch<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
@@ -52,12 +48,12 @@ impl Rows for Batch<'_> {
                         }
                         _ => None,
                     })
-                    .min_by(|a, b| fifo(a).cmp(&fifo(b)));
+                    .min_by(|a, b| claim_order(a).cmp(&claim_order(b)));
                 let before_unread = |t: &Todo| {
                     g.exhausted
-                        || g.last
-                            .as_ref()
-                            .is_some_and(|(at, id)| fifo(t) <= (*at, id.as_str()))
+                        || g.last.as_ref().is_some_and(|(p, at, id)| {
+                            claim_order(t) <= (*p, *at, id.as_str())
+                        })
                 };
                 match best {
                     Some(t) if before_unread(t) => {

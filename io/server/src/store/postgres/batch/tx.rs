@@ -51,13 +51,16 @@ pub(super) enum Held {
     Prune(String, u32),
 }
 
-/// What a `claim_next` scope has read: the rows after `last` (by created_at, id) that are
-/// claimable and no other transaction holds are not read yet, unless `exhausted`.
+/// What a `claim_next` scope has read: the rows after `last` (in `ledger::claim_order`) that
+/// are claimable and no other transaction holds are not read yet, unless `exhausted`.
 pub(super) struct Group {
     pub(super) key: (String, Vec<Val>),
-    pub(super) last: Option<(Millis, String)>,
+    pub(super) last: Option<Place>,
     pub(super) exhausted: bool,
 }
+
+/// A todo's place in `ledger::claim_order`, owned.
+pub(super) type Place = (std::cmp::Reverse<i32>, Millis, String);
 
 /// The held writes that must touch exactly one row, each answering one row itself or, when it
 /// touched another number, failing (a text that is no integer), so that the database refuses
@@ -268,19 +271,20 @@ impl<'c> Batch<'c> {
     }
 
     /// Keeps the rows a claim_next read returned (those not kept yet), and answers the last
-    /// one's place and how many there were. Their open attempts are read after the lock (see
+    /// one's place in the claim order and how many there were. Their open attempts are read after the lock (see
     /// `PgTx::load`), but only for claimed rows (a takeover): any other has none, and were one
     /// there after all, the deferred one-open-attempt constraint refuses the batch's COMMIT and
     /// its operations run again alone, where the attempt is read.
     pub(super) async fn keep_claimable(
         &mut self,
         found: &[tokio_postgres::Row],
-    ) -> Result<(Option<(Millis, String)>, usize), Error> {
+    ) -> Result<(Option<Place>, usize), Error> {
         let mut last = None;
         let mut takeovers = Vec::new();
         for r in found {
             let t = rows::todo(r, 0)?;
-            last = Some((t.created_at, t.id.clone()));
+            let (p, at, id) = ledger::claim_order(&t);
+            last = Some((p, at, id.to_string()));
             if self.rows.contains_key(&t.id) {
                 continue;
             }
