@@ -326,6 +326,33 @@ fn endpoint_and_todo_commands_round_trip_on_sqlite() {
     let (code, _, err) = todo_add(&db, "nobody", "ci", "x", &[]);
     one_line_error(code, &err, "relay endpoint list");
 
+    // Order and schedule: a negative priority is a value, not a flag; bad ones are one line
+    // naming the flag, and add nothing.
+    let (code, low, err) = todo_add(&db, "ci", "ops", "low", &["--priority", "-7"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, later, err) = todo_add(&db, "ci", "ops", "later", &["--delay-seconds", "600"]);
+    assert_eq!(code, 0, "{err}");
+    for (flags, needle) in [
+        (&["--priority", "101"][..], "priority"),
+        (&["--run-at", "tomorrow"][..], "--run-at"),
+        (
+            &["--run-at", "2026-12-24T09:00:00Z", "--delay-seconds", "5"][..],
+            "not both",
+        ),
+        (&["--delay-seconds", "40000000"][..], "delay_seconds"),
+    ] {
+        let (code, _, err) = todo_add(&db, "ci", "ops", "bad", flags);
+        one_line_error(code, &err, needle);
+    }
+    let (_, out, _) = run_db(&db, &["todo", "list", "--json", "--queue", "ops"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ops = v["todos"].as_array().unwrap();
+    assert_eq!(ops.len(), 2, "{out}");
+    let of = |id: &str| ops.iter().find(|t| t["id"] == id.trim()).unwrap().clone();
+    assert_eq!(of(&low)["priority"], -7);
+    assert_eq!(of(&low)["run_at"], serde_json::Value::Null);
+    assert!(of(&later)["run_at"].as_str().is_some(), "{out}");
+
     let (code, out, _) = run_db(&db, &["todo", "list", "--json", "--endpoint", "ci"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

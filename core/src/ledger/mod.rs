@@ -249,9 +249,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
     let horizon = now.saturating_add(RUN_AT_MAX_AHEAD_SECS * 1000);
     let run_at = match (new.run_at, new.delay_seconds) {
         (Some(_), Some(_)) => {
-            return Err(bad(
-                "give run_at or delay_seconds, not both".to_string()
-            ));
+            return Err(bad("give run_at or delay_seconds, not both".to_string()));
         }
         (Some(t), None) if t > horizon => {
             return Err(bad(format!(

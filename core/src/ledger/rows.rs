@@ -29,8 +29,8 @@ use crate::time::Millis;
 pub enum Sweep<'a> {
     /// mirrors transition::reap: claimed with a lapsed lease.
     Reap { now: Millis },
-    /// mirrors transition::requeue_due: failed, retry due, attempts left; or pending or failed
-    /// with a retry scheduled, past the deadline.
+    /// mirrors transition::requeue_due: failed, retry due, attempts left; pending with its
+    /// `run_at` come; or pending or failed with a retry scheduled, past the deadline.
     RequeueDue { now: Millis },
     /// mirrors transition::revoke (scoped to one endpoint): claimed.
     Revoke { now: Millis, endpoint: &'a str },
@@ -385,7 +385,6 @@ async fn write<R: Rows>(
         && t.idempotency_key == before.idempotency_key
         && t.task_id == before.task_id
         && t.priority == before.priority
-        && t.run_at == before.run_at
         && t.max_same_failures == before.max_same_failures
         && t.asking.max_requests == before.asking.max_requests
         && t.asking.answer_within == before.asking.answer_within

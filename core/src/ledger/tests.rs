@@ -132,7 +132,13 @@ fn claim_next_takes_a_higher_priority_first_and_fifo_within_one() {
     }
     assert_eq!(
         order,
-        ["high_first", "high_second", "old_default", "new_default", "low"]
+        [
+            "high_first",
+            "high_second",
+            "old_default",
+            "new_default",
+            "low"
+        ]
     );
     l.check().unwrap();
 }
@@ -167,7 +173,16 @@ fn a_delayed_todo_is_not_claimable_before_its_time_and_keeps_its_place_after() {
     };
     assert_eq!(next(&mut l, T0 + 3).as_deref(), Some("now"));
     assert_eq!(next(&mut l, T0 + 1 + 5 * SECOND - 1), None);
-    assert_eq!(next(&mut l, T0 + 1 + 5 * SECOND).as_deref(), Some("delayed"));
+    // A claim by id is refused alike, saying until when the todo waits.
+    let early = l
+        .claim(T0 + 3, &ep("e"), "at", &opts())
+        .expect_err("delayed");
+    assert_eq!(early.code, ErrorCode::Conflict, "{early}");
+    assert!(early.message.contains("run_at, 2"), "{early}");
+    assert_eq!(
+        next(&mut l, T0 + 1 + 5 * SECOND).as_deref(),
+        Some("delayed")
+    );
     assert_eq!(next(&mut l, run_at - 1), None);
     assert_eq!(next(&mut l, run_at).as_deref(), Some("at"));
     // An instant already past is due at once.
@@ -181,6 +196,34 @@ fn a_delayed_todo_is_not_claimable_before_its_time_and_keeps_its_place_after() {
     )
     .unwrap();
     assert_eq!(next(&mut l, run_at).as_deref(), Some("past"));
+    l.check().unwrap();
+}
+
+#[test]
+fn the_retry_sweep_clears_a_delayed_todos_time_once_it_has_come_so_that_it_rings() {
+    let mut l = ledger_with(0, 5);
+    let add = |l: &mut Ledger, id: &str, delay: u64| {
+        let n = NewTodo {
+            delay_seconds: Some(delay),
+            ..new(id, "ci")
+        };
+        l.add_todo(T0, "e", n).unwrap();
+    };
+    add(&mut l, "soon", 5);
+    add(&mut l, "later", 50);
+    assert!(l.requeue_due(T0 + 5 * SECOND - 1).unwrap().is_empty());
+    let came = l.requeue_due(T0 + 5 * SECOND).unwrap();
+    assert_eq!(came.len(), 1, "{came:?}");
+    let t = &came[0];
+    assert_eq!(
+        (t.id.as_str(), t.state, t.run_at),
+        ("soon", TodoState::Pending, None)
+    );
+    assert_eq!(t.updated_at, T0 + 5 * SECOND);
+    // Once cleared, the next sweep leaves it alone; the later one still waits.
+    assert!(l.requeue_due(T0 + 6 * SECOND).unwrap().is_empty());
+    let later = l.todos().find(|t| t.id == "later").unwrap();
+    assert_eq!(later.run_at, Some(T0 + 50 * SECOND));
     l.check().unwrap();
 }
 

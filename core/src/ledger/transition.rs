@@ -277,16 +277,21 @@ pub fn claim(
     scoped(op, todo, actor)?;
     let open = consistent(op, todo, open)?;
     if !claimable(now, todo, actor, None) {
+        let delayed = todo
+            .run_at
+            .filter(|&t| todo.state == TodoState::Pending && t > now);
         return Err(Error::conflict(format!(
             "{op} {}: todo is {} and cannot be claimed now{}",
             todo.id,
             todo.state,
             if todo.past_deadline(now) {
-                " (its deadline has passed)"
+                " (its deadline has passed)".to_string()
             } else if todo.state == TodoState::Claimed {
-                " (its lease is held)"
+                " (its lease is held)".to_string()
+            } else if let Some(t) = delayed {
+                format!(" (it waits until its run_at, {})", crate::time::rfc3339(t))
             } else {
-                ""
+                String::new()
             }
         )));
     }
@@ -1034,10 +1039,15 @@ pub fn requeue_due(now: Millis, todo: &Todo) -> Option<Change> {
     let due = todo.state == TodoState::Failed
         && todo.next_retry_at.is_some_and(|t| t <= now)
         && todo.attempt < todo.max_attempts;
-    due.then(|| {
+    // A delayed todo whose `run_at` has come is claimable already (see [`claimable`]); the
+    // sweep clears the instant so that the change rings the doorbell for it, as a due retry's
+    // does. Clearing it also keeps the stores' index of waiting delayed todos small.
+    let came = todo.state == TodoState::Pending && todo.run_at.is_some_and(|t| t <= now);
+    (due || came).then(|| {
         let mut change = Change::new(todo.clone());
         change.todo.state = TodoState::Pending;
         change.todo.next_retry_at = None;
+        change.todo.run_at = None;
         change.todo.updated_at = now;
         change
     })

@@ -374,7 +374,8 @@ pub struct Todo {
     /// `claim_next` takes a higher priority first (FIFO within one); fixed at the add.
     #[serde(default)]
     pub priority: i32,
-    /// A pending todo is not claimable before this instant; fixed at the add.
+    /// A pending todo is not claimable before this instant. Set at the add; the retry sweep
+    /// clears it once it has come (and so rings the doorbell for the todo).
     #[serde(default)]
     pub run_at: Option<Millis>,
 }

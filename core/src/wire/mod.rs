@@ -19,8 +19,8 @@ use crate::ledger::{
     ANSWER_MAX_BYTES, ANSWER_WITHIN_MAX_SECS, Attempt, Budget, Claimed, DEADLINE_MAX_SECS,
     DeadLetterReason, IDEMPOTENCY_KEY_MAX_BYTES, LEASE_TTL_DEFAULT_SECS, LEASE_TTL_MAX_SECS,
     MAX_ATTEMPTS_MAX, MAX_INPUT_REQUESTS_MAX, MAX_SAME_FAILURES_MAX, PRIORITY_MAX, PRIORITY_MIN,
-    RUN_AT_MAX_AHEAD_SECS, SIGNATURE_MAX_BYTES, Todo,
-    TodoState, TodoView, USAGE_MAX, Usage, cost_usd,
+    RUN_AT_MAX_AHEAD_SECS, SIGNATURE_MAX_BYTES, Todo, TodoState, TodoView, USAGE_MAX, Usage,
+    cost_usd,
 };
 use crate::time::{Millis, parse_rfc3339, rfc3339};
 

@@ -1159,3 +1159,38 @@ async fn priorities_and_delays_order_claims_in_both_eras() {
     }
     assert_eq!(snapshot(&h).await, before, "nothing changed");
 }
+
+/// A delayed todo rings twice: when it is added (a client that drains then finds nothing) and
+/// when its time comes (the retry sweep clears `run_at`), even inside the doorbell's window, so
+/// a client that waits for rings is told as soon as it can claim it.
+#[tokio::test]
+async fn a_delayed_todo_rings_again_when_its_time_comes() {
+    let h = start().await;
+    let token = h.endpoint("ci", ALL_VERBS, None).await;
+    let mut c = h.mcp("ci", &token);
+    c.init().await;
+    let mut stream = c.stream().await;
+    let mut buf = String::new();
+    let id = c
+        .ok(
+            "add_todo",
+            json!({"queue": "later", "title": "t", "delay_seconds": 20}),
+        )
+        .await["id"]
+        .clone();
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["later"]));
+    let next = c.ok("claim_next", json!({"queue": "later"})).await;
+    assert!(next["todo"].is_null(), "not before its time: {next}");
+    h.clock.advance(19_999);
+    assert!(h.server.requeue_once(h.now()).await.unwrap().is_empty());
+    h.clock.advance(1);
+    let came = h.server.requeue_once(h.now()).await.unwrap();
+    assert_eq!(came.len(), 1, "{came:?}");
+    let ring = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ring["params"]["queues"], json!(["later"]), "its time rings");
+    let view = c.ok("get_todo", json!({"id": id})).await;
+    assert_eq!(view["todo"]["run_at"], Value::Null, "{view}");
+    let next = c.ok("claim_next", json!({"queue": "later"})).await;
+    assert_eq!(next["todo"]["id"], id, "{next}");
+}

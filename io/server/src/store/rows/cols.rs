@@ -271,7 +271,7 @@ pub(crate) fn amend_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
 /// `ledger::run`); an update rewrites every other column, keyed by `id`.
 const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
                           max_attempts created_at idempotency_key max_same_failures \
-                          max_input_requests answer_within_ms task_id priority run_at";
+                          max_input_requests answer_within_ms task_id priority";
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 pub(super) fn todo_updated() -> impl Iterator<Item = usize> {

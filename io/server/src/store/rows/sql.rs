@@ -337,7 +337,10 @@ impl Shared {
                        AND (state = 'pending' OR (state = 'failed' AND next_retry_at IS NOT NULL))
                      UNION ALL
                      SELECT id FROM todos WHERE state = 'input_required'
-                       AND (answer_due_at <= {m}1 OR deadline_at <= {m}1)"
+                       AND (answer_due_at <= {m}1 OR deadline_at <= {m}1)
+                     UNION ALL
+                     SELECT id FROM todos WHERE state = 'pending' AND run_at <= {m}1
+                       AND run_at IS NOT NULL"
                 ),
                 time(op, now)?,
             ),
@@ -348,7 +351,8 @@ impl Shared {
                        OR (deadline_at <= {m}1 AND (state = 'pending'
                            OR (state = 'failed' AND next_retry_at IS NOT NULL)))
                        OR (state = 'input_required'
-                           AND (answer_due_at <= {m}1 OR deadline_at <= {m}1))"
+                           AND (answer_due_at <= {m}1 OR deadline_at <= {m}1))
+                       OR (state = 'pending' AND run_at <= {m}1)"
                 ),
                 time(op, now)?,
             ),

@@ -14,7 +14,7 @@ fn update_statements_rewrite_what_transitions_change() {
          result = $10, updated_at = $11, dead_letter_reason = $12, deadline_at = $13, \
          input_requests = $14, answer_due_at = $15, budget_cost_micros = $16, \
          budget_tokens = $17, spent_cost_micros = $18, spent_input_tokens = $19, \
-         spent_output_tokens = $20, \
+         spent_output_tokens = $20, run_at = $21, \
          lease_due_at = CASE WHEN todos.state = 'claimed' AND $2::text = 'claimed' \
          AND todos.attempts_total = $5::integer \
          THEN least(todos.lease_due_at, $7::bigint) ELSE $7::bigint END, \
@@ -29,7 +29,7 @@ fn update_statements_rewrite_what_transitions_change() {
          result = ?10, updated_at = ?11, dead_letter_reason = ?12, deadline_at = ?13, \
          input_requests = ?14, answer_due_at = ?15, budget_cost_micros = ?16, \
          budget_tokens = ?17, spent_cost_micros = ?18, spent_input_tokens = ?19, \
-         spent_output_tokens = ?20 \
+         spent_output_tokens = ?20, run_at = ?21 \
          WHERE id = ?1"
     );
     assert_eq!(

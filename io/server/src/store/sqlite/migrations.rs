@@ -24,6 +24,8 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
 /// Priorities and delayed todos: `claim_next` takes a higher priority first (FIFO within one),
 /// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the
 /// priority so that a claim still walks it in order and stops at the first rows it can take.
+/// `todos_delayed` holds only the delayed todos still waiting (the retry sweep clears a `run_at`
+/// once it has come), so the sweep finds the due ones without a scan.
 const MIGRATION_0014: &str = "
 ALTER TABLE todos ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
     CHECK (priority BETWEEN -100 AND 100);
@@ -31,6 +33,7 @@ ALTER TABLE todos ADD COLUMN run_at INTEGER;
 DROP INDEX todos_fifo;
 CREATE INDEX todos_fifo ON todos (endpoint, priority DESC, created_at, id)
     WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
+CREATE INDEX todos_delayed ON todos (run_at) WHERE state = 'pending' AND run_at IS NOT NULL;
 ";
 
 /// A todo made as an MCP task keeps its task id (never changed after the add).

@@ -51,9 +51,9 @@ impl Rows for Batch<'_> {
                     .min_by(|a, b| claim_order(a).cmp(&claim_order(b)));
                 let before_unread = |t: &Todo| {
                     g.exhausted
-                        || g.last.as_ref().is_some_and(|(p, at, id)| {
-                            claim_order(t) <= (*p, *at, id.as_str())
-                        })
+                        || g.last
+                            .as_ref()
+                            .is_some_and(|(p, at, id)| claim_order(t) <= (*p, *at, id.as_str()))
                 };
                 match best {
                     Some(t) if before_unread(t) => {
