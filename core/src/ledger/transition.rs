@@ -231,7 +231,7 @@ pub fn claimable(now: Millis, todo: &Todo, actor: &Actor, queues: Option<&[Strin
         && queues.is_none_or(|qs| qs.iter().any(|q| q == &todo.queue))
         && todo.assignee.as_deref().is_none_or(|a| a == actor.owner())
         && match todo.state {
-            TodoState::Pending => todo.run_at.is_none_or(|t| t <= now),
+            TodoState::Pending => todo.waits_until(now).is_none(),
             TodoState::Claimed => !todo.lease_valid_at(now) && todo.attempt < todo.max_attempts,
             TodoState::Failed => {
                 todo.next_retry_at.is_some_and(|t| t <= now) && todo.attempt < todo.max_attempts
@@ -277,9 +277,6 @@ pub fn claim(
     scoped(op, todo, actor)?;
     let open = consistent(op, todo, open)?;
     if !claimable(now, todo, actor, None) {
-        let delayed = todo
-            .run_at
-            .filter(|&t| todo.state == TodoState::Pending && t > now);
         return Err(Error::conflict(format!(
             "{op} {}: todo is {} and cannot be claimed now{}",
             todo.id,
@@ -288,7 +285,7 @@ pub fn claim(
                 " (its deadline has passed)".to_string()
             } else if todo.state == TodoState::Claimed {
                 " (its lease is held)".to_string()
-            } else if let Some(t) = delayed {
+            } else if let Some(t) = todo.waits_until(now) {
                 format!(" (it waits until its run_at, {})", crate::time::rfc3339(t))
             } else {
                 String::new()

@@ -399,6 +399,13 @@ impl Todo {
         self.state == TodoState::Claimed && self.lease_expires_at.is_some_and(|t| now < t)
     }
 
+    /// While pending and delayed at `now`: the instant it waits for (see
+    /// [`claimable`](super::claimable)).
+    pub fn waits_until(&self, now: Millis) -> Option<Millis> {
+        self.run_at
+            .filter(|&t| self.state == TodoState::Pending && t > now)
+    }
+
     /// The deadline has passed at `now`: no attempt may start.
     pub fn past_deadline(&self, now: Millis) -> bool {
         self.deadline_at.is_some_and(|d| d <= now)

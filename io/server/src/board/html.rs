@@ -564,10 +564,7 @@ fn action(csrf: &str, id: &str, name: &str, label: &str, summary: bool) -> Strin
 
 /// A todo's place in the claim order, and while pending why it is not claimable yet.
 fn waits(now: u64, t: &relay_core::ledger::Todo) -> Option<String> {
-    let due = t
-        .run_at
-        .filter(|&at| t.state == TodoState::Pending && at > now);
-    match (t.priority, due) {
+    match (t.priority, t.waits_until(now)) {
         (0, None) => None,
         (p, None) => Some(format!("priority {p} (higher is claimed first)")),
         (p, Some(at)) => Some(format!(
