@@ -496,6 +496,7 @@ mod tests {
             task_id: None,
             priority: 0,
             run_at: None,
+            concurrency_key: None,
         }
     }
 

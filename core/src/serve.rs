@@ -452,6 +452,7 @@ impl Serving {
                     priority: a.priority,
                     run_at,
                     delay_seconds: a.delay_seconds,
+                    concurrency_key: a.concurrency_key,
                     queue: a.queue,
                     title: a.title,
                     kind: a.kind,

@@ -12,6 +12,7 @@
 
 mod attention;
 mod backoff;
+pub mod flow;
 mod op;
 pub mod rows;
 pub mod transition;
@@ -23,7 +24,8 @@ use serde_json::Value;
 
 pub use attention::{ATTENTION_MAX_BYTES, attention};
 pub use backoff::Backoff;
-pub use op::{Answer, Op};
+pub use flow::{Holds, Limits, LimitsChange, Load};
+pub use op::{Answer, Op, QueueFlow};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
     ANSWER_MAX_BYTES, Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig,
@@ -109,6 +111,8 @@ pub struct NewTodo {
     pub run_at: Option<Millis>,
     /// Not claimable for this many seconds from the add (instead of `run_at`).
     pub delay_seconds: Option<u64>,
+    /// See [`Todo::concurrency_key`].
+    pub concurrency_key: Option<String>,
 }
 
 /// The answer to a successful claim.
@@ -267,6 +271,9 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         (None, Some(d)) => Some(now.saturating_add(d * 1000)),
         (None, None) => None,
     };
+    if let Some(k) = &new.concurrency_key {
+        flow::check_key(k).map_err(bad)?;
+    }
     if new.task_id.as_ref().is_some_and(|t| t.todo_id() != new.id) {
         return Err(Error::internal(format!(
             "add_todo {}: the task id drawn names another todo",
@@ -310,6 +317,7 @@ pub fn new_todo(now: Millis, endpoint: &str, new: NewTodo) -> Result<Todo, Error
         task_id: new.task_id,
         priority,
         run_at,
+        concurrency_key: new.concurrency_key,
     })
 }
 
@@ -408,6 +416,10 @@ pub struct Ledger {
     order: BTreeSet<(Millis, String)>,
     /// Paused queues, and since when.
     paused: BTreeMap<String, Millis>,
+    /// Queues with limits.
+    limits: BTreeMap<String, Limits>,
+    /// By queue with a rate limit, its claims within the window.
+    claims: BTreeMap<String, Vec<Millis>>,
 }
 
 impl Ledger {
@@ -563,12 +575,12 @@ impl Rows for Mem<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let next = self
             .0
             .todos()
-            .filter(|t| claimable(now, t, actor, queues) && !paused.contains(&t.queue))
+            .filter(|t| claimable(now, t, actor, queues) && !holds.holds(t))
             .min_by(|a, b| claim_order(a).cmp(&claim_order(b)))
             .map(|t| t.id.clone());
         Ok(next.and_then(|id| self.loaded(&id)))
@@ -703,6 +715,48 @@ impl Rows for Mem<'_> {
         } else {
             self.0.paused.remove(queue);
         }
+        Ok(())
+    }
+
+    async fn queue_limits(&mut self) -> Result<Vec<(String, Limits)>, Error> {
+        Ok(self.0.limits.iter().map(|(q, l)| (q.clone(), *l)).collect())
+    }
+
+    async fn set_queue_limits(&mut self, _: Millis, queue: &str, l: Limits) -> Result<(), Error> {
+        if l.is_empty() {
+            self.0.limits.remove(queue);
+            self.0.claims.remove(queue);
+        } else {
+            self.0.limits.insert(queue.to_string(), l);
+        }
+        Ok(())
+    }
+
+    async fn flow_load(&mut self, now: Millis, _lock: bool) -> Result<Load, Error> {
+        let mut load = Load::default();
+        for t in self.0.todos() {
+            if t.state == TodoState::Claimed && self.0.limits.contains_key(&t.queue) {
+                let k = (t.queue.clone(), t.concurrency_key.clone());
+                *load.claimed.entry(k).or_default() += 1;
+            }
+        }
+        for (q, at) in &self.0.claims {
+            let n = at
+                .iter()
+                .filter(|&&t| t > now.saturating_sub(flow::WINDOW))
+                .count();
+            if n > 0 {
+                load.recent
+                    .insert(q.clone(), u32::try_from(n).unwrap_or(u32::MAX));
+            }
+        }
+        Ok(load)
+    }
+
+    async fn note_claim(&mut self, now: Millis, queue: &str) -> Result<(), Error> {
+        let at = self.0.claims.entry(queue.to_string()).or_default();
+        at.retain(|&t| t > now.saturating_sub(flow::WINDOW));
+        at.push(now);
         Ok(())
     }
 }

@@ -12,8 +12,8 @@
 //! [`TokenHash`]es, whose `Debug` shows two bytes.
 
 use super::{
-    Actor, ClaimOpts, Claimed, NewTodo, Outcome, Report, Todo, TodoFilter, TodoView, TokenHash,
-    Usage,
+    Actor, ClaimOpts, Claimed, Limits, LimitsChange, Load, NewTodo, Outcome, Report, Todo,
+    TodoFilter, TodoView, TokenHash, Usage,
 };
 use crate::error::Error;
 use crate::time::Millis;
@@ -154,6 +154,17 @@ pub enum Op {
     },
     /// The paused queues, by name. Answers [`Answer::Queues`].
     PausedQueues,
+    /// Changes a queue's limits (see [`flow`](super::flow)). Only the operator may. Answers
+    /// [`Answer::Flow`].
+    SetQueueLimits {
+        now: Millis,
+        actor: Actor,
+        queue: String,
+        change: LimitsChange,
+    },
+    /// Every queue's limits and what they hold at `now`, and the paused queues. Answers
+    /// [`Answer::Flow`].
+    QueueFlow { now: Millis },
 }
 
 impl Op {
@@ -182,6 +193,8 @@ impl Op {
             Op::PauseQueue { paused: true, .. } => "pause",
             Op::PauseQueue { paused: false, .. } => "resume",
             Op::PausedQueues => "paused_queues",
+            Op::SetQueueLimits { .. } => "queue_set",
+            Op::QueueFlow { .. } => "queue_show",
         }
     }
 
@@ -206,7 +219,8 @@ impl Op {
             Op::RevokeEndpoint { endpoint, .. } => format!("(endpoint {endpoint})"),
             Op::ListTodos { .. } => "(list)".into(),
             Op::PauseQueue { queue, .. } => format!("(queue {queue})"),
-            Op::PausedQueues => "(queues)".into(),
+            Op::SetQueueLimits { queue, .. } => format!("(queue {queue})"),
+            Op::PausedQueues | Op::QueueFlow { .. } => "(queues)".into(),
         }
     }
 
@@ -232,7 +246,9 @@ impl Op {
             | Op::RequeueDue { now }
             | Op::RevokeEndpoint { now, .. }
             | Op::PurgeFinished { now, .. }
-            | Op::PauseQueue { now, .. } => Some(now),
+            | Op::PauseQueue { now, .. }
+            | Op::SetQueueLimits { now, .. }
+            | Op::QueueFlow { now } => Some(now),
             Op::GetTodo { .. }
             | Op::ListTodos { .. }
             | Op::DeleteTodo { .. }
@@ -244,7 +260,7 @@ impl Op {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            Op::GetTodo { .. } | Op::ListTodos { .. } | Op::PausedQueues
+            Op::GetTodo { .. } | Op::ListTodos { .. } | Op::PausedQueues | Op::QueueFlow { .. }
         )
     }
 }
@@ -273,6 +289,16 @@ pub enum Answer {
     Deleted,
     /// pause, resume, paused_queues: the paused queues after the operation, by name.
     Queues(Vec<String>),
+    /// queue_set, queue_show: every queue's limits and load after the operation.
+    Flow(QueueFlow),
+}
+
+/// Every queue's limits (sorted by queue), what they hold, and the paused queues.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueFlow {
+    pub limits: Vec<(String, Limits)>,
+    pub load: Load,
+    pub paused: Vec<String>,
 }
 
 /// An accessor per shape: `Ok` with the value, or an internal error naming both shapes.
@@ -305,6 +331,8 @@ shapes! {
     ids: Ids(Vec<String>);
     /// The paused queues.
     queues: Queues(Vec<String>);
+    /// The queues' limits and load.
+    flow: Flow(QueueFlow);
 }
 
 impl Answer {
@@ -344,6 +372,7 @@ impl Answer {
             Answer::Ids(_) => "Ids",
             Answer::Deleted => "Deleted",
             Answer::Queues(_) => "Queues",
+            Answer::Flow(_) => "Flow",
         };
         Error::internal(format!("the ledger answered {got} where {wanted} was due"))
     }

@@ -15,6 +15,8 @@ use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
+use super::flow::{self, Holds, Limits, Load};
+use super::op::QueueFlow;
 use super::op::{Answer, Op};
 use super::transition::{self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig};
 use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash, Usage};
@@ -87,15 +89,15 @@ impl Newest {
 pub trait Rows {
     /// The todo and its open attempt, the row locked for the rest of the transaction.
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
-    /// The first claimable todo in [`super::claim_order`] with its open attempt, locked (Postgres skips
-    /// rows other transactions hold), outside the `paused` queues. `queues` holds only valid
-    /// queue names.
+    /// The first claimable todo in [`super::claim_order`] with its open attempt, locked
+    /// (Postgres skips rows other transactions hold), that `holds` does not hold (see
+    /// [`Holds::holds`]). `queues` holds only valid queue names.
     async fn next_claimable(
         &mut self,
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
     /// The endpoint's todo added with this idempotency key, if it still exists.
     async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error>;
@@ -125,6 +127,18 @@ pub trait Rows {
     async fn paused_queues(&mut self) -> Result<Vec<String>, Error>;
     /// Records a queue as paused (from `now`) or not; pausing a paused queue keeps its time.
     async fn set_paused(&mut self, now: Millis, queue: &str, paused: bool) -> Result<(), Error>;
+    /// The queues with limits, sorted by queue.
+    async fn queue_limits(&mut self) -> Result<Vec<(String, Limits)>, Error>;
+    /// Records a queue's limits (none: the queue keeps no row, nor its rate window).
+    async fn set_queue_limits(&mut self, now: Millis, queue: &str, l: Limits) -> Result<(), Error>;
+    /// What the queues with limits hold at `now` (see [`Load`]). With `lock`, read after
+    /// taking the flow lock, which serialises the claims in limited queues until the transaction
+    /// ends (Postgres: a transaction lock, so that two servers never count the same free place;
+    /// SQLite's single writer and the in-memory ledger need none).
+    async fn flow_load(&mut self, now: Millis, lock: bool) -> Result<Load, Error>;
+    /// Records a claim in a rate-limited `queue` at `now`, forgetting its claims before the
+    /// window.
+    async fn note_claim(&mut self, now: Millis, queue: &str) -> Result<(), Error>;
 }
 
 /// Applies one operation inside the backend's transaction. See the module doc.
@@ -138,7 +152,8 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             opts,
         } => {
             let (todo, open) = load(rows, "claim", &id).await?;
-            claim(rows, cfg, now, &actor, todo, open, &opts)
+            let gate = Gate::of(rows, now, Some(std::slice::from_ref(&todo.queue))).await?;
+            claim(rows, cfg, now, &actor, todo, open, &opts, &gate)
                 .await
                 .map(Answer::Claimed)
         }
@@ -150,13 +165,18 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
         } => {
             transition::check_ttl("claim_next", opts.ttl)?;
             let queues = queues.as_deref().map(super::storable_queue_filter);
-            // A paused queue answers `claim_next` empty; nothing else about it changes.
+            // A paused queue answers `claim_next` empty, and so does one whose limits hold every
+            // waiting todo back; nothing else about them changes.
             let paused = rows.paused_queues().await?;
+            let gate = Gate::of(rows, now, queues.as_deref()).await?;
+            let holds = flow::holds(&gate.limits, &gate.load, &paused);
             let next = match rows
-                .next_claimable(now, &actor, queues.as_deref(), &paused)
+                .next_claimable(now, &actor, queues.as_deref(), &holds)
                 .await?
             {
-                Some((todo, open)) => Some(claim(rows, cfg, now, &actor, todo, open, &opts).await?),
+                Some((todo, open)) => {
+                    Some(claim(rows, cfg, now, &actor, todo, open, &opts, &gate).await?)
+                }
                 None => None,
             };
             Ok(Answer::Next(next))
@@ -360,6 +380,60 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             rows.paused_queues().await.map(Answer::Queues)
         }
         Op::PausedQueues => rows.paused_queues().await.map(Answer::Queues),
+        Op::SetQueueLimits {
+            now,
+            actor,
+            queue,
+            change,
+        } => {
+            let limits = rows.queue_limits().await?;
+            let before = limits
+                .iter()
+                .find(|(q, _)| q == &queue)
+                .map(|(_, l)| *l)
+                .unwrap_or_default();
+            let after = transition::set_limits(&actor, &queue, before, &change)?;
+            rows.set_queue_limits(now, &queue, after).await?;
+            queue_flow(rows, now).await.map(Answer::Flow)
+        }
+        Op::QueueFlow { now } => queue_flow(rows, now).await.map(Answer::Flow),
+    }
+}
+
+async fn queue_flow<R: Rows>(rows: &mut R, now: Millis) -> Result<QueueFlow, Error> {
+    Ok(QueueFlow {
+        limits: rows.queue_limits().await?,
+        load: rows.flow_load(now, false).await?,
+        paused: rows.paused_queues().await?,
+    })
+}
+
+/// A claim's view of flow control: the limits of the queues it may take from, and what they
+/// hold (read under the flow lock when there is any).
+#[derive(Default)]
+struct Gate {
+    limits: Vec<(String, Limits)>,
+    load: Load,
+}
+
+impl Gate {
+    /// The gate of a claim in `scope` (`None`: every queue).
+    async fn of<R: Rows>(
+        rows: &mut R,
+        now: Millis,
+        scope: Option<&[String]>,
+    ) -> Result<Gate, Error> {
+        let mut limits = rows.queue_limits().await?;
+        limits.retain(|(q, _)| scope.is_none_or(|s| s.contains(q)));
+        if limits.is_empty() {
+            return Ok(Gate::default());
+        }
+        let load = rows.flow_load(now, true).await?;
+        Ok(Gate { limits, load })
+    }
+
+    fn limits_of(&self, queue: &str) -> Option<&Limits> {
+        self.limits.iter().find(|(q, _)| q == queue).map(|(_, l)| l)
     }
 }
 
@@ -385,6 +459,7 @@ async fn write<R: Rows>(
         && t.idempotency_key == before.idempotency_key
         && t.task_id == before.task_id
         && t.priority == before.priority
+        && t.concurrency_key == before.concurrency_key
         && t.max_same_failures == before.max_same_failures
         && t.asking.max_requests == before.asking.max_requests
         && t.asking.answer_within == before.asking.answer_within
@@ -525,6 +600,9 @@ async fn add_todo<R: Rows>(
 
 /// Claims a loaded todo and assembles the answer: a claim of a claimed todo is a takeover, and
 /// the answer carries the newest closed attempts.
+/// Claims `todo` (transition::claim), unless its queue's limits in `gate` hold it back: the
+/// same `conflict` a todo that cannot be claimed now answers, saying which limit.
+#[allow(clippy::too_many_arguments)]
 async fn claim<R: Rows>(
     rows: &mut R,
     cfg: &LedgerConfig,
@@ -533,11 +611,22 @@ async fn claim<R: Rows>(
     todo: Todo,
     open: Option<Attempt>,
     opts: &ClaimOpts,
+    gate: &Gate,
 ) -> Result<Claimed, Error> {
     let op = "claim";
     let takeover = todo.state == TodoState::Claimed;
     let change = transition::claim(cfg, now, &todo, open.as_ref(), actor, opts)?;
+    let limits = gate.limits_of(&todo.queue);
+    if let Some(h) = limits.and_then(|l| flow::held(l, &gate.load, &todo)) {
+        return Err(Error::conflict(format!(
+            "{op} {}: todo is {} and cannot be claimed now ({h})",
+            todo.id, todo.state
+        )));
+    }
     let todo = write(rows, op, &todo, change).await?;
+    if limits.is_some_and(|l| l.claims_per_minute.is_some()) {
+        rows.note_claim(now, &todo.queue).await?;
+    }
     // The kept attempts are seqs pruned+1 ..= total and only the newest is open (check_todo), so
     // when the new attempt is the only one kept there is no closed one to read.
     let prior_attempts = if todo.attempts_total > todo.attempts_pruned + 1 {

@@ -227,6 +227,163 @@ fn the_retry_sweep_clears_a_delayed_todos_time_once_it_has_come_so_that_it_rings
     l.check().unwrap();
 }
 
+fn keyed(id: &str, key: Option<&str>) -> NewTodo {
+    NewTodo {
+        concurrency_key: key.map(str::to_string),
+        ..new(id, "ci")
+    }
+}
+
+fn per_key(n: u32) -> Limits {
+    Limits {
+        max_claimed_per_key: Some(n),
+        ..Limits::default()
+    }
+}
+
+#[test]
+fn a_key_at_its_limit_is_passed_over_and_flows_again_when_its_todo_closes() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    for (i, (id, key)) in [("a1", Some("A")), ("a2", Some("A")), ("b1", Some("B")), ("free", None)]
+        .into_iter()
+        .enumerate()
+    {
+        l.add_todo(T0 + i as Millis, "e", keyed(id, key)).unwrap();
+    }
+    l.set_limits(T0, "ci", per_key(1)).unwrap();
+    let next = |l: &mut Ledger, now: Millis| {
+        l.claim_next(now, &ep("e"), None, &opts())
+            .unwrap()
+            .map(|c| c.todo.id)
+    };
+    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("a1"));
+    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("b1"), "a2 waits for A");
+    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("free"), "no key, no key limit");
+    assert_eq!(next(&mut l, T0 + 10), None, "every waiting todo is held back");
+    // A claim by id is refused alike, saying which limit.
+    let e = l.claim(T0 + 10, &ep("e"), "a2", &opts()).expect_err("held");
+    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    assert!(e.message.contains("max_claimed_per_key 1"), "{e}");
+    let flow = l.apply(Op::QueueFlow { now: T0 + 10 }).unwrap().flow().unwrap();
+    assert_eq!(flow.load.claimed_with("ci", "A"), 1);
+    assert_eq!(flow.load.claimed_in("ci"), 3);
+    l.complete(T0 + 20, &ep("e"), "a1", &Report::default()).unwrap();
+    assert_eq!(next(&mut l, T0 + 20).as_deref(), Some("a2"));
+    l.check().unwrap();
+}
+
+#[test]
+fn a_lapsed_lease_keeps_its_place_until_it_is_reaped_or_taken_over() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.add_todo(T0, "e", keyed("a1", Some("A"))).unwrap();
+    l.add_todo(T0 + 1, "e", keyed("a2", Some("A"))).unwrap();
+    l.set_limits(T0, "ci", per_key(1)).unwrap();
+    l.claim(T0 + 2, &ep("e"), "a1", &opts()).unwrap();
+    let lapsed = T0 + 2 + TTL;
+    // The holder may still be running: nobody else of key A starts.
+    assert!(l.claim_next(lapsed, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(l.claim(lapsed, &ep("e"), "a2", &opts()).is_err());
+    // Its own takeover adds nobody, so it is allowed.
+    let c = l.claim(lapsed, &ep("e"), "a1", &opts()).unwrap();
+    assert!(c.takeover);
+    // Once reaped, the key frees and the oldest waiting todo of it is next.
+    l.reap(lapsed + TTL).unwrap();
+    let c = l.claim_next(lapsed + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!(c.todo.id, "a1");
+    l.check().unwrap();
+}
+
+#[test]
+fn max_claimed_and_claims_per_minute_hold_the_whole_queue() {
+    let mut l = ledger_with(6, 5);
+    l.add_todo(T0, "e", new("other", "ops")).unwrap();
+    let limits = Limits {
+        max_claimed: Some(2),
+        claims_per_minute: Some(3),
+        ..Limits::default()
+    };
+    l.set_limits(T0, "ci", limits).unwrap();
+    let next = |l: &mut Ledger, now: Millis| {
+        let qs = ["ci".to_string()];
+        l.claim_next(now, &ep("e"), Some(&qs), &opts())
+            .unwrap()
+            .map(|c| c.todo.id)
+    };
+    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("td_1"));
+    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("td_2"));
+    assert_eq!(next(&mut l, T0 + 10), None, "max_claimed 2");
+    let e = l.claim(T0 + 10, &ep("e"), "td_3", &opts()).expect_err("full");
+    assert!(e.message.contains("max_claimed 2"), "{e}");
+    // Another queue flows.
+    let any = l.claim_next(T0 + 10, &ep("e"), None, &opts()).unwrap().unwrap();
+    assert_eq!(any.todo.id, "other");
+    l.complete(T0 + 20, &ep("e"), "td_1", &Report::default()).unwrap();
+    assert_eq!(next(&mut l, T0 + 20).as_deref(), Some("td_3"), "a third claim");
+    l.complete(T0 + 30, &ep("e"), "td_2", &Report::default()).unwrap();
+    assert_eq!(next(&mut l, T0 + 30), None, "three claims within the minute");
+    assert_eq!(next(&mut l, T0 + 10 + MINUTE - 1), None);
+    assert_eq!(next(&mut l, T0 + 10 + MINUTE).as_deref(), Some("td_4"), "the window rolled");
+    // Lifting every limit forgets them.
+    let flow = l.set_limits(T0, "ci", Limits::default()).unwrap();
+    assert!(flow.limits.is_empty(), "{flow:?}");
+    assert_eq!(next(&mut l, T0 + 10 + MINUTE).as_deref(), Some("td_5"));
+    l.check().unwrap();
+}
+
+#[test]
+fn bad_limits_and_keys_are_refused_naming_the_field_and_change_nothing() {
+    let mut l = ledger_with(1, 5);
+    let set = |l: &mut Ledger, actor: Actor, queue: &str, change: LimitsChange| {
+        l.apply(Op::SetQueueLimits {
+            now: T0,
+            actor,
+            queue: queue.into(),
+            change,
+        })
+    };
+    let zero = LimitsChange {
+        max_claimed_per_key: Some(Some(0)),
+        ..LimitsChange::default()
+    };
+    let e = set(&mut l, Actor::cli(), "ci", zero).expect_err("zero");
+    assert_eq!(e.code, ErrorCode::Invalid);
+    assert!(e.message.contains("max_claimed_per_key"), "{e}");
+    let big = LimitsChange {
+        claims_per_minute: Some(Some(flow::LIMIT_MAX + 1)),
+        ..LimitsChange::default()
+    };
+    let e = set(&mut l, Actor::cli(), "ci", big).expect_err("too big");
+    assert!(e.message.contains("claims_per_minute"), "{e}");
+    let one = LimitsChange {
+        max_claimed: Some(Some(1)),
+        ..LimitsChange::default()
+    };
+    let e = set(&mut l, ep("e"), "ci", one).expect_err("an endpoint");
+    assert_eq!(e.code, ErrorCode::Forbidden);
+    let e = set(&mut l, Actor::cli(), "bad queue", one).expect_err("a bad name");
+    assert_eq!(e.code, ErrorCode::Invalid);
+    let flow = l.apply(Op::QueueFlow { now: T0 }).unwrap().flow().unwrap();
+    assert!(flow.limits.is_empty(), "nothing changed: {flow:?}");
+    // A change leaves the limits it does not name.
+    set(&mut l, Actor::cli(), "ci", one).unwrap();
+    let rate = LimitsChange {
+        claims_per_minute: Some(Some(5)),
+        ..LimitsChange::default()
+    };
+    let flow = set(&mut l, Actor::cli(), "ci", rate).unwrap().flow().unwrap();
+    assert_eq!(flow.limits[0].1.describe(), "max_claimed 1, claims_per_minute 5");
+
+    for key in ["", "k\u{7}", &"k".repeat(129)] {
+        let e = l
+            .add_todo(T0, "e", keyed("x", Some(key)))
+            .expect_err("bad key");
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("concurrency_key"), "{e}");
+    }
+    assert!(l.todo("x").is_none());
+    l.add_todo(T0, "e", keyed("x", Some(&"k".repeat(128)))).unwrap();
+}
+
 #[test]
 fn bad_priorities_and_schedules_are_refused_naming_the_field_and_add_nothing() {
     let mut l = ledger_with(0, 5);

@@ -1164,6 +1164,28 @@ pub fn retry(
 /// operator can stop one before its work arrives).
 pub fn pause(actor: &Actor, queue: &str, paused: bool) -> Result<(), Error> {
     let op = if paused { "pause" } else { "resume" };
+    operator_on_queue(op, actor, queue)
+}
+
+/// Checks a change of a queue's limits: the operator's (`relay queue set`), on a queue name, and
+/// the limits it leaves in their bounds. Answers them.
+pub fn set_limits(
+    actor: &Actor,
+    queue: &str,
+    before: super::Limits,
+    change: &super::LimitsChange,
+) -> Result<super::Limits, Error> {
+    let op = "set";
+    operator_on_queue(op, actor, queue)?;
+    let after = change.apply(before);
+    after
+        .check()
+        .map_err(|e| Error::invalid(format!("queue set {queue}: {e}")))?;
+    Ok(after)
+}
+
+/// Only an operator changes a queue (`relay queue <op>` or the Board), and only a valid name.
+fn operator_on_queue(op: &str, actor: &Actor, queue: &str) -> Result<(), Error> {
     if let Actor::Endpoint { endpoint, .. } = actor {
         return Err(Error::forbidden(format!(
             "{op} {queue}: endpoint {endpoint} may not {op} queues; only an operator may \

@@ -374,6 +374,9 @@ pub struct Todo {
     /// `claim_next` takes a higher priority first (FIFO within one); fixed at the add.
     #[serde(default)]
     pub priority: i32,
+    /// Todos with one key in one queue share its `max_claimed_per_key`; fixed at the add.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
     /// A pending todo is not claimable before this instant. Set at the add; the retry sweep
     /// clears it once it has come (and so rings the doorbell for the todo).
     #[serde(default)]

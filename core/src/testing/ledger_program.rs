@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, ErrorCode};
 use crate::ledger::{
-    Actor, Answer, Attempt, Budget, ClaimOpts, Claimed, Ledger, LedgerConfig, NewTodo, Op, Outcome,
-    Report, Todo, TodoFilter, TokenHash, Usage,
+    Actor, Answer, Attempt, Budget, ClaimOpts, Claimed, Ledger, LedgerConfig, LimitsChange,
+    NewTodo, Op, Outcome, Report, Todo, TodoFilter, TokenHash, Usage,
 };
 use crate::time::{MINUTE, Millis, SECOND};
 
@@ -93,6 +93,12 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                         },
                         delay_seconds: (flow % 7 == 3).then(|| u64::from(flow) / 4),
                         run_at: (flow % 11 == 3 || flow > 252).then(|| now + u64::from(flow) * 100),
+                        // Two keys, none, or one of 129 bytes (refused).
+                        concurrency_key: match flow % 13 {
+                            12 if flow > 200 => Some("k".repeat(129)),
+                            n if n % 3 == 0 => None,
+                            n => Some(format!("key-{}", n % 2)),
+                        },
                         ..NewTodo::default()
                     },
                 }
@@ -254,10 +260,38 @@ pub fn decode_ops(bytes: &[u8]) -> Vec<Op> {
                 summary: summary(u16::from(b()) * 3),
                 token_hash: token(b()),
             },
-            _ => Op::PurgeFinished {
-                now,
-                retention: Millis::from(b()) * MINUTE,
-            },
+            _ => {
+                // An eighth of these bytes change a queue's limits (one out of bounds, refused;
+                // now and then by an endpoint, forbidden), mostly lifting them so that programs
+                // still claim, or read them; the rest purge.
+                let x = b();
+                match x % 8 {
+                    3 => {
+                        let l = b();
+                        let limit = |v: u8, big: u32| match v % 4 {
+                            0 => None,
+                            1 | 2 if v % 8 < 4 => Some(None),
+                            1 => Some(Some(1)),
+                            _ => Some(Some(big)),
+                        };
+                        Op::SetQueueLimits {
+                            now,
+                            actor: actor(x / 4 + u8::from(x > 60)),
+                            queue: QUEUES[usize::from(x / 8 % 2)].into(),
+                            change: LimitsChange {
+                                max_claimed: if l == 255 { Some(Some(0)) } else { limit(l, 3) },
+                                max_claimed_per_key: limit(l / 4, 2),
+                                claims_per_minute: limit(l / 16, 5),
+                            },
+                        }
+                    }
+                    5 if x > 200 => Op::QueueFlow { now },
+                    _ => Op::PurgeFinished {
+                        now,
+                        retention: Millis::from(x) * MINUTE,
+                    },
+                }
+            }
         };
         ops.push(op);
     }
@@ -303,7 +337,8 @@ fn todo_obs(t: &Todo) -> Value {
         "dead_letter_reason": t.dead_letter_reason.map(|r| r.as_str()),
         "idempotency_key": t.idempotency_key, "deadline_at": t.deadline_at,
         "max_same_failures": t.max_same_failures, "asking": t.asking, "budget": t.budget,
-        "spent": t.spent,
+        "spent": t.spent, "priority": t.priority, "run_at": t.run_at,
+        "concurrency_key": t.concurrency_key,
     })
 }
 
@@ -346,6 +381,12 @@ pub fn observe(answer: Result<Answer, Error>) -> Observation {
             }),
             Answer::Ids(ids) | Answer::Queues(ids) => json!(ids),
             Answer::Deleted => Value::Null,
+            Answer::Flow(f) => json!({
+                "limits": f.limits.iter().map(|(q, l)| json!([q, l])).collect::<Vec<_>>(),
+                "claimed": f.load.claimed.iter().map(|((q, k), n)| json!([q, k, n]))
+                    .collect::<Vec<_>>(),
+                "recent": f.load.recent, "paused": f.paused,
+            }),
         })
         .map_err(|e| e.code)
 }

@@ -4,8 +4,8 @@
 
 use crate::error::Error;
 use crate::ledger::{
-    Actor, Answer, ClaimOpts, Claimed, Ledger, NewTodo, Op, Report, Todo, TodoFilter, TodoView,
-    TokenHash,
+    Actor, Answer, ClaimOpts, Claimed, Ledger, Limits, LimitsChange, NewTodo, Op, QueueFlow,
+    Report, Todo, TodoFilter, TodoView, TokenHash,
 };
 use crate::time::Millis;
 
@@ -117,6 +117,20 @@ pub trait Queue {
     fn cancel(&mut self, now: Millis, a: &Actor, id: &str) -> Self::Out<Todo> {
         let (actor, id) = (a.clone(), id.into());
         self.call(Op::Cancel { now, actor, id }, Answer::todo)
+    }
+    /// The operator sets `queue`'s limits (each `None` lifted).
+    fn set_limits(&mut self, now: Millis, queue: &str, l: Limits) -> Self::Out<QueueFlow> {
+        let op = Op::SetQueueLimits {
+            now,
+            actor: Actor::cli(),
+            queue: queue.into(),
+            change: LimitsChange {
+                max_claimed: Some(l.max_claimed),
+                max_claimed_per_key: Some(l.max_claimed_per_key),
+                claims_per_minute: Some(l.claims_per_minute),
+            },
+        };
+        self.call(op, Answer::flow)
     }
     fn reap(&mut self, now: Millis) -> Self::Out<Vec<Todo>> {
         self.call(Op::Reap { now }, Answer::todos)

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::Error;
+use crate::ledger::flow::KEY_MAX_BYTES;
 use crate::ledger::{
     ANSWER_MAX_BYTES, ANSWER_WITHIN_MAX_SECS, Attempt, Budget, Claimed, DEADLINE_MAX_SECS,
     DeadLetterReason, IDEMPOTENCY_KEY_MAX_BYTES, LEASE_TTL_DEFAULT_SECS, LEASE_TTL_MAX_SECS,
@@ -375,6 +376,11 @@ pub struct AddTodoArgs {
     #[schemars(range(max = RUN_AT_MAX_AHEAD_SECS))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_seconds: Option<u64>,
+    /// Todos with one key in one queue share the queue's max_claimed_per_key (e.g. a repository
+    /// or a branch: two agents on it at once conflict).
+    #[schemars(length(min = 1, max = KEY_MAX_BYTES))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 impl AddTodoArgs {
@@ -803,6 +809,9 @@ pub struct TodoOut {
     /// While pending: not claimable before this instant.
     #[serde(default)]
     pub run_at: Option<String>,
+    /// Shares the queue's max_claimed_per_key with the todos of the same key.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
 }
 
 impl From<&Todo> for TodoOut {
@@ -843,6 +852,7 @@ impl From<&Todo> for TodoOut {
             task: t.task_id.is_some(),
             priority: t.priority,
             run_at: t.run_at.map(rfc3339),
+            concurrency_key: t.concurrency_key.clone(),
         }
     }
 }

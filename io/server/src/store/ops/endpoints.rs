@@ -91,53 +91,6 @@ pub(crate) async fn plant_attempt<T: Tx>(tx: &mut T, a: &Attempt) -> Result<(), 
     tx.insert_attempt("plant", a).await
 }
 
-/// The [`Rows`](relay_core::ledger::Rows) methods for the paused queues, as a backend's own
-/// transaction answers them (from the `paused_queues` table, through [`paused_queues`] and
-/// [`set_paused`]): written once here for SQLite's and Postgres' transactions, inside their
-/// `impl Rows`. (A Postgres batch keeps the queues it read at its start instead.)
-macro_rules! paused_queue_rows {
-    () => {
-        async fn paused_queues(&mut self) -> Result<Vec<String>, relay_core::Error> {
-            $crate::store::ops::paused_queues(self).await
-        }
-
-        async fn set_paused(
-            &mut self,
-            now: relay_core::Millis,
-            queue: &str,
-            paused: bool,
-        ) -> Result<(), relay_core::Error> {
-            $crate::store::ops::set_paused(self, now, queue, paused).await
-        }
-    };
-}
-pub(crate) use paused_queue_rows;
-
-pub(crate) async fn paused_queues<T: Tx>(tx: &mut T) -> Result<Vec<String>, Error> {
-    let sql = "SELECT queue FROM paused_queues ORDER BY queue";
-    tx.query_sql("paused_queues", "", sql, vec![], |r| {
-        required(r.text(0), "a paused queue")
-    })
-    .await
-}
-
-pub(crate) async fn set_paused<T: Tx>(
-    tx: &mut T,
-    now: Millis,
-    queue: &str,
-    paused: bool,
-) -> Result<(), Error> {
-    let (op, sql, vals) = if paused {
-        let sql = "INSERT INTO paused_queues (queue, paused_at) VALUES ($1, $2)
-                   ON CONFLICT (queue) DO NOTHING";
-        ("pause", sql, vec![text(queue), time("pause", now)?])
-    } else {
-        let sql = "DELETE FROM paused_queues WHERE queue = $1";
-        ("resume", sql, vec![text(queue)])
-    };
-    tx.exec_sql(op, queue, sql, vals).await.map(drop)
-}
-
 // ---- MCP sessions ----------------------------------------------------------------------------
 
 /// Opens an MCP session: admitted against the caps counted over the live sessions in the store

@@ -36,6 +36,10 @@ pub(crate) trait Tx: Rows {
     /// Serialises session admissions until the transaction ends, so that the caps hold across
     /// servers (SQLite's single writer already does; Postgres takes a transaction lock).
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error>;
+    /// Serialises the claims in limited queues until the transaction ends, so that two servers
+    /// never count the same free place (see `ledger::flow`): Postgres takes a transaction lock;
+    /// SQLite's single writer already does.
+    async fn lock_flow(&mut self) -> Result<(), Error>;
     /// Whether this transaction may run background sweep `name`: `false` while another server
     /// runs it (Postgres' try-lock, see `postgres::tx::TRY_SWEEP_LOCK`); always `true` on SQLite.
     async fn try_sweep_lock(&mut self, op: &str, name: &str) -> Result<bool, Error>;

@@ -25,7 +25,10 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the
 /// priority so that a claim still walks it in order and stops at the first rows it can take.
 /// `todos_delayed` holds only the delayed todos still waiting (the retry sweep clears a `run_at`
-/// once it has come), so the sweep finds the due ones without a scan.
+/// once it has come), so the sweep finds the due ones without a scan. Flow control: a todo's
+/// `concurrency_key`; `queue_limits`, a row per queue with limits; `queue_claims`, the claims
+/// of the rate-limited queues within their window; `todos_claimed_keys` counts what a limited
+/// queue holds from its claimed todos alone.
 const MIGRATION_0014: &str = "
 ALTER TABLE todos ADD COLUMN priority bigint NOT NULL DEFAULT 0
     CHECK (priority BETWEEN -100 AND 100);
@@ -34,6 +37,21 @@ DROP INDEX todos_fifo;
 CREATE INDEX todos_fifo ON todos (endpoint, priority DESC, created_at, id)
     WHERE state IN ('pending', 'claimed', 'failed');
 CREATE INDEX todos_delayed ON todos (run_at) WHERE state = 'pending' AND run_at IS NOT NULL;
+ALTER TABLE todos ADD COLUMN concurrency_key text
+    CHECK (octet_length(concurrency_key) BETWEEN 1 AND 128);
+CREATE INDEX todos_claimed_keys ON todos (queue, concurrency_key) WHERE state = 'claimed';
+CREATE TABLE queue_limits (
+    queue text PRIMARY KEY,
+    max_claimed bigint CHECK (max_claimed BETWEEN 1 AND 1000000),
+    max_claimed_per_key bigint CHECK (max_claimed_per_key BETWEEN 1 AND 1000000),
+    claims_per_minute bigint CHECK (claims_per_minute BETWEEN 1 AND 1000000),
+    updated_at bigint NOT NULL
+);
+CREATE TABLE queue_claims (
+    queue text NOT NULL,
+    claimed_at bigint NOT NULL
+);
+CREATE INDEX queue_claims_window ON queue_claims (queue, claimed_at);
 ";
 
 /// A todo made as an MCP task keeps its task id (never changed after the add).

@@ -6,7 +6,9 @@ use std::sync::LazyLock;
 use deadpool_postgres::{Object, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Holds, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use tokio_postgres::types::ToSql;
 
 use super::encode::{pg_err, pg_vals};
@@ -290,6 +292,9 @@ const REAP_MARKS: &str = "UPDATE todos SET lease_due_at = lease_expires_at WHERE
     SELECT id FROM todos WHERE state = 'claimed' AND lease_due_at <= $1
        AND lease_expires_at > $1 FOR UPDATE SKIP LOCKED)";
 
+/// The flow lock (see `Tx::lock_flow`), keyed by the limits table of this schema.
+pub(crate) const FLOW_LOCK: &str = "SELECT pg_advisory_xact_lock('queue_limits'::regclass::oid::bigint)";
+
 pub(crate) const TRY_SWEEP_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
 
@@ -323,11 +328,11 @@ impl Rows for PgTx<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, CLAIM_LOCK)?;
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, holds, CLAIM_LOCK)?;
         self.t
             .batch_execute(CLAIM_PLAN)
             .await
@@ -449,7 +454,7 @@ impl Rows for PgTx<'_> {
         Ok(())
     }
 
-    ops::paused_queue_rows!();
+    ops::queue_rows!();
 }
 
 impl Tx for PgTx<'_> {
@@ -462,6 +467,10 @@ impl Tx for PgTx<'_> {
         rs.first()
             .and_then(|r| r.try_get::<_, bool>(0).ok())
             .ok_or_else(|| Error::internal(format!("{op} {name}: the sweep lock read no row")))
+    }
+
+    async fn lock_flow(&mut self) -> Result<(), Error> {
+        self.execute("claim", "(flow)", FLOW_LOCK, &[]).await.map(drop)
     }
 
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error> {

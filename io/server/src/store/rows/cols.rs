@@ -12,7 +12,7 @@ use crate::store::types::Endpoint;
 /// The todo columns, in the order [`todo`] decodes them.
 ///
 /// [`todo`]: super::decode::todo
-pub(crate) const TODO_COLS: [&str; 37] = [
+pub(crate) const TODO_COLS: [&str; 38] = [
     "id",
     "endpoint",
     "queue",
@@ -50,6 +50,7 @@ pub(crate) const TODO_COLS: [&str; 37] = [
     "task_id",
     "priority",
     "run_at",
+    "concurrency_key",
 ];
 
 /// The attempt columns, in the order [`attempt`] decodes them.
@@ -186,6 +187,7 @@ fn todo_val(op: &str, t: &Todo, i: usize) -> Result<Val, Error> {
         "task_id" => text(&t.task_id.as_ref().map(|t| t.expose().to_string())),
         "priority" => Val::Big(Some(i64::from(t.priority))),
         "run_at" => opt_time(op, t.run_at)?,
+        "concurrency_key" => text(&t.concurrency_key),
         other => unreachable!("todo column {other} has no value"),
     })
 }
@@ -271,7 +273,8 @@ pub(crate) fn amend_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
 /// `ledger::run`); an update rewrites every other column, keyed by `id`.
 const TODO_FIXED: &str = "id endpoint queue title kind source payload work_order assignee \
                           max_attempts created_at idempotency_key max_same_failures \
-                          max_input_requests answer_within_ms task_id priority";
+                          max_input_requests answer_within_ms task_id priority \
+                          concurrency_key";
 
 /// The positions in [`TODO_COLS`] of the columns an update rewrites.
 pub(super) fn todo_updated() -> impl Iterator<Item = usize> {

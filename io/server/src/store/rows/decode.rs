@@ -163,6 +163,7 @@ pub(crate) fn todo<R: Row + ?Sized>(row: &R, at: usize) -> Result<Todo, Error> {
             i32::try_from(v).map_err(|e| bad("a todo", e))?
         },
         run_at: r.opt_millis()?,
+        concurrency_key: r.opt_text()?,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Newest, Sweep, TodoFilter};
+use relay_core::ledger::{Actor, Holds, Newest, Sweep, TodoFilter};
 
 use super::cols::{
     ATTEMPT_AMENDED, ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label,
@@ -198,10 +198,10 @@ impl Shared {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
-        self.next_claimable_n(op, now, actor, queues, paused, 1, lock)
+        self.next_claimable_n(op, now, actor, queues, holds, 1, lock)
     }
 
     /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
@@ -213,7 +213,7 @@ impl Shared {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
         limit: usize,
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
@@ -228,11 +228,20 @@ impl Shared {
             None => q.always().into(),
             Some(qs) => q.queue_in(qs),
         };
-        // mirrors ledger::run's claim_next: a paused queue is skipped.
-        let queues = if paused.is_empty() {
+        // mirrors flow::Holds::holds: a queue held whole (paused, full, at its rate) is
+        // skipped, and so is a todo whose key is at its queue's limit.
+        let queues = if holds.queues.is_empty() {
             queues
         } else {
-            format!("{queues} AND NOT ({})", q.queue_in(paused))
+            format!("{queues} AND NOT ({})", q.queue_in(&holds.queues))
+        };
+        let queues = if holds.keys.is_empty() {
+            queues
+        } else {
+            format!(
+                "{queues} AND (t.concurrency_key IS NULL OR NOT ({}))",
+                q.key_in(&holds.keys)
+            )
         };
         // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending and
         // due (run_at), or
@@ -447,6 +456,25 @@ impl Query {
     /// A clause that holds for every row.
     fn always(&self) -> &'static str {
         if self.sqlite() { "1" } else { "true" }
+    }
+
+    /// `(t.queue, t.concurrency_key)` is one of `keys` (at least one).
+    fn key_in(&mut self, keys: &[(String, String)]) -> String {
+        if !self.sqlite() {
+            let (qs, ks): (Vec<String>, Vec<String>) = keys.iter().cloned().unzip();
+            let (qs, ks) = (self.bind(Val::Texts(qs)), self.bind(Val::Texts(ks)));
+            return format!(
+                "(t.queue, t.concurrency_key) IN (SELECT * FROM unnest({qs}::text[], {ks}::text[]))"
+            );
+        }
+        let each: Vec<String> = keys
+            .iter()
+            .map(|(queue, key)| {
+                let (queue, key) = (self.bind(label(Some(queue))), self.bind(label(Some(key))));
+                format!("(t.queue = {queue} AND t.concurrency_key = {key})")
+            })
+            .collect();
+        format!("({})", each.join(" OR "))
     }
 
     /// `t.queue` is one of `qs` (none: no row).

@@ -5,7 +5,9 @@ use std::sync::LazyLock;
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Holds, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::ops::{self, Tx};
@@ -190,11 +192,11 @@ impl Rows for SqliteTx<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, paused, "")?;
+        let (sql, args) = SQL.next_claimable(op, now, actor, queues, holds, "")?;
         let mut st = self
             .c
             .prepare_cached(&sql)
@@ -293,7 +295,7 @@ impl Rows for SqliteTx<'_> {
         Ok(())
     }
 
-    ops::paused_queue_rows!();
+    ops::queue_rows!();
 }
 
 impl Tx for SqliteTx<'_> {
@@ -304,6 +306,11 @@ impl Tx for SqliteTx<'_> {
     async fn try_sweep_lock(&mut self, _op: &str, _name: &str) -> Result<bool, Error> {
         // One writer (and `BEGIN IMMEDIATE` between processes): sweeps never overlap.
         Ok(true)
+    }
+
+    async fn lock_flow(&mut self) -> Result<(), Error> {
+        // One writer: every write transaction is alone already.
+        Ok(())
     }
 
     async fn lock_sessions(&mut self, _op: &str) -> Result<(), Error> {

@@ -4,12 +4,14 @@
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter, claim_order, transition,
+    Actor, Attempt, AttemptWrite, Holds, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter,
+    claim_order, transition,
 };
 
 use super::stmt::claim_key;
 use super::tx::{Batch, Entry, Group, Held};
-use crate::store::postgres::tx::{CLAIM_LOCK, SQL};
+use crate::store::ops;
+use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, SQL};
 use crate::store::rows::{self, Val};
 
 impl Rows for Batch<'_> {
@@ -28,10 +30,10 @@ impl Rows for Batch<'_> {
         now: Millis,
         actor: &Actor,
         queues: Option<&[String]>,
-        paused: &[String],
+        holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
-        let key = claim_key(now, actor, queues, paused)?;
+        let key = claim_key(now, actor, queues, holds)?;
         for _ in 0..3 {
             if let Some(g) = self.groups.iter().find(|g| g.key == key) {
                 // The first claimable row of those kept (read for this scope or any other, or
@@ -41,8 +43,7 @@ impl Rows for Batch<'_> {
                     .values()
                     .filter_map(|e| match e {
                         Entry::Row(t, _)
-                            if transition::claimable(now, t, actor, queues)
-                                && !paused.contains(&t.queue) =>
+                            if transition::claimable(now, t, actor, queues) && !holds.holds(t) =>
                         {
                             Some(t)
                         }
@@ -68,7 +69,7 @@ impl Rows for Batch<'_> {
             // Read as many rows as the batch has claims left, after its held writes.
             let k = self.claims_left.max(1);
             let (sql_k, vals_k) =
-                SQL.next_claimable_n(op, now, actor, queues, paused, k, CLAIM_LOCK)?;
+                SQL.next_claimable_n(op, now, actor, queues, holds, k, CLAIM_LOCK)?;
             let found = self.read(op, &sql_k, vals_k).await?;
             let (last, len) = self.keep_claimable(&found).await?;
             self.groups.push(Group {
@@ -182,6 +183,39 @@ impl Rows for Batch<'_> {
 
     async fn set_paused(&mut self, _: Millis, _: &str, _: bool) -> Result<(), Error> {
         Err(not_batched("pause"))
+    }
+
+    async fn queue_limits(&mut self) -> Result<Vec<(String, Limits)>, Error> {
+        Ok(self.limits.clone())
+    }
+
+    async fn set_queue_limits(&mut self, _: Millis, _: &str, _: Limits) -> Result<(), Error> {
+        Err(not_batched("queue_set"))
+    }
+
+    /// Read through the batch's pipeline, so after its held writes: the claims this batch made
+    /// before count.
+    async fn flow_load(&mut self, now: Millis, lock: bool) -> Result<Load, Error> {
+        if lock {
+            self.read("claim", FLOW_LOCK, Vec::new()).await?;
+        }
+        let start = rows::time("claim", ops::window_start(now))?;
+        let found = self.read("claim", ops::LOAD, vec![start]).await?;
+        let rows = found
+            .iter()
+            .map(|r| ops::load_row(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ops::load_of(rows))
+    }
+
+    async fn note_claim(&mut self, now: Millis, queue: &str) -> Result<(), Error> {
+        let op = "claim";
+        let q = Val::Text(Some(queue.into()));
+        let start = rows::time(op, ops::window_start(now))?;
+        self.write_now(op, ops::FORGET_CLAIMS, vec![q.clone(), start])
+            .await?;
+        let vals = vec![q, rows::time(op, now)?];
+        self.write_now(op, ops::NOTE_CLAIM, vals).await.map(drop)
     }
 }
 

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use deadpool_postgres::ClientWrapper;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::Actor;
+use relay_core::ledger::{Actor, Holds};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
@@ -209,9 +209,9 @@ pub(super) fn claim_key(
     now: Millis,
     actor: &Actor,
     queues: Option<&[String]>,
-    paused: &[String],
+    holds: &Holds,
 ) -> Result<(String, Vec<Val>), Error> {
-    let (sql, vals) = SQL.next_claimable("claim_next", now, actor, queues, paused, CLAIM_LOCK)?;
+    let (sql, vals) = SQL.next_claimable("claim_next", now, actor, queues, holds, CLAIM_LOCK)?;
     Ok(match vals.split_first() {
         Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
         _ => (sql, vals),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use deadpool_postgres::ClientWrapper;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{self, Attempt, Op, Todo, TodoState};
+use relay_core::ledger::{self, Attempt, Holds, Limits, Op, Todo, TodoState};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
@@ -16,6 +16,7 @@ use super::stmt::{
 };
 use crate::store::postgres::encode::{pg_err, pg_vals};
 use crate::store::postgres::tx::{SQL, db_now};
+use crate::store::ops;
 use crate::store::rows::{self, Val};
 
 /// The todo an operation names by id.
@@ -83,6 +84,8 @@ static CHECKED: std::sync::LazyLock<(String, String, String)> = std::sync::LazyL
 pub(super) struct Batch<'c> {
     pub(super) c: &'c ClientWrapper,
     pub(super) paused: Vec<String>,
+    /// The queues' limits, read with the paused ones.
+    pub(super) limits: Vec<(String, Limits)>,
     pub(super) rows: HashMap<String, Entry>,
     pub(super) groups: Vec<Group>,
     pub(super) held: Vec<Held>,
@@ -111,6 +114,7 @@ impl<'c> Batch<'c> {
         Batch {
             c,
             paused: Vec::new(),
+            limits: Vec::new(),
             rows: HashMap::new(),
             groups: Vec::new(),
             held: Vec::new(),
@@ -133,7 +137,8 @@ impl<'c> Batch<'c> {
     }
 
     /// The first round trip: `BEGIN`, the change lock (before any row lock, see
-    /// `PgStore::pending_since`), the database's clock when it decides, the paused queues, and
+    /// `PgStore::pending_since`), the database's clock when it decides, the paused queues and the
+    /// queues' limits, and
     /// the todos the operations name, locked, with their open attempts.
     pub(super) async fn begin(
         &mut self,
@@ -156,10 +161,11 @@ impl<'c> Batch<'c> {
         ids.sort_unstable();
         ids.dedup();
         let (paused, load, open) = self.statements().await?;
+        let limits = self.prepare("batch", ops::LIMITS).await?;
         // Each claim_next scope's rows, read in this round trip too: as many as the batch has
         // claims in that scope, at the earliest of their callers' `now` (each row is judged
-        // again at its operation's own `now`), assuming no queue is paused (when one is, these
-        // reads match no claim, and the claims read their own).
+        // again at its operation's own `now`), assuming nothing is held back (when a queue is
+        // paused or a limit holds, these reads match no claim, and the claims read their own).
         let mut scopes: Vec<(Group, Millis, usize)> = Vec::new();
         for op in ops {
             if let Op::ClaimNext {
@@ -167,7 +173,7 @@ impl<'c> Batch<'c> {
             } = op
             {
                 let queues = queues.as_deref().map(ledger::storable_queue_filter);
-                let key = claim_key(*now, actor, queues.as_deref(), &[])?;
+                let key = claim_key(*now, actor, queues.as_deref(), &Holds::default())?;
                 match scopes.iter_mut().find(|(g, ..)| g.key == key) {
                     Some((_, at, n)) => {
                         *at = (*at).min(*now);
@@ -227,6 +233,12 @@ impl<'c> Batch<'c> {
                     .map(Out::Rows)
                     .map_err(Fail::from)
             }),
+            Box::pin(async {
+                c.query(&limits, none)
+                    .await
+                    .map(Out::Rows)
+                    .map_err(Fail::from)
+            }),
         ];
         if !ids.is_empty() {
             let ids = &ids;
@@ -253,6 +265,9 @@ impl<'c> Batch<'c> {
         };
         if let Out::Rows(rs) = &outs[2] {
             self.paused = rs.iter().map(|r| r.get::<_, String>(0)).collect();
+        }
+        if let Out::Rows(rs) = &outs[3] {
+            self.limits = rs.iter().map(|r| ops::limits_row(r)).collect::<Result<_, _>>()?;
         }
         if !ids.is_empty()
             && let (Some(Out::Rows(opens)), Some(Out::Rows(todos))) = (outs.pop(), outs.pop())
