@@ -206,6 +206,10 @@ pub struct AddArgs {
     /// Not claimable for this many seconds from now (at most a year). Not with --run-at.
     #[arg(long)]
     delay_seconds: Option<u64>,
+    /// At most the queue's max_claimed_per_key todos with this key are claimed at once (1 to 128
+    /// bytes, e.g. a repository or branch).
+    #[arg(long)]
+    concurrency_key: Option<String>,
 }
 
 /// Prints the error as one line and answers the exit code.
@@ -519,6 +523,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 priority: a.priority,
                 run_at,
                 delay_seconds: a.delay_seconds,
+                concurrency_key: a.concurrency_key,
                 id,
                 queue: a.queue,
                 title: a.title,

@@ -244,9 +244,14 @@ fn per_key(n: u32) -> Limits {
 #[test]
 fn a_key_at_its_limit_is_passed_over_and_flows_again_when_its_todo_closes() {
     let mut l = Ledger::new(LedgerConfig::default());
-    for (i, (id, key)) in [("a1", Some("A")), ("a2", Some("A")), ("b1", Some("B")), ("free", None)]
-        .into_iter()
-        .enumerate()
+    for (i, (id, key)) in [
+        ("a1", Some("A")),
+        ("a2", Some("A")),
+        ("b1", Some("B")),
+        ("free", None),
+    ]
+    .into_iter()
+    .enumerate()
     {
         l.add_todo(T0 + i as Millis, "e", keyed(id, key)).unwrap();
     }
@@ -257,17 +262,34 @@ fn a_key_at_its_limit_is_passed_over_and_flows_again_when_its_todo_closes() {
             .map(|c| c.todo.id)
     };
     assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("a1"));
-    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("b1"), "a2 waits for A");
-    assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("free"), "no key, no key limit");
-    assert_eq!(next(&mut l, T0 + 10), None, "every waiting todo is held back");
+    assert_eq!(
+        next(&mut l, T0 + 10).as_deref(),
+        Some("b1"),
+        "a2 waits for A"
+    );
+    assert_eq!(
+        next(&mut l, T0 + 10).as_deref(),
+        Some("free"),
+        "no key, no key limit"
+    );
+    assert_eq!(
+        next(&mut l, T0 + 10),
+        None,
+        "every waiting todo is held back"
+    );
     // A claim by id is refused alike, saying which limit.
     let e = l.claim(T0 + 10, &ep("e"), "a2", &opts()).expect_err("held");
     assert_eq!(e.code, ErrorCode::Conflict, "{e}");
     assert!(e.message.contains("max_claimed_per_key 1"), "{e}");
-    let flow = l.apply(Op::QueueFlow { now: T0 + 10 }).unwrap().flow().unwrap();
+    let flow = l
+        .apply(Op::QueueFlow { now: T0 + 10 })
+        .unwrap()
+        .flow()
+        .unwrap();
     assert_eq!(flow.load.claimed_with("ci", "A"), 1);
     assert_eq!(flow.load.claimed_in("ci"), 3);
-    l.complete(T0 + 20, &ep("e"), "a1", &Report::default()).unwrap();
+    l.complete(T0 + 20, &ep("e"), "a1", &Report::default())
+        .unwrap();
     assert_eq!(next(&mut l, T0 + 20).as_deref(), Some("a2"));
     l.check().unwrap();
 }
@@ -281,14 +303,21 @@ fn a_lapsed_lease_keeps_its_place_until_it_is_reaped_or_taken_over() {
     l.claim(T0 + 2, &ep("e"), "a1", &opts()).unwrap();
     let lapsed = T0 + 2 + TTL;
     // The holder may still be running: nobody else of key A starts.
-    assert!(l.claim_next(lapsed, &ep("e"), None, &opts()).unwrap().is_none());
+    assert!(
+        l.claim_next(lapsed, &ep("e"), None, &opts())
+            .unwrap()
+            .is_none()
+    );
     assert!(l.claim(lapsed, &ep("e"), "a2", &opts()).is_err());
     // Its own takeover adds nobody, so it is allowed.
     let c = l.claim(lapsed, &ep("e"), "a1", &opts()).unwrap();
     assert!(c.takeover);
     // Once reaped, the key frees and the oldest waiting todo of it is next.
     l.reap(lapsed + TTL).unwrap();
-    let c = l.claim_next(lapsed + TTL, &ep("e"), None, &opts()).unwrap().unwrap();
+    let c = l
+        .claim_next(lapsed + TTL, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(c.todo.id, "a1");
     l.check().unwrap();
 }
@@ -312,17 +341,36 @@ fn max_claimed_and_claims_per_minute_hold_the_whole_queue() {
     assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("td_1"));
     assert_eq!(next(&mut l, T0 + 10).as_deref(), Some("td_2"));
     assert_eq!(next(&mut l, T0 + 10), None, "max_claimed 2");
-    let e = l.claim(T0 + 10, &ep("e"), "td_3", &opts()).expect_err("full");
+    let e = l
+        .claim(T0 + 10, &ep("e"), "td_3", &opts())
+        .expect_err("full");
     assert!(e.message.contains("max_claimed 2"), "{e}");
     // Another queue flows.
-    let any = l.claim_next(T0 + 10, &ep("e"), None, &opts()).unwrap().unwrap();
+    let any = l
+        .claim_next(T0 + 10, &ep("e"), None, &opts())
+        .unwrap()
+        .unwrap();
     assert_eq!(any.todo.id, "other");
-    l.complete(T0 + 20, &ep("e"), "td_1", &Report::default()).unwrap();
-    assert_eq!(next(&mut l, T0 + 20).as_deref(), Some("td_3"), "a third claim");
-    l.complete(T0 + 30, &ep("e"), "td_2", &Report::default()).unwrap();
-    assert_eq!(next(&mut l, T0 + 30), None, "three claims within the minute");
+    l.complete(T0 + 20, &ep("e"), "td_1", &Report::default())
+        .unwrap();
+    assert_eq!(
+        next(&mut l, T0 + 20).as_deref(),
+        Some("td_3"),
+        "a third claim"
+    );
+    l.complete(T0 + 30, &ep("e"), "td_2", &Report::default())
+        .unwrap();
+    assert_eq!(
+        next(&mut l, T0 + 30),
+        None,
+        "three claims within the minute"
+    );
     assert_eq!(next(&mut l, T0 + 10 + MINUTE - 1), None);
-    assert_eq!(next(&mut l, T0 + 10 + MINUTE).as_deref(), Some("td_4"), "the window rolled");
+    assert_eq!(
+        next(&mut l, T0 + 10 + MINUTE).as_deref(),
+        Some("td_4"),
+        "the window rolled"
+    );
     // Lifting every limit forgets them.
     let flow = l.set_limits(T0, "ci", Limits::default()).unwrap();
     assert!(flow.limits.is_empty(), "{flow:?}");
@@ -370,8 +418,14 @@ fn bad_limits_and_keys_are_refused_naming_the_field_and_change_nothing() {
         claims_per_minute: Some(Some(5)),
         ..LimitsChange::default()
     };
-    let flow = set(&mut l, Actor::cli(), "ci", rate).unwrap().flow().unwrap();
-    assert_eq!(flow.limits[0].1.describe(), "max_claimed 1, claims_per_minute 5");
+    let flow = set(&mut l, Actor::cli(), "ci", rate)
+        .unwrap()
+        .flow()
+        .unwrap();
+    assert_eq!(
+        flow.limits[0].1.describe(),
+        "max_claimed 1, claims_per_minute 5"
+    );
 
     for key in ["", "k\u{7}", &"k".repeat(129)] {
         let e = l
@@ -381,7 +435,8 @@ fn bad_limits_and_keys_are_refused_naming_the_field_and_change_nothing() {
         assert!(e.message.contains("concurrency_key"), "{e}");
     }
     assert!(l.todo("x").is_none());
-    l.add_todo(T0, "e", keyed("x", Some(&"k".repeat(128)))).unwrap();
+    l.add_todo(T0, "e", keyed("x", Some(&"k".repeat(128))))
+        .unwrap();
 }
 
 #[test]

@@ -170,7 +170,10 @@ pub(crate) async fn set_queue_limits<T: Tx>(
         let sql = "DELETE FROM queue_limits WHERE queue = $1";
         tx.exec_sql(op, queue, sql, vec![text(queue)]).await?;
         let sql = "DELETE FROM queue_claims WHERE queue = $1";
-        return tx.exec_sql(op, queue, sql, vec![text(queue)]).await.map(drop);
+        return tx
+            .exec_sql(op, queue, sql, vec![text(queue)])
+            .await
+            .map(drop);
     }
     let n = |v: Option<u32>| Val::Big(v.map(i64::from));
     let sql = "INSERT INTO queue_limits
@@ -190,7 +193,9 @@ pub(crate) async fn set_queue_limits<T: Tx>(
 
 pub(crate) async fn flow_load<T: Tx>(tx: &mut T, now: Millis) -> Result<Load, Error> {
     let vals = vec![time("claim", window_start(now))?];
-    let rows = tx.query_sql("claim", "(flow)", LOAD, vals, load_row).await?;
+    let rows = tx
+        .query_sql("claim", "(flow)", LOAD, vals, load_row)
+        .await?;
     Ok(load_of(rows))
 }
 

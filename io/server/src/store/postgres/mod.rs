@@ -335,9 +335,15 @@ impl PgStore {
             .begin(&mut client, TxKind::Write, "test")
             .await
             .expect("a transaction");
-        Rows::next_claimable(&mut tx, 0, actor, None, &relay_core::ledger::Holds::default())
-            .await
-            .expect("the claim's read");
+        Rows::next_claimable(
+            &mut tx,
+            0,
+            actor,
+            None,
+            &relay_core::ledger::Holds::default(),
+        )
+        .await
+        .expect("the claim's read");
         let row = tx
             .raw()
             .query_one("SELECT current_setting($1)", &[&setting])

@@ -293,7 +293,8 @@ const REAP_MARKS: &str = "UPDATE todos SET lease_due_at = lease_expires_at WHERE
        AND lease_expires_at > $1 FOR UPDATE SKIP LOCKED)";
 
 /// The flow lock (see `Tx::lock_flow`), keyed by the limits table of this schema.
-pub(crate) const FLOW_LOCK: &str = "SELECT pg_advisory_xact_lock('queue_limits'::regclass::oid::bigint)";
+pub(crate) const FLOW_LOCK: &str =
+    "SELECT pg_advisory_xact_lock('queue_limits'::regclass::oid::bigint)";
 
 pub(crate) const TRY_SWEEP_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
@@ -470,7 +471,9 @@ impl Tx for PgTx<'_> {
     }
 
     async fn lock_flow(&mut self) -> Result<(), Error> {
-        self.execute("claim", "(flow)", FLOW_LOCK, &[]).await.map(drop)
+        self.execute("claim", "(flow)", FLOW_LOCK, &[])
+            .await
+            .map(drop)
     }
 
     async fn lock_sessions(&mut self, op: &str) -> Result<(), Error> {

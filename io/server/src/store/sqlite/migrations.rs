@@ -19,16 +19,14 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (12, "asking", MIGRATION_0012),
     (13, "tasks", MIGRATION_0013),
     (14, "flow", MIGRATION_0014),
+    (15, "flow_limits", MIGRATION_0015),
 ];
 
 /// Priorities and delayed todos: `claim_next` takes a higher priority first (FIFO within one),
 /// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the
 /// priority so that a claim still walks it in order and stops at the first rows it can take.
 /// `todos_delayed` holds only the delayed todos still waiting (the retry sweep clears a `run_at`
-/// once it has come), so the sweep finds the due ones without a scan. Flow control: a todo's
-/// `concurrency_key`; `queue_limits`, a row per queue with limits; `queue_claims`, the claims
-/// of the rate-limited queues within their window; `todos_claimed_keys` counts what a limited
-/// queue holds from its claimed todos alone.
+/// once it has come), so the sweep finds the due ones without a scan.
 const MIGRATION_0014: &str = "
 ALTER TABLE todos ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
     CHECK (priority BETWEEN -100 AND 100);
@@ -37,6 +35,12 @@ DROP INDEX todos_fifo;
 CREATE INDEX todos_fifo ON todos (endpoint, priority DESC, created_at, id)
     WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed');
 CREATE INDEX todos_delayed ON todos (run_at) WHERE state = 'pending' AND run_at IS NOT NULL;
+";
+
+/// Flow control: a todo's `concurrency_key`; `queue_limits`, a row per queue with limits;
+/// `queue_claims`, the claims of the rate-limited queues within their window. `todos_claimed_keys`
+/// counts what a limited queue holds from its claimed todos alone.
+const MIGRATION_0015: &str = "
 ALTER TABLE todos ADD COLUMN concurrency_key TEXT
     CHECK (length(CAST(concurrency_key AS BLOB)) BETWEEN 1 AND 128);
 CREATE INDEX todos_claimed_keys ON todos (queue, concurrency_key) WHERE state = 'claimed';

@@ -44,7 +44,14 @@ async fn partial_index_predicates_build_no_temporary_btree() {
     let (_dir, s) = file_store().await;
     let actor = Actor::endpoint("ep");
     let (claim, _) = SQL
-        .next_claimable("claim_next", 1, &actor, Some(&["q".into()]), &relay_core::ledger::Holds::default(), "")
+        .next_claimable(
+            "claim_next",
+            1,
+            &actor,
+            Some(&["q".into()]),
+            &relay_core::ledger::Holds::default(),
+            "",
+        )
         .unwrap();
     let update = SQL.update_todo.clone();
     let (claim, update) = s
@@ -161,7 +168,14 @@ async fn cached_statements_are_not_reprepared() {
         store.apply(done).await.unwrap();
     }
     let (claim, _) = SQL
-        .next_claimable("claim_next", t0, &actor, Some(&["q".into()]), &relay_core::ledger::Holds::default(), "")
+        .next_claimable(
+            "claim_next",
+            t0,
+            &actor,
+            Some(&["q".into()]),
+            &relay_core::ledger::Holds::default(),
+            "",
+        )
         .unwrap();
     let hot = [
         ("claim_next", claim),

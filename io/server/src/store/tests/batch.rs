@@ -270,7 +270,7 @@ fn claims_walk_the_fifo_index_without_statistics() {
                 T0,
                 &Actor::endpoint("e1"),
                 Some(&queues),
-                &[],
+                &relay_core::ledger::Holds::default(),
                 CLAIM_LOCK,
             )
             .unwrap();

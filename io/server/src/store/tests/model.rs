@@ -89,7 +89,7 @@ fn on_postgres(name: &str, cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Re
         .run(&vec(any::<u8>(), 0..600), |bytes| {
             rt.block_on(super::raw_batch(
                 &store,
-                "TRUNCATE todos, endpoints CASCADE",
+                "TRUNCATE todos, endpoints, paused_queues, queue_limits, queue_claims CASCADE",
             ));
             let mut q = Blocking {
                 rt: &rt,

@@ -14,9 +14,9 @@ use super::stmt::{
     Fail, Fut, LOAD_MANY, Many, OPEN_MANY, Out, Stmt, begin_sql, claim_key, columns, in_order,
     limited, send, set_from_v,
 };
+use crate::store::ops;
 use crate::store::postgres::encode::{pg_err, pg_vals};
 use crate::store::postgres::tx::{SQL, db_now};
-use crate::store::ops;
 use crate::store::rows::{self, Val};
 
 /// The todo an operation names by id.
@@ -267,7 +267,10 @@ impl<'c> Batch<'c> {
             self.paused = rs.iter().map(|r| r.get::<_, String>(0)).collect();
         }
         if let Out::Rows(rs) = &outs[3] {
-            self.limits = rs.iter().map(|r| ops::limits_row(r)).collect::<Result<_, _>>()?;
+            self.limits = rs
+                .iter()
+                .map(|r| ops::limits_row(r))
+                .collect::<Result<_, _>>()?;
         }
         if !ids.is_empty()
             && let (Some(Out::Rows(opens)), Some(Out::Rows(todos))) = (outs.pop(), outs.pop())
