@@ -67,7 +67,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: operator::OperatorCmd,
     },
-    /// Pause and resume queues (a paused queue answers claim_next empty).
+    /// Pause, resume and limit queues (claim_next answers empty while nothing may be claimed).
     Queue {
         #[command(subcommand)]
         cmd: operator::QueueCmd,

@@ -10,7 +10,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use relay_core::Error;
 use relay_core::ledger::{
-    Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TodoState, TokenHash,
+    Actor, Answer, LedgerConfig, LimitsChange, NewTodo, Op, Todo, TodoFilter, TodoState, TokenHash,
+    flow::QueueLine,
 };
 use relay_core::time::WallClock;
 use relay_core::time::rfc3339;
@@ -93,6 +94,28 @@ pub enum QueueCmd {
     },
     /// List the paused queues.
     Paused {
+        /// One JSON document on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set or lift a queue's flow limits: a number from 1 to 1000000, or `none` to lift it.
+    Set {
+        /// The queue's name.
+        queue: String,
+        /// Claimed todos at once in the queue.
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true)]
+        max_claimed: Option<String>,
+        /// Claimed todos at once with one concurrency_key.
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true)]
+        max_claimed_per_key: Option<String>,
+        /// Claims within a rolling minute.
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true)]
+        claims_per_minute: Option<String>,
+    },
+    /// Show the queues with limits or paused: their limits, what is claimed, what is held back.
+    Show {
+        /// Only this queue.
+        queue: Option<String>,
         /// One JSON document on stdout.
         #[arg(long)]
         json: bool,
@@ -328,9 +351,134 @@ async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
     }
 }
 
+/// A `relay queue set` flag's value: `none` lifts the limit, a whole number sets it (whose
+/// bounds the ledger checks).
+fn limit_arg(flag: &str, v: Option<String>) -> Result<Option<Option<u32>>, Error> {
+    let Some(v) = v else { return Ok(None) };
+    if v == "none" {
+        return Ok(Some(None));
+    }
+    v.parse::<u32>().map(|n| Some(Some(n))).map_err(|_| {
+        Error::invalid(format!(
+            "queue set: --{flag} must be a whole number from 1 to {}, or none to lift it; got \
+             {v:?}",
+            relay_core::ledger::flow::LIMIT_MAX
+        ))
+    })
+}
+
+/// `relay queue show`'s JSON of one line.
+fn queue_line_json(l: &QueueLine) -> Value {
+    json!({
+        "queue": l.queue,
+        "paused": l.paused,
+        "max_claimed": l.limits.max_claimed,
+        "max_claimed_per_key": l.limits.max_claimed_per_key,
+        "claims_per_minute": l.limits.claims_per_minute,
+        "claimed": l.claimed,
+        "claims_last_minute": l.recent,
+        "held": l.held.as_ref().map(ToString::to_string),
+        "held_keys": l.held_keys,
+        "held_back": l.held_back,
+    })
+}
+
+/// `relay queue show`'s text: a line per queue, then why each held one waits.
+fn print_queue_lines(lines: &[QueueLine]) {
+    let limit = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+    out!(
+        "{:<20} {:<7} {:>11} {:>8} {:>10} {:>7} {:>9}",
+        "QUEUE",
+        "PAUSED",
+        "MAX_CLAIMED",
+        "PER_KEY",
+        "PER_MINUTE",
+        "CLAIMED",
+        "HELD_BACK"
+    );
+    for l in lines {
+        out!(
+            "{:<20} {:<7} {:>11} {:>8} {:>10} {:>7} {:>9}",
+            esc(&l.queue),
+            if l.paused { "yes" } else { "no" },
+            limit(l.limits.max_claimed),
+            limit(l.limits.max_claimed_per_key),
+            limit(l.limits.claims_per_minute),
+            l.claimed,
+            l.held_back
+        );
+    }
+    for l in lines {
+        if let Some(h) = &l.held {
+            out!("{}: no claim now: {h}", esc(&l.queue));
+        }
+        if !l.held_keys.is_empty() {
+            let keys: Vec<_> = l
+                .held_keys
+                .iter()
+                .map(|k| format!("{:?}", esc(k)))
+                .collect();
+            out!(
+                "{}: keys at max_claimed_per_key: {}",
+                esc(&l.queue),
+                keys.join(", ")
+            );
+        }
+    }
+}
+
 async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
     let store = open(db).await?;
     let (queue, paused) = match cmd {
+        QueueCmd::Set {
+            queue,
+            max_claimed,
+            max_claimed_per_key,
+            claims_per_minute,
+        } => {
+            let change = LimitsChange {
+                max_claimed: limit_arg("max-claimed", max_claimed)?,
+                max_claimed_per_key: limit_arg("max-claimed-per-key", max_claimed_per_key)?,
+                claims_per_minute: limit_arg("claims-per-minute", claims_per_minute)?,
+            };
+            if change == LimitsChange::default() {
+                return Err(Error::invalid(
+                    "queue set: name a limit to change: --max-claimed, --max-claimed-per-key or \
+                     --claims-per-minute (a number, or none to lift it)",
+                ));
+            }
+            let op = Op::SetQueueLimits {
+                now: now(),
+                actor: Actor::cli(),
+                queue: queue.clone(),
+                change,
+            };
+            let flow = store.apply(op).await?.flow()?;
+            let after = flow
+                .limits
+                .iter()
+                .find(|(q, _)| q == &queue)
+                .map(|(_, l)| *l)
+                .unwrap_or_default();
+            out!("{}: {}", esc(&queue), after.describe());
+            return Ok(());
+        }
+        QueueCmd::Show { queue, json } => {
+            let mut lines = store.queue_lines(now()).await?;
+            lines.retain(|l| queue.as_ref().is_none_or(|q| q == &l.queue));
+            if json {
+                let list: Vec<Value> = lines.iter().map(queue_line_json).collect();
+                out!("{}", json!({ "queues": list }));
+            } else if lines.is_empty() {
+                match &queue {
+                    Some(q) => out!("{}: no limits, not paused", esc(q)),
+                    None => out!("no queue has limits or is paused"),
+                }
+            } else {
+                print_queue_lines(&lines);
+            }
+            return Ok(());
+        }
         QueueCmd::Pause { queue } => (queue, true),
         QueueCmd::Resume { queue } => (queue, false),
         QueueCmd::Paused { json } => {

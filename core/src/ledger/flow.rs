@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::op::QueueFlow;
 use super::{Todo, TodoState};
 use crate::Millis;
 
@@ -40,7 +41,8 @@ impl Limits {
         *self == Limits::default()
     }
 
-    fn each(&self) -> [(&'static str, Option<u32>); 3] {
+    /// Each limit by its name.
+    pub fn each(&self) -> [(&'static str, Option<u32>); 3] {
         [
             ("max_claimed", self.max_claimed),
             ("max_claimed_per_key", self.max_claimed_per_key),
@@ -168,11 +170,41 @@ pub struct Holds {
 impl Holds {
     /// Whether `claim_next` passes over `t`.
     pub fn holds(&self, t: &Todo) -> bool {
-        self.queues.contains(&t.queue)
-            || t.concurrency_key
-                .as_ref()
-                .is_some_and(|k| self.keys.iter().any(|(q, key)| q == &t.queue && key == k))
+        self.holds_in(&t.queue, t.concurrency_key.as_deref())
     }
+
+    /// Whether `claim_next` passes over the todos of `queue` with `key`.
+    pub fn holds_in(&self, queue: &str, key: Option<&str>) -> bool {
+        self.queues.iter().any(|q| q == queue)
+            || key.is_some_and(|k| self.keys.iter().any(|(q, key)| q == queue && key == k))
+    }
+}
+
+/// Why `queue` under `l` takes no claim now, whatever the todo: `max_claimed` claimed (less
+/// `own`, the claimed todo a takeover would take again) or the window's claims at their rate.
+fn queue_held(l: &Limits, load: &Load, queue: &str, own: u32) -> Option<Held> {
+    if let Some(m) = l.max_claimed
+        && load.claimed_in(queue).saturating_sub(own) >= m
+    {
+        return Some(Held::Full(m));
+    }
+    l.claims_per_minute
+        .filter(|&m| load.recent_in(queue) >= m)
+        .map(Held::Rate)
+}
+
+/// The keys of `queue` at its `max_claimed_per_key` under `load`, sorted.
+fn keys_held(l: &Limits, load: &Load, queue: &str) -> Vec<String> {
+    let Some(m) = l.max_claimed_per_key else {
+        return Vec::new();
+    };
+    load.claimed
+        .iter()
+        .filter_map(|((q, key), n)| match key {
+            Some(k) if q == queue && *n >= m => Some(k.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The holds of `limits` (each queue's, sorted by queue) under `load`, with the `paused` queues
@@ -183,21 +215,11 @@ pub fn holds(limits: &[(String, Limits)], load: &Load, paused: &[String]) -> Hol
         keys: Vec::new(),
     };
     for (q, l) in limits {
-        let full = l.max_claimed.is_some_and(|m| load.claimed_in(q) >= m);
-        let rate = l.claims_per_minute.is_some_and(|m| load.recent_in(q) >= m);
-        if full || rate {
+        if queue_held(l, load, q, 0).is_some() {
             h.queues.push(q.clone());
         }
-        if let Some(m) = l.max_claimed_per_key {
-            for ((lq, key), n) in &load.claimed {
-                if let Some(k) = key
-                    && lq == q
-                    && *n >= m
-                {
-                    h.keys.push((q.clone(), k.clone()));
-                }
-            }
-        }
+        h.keys
+            .extend(keys_held(l, load, q).into_iter().map(|k| (q.clone(), k)));
     }
     h.queues.sort_unstable();
     h.queues.dedup();
@@ -209,22 +231,78 @@ pub fn holds(limits: &[(String, Limits)], load: &Load, paused: &[String]) -> Hol
 /// that is claimed already (a takeover of its lapsed lease) does not count against itself.
 pub fn held(limits: &Limits, load: &Load, t: &Todo) -> Option<Held> {
     let own = u32::from(t.state == TodoState::Claimed);
-    if let Some(m) = limits.max_claimed
-        && load.claimed_in(&t.queue).saturating_sub(own) >= m
-    {
-        return Some(Held::Full(m));
+    if let Some(h @ Held::Full(_)) = queue_held(limits, load, &t.queue, own) {
+        return Some(h);
     }
     if let (Some(m), Some(k)) = (limits.max_claimed_per_key, &t.concurrency_key)
         && load.claimed_with(&t.queue, k).saturating_sub(own) >= m
     {
         return Some(Held::KeyFull(k.clone(), m));
     }
-    if let Some(m) = limits.claims_per_minute
-        && load.recent_in(&t.queue) >= m
-    {
-        return Some(Held::Rate(m));
+    limits
+        .claims_per_minute
+        .filter(|&m| load.recent_in(&t.queue) >= m)
+        .map(Held::Rate)
+}
+
+/// One queue's flow as an operator reads it (`relay queue show`, the Board, `/metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueLine {
+    pub queue: String,
+    pub limits: Limits,
+    pub paused: bool,
+    /// Claimed todos now (counted for the queues with limits only).
+    pub claimed: u32,
+    /// Claims within the window (counted while the queue has a rate limit).
+    pub recent: u32,
+    /// Why the queue takes no claim now (full or at its rate), if so.
+    pub held: Option<Held>,
+    /// The keys at their `max_claimed_per_key`, sorted.
+    pub held_keys: Vec<String>,
+    /// Waiting todos that would be claimable but for the limits.
+    pub held_back: u64,
+}
+
+/// The lines of `flow` (a queue with limits or paused, by name). `waiting` counts the limited
+/// queues' pending todos that are due, by queue and key; those the limits hold back are the
+/// line's `held_back` (a paused queue's are not counted: the pause says why they wait).
+pub fn lines(flow: &QueueFlow, waiting: &[(String, Option<String>, u64)]) -> Vec<QueueLine> {
+    let limits_only = holds(&flow.limits, &flow.load, &[]);
+    let mut held_back: BTreeMap<&str, u64> = BTreeMap::new();
+    for (q, key, n) in waiting {
+        if limits_only.holds_in(q, key.as_deref()) {
+            *held_back.entry(q).or_default() += n;
+        }
     }
-    None
+    let mut out: BTreeMap<&str, QueueLine> = BTreeMap::new();
+    for q in &flow.paused {
+        out.entry(q).or_default().paused = true;
+    }
+    for (q, l) in &flow.limits {
+        let line = out.entry(q).or_default();
+        line.limits = *l;
+        line.claimed = flow.load.claimed_in(q);
+        line.recent = flow.load.recent_in(q);
+        line.held = queue_held(l, &flow.load, q, 0);
+        line.held_keys = keys_held(l, &flow.load, q);
+        line.held_back = held_back.get(q.as_str()).copied().unwrap_or(0);
+    }
+    out.into_iter()
+        .map(|(q, line)| QueueLine {
+            queue: q.to_string(),
+            ..line
+        })
+        .collect()
+}
+
+/// Why `t` waits though pending and due: the limit of its queue (in `flow`) that holds it back
+/// now. `None` for a todo in any other state, or one that waits for its `run_at`.
+pub fn why_held(flow: &QueueFlow, now: Millis, t: &Todo) -> Option<Held> {
+    if t.state != TodoState::Pending || t.waits_until(now).is_some() {
+        return None;
+    }
+    let (_, l) = flow.limits.iter().find(|(q, _)| q == &t.queue)?;
+    held(l, &flow.load, t)
 }
 
 /// Why `concurrency_key` is not one: 1 to [`KEY_MAX_BYTES`] bytes without control characters.

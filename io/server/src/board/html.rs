@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use relay_core::board::Chart;
+use relay_core::ledger::flow::{Held, QueueLine};
 use relay_core::ledger::{Attempt, Todo, TodoState, TodoView};
 
 use crate::store::Endpoint;
@@ -203,6 +204,8 @@ pub struct Overview<'a> {
     pub now: u64,
     pub csrf: &'a str,
     pub queues: &'a [QueueCounts],
+    /// The queues with limits or paused.
+    pub flow: &'a [QueueLine],
     pub chart: &'a Chart,
     pub dead_letters: &'a [Todo],
     pub lapsing: &'a [Todo],
@@ -313,6 +316,10 @@ pub fn overview(o: &Overview<'_>) -> String {
         }
         body.push_str("</tbody></table>");
     }
+    if o.flow.iter().any(|l| !l.limits.is_empty()) {
+        body.push_str("<h2>Flow limits</h2>");
+        body.push_str(&flow_rows(o.flow));
+    }
     body.push_str("<h2>Attempts closed per minute, last hour</h2>");
     body.push_str(&chart(o.chart));
     body.push_str("<h2>Dead letters</h2>");
@@ -322,6 +329,35 @@ pub fn overview(o: &Overview<'_>) -> String {
     body.push_str("<h2>Died more than once</h2>");
     body.push_str(&died_rows(o.now, o.died_again));
     page("Overview", Some(o.csrf), &body)
+}
+
+/// The limited queues' lines: their limits, what is claimed, how many waiting todos the limits
+/// hold back and why (`relay queue show` in a table).
+fn flow_rows(lines: &[QueueLine]) -> String {
+    let mut out = String::from(
+        "<table class=\"flow\"><thead><tr><th>queue</th><th>limits</th><th>claimed</th>\
+         <th>claims in the last minute</th><th>held back</th><th>why</th></tr></thead><tbody>",
+    );
+    for l in lines.iter().filter(|l| !l.limits.is_empty()) {
+        let mut why: Vec<String> = l.held.iter().map(ToString::to_string).collect();
+        if !l.held_keys.is_empty() {
+            let keys: Vec<String> = l.held_keys.iter().map(|k| format!("{k:?}")).collect();
+            why.push(format!("keys at max_claimed_per_key: {}", keys.join(", ")));
+        }
+        let _ = write!(
+            out,
+            "<tr data-queue=\"{}\"><td>{0}</td><td>{}</td><td class=\"n-claimed\">{}</td>\
+             <td class=\"n-recent\">{}</td><td class=\"n-held-back\">{}</td><td>{}</td></tr>",
+            esc(&l.queue),
+            esc(&l.limits.describe()),
+            l.claimed,
+            l.recent,
+            l.held_back,
+            esc(&why.join("; "))
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
 }
 
 pub fn pause_form(csrf: &str, queue: &str, paused: bool) -> String {
@@ -342,7 +378,8 @@ pub struct QueuePage<'a> {
     pub now: u64,
     pub csrf: &'a str,
     pub queue: &'a str,
-    pub paused: bool,
+    /// The queue's limits and pause, if it has any.
+    pub flow: Option<&'a QueueLine>,
     pub filter: &'a relay_core::board::TodoMatch,
     /// How many todos the filter matches in all (the page shows one page of them).
     pub matched: usize,
@@ -354,7 +391,14 @@ pub struct QueuePage<'a> {
 pub fn queue(q: &QueuePage<'_>) -> String {
     let f = q.filter;
     let mut body = format!("<h1>Queue {}</h1>", esc(q.queue));
-    body.push_str(&pause_form(q.csrf, q.queue, q.paused));
+    body.push_str(&pause_form(
+        q.csrf,
+        q.queue,
+        q.flow.is_some_and(|l| l.paused),
+    ));
+    if let Some(l) = q.flow.filter(|l| !l.limits.is_empty()) {
+        body.push_str(&flow_rows(std::slice::from_ref(l)));
+    }
     let _ = write!(
         body,
         "<p><a href=\"/board/add?queue={}\">Add a todo to this queue</a></p>",
@@ -562,9 +606,11 @@ fn action(csrf: &str, id: &str, name: &str, label: &str, summary: bool) -> Strin
     )
 }
 
-/// A todo's place in the claim order, and while pending why it is not claimable yet.
-fn waits(now: u64, t: &relay_core::ledger::Todo) -> Option<String> {
+/// A todo's place in the claim order, and while pending why it is not claimable yet (its
+/// `run_at`, or its queue's limits: `held`).
+fn waits(now: u64, t: &relay_core::ledger::Todo, held: Option<&Held>) -> Option<String> {
     match (t.priority, t.waits_until(now)) {
+        (p, None) if let Some(h) = held => Some(format!("held back: {h} (priority {p})")),
         (0, None) => None,
         (p, None) => Some(format!("priority {p} (higher is claimed first)")),
         (p, Some(at)) => Some(format!(
@@ -574,7 +620,13 @@ fn waits(now: u64, t: &relay_core::ledger::Todo) -> Option<String> {
     }
 }
 
-pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> String {
+pub fn todo(
+    now: u64,
+    csrf: &str,
+    view: &TodoView,
+    held: Option<Held>,
+    error: Option<&str>,
+) -> String {
     let t = &view.todo;
     let mut body = format!("<h1 data-todo=\"{}\">{}</h1>", esc(&t.id), esc(&t.title));
     if let Some(e) = error {
@@ -612,7 +664,10 @@ pub fn todo(now: u64, csrf: &str, view: &TodoView, error: Option<&str>) -> Strin
             esc(&t.endpoint)
         );
     }
-    if let Some(why) = waits(now, t) {
+    if let Some(k) = &t.concurrency_key {
+        let _ = write!(body, "<p class=\"key\">concurrency_key {}</p>", esc(k));
+    }
+    if let Some(why) = waits(now, t, held.as_ref()) {
         let _ = write!(body, "<p class=\"schedule\">{}</p>", esc(&why));
     }
     if !t.spent.is_zero() || !t.budget.is_none() {

@@ -482,10 +482,11 @@ async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
     let read = async {
         let o = b.store().board_overview(now).await?;
         let paused = paused(&b).await?;
+        let flow = b.store().queue_lines(now).await?;
         let chart = relay_core::board::chart(now, &o.closed)?;
-        Ok::<_, Error>((o, paused, chart))
+        Ok::<_, Error>((o, paused, flow, chart))
     };
-    let (o, paused, chart) = match read.await {
+    let (o, paused, flow, chart) = match read.await {
         Ok(r) => r,
         Err(e) => return failure(&b, &s, &e),
     };
@@ -496,6 +497,7 @@ async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
             now,
             csrf: &s.csrf,
             queues: &queues,
+            flow: &flow,
             chart: &chart,
             dead_letters: &o.dead_letters,
             lapsing: &o.lapsing,
@@ -598,13 +600,14 @@ async fn queue_page(
         Ok(m) => m,
         Err(e) => return failure(&b, &s, &e),
     };
-    let (matching, paused) = match (
+    let (matching, flow) = match (
         matching(&b, &s.operator, &queue, &m).await,
-        paused(&b).await,
+        b.store().queue_lines(b.server.now()).await,
     ) {
-        (Ok(a), Ok(p)) => (a, p),
+        (Ok(a), Ok(f)) => (a, f),
         (Err(e), _) | (_, Err(e)) => return failure(&b, &s, &e),
     };
+    let line = flow.into_iter().find(|l| l.queue == queue);
     let start = query.page.saturating_mul(PAGE).min(matching.len());
     let end = (start + PAGE).min(matching.len());
     html(
@@ -613,7 +616,7 @@ async fn queue_page(
             now: b.server.now(),
             csrf: &s.csrf,
             queue: &queue,
-            paused: paused.contains(&queue),
+            flow: line.as_ref(),
             filter: &m,
             matched: matching.len(),
             todos: &matching[start..end],
@@ -665,14 +668,21 @@ async fn todo_view(b: &Board, s: &Session, id: &str, error: Option<&str>) -> Res
         id: id.to_string(),
         attempts_limit: TODO_ATTEMPTS,
     };
-    match b.store().apply(op).await.and_then(|a| a.view()) {
-        Ok(view) => {
+    let now = b.server.now();
+    let read = async {
+        let view = b.store().apply(op).await?.view()?;
+        let flow = b.store().apply(Op::QueueFlow { now }).await?.flow()?;
+        Ok::<_, Error>((view, flow))
+    };
+    match read.await {
+        Ok((view, flow)) => {
             let status = if error.is_some() {
                 StatusCode::CONFLICT
             } else {
                 StatusCode::OK
             };
-            html(status, html::todo(b.server.now(), &s.csrf, &view, error))
+            let held = relay_core::ledger::flow::why_held(&flow, now, &view.todo);
+            html(status, html::todo(now, &s.csrf, &view, held, error))
         }
         Err(e) => failure(b, s, &e),
     }

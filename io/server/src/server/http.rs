@@ -155,40 +155,35 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
     if let Err(r) = host_check(&server, "/metrics", &headers) {
         return r;
     }
-    match server.inner.store.count_by_state().await {
-        Ok(counts) => {
-            for state in TodoState::ALL {
-                let n = counts
-                    .iter()
-                    .find(|(s, _)| s == state.as_str())
-                    .map_or(0, |(_, n)| *n);
-                server.inner.metrics.set_todos(state.as_str(), n);
-            }
-        }
+    let store = &server.inner.store;
+    let read = async {
+        let counts = store.count_by_state().await?;
+        let spend = store.spend_by_queue().await?;
+        let flow = store.queue_lines(server.now()).await?;
+        Ok::<_, relay_core::Error>((counts, spend, flow))
+    };
+    let (counts, spend, flow) = match read.await {
+        Ok(r) => r,
         Err(e) => {
-            let msg = server.internal_message("metrics: counting todos failed", &e);
+            let msg = server.internal_message("metrics: reading the store failed", &e);
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("store unavailable: {msg}\n"),
             )
                 .into_response();
         }
+    };
+    for state in TodoState::ALL {
+        let n = counts
+            .iter()
+            .find(|(s, _)| s == state.as_str())
+            .map_or(0, |(_, n)| *n);
+        server.inner.metrics.set_todos(state.as_str(), n);
     }
-    match server.inner.store.spend_by_queue().await {
-        Ok(spend) => {
-            for (queue, usage) in &spend {
-                server.inner.metrics.set_spent(queue, usage);
-            }
-        }
-        Err(e) => {
-            let msg = server.internal_message("metrics: summing spend failed", &e);
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unavailable: {msg}\n"),
-            )
-                .into_response();
-        }
+    for (queue, usage) in &spend {
+        server.inner.metrics.set_spent(queue, usage);
     }
+    server.inner.metrics.set_flow(&flow);
     (
         [(
             header::CONTENT_TYPE,

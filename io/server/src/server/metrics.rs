@@ -16,6 +16,9 @@ pub(crate) struct Metrics {
     /// What each queue's kept todos spent: dollars, and tokens by direction.
     spent_cost: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     spent_tokens: Family<Labels, Gauge>,
+    /// The limited queues' limits, and the waiting todos they hold back.
+    queue_limits: Family<Labels, Gauge>,
+    held_back: Family<Labels, Gauge>,
     pub(crate) attempts_closed: Family<Labels, Counter>,
     pub(crate) dead_letters: Family<Labels, Counter>,
     pub(crate) claim_latency: Histogram,
@@ -47,6 +50,19 @@ impl Metrics {
             "spent_tokens",
             "Tokens the todos kept in each queue spent, by direction (input, output)",
             spent_tokens.clone(),
+        );
+        let queue_limits = Family::<Labels, Gauge>::default();
+        registry.register(
+            "queue_limit",
+            "Each queue's flow limits (max_claimed, max_claimed_per_key, claims_per_minute), \
+             read when scraped",
+            queue_limits.clone(),
+        );
+        let held_back = Family::<Labels, Gauge>::default();
+        registry.register(
+            "queue_held_back",
+            "Waiting todos a queue's flow limits hold back now, counted when scraped",
+            held_back.clone(),
         );
         let attempts_closed = Family::<Labels, Counter>::default();
         registry.register(
@@ -101,6 +117,8 @@ impl Metrics {
             todos,
             spent_cost,
             spent_tokens,
+            queue_limits,
+            held_back,
             attempts_closed,
             dead_letters,
             claim_latency,
@@ -153,6 +171,26 @@ impl Metrics {
             self.spent_tokens
                 .get_or_create(&vec![q.clone(), ("direction".to_string(), dir.to_string())])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The limited queues' limits and held-back todos (a queue whose limits were lifted since the
+    /// last scrape drops out).
+    pub(crate) fn set_flow(&self, lines: &[relay_core::ledger::flow::QueueLine]) {
+        self.queue_limits.clear();
+        self.held_back.clear();
+        for l in lines.iter().filter(|l| !l.limits.is_empty()) {
+            let q = ("queue".to_string(), l.queue.clone());
+            for (name, v) in l.limits.each() {
+                if let Some(n) = v {
+                    self.queue_limits
+                        .get_or_create(&vec![q.clone(), ("limit".to_string(), name.to_string())])
+                        .set(i64::from(n));
+                }
+            }
+            self.held_back
+                .get_or_create(&vec![q])
+                .set(i64::try_from(l.held_back).unwrap_or(i64::MAX));
         }
     }
 

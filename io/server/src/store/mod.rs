@@ -256,6 +256,22 @@ impl Store {
         )
     }
 
+    /// Every queue with limits or paused, with what its limits hold back, at `now` (`relay queue
+    /// show`, the Board, `/metrics`).
+    pub async fn queue_lines(
+        &self,
+        now: Millis,
+    ) -> Result<Vec<relay_core::ledger::flow::QueueLine>, Error> {
+        let cfg = self.cfg();
+        run!(
+            self,
+            ops::TxKind::Read,
+            "queue show",
+            String::from("(queues)"),
+            |tx| ops::queue_lines(tx, &cfg, now)
+        )
+    }
+
     /// An endpoint's todos counted by queue and state: `queue`'s, or every queue's.
     pub async fn queue_counts(
         &self,

@@ -3,7 +3,8 @@
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::flow::{Limits, Load, WINDOW};
+use relay_core::ledger::Op;
+use relay_core::ledger::flow::{self, Limits, Load, QueueLine, WINDOW};
 
 use super::tx::{Tx, required, text};
 use crate::store::rows::{Row, Val, time};
@@ -206,4 +207,40 @@ pub(crate) async fn note_claim<T: Tx>(tx: &mut T, now: Millis, queue: &str) -> R
         .await?;
     let vals = vec![text(queue), time(op, now)?];
     tx.exec_sql(op, queue, NOTE_CLAIM, vals).await.map(drop)
+}
+
+/// The limited queues' pending todos that are due at `$1`, by queue and key (what
+/// [`flow::lines`](relay_core::ledger::flow::lines) judges held back or not).
+const WAITING: &str = "SELECT t.queue, t.concurrency_key, count(*) FROM todos t \
+     WHERE t.state = 'pending' AND (t.run_at IS NULL OR t.run_at <= $1) \
+     AND t.queue IN (SELECT queue FROM queue_limits) GROUP BY t.queue, t.concurrency_key";
+
+/// Every queue with limits or paused, as an operator reads it at `now`.
+pub(crate) async fn queue_lines<T: Tx>(
+    tx: &mut T,
+    cfg: &relay_core::ledger::LedgerConfig,
+    now: Millis,
+) -> Result<Vec<QueueLine>, Error> {
+    let now = tx.clock(now).await?;
+    let flow = relay_core::ledger::run(tx, cfg, Op::QueueFlow { now })
+        .await?
+        .flow()?;
+    let waiting = tx
+        .query_sql(
+            "queue_show",
+            "(queues)",
+            WAITING,
+            vec![time("queue_show", now)?],
+            |r| {
+                let n = required(r.int(2), "a count")?;
+                Ok((
+                    required(r.text(0), "a limited queue")?,
+                    super::tx::column(r.text(1), "a concurrency key")?,
+                    u64::try_from(n)
+                        .map_err(|e| Error::internal(format!("reading a count: {e}")))?,
+                ))
+            },
+        )
+        .await?;
+    Ok(flow::lines(&flow, &waiting))
 }
