@@ -229,3 +229,296 @@ async fn a_todo_added_through_one_server_rings_a_stream_held_on_another() {
     assert_eq!(ring["params"]["queues"], json!(["q3"]));
     b.stop_and_wait().await.unwrap();
 }
+
+/// Two servers on one database with one clock (as servers on one Postgres read one clock); the
+/// first owns the Postgres schema.
+async fn two_servers(db: &Db) -> (Harness, Harness) {
+    let clock = relay_core::time::ManualClock::new(T0);
+    let mut hs = Vec::new();
+    for seed in [1, 2] {
+        let store = db.open_manual(LedgerConfig::default()).await;
+        let h = Harness::start_on_clock(store, seed, clock.clone(), |_| {}, false).await;
+        hs.push(h);
+    }
+    let b = hs.pop().unwrap();
+    let mut a = hs.pop().unwrap();
+    if let Db::Postgres { url, schema } = db {
+        a.pg_schema = Some((url.clone(), schema.clone()));
+    }
+    (a, b)
+}
+
+/// Sets `queue`'s limits as `relay queue set` does.
+async fn set_limits(h: &Harness, queue: &str, change: relay_core::ledger::LimitsChange) {
+    let op = relay_core::ledger::Op::SetQueueLimits {
+        now: h.now(),
+        actor: relay_core::ledger::Actor::cli(),
+        queue: queue.into(),
+        change,
+    };
+    h.store.apply(op).await.unwrap();
+}
+
+/// Sets one limit of `queue`.
+fn limit(name: &str, n: u32) -> relay_core::ledger::LimitsChange {
+    let mut c = relay_core::ledger::LimitsChange::default();
+    match name {
+        "max_claimed" => c.max_claimed = Some(Some(n)),
+        "max_claimed_per_key" => c.max_claimed_per_key = Some(Some(n)),
+        _ => c.claims_per_minute = Some(Some(n)),
+    }
+    c
+}
+
+/// Every attempt of the todos of `queue`, as the attempt ledger keeps them: (key, claimed_at,
+/// ended_at).
+async fn attempts(h: &Harness, queue: &str) -> Vec<(Option<String>, u64, Option<u64>)> {
+    use relay_core::ledger::{Actor, Op, TodoFilter};
+    let filter = TodoFilter {
+        queues: Some(vec![queue.to_string()]),
+        limit: 1_000,
+        ..TodoFilter::default()
+    };
+    let listed = h
+        .store
+        .apply(Op::ListTodos {
+            actor: Actor::cli(),
+            filter,
+        })
+        .await
+        .unwrap()
+        .todos()
+        .unwrap();
+    let mut out = Vec::new();
+    for t in listed {
+        let op = Op::GetTodo {
+            actor: Actor::cli(),
+            id: t.id.clone(),
+            attempts_limit: 100,
+        };
+        let view = h.store.apply(op).await.unwrap().view().unwrap();
+        for a in view.attempts {
+            out.push((t.concurrency_key.clone(), a.claimed_at, a.ended_at));
+        }
+    }
+    out
+}
+
+/// Attempts of one key that were open at once (`max` at once allowed): the first pair found,
+/// from the ledger's timestamps (an attempt closed at the instant another is claimed does not
+/// overlap it).
+fn overlap(attempts: &[(Option<String>, u64, Option<u64>)], max: usize) -> Option<(String, u64)> {
+    let mut keys: Vec<&String> = attempts.iter().filter_map(|(k, _, _)| k.as_ref()).collect();
+    keys.dedup();
+    for key in keys {
+        for (k, at, _) in attempts {
+            if k.as_ref() != Some(key) {
+                continue;
+            }
+            let open = attempts
+                .iter()
+                .filter(|(k2, from, to)| {
+                    k2.as_ref() == Some(key) && *from <= *at && to.is_none_or(|to| to > *at)
+                })
+                .count();
+            if open > max {
+                return Some((key.clone(), *at));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn the_overlap_check_sees_two_open_attempts_of_one_key() {
+    let k = |s: &str| Some(s.to_string());
+    let apart = [
+        (k("a"), 1, Some(2)),
+        (k("a"), 2, Some(3)),
+        (k("b"), 1, None),
+    ];
+    assert_eq!(overlap(&apart, 1), None);
+    let together = [
+        (k("a"), 1, Some(3)),
+        (k("a"), 2, Some(4)),
+        (k("b"), 1, None),
+    ];
+    assert_eq!(overlap(&together, 1), Some(("a".into(), 2)));
+    assert_eq!(overlap(&together, 2), None);
+}
+
+/// `complete`'s arguments for a `claim_next` answer.
+fn done(claim: &serde_json::Value) -> serde_json::Value {
+    let mut args = json!({"id": claim["todo"]["id"]});
+    if let Some(t) = claim.get("lease_token") {
+        args["lease_token"] = t.clone();
+    }
+    args
+}
+
+/// Flow control across two servers on one database, in both MCP eras (CONTRACT "Flow control"):
+/// with `max_claimed_per_key 1`, 8 workers (two legacy and two modern clients on each server)
+/// drain 60 todos over 4 keys and no two todos of one key are ever claimed at once (judged from
+/// the attempt ledger), while the other keys flow; `max_claimed` and `claims_per_minute` hold
+/// whichever server is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_limits_hold_across_two_servers() {
+    for db in Db::all("fl") {
+        let name = db.name();
+        let (a, b) = two_servers(&db).await;
+        let token = a.endpoint("ci", VERBS, None).await;
+        let clients = |i: usize| {
+            let h = if i % 2 == 0 { &a } else { &b };
+            if i % 4 < 2 {
+                h.mcp("ci", &token)
+            } else {
+                h.mcp_modern("ci", &token)
+            }
+        };
+        let mut workers = Vec::new();
+        for i in 0..8 {
+            let mut c = clients(i);
+            if !c.modern {
+                c.init().await;
+            }
+            workers.push(c);
+        }
+
+        // One of each key at a time, the four keys at once, whichever server claims.
+        set_limits(&a, "keys", limit("max_claimed_per_key", 1)).await;
+        for i in 0..60 {
+            let key = format!("k{}", i % 4);
+            let added = workers[i % 8]
+                .ok(
+                    "add_todo",
+                    json!({"queue": "keys", "title": format!("t{i}"), "concurrency_key": key}),
+                )
+                .await;
+            assert_eq!(added["concurrency_key"], key.as_str(), "{name}: {added}");
+        }
+        let (mut first, mut claims) = (Vec::new(), Vec::new());
+        for w in workers.iter_mut().take(4) {
+            let next = w.ok("claim_next", json!({"queue": "keys"})).await;
+            first.push(next["todo"]["concurrency_key"].to_string());
+            claims.push(next);
+        }
+        first.sort();
+        assert_eq!(
+            first,
+            ["\"k0\"", "\"k1\"", "\"k2\"", "\"k3\""],
+            "{name}: the other keys flow"
+        );
+        let held = workers[4].ok("claim_next", json!({"queue": "keys"})).await;
+        assert!(
+            held["todo"].is_null(),
+            "{name}: every key is at its limit: {held}"
+        );
+        let lines = b.store.queue_lines(b.now()).await.unwrap();
+        let line = lines.iter().find(|l| l.queue == "keys").unwrap();
+        assert_eq!((line.claimed, line.held_back), (4, 56), "{name}: {line:?}");
+        // The four finish, then 8 workers drain the rest.
+        a.clock.advance(1);
+        for (w, claim) in workers.iter_mut().zip(&claims) {
+            w.ok("complete", done(claim)).await;
+        }
+        let (done_tx, done_rx) = tokio::sync::watch::channel(0usize);
+        let done_tx = std::sync::Arc::new(done_tx);
+        // The clock moves only while no request is in flight (requests hold `epoch` shared, a
+        // step holds it alone): a request reads its time and commits within one instant, so the
+        // ledger's timestamps follow the order the claims and completions committed in.
+        let epoch = std::sync::Arc::new(tokio::sync::RwLock::new(()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut w in workers.drain(..) {
+            let (clock, done_tx, mut done_rx) = (a.clock.clone(), done_tx.clone(), done_rx.clone());
+            let epoch = epoch.clone();
+            tasks.spawn(async move {
+                let mut mine = 0;
+                loop {
+                    done_rx.borrow_and_update();
+                    if *done_rx.borrow() == 56 {
+                        return (w, mine);
+                    }
+                    let next = {
+                        let _in_flight = epoch.read().await;
+                        w.ok("claim_next", json!({"queue": "keys"})).await
+                    };
+                    if next["todo"].is_null() {
+                        // Held back (or all claimed): wait for a todo to end.
+                        let _ = done_rx.changed().await;
+                        continue;
+                    }
+                    // Works for a while: the clock moves between its claim and its completion.
+                    {
+                        let _step = epoch.write().await;
+                        clock.advance(1);
+                    }
+                    let _in_flight = epoch.read().await;
+                    w.ok("complete", done(&next)).await;
+                    mine += 1;
+                    done_tx.send_modify(|n| *n += 1);
+                }
+            });
+        }
+        let drained = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+            let mut total = 0;
+            while let Some(r) = tasks.join_next().await {
+                let (w, mine) = r.unwrap();
+                workers.push(w);
+                total += mine;
+            }
+            total
+        })
+        .await
+        .expect("the drain ends (a failure bound, not a timing)");
+        assert_eq!(drained, 56, "{name}");
+        let history = attempts(&a, "keys").await;
+        assert_eq!(history.len(), 60, "{name}: one attempt each");
+        assert_eq!(
+            overlap(&history, 1),
+            None,
+            "{name}: one key claimed twice at once"
+        );
+
+        // max_claimed 2: the third claim waits for one to end, on either server.
+        set_limits(&b, "cap", limit("max_claimed", 2)).await;
+        for i in 0..3 {
+            workers[0]
+                .ok(
+                    "add_todo",
+                    json!({"queue": "cap", "title": format!("c{i}")}),
+                )
+                .await;
+            a.clock.advance(1);
+        }
+        let one = workers[0].ok("claim_next", json!({"queue": "cap"})).await;
+        workers[1].ok("claim_next", json!({"queue": "cap"})).await;
+        let none = workers[2].ok("claim_next", json!({"queue": "cap"})).await;
+        assert!(none["todo"].is_null(), "{name}: max_claimed 2: {none}");
+        workers[0].ok("complete", done(&one)).await;
+        let third = workers[3].ok("claim_next", json!({"queue": "cap"})).await;
+        assert_eq!(third["todo"]["title"], "c2", "{name}: {third}");
+
+        // claims_per_minute 2: a third claim within the minute waits for the window to move.
+        set_limits(&a, "rate", limit("claims_per_minute", 2)).await;
+        for i in 0..3 {
+            workers[0]
+                .ok(
+                    "add_todo",
+                    json!({"queue": "rate", "title": format!("r{i}")}),
+                )
+                .await;
+            a.clock.advance(1);
+        }
+        workers[0].ok("claim_next", json!({"queue": "rate"})).await;
+        workers[1].ok("claim_next", json!({"queue": "rate"})).await;
+        a.clock.advance(59_000);
+        let none = workers[2].ok("claim_next", json!({"queue": "rate"})).await;
+        assert!(
+            none["todo"].is_null(),
+            "{name}: claims_per_minute 2: {none}"
+        );
+        a.clock.advance(1_000);
+        let third = workers[3].ok("claim_next", json!({"queue": "rate"})).await;
+        assert_eq!(third["todo"]["title"], "r2", "{name}: {third}");
+    }
+}

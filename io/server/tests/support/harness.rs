@@ -128,7 +128,17 @@ impl Harness {
         tweak: impl FnOnce(&mut ServerConfig),
         full_serve: bool,
     ) -> Harness {
-        let clock = ManualClock::new(T0);
+        Harness::start_on_clock(store, seed, ManualClock::new(T0), tweak, full_serve).await
+    }
+
+    /// [`Harness::start_on`] on `clock` (several servers may share one).
+    pub async fn start_on_clock(
+        store: Store,
+        seed: u64,
+        clock: ManualClock,
+        tweak: impl FnOnce(&mut ServerConfig),
+        full_serve: bool,
+    ) -> Harness {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut config = ServerConfig::for_listen(addr);
