@@ -267,6 +267,68 @@ fn operator_and_queue_commands_round_trip_on_sqlite() {
     assert_eq!((code, out.trim()), (0, "resumed ci"));
     let (_, out, _) = run_db(&db, &["queue", "paused", "--json"]);
     assert_eq!(out.trim(), r#"{"paused":[]}"#);
+
+    // Flow limits: set, shown, lifted; a bad value is one line naming the flag and changes
+    // nothing.
+    let set = [
+        "queue",
+        "set",
+        "ci",
+        "--max-claimed",
+        "3",
+        "--max-claimed-per-key",
+        "1",
+    ];
+    let (code, out, err) = run_db(&db, &set);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "ci: max_claimed 3, max_claimed_per_key 1");
+    let (_, shown, _) = run_db(&db, &["queue", "show", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let line = &v["queues"][0];
+    assert_eq!(line["queue"], "ci", "{v}");
+    assert_eq!(line["max_claimed"], 3, "{v}");
+    assert_eq!(line["max_claimed_per_key"], 1, "{v}");
+    assert!(line["claims_per_minute"].is_null(), "{v}");
+    assert_eq!(
+        (&line["claimed"], &line["held_back"]),
+        (&0.into(), &0.into())
+    );
+    let bad: [(&[&str], &str); 5] = [
+        (&["queue", "set", "ci", "--max-claimed", "0"], "max_claimed"),
+        (
+            &["queue", "set", "ci", "--claims-per-minute", "-1"],
+            "--claims-per-minute",
+        ),
+        (
+            &["queue", "set", "ci", "--max-claimed-per-key", "lots"],
+            "--max-claimed-per-key",
+        ),
+        (&["queue", "set", "ci"], "name a limit"),
+        (
+            &["queue", "set", "bad queue", "--max-claimed", "1"],
+            "queue",
+        ),
+    ];
+    for (args, needle) in bad {
+        let (code, _, err) = run_db(&db, args);
+        one_line_error(code, &err, needle);
+    }
+    let (_, again, _) = run_db(&db, &["queue", "show", "--json"]);
+    assert_eq!(again, shown, "a refused change changed nothing");
+    let (code, out, _) = run_db(&db, &["queue", "set", "ci", "--max-claimed", "none"]);
+    assert_eq!((code, out.trim()), (0, "ci: max_claimed_per_key 1"));
+    let (_, out, _) = run_db(&db, &["queue", "show"]);
+    assert!(
+        out.lines().nth(1).is_some_and(|l| l.starts_with("ci ")),
+        "{out}"
+    );
+    let (code, out, _) = run_db(
+        &db,
+        &["queue", "set", "ci", "--max-claimed-per-key", "none"],
+    );
+    assert_eq!((code, out.trim()), (0, "ci: no limits"));
+    let (_, out, _) = run_db(&db, &["queue", "show"]);
+    assert_eq!(out.trim(), "no queue has limits or is paused");
 }
 
 #[test]
@@ -330,9 +392,15 @@ fn endpoint_and_todo_commands_round_trip_on_sqlite() {
     // naming the flag, and add nothing.
     let (code, low, err) = todo_add(&db, "ci", "ops", "low", &["--priority", "-7"]);
     assert_eq!(code, 0, "{err}");
-    let (code, later, err) = todo_add(&db, "ci", "ops", "later", &["--delay-seconds", "600"]);
+    let keyed = ["--delay-seconds", "600", "--concurrency-key", "repo-a"];
+    let (code, later, err) = todo_add(&db, "ci", "ops", "later", &keyed);
     assert_eq!(code, 0, "{err}");
+    let long_key = "k".repeat(129);
     for (flags, needle) in [
+        (
+            &["--concurrency-key", long_key.as_str()][..],
+            "concurrency_key",
+        ),
         (&["--priority", "101"][..], "priority"),
         (&["--run-at", "tomorrow"][..], "--run-at"),
         (
@@ -352,6 +420,7 @@ fn endpoint_and_todo_commands_round_trip_on_sqlite() {
     assert_eq!(of(&low)["priority"], -7);
     assert_eq!(of(&low)["run_at"], serde_json::Value::Null);
     assert!(of(&later)["run_at"].as_str().is_some(), "{out}");
+    assert_eq!(of(&later)["concurrency_key"], "repo-a", "{out}");
 
     let (code, out, _) = run_db(&db, &["todo", "list", "--json", "--endpoint", "ci"]);
     assert_eq!(code, 0);

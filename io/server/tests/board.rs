@@ -908,3 +908,86 @@ async fn a_delayed_todo_page_says_until_when_it_waits_and_its_priority() {
         "{page}"
     );
 }
+
+/// A queue with limits (CONTRACT "Flow control"): the overview and the queue page show them,
+/// what is claimed and how many waiting todos they hold back; a held-back todo's page says
+/// which limit holds it; `/metrics` shows the same held-back count.
+#[tokio::test]
+async fn a_held_back_todo_says_which_limit_holds_it_and_the_board_counts_them() {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let ep = h.endpoint("ci", &["add_todo", "claim_next"], None).await;
+    let mut c = h.mcp("ci", &ep);
+    c.init().await;
+    let op = relay_core::ledger::Op::SetQueueLimits {
+        now: h.now(),
+        actor: relay_core::ledger::Actor::cli(),
+        queue: "q".into(),
+        change: relay_core::ledger::LimitsChange {
+            max_claimed_per_key: Some(Some(1)),
+            ..Default::default()
+        },
+    };
+    h.store.apply(op).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let t = c
+            .ok(
+                "add_todo",
+                json!({"queue": "q", "title": format!("t{i}"), "concurrency_key": "repo-a"}),
+            )
+            .await;
+        ids.push(t["id"].as_str().unwrap().to_string());
+        h.clock.advance(1);
+    }
+    let first = c.ok("claim_next", json!({"queue": "q"})).await;
+    assert_eq!(first["todo"]["id"], ids[0].as_str());
+    let mut b = Board::new(&h);
+    b.login(&token).await;
+    let overview = b.get("/board/").await.text().await.unwrap();
+    assert!(overview.contains("<h2>Flow limits</h2>"), "{overview}");
+    assert!(
+        overview.contains("<td class=\"n-held-back\">2</td>")
+            && overview.contains("max_claimed_per_key 1")
+            && overview.contains("keys at max_claimed_per_key: &quot;repo-a&quot;"),
+        "{overview}"
+    );
+    let queue = b.get("/board/queues/q").await.text().await.unwrap();
+    assert!(
+        queue.contains("<td class=\"n-held-back\">2</td>"),
+        "{queue}"
+    );
+    let page = b
+        .get(&format!("/board/todos/{}", ids[1]))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("held back: its queue has max_claimed_per_key 1 todos with concurrency_key &quot;repo-a&quot; claimed")
+            && page.contains("concurrency_key repo-a"),
+        "{page}"
+    );
+    // The claimed one is not held back: it runs.
+    let page = b
+        .get(&format!("/board/todos/{}", ids[0]))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("held back"), "{page}");
+    let metrics = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("relay_queue_held_back{queue=\"q\"} 2")
+            && metrics.contains("relay_queue_limit{queue=\"q\",limit=\"max_claimed_per_key\"} 1"),
+        "{metrics}"
+    );
+}

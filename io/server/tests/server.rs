@@ -1084,8 +1084,8 @@ async fn todo_resources_page_every_todo_once_and_are_scoped_like_get_todo() {
 
 /// Priorities and delayed todos (CONTRACT "Flow control"), the same in both MCP eras: a higher
 /// priority is claimed first and FIFO holds within one; `run_at` and `delay_seconds` hold a
-/// todo back until their instant; bad values are refused naming the argument, alike in both
-/// eras, and add nothing.
+/// todo back until their instant; bad values (and a bad `concurrency_key`) are refused naming
+/// the argument, alike in both eras, and add nothing.
 #[tokio::test]
 async fn priorities_and_delays_order_claims_in_both_eras() {
     let h = start().await;
@@ -1146,6 +1146,13 @@ async fn priorities_and_delays_order_claims_in_both_eras() {
             json!({"run_at": in_a_minute, "delay_seconds": 5}),
             "delay_seconds",
         ),
+        (
+            json!({"concurrency_key": "k".repeat(129)}),
+            "concurrency_key",
+        ),
+        (json!({"concurrency_key": ""}), "concurrency_key"),
+        (json!({"concurrency_key": "a\u{7}b"}), "concurrency_key"),
+        (json!({"concurrency_key": 7}), "concurrency_key"),
     ];
     for (extra, field) in bad {
         let mut args = json!({"queue": "q-bad", "title": "bad"});
