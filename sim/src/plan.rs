@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use relay_core::time::{MINUTE, Millis, SECOND};
 
-use crate::options::Options;
+use relay_core::ledger::flow::Limits;
+
+use crate::options::{Flow, Options};
 use crate::rng::Rng;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +55,8 @@ pub enum Work {
     CancelTask(usize),
     /// An operator retries task number `n`'s todo (refused once the task has ended).
     RetryTask(usize),
+    /// An operator sets a queue's limits (all three: none lifts them all).
+    Limits { queue: String, limits: Limits },
 }
 
 /// Everything scheduled, as offsets from the start of the run.
@@ -151,6 +155,17 @@ impl Plan {
                     Work::RetryTask(n)
                 };
                 plan.work.push((when, op));
+            }
+        }
+        // Operators change queues' limits, from a stream of their own, during the faulted phase.
+        let mut l = Rng::stream(o.seed, "flow-plan");
+        if o.flow.changes && !o.flow.queues.is_empty() {
+            for _ in 0..l.range(1, 3) {
+                let at = l.below(o.safety);
+                let q = l.below(o.flow.queues.len() as u64) as usize;
+                let queue = o.flow.queues[q].0.clone();
+                let limits = Flow::draw_limits(&mut l);
+                plan.work.push((at, Work::Limits { queue, limits }));
             }
         }
         plan.work.sort_by_key(|(at, _)| *at);
