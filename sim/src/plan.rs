@@ -4,9 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use relay_core::time::{MINUTE, Millis, SECOND};
-
 use relay_core::ledger::flow::Limits;
+use relay_core::time::{MINUTE, Millis, SECOND};
 
 use crate::options::{Flow, Options};
 use crate::rng::Rng;
@@ -55,7 +54,7 @@ pub enum Work {
     CancelTask(usize),
     /// An operator retries task number `n`'s todo (refused once the task has ended).
     RetryTask(usize),
-    /// An operator sets a queue's limits (all three: none lifts them all).
+    /// An operator sets a queue's limits, all three at once (no limit set lifts them all).
     Limits { queue: String, limits: Limits },
 }
 

@@ -39,7 +39,8 @@ pub const T0: Millis = 1_790_000_000_000;
 /// How long the lease client waits for an answer before it calls the request failed.
 pub const REQUEST_TIMEOUT: Millis = 10 * SECOND;
 const ENDPOINT: &str = "sim";
-const QUEUE: &str = "work";
+/// The queue of the runs without several, and of the tasks.
+const QUEUE: &str = crate::options::QUEUES[0];
 
 /// Correctness (a safety property broke) or liveness (work did not finish once healed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
