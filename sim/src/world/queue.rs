@@ -94,6 +94,14 @@ impl World {
                     let detail = format!("{queue}'s limits were set to {handed:?}, kept {kept:?}");
                     self.violate(Kind::Correctness, "limits_kept", detail);
                 }
+                // A limit lowered below what the queue holds: it stays over it until claims
+                // close, and no claim is granted meanwhile (see `check_flow`).
+                if limits
+                    .max_claimed
+                    .is_some_and(|m| f.load.claimed_in(queue) > m)
+                {
+                    self.count("limit_below_claimed");
+                }
             }
             Ok(other) => {
                 let detail = format!("setting {queue}'s limits answered {other:?}");
