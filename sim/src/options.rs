@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use relay_core::ledger::flow::Limits;
 use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
 
 use crate::rng::Rng;
@@ -32,6 +33,9 @@ pub enum Mutation {
     /// The server applies a task's `tasks/cancel` even when the task has ended (it skips
     /// `TaskServing`'s check of a terminal status): a finished todo becomes canceled.
     TaskCancelOverrides,
+    /// The server hands the ledger each queue's limits raised by one (an off-by-one in the
+    /// limit's check): a queue takes one claim more than its operator allowed.
+    LimitOffByOne,
 }
 
 relay_core::names!(Mutation {
@@ -42,6 +46,7 @@ relay_core::names!(Mutation {
     DeadlinesOnWallClock => "deadlines-on-wall-clock",
     AnswerDropped => "answer-dropped",
     TaskCancelOverrides => "task-cancel-overrides",
+    LimitOffByOne => "limit-off-by-one",
 });
 
 /// What a relay's lease source shows it in `tools/list`, which decides what its daemon sends.
@@ -102,6 +107,57 @@ pub struct Tasks {
     /// Per mille of task methods whose write the server applies only after a stall (another
     /// request's transaction may commit between the method's read and its write).
     pub stall: u32,
+}
+
+/// Flow control: the queues the todos go to, the limits each starts with, and the concurrency
+/// keys the todos carry. The default (no queue named) is the one queue `work`, without limits,
+/// and no keys: the runs drawn before flow control existed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Flow {
+    /// Every queue with its limits at the start, `work` (where the tasks go) first.
+    pub queues: Vec<(String, Limits)>,
+    /// How many concurrency keys the keyed todos draw theirs from (`key-0`, `key-1`, …).
+    pub keys: u32,
+    /// Per mille of todos added with a key.
+    pub keyed: u32,
+    /// Whether an operator changes a queue's limits now and then during the faulted phase.
+    pub changes: bool,
+}
+
+/// The names of the queues a run may have, `work` first.
+pub const QUEUES: [&str; 3] = ["work", "batch", "urgent"];
+
+impl Flow {
+    /// Whether any queue has limits, at the start or after a change.
+    pub fn limited(&self) -> bool {
+        self.changes || self.queues.iter().any(|(_, l)| !l.is_empty())
+    }
+
+    /// Whether rate limits may hold claims back.
+    fn rated(&self) -> bool {
+        self.changes
+            || self
+                .queues
+                .iter()
+                .any(|(_, l)| l.claims_per_minute.is_some())
+    }
+
+    /// A queue's limits, drawn: now and then none; each limit on or off, tight when on
+    /// (`max_claimed` 1 to 4, `max_claimed_per_key` 1 to 3, `claims_per_minute` 1 to 4, which
+    /// a few relays firing every minute or so reach).
+    pub fn draw_limits(r: &mut Rng) -> Limits {
+        if r.chance(200) {
+            return Limits::default();
+        }
+        let some =
+            |r: &mut Rng, per_mille, lo, hi| r.chance(per_mille).then(|| r.range(lo, hi) as u32);
+        Limits {
+            max_claimed: some(r, 600, 1, 4),
+            max_claimed_per_key: some(r, 600, 1, 3),
+            claims_per_minute: some(r, 300, 1, 4),
+        }
+    }
 }
 
 /// Fault kinds; each is on or off for a whole run.
@@ -186,6 +242,9 @@ pub struct Options {
     /// MCP task clients (drawn from a stream of their own).
     #[serde(default)]
     pub tasks: Tasks,
+    /// Queues, their limits, and concurrency keys (drawn from a stream of their own).
+    #[serde(default)]
+    pub flow: Flow,
 }
 
 /// Relay clocks drift at most this much (parts per million). The lease argument holds within
@@ -266,9 +325,11 @@ impl Options {
             hours: Vec::new(),
             people: People::default(),
             tasks: Tasks::default(),
+            flow: Flow::default(),
         }
         .with_people(seed)
         .with_tasks(seed)
+        .with_flow(seed)
         .with_hours(seed)
     }
 
@@ -291,7 +352,10 @@ impl Options {
         if shape.all_faults {
             o.faults = o.faults.all_on();
         }
-        o.with_people(seed).with_tasks(seed).with_hours(seed)
+        o.with_people(seed)
+            .with_tasks(seed)
+            .with_flow(seed)
+            .with_hours(seed)
     }
 
     /// Draws the people and spend options from their own stream (the others stay as the seed
@@ -367,6 +431,35 @@ impl Options {
         self
     }
 
+    /// Draws the queues, their limits and the concurrency keys from their own stream (the other
+    /// options stay as the seed drew them before flow control existed). Swarm: some seeds have
+    /// the one queue without limits and no keys, as before; the others one to three queues,
+    /// most with tight limits, and keys from a small set.
+    fn with_flow(mut self, seed: u64) -> Options {
+        let mut r = Rng::stream(seed, "flow");
+        if !r.chance(650) {
+            self.flow = Flow::default();
+            return self;
+        }
+        let n = r.range(1, QUEUES.len() as u64) as usize;
+        let queues = QUEUES[..n]
+            .iter()
+            .map(|q| (q.to_string(), Flow::draw_limits(&mut r)))
+            .collect();
+        let (keys, keyed) = if r.chance(850) {
+            (r.range(1, 4) as u32, r.range(300, 1000) as u32)
+        } else {
+            (0, 0)
+        };
+        self.flow = Flow {
+            queues,
+            keys,
+            keyed,
+            changes: r.chance(400),
+        };
+        self
+    }
+
     /// What relay `r`'s lease source shows it (the contract's surface for a relay the options
     /// name none for: a plan saved before agents asked).
     pub fn surface(&self, r: usize) -> Surface {
@@ -413,9 +506,17 @@ impl Options {
     /// `max_attempts` (up to its question budget, and the one past it that dead-letters), and
     /// each question waits for its answer or for its answer deadline: the todos wait side by
     /// side, a todo's questions one after another.
+    ///
+    /// Where queues have limits, the worst case is one todo at a time (every todo under one key
+    /// with `max_claimed_per_key` 1), worked by the relay open longest; a rate limit may hold
+    /// each claim back for its window and the next firing.
     fn liveness_bound_for(&self, minutes_open: &[u64]) -> Millis {
-        let attempt =
+        let mut attempt =
             self.agent_timeout.unwrap_or(self.agent_max) + self.fire_every + self.lease_ttl;
+        // A rate limit may hold a claim back for its window, then until the next firing.
+        if self.flow.rated() {
+            attempt += MINUTE + self.fire_every;
+        }
         let questions = if self.people.ask > 0 {
             u64::from(relay_core::ledger::MAX_INPUT_REQUESTS_DEFAULT) + 1
         } else {
@@ -424,7 +525,13 @@ impl Options {
         let attempts = u64::from(self.max_attempts) + questions;
         let work = attempt * (self.todos + self.tasks.count) as u64 * attempts;
         let wait = questions * self.people.answer_delay_max.max(ANSWER_WITHIN_MAX);
-        let open_minutes_an_hour: u64 = minutes_open.iter().sum();
+        // Limits may let only one todo run at a time (one key, `max_claimed_per_key` 1): then
+        // the relays do not work side by side, and only one of them may be open at a time.
+        let open_minutes_an_hour: u64 = if self.flow.limited() {
+            minutes_open.iter().copied().max().unwrap_or(0)
+        } else {
+            minutes_open.iter().sum()
+        };
         (work * 60 / open_minutes_an_hour.max(1) + wait).max(24 * HOUR)
     }
 }
@@ -494,6 +601,22 @@ impl fmt::Display for Options {
                 t.cancel,
                 t.decline,
                 t.stall
+            )?;
+        }
+        let fl = &self.flow;
+        if !fl.queues.is_empty() {
+            let queues: Vec<String> = fl
+                .queues
+                .iter()
+                .map(|(q, l)| format!("{q} ({})", l.describe()))
+                .collect();
+            write!(
+                f,
+                "\nflow: queues={} keys={} keyed={}‰ changes={}",
+                queues.join(", "),
+                fl.keys,
+                fl.keyed,
+                fl.changes
             )?;
         }
         for (r, hours) in self.hours.iter().enumerate() {

@@ -4,9 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use relay_core::ledger::flow::Limits;
 use relay_core::time::{MINUTE, Millis, SECOND};
 
-use crate::options::Options;
+use crate::options::{Flow, Options};
 use crate::rng::Rng;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +54,8 @@ pub enum Work {
     CancelTask(usize),
     /// An operator retries task number `n`'s todo (refused once the task has ended).
     RetryTask(usize),
+    /// An operator sets a queue's limits, all three at once (no limit set lifts them all).
+    Limits { queue: String, limits: Limits },
 }
 
 /// Everything scheduled, as offsets from the start of the run.
@@ -151,6 +154,17 @@ impl Plan {
                     Work::RetryTask(n)
                 };
                 plan.work.push((when, op));
+            }
+        }
+        // Operators change queues' limits, from a stream of their own, during the faulted phase.
+        let mut l = Rng::stream(o.seed, "flow-plan");
+        if o.flow.changes && !o.flow.queues.is_empty() {
+            for _ in 0..l.range(1, 3) {
+                let at = l.below(o.safety);
+                let q = l.below(o.flow.queues.len() as u64) as usize;
+                let queue = o.flow.queues[q].0.clone();
+                let limits = Flow::draw_limits(&mut l);
+                plan.work.push((at, Work::Limits { queue, limits }));
             }
         }
         plan.work.sort_by_key(|(at, _)| *at);

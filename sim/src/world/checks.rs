@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use relay_core::ledger::{Budget, Outcome, Usage};
+use relay_core::ledger::flow::{self, Load};
+use relay_core::ledger::{Budget, Outcome, TodoState, Usage};
 use relay_core::relay::{Relay, RelayOutcome, RunRecord};
 use relay_core::time::SECOND;
 
@@ -102,6 +103,9 @@ impl World {
         }
         if !self.touched.is_empty() {
             let touched = std::mem::take(&mut self.touched);
+            if !self.o.flow.queues.is_empty() {
+                self.check_flow();
+            }
             self.since_full_check += 1;
             // Every touched todo is checked at once; the whole ledger (its index, the count of
             // todos) now and then and whenever work arrives.
@@ -112,6 +116,62 @@ impl World {
             self.check_todos(&touched, full);
         }
         self.check_processes();
+    }
+
+    /// Flow control, from the ledger's truth rather than any relay's belief: each claim made
+    /// since the last check (an attempt opened on a todo) is held to the limits its queue's
+    /// operator set, under the load the world recounts from the ledger's rows (the todos in
+    /// state claimed, by queue and key) and the claims it saw within the window. A claim is
+    /// never granted when, at its instant, core's rule (`flow::held`) would hold it back: its
+    /// queue had `max_claimed` todos claimed, or `max_claimed_per_key` with its key, or had
+    /// made `claims_per_minute` claims within the window. So no queue ever goes over a limit,
+    /// except that one lowered below what is claimed leaves the queue over it until claims
+    /// close: only the claims made after the change count against it.
+    pub(super) fn check_flow(&mut self) {
+        let claimed: Vec<Todo> = self
+            .ledger
+            .todos()
+            .filter(|t| t.attempts_total > self.claims_seen.get(&t.id).copied().unwrap_or(0))
+            .cloned()
+            .collect();
+        if claimed.is_empty() {
+            return;
+        }
+        let mut load = Load::default();
+        for t in self
+            .ledger
+            .todos()
+            .filter(|t| t.state == TodoState::Claimed)
+        {
+            let k = (t.queue.clone(), t.concurrency_key.clone());
+            *load.claimed.entry(k).or_default() += 1;
+        }
+        let since = self.now.saturating_sub(flow::WINDOW);
+        for t in claimed {
+            self.claims_seen.insert(t.id.clone(), t.attempts_total);
+            let Some(limits) = self.limits.get(&t.queue).copied() else {
+                continue;
+            };
+            self.count("flow_claim");
+            let log = self.rate_log.entry(t.queue.clone()).or_default();
+            log.retain(|&at| at > since);
+            load.recent.insert(t.queue.clone(), log.len() as u32);
+            if limits.claims_per_minute.is_some() {
+                log.push(self.now);
+            }
+            // The todo counts in `load` when it is claimed still, and `held` does not count it
+            // against itself: either way, what the others held at its claim.
+            if let Some(h) = flow::held(&limits, &load, &t) {
+                let detail = format!(
+                    "{} (queue {}, key {:?}) was claimed although {h} ({})",
+                    t.id,
+                    t.queue,
+                    t.concurrency_key,
+                    limits.describe()
+                );
+                return self.violate(Kind::Correctness, "flow_limits", detail);
+            }
+        }
     }
 
     /// The server's invariants, over one todo or all: the ledger's own, nothing lost, history

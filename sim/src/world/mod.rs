@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use relay_core::config::{OperatingHours, Schedule, within_hours};
 use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
 use relay_core::grant::Grant;
+use relay_core::ledger::flow::Limits;
 use relay_core::ledger::{self, Actor, Attempt, Budget, Ledger, LedgerConfig, NewTodo, Op, Todo};
 use relay_core::relay::{
     Capabilities, Command, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
@@ -38,7 +39,8 @@ pub const T0: Millis = 1_790_000_000_000;
 /// How long the lease client waits for an answer before it calls the request failed.
 pub const REQUEST_TIMEOUT: Millis = 10 * SECOND;
 const ENDPOINT: &str = "sim";
-const QUEUE: &str = "work";
+/// The queue of the runs without several, and of the tasks.
+const QUEUE: &str = crate::options::QUEUES[0];
 
 /// Correctness (a safety property broke) or liveness (work did not finish once healed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,6 +255,15 @@ pub struct World {
     /// Per todo, its spend when last checked, and whether (since which attempt, under which
     /// budget) it had reached its budget.
     spend: BTreeMap<String, checks::SpendSeen>,
+    /// Each queue's limits as its operator set them last (what the ledger was asked to keep;
+    /// the limit canary hands it others).
+    limits: BTreeMap<String, Limits>,
+    /// Per todo, its `attempts_total` when last checked: each attempt opened since is a claim.
+    claims_seen: BTreeMap<String, u32>,
+    /// Per queue, the times of the claims made while its operator's limits had a rate limit,
+    /// within the last window (forgotten when the queue's limits are all lifted, as the
+    /// ledger forgets them).
+    rate_log: BTreeMap<String, Vec<Millis>>,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -346,8 +357,18 @@ impl World {
             calls: BTreeMap::new(),
             next_call: 0,
             task_ends: BTreeMap::new(),
+            limits: BTreeMap::new(),
+            claims_seen: BTreeMap::new(),
+            rate_log: BTreeMap::new(),
             o,
         };
+        // The operator sets each queue's limits before any work arrives.
+        for (queue, limits) in w.o.flow.queues.clone() {
+            if !limits.is_empty() {
+                w.count("flow_limited_queue");
+                w.set_limits(&queue, limits);
+            }
+        }
         for r in 0..w.hosts.len() {
             let windows = w.o.hours.get(r).filter(|h| !h.is_empty());
             match windows.map(|h| OperatingHours::parse(h)).transpose() {
@@ -409,7 +430,8 @@ impl World {
             harness: format!("worker-{r}"),
             host: format!("host-{r}"),
             lease: "queue.sim".into(),
-            queue: Some(QUEUE.into()),
+            // With several queues, every relay claims from all of them.
+            queue: (o.flow.queues.len() <= 1).then(|| QUEUE.into()),
             lease_ttl: o.lease_ttl,
             heartbeat_interval: o.heartbeat_interval,
             argv: vec!["agent".into(), "--fix".into()],
@@ -449,7 +471,7 @@ impl World {
             verbs.push("request_input");
         }
         let verbs: Vec<String> = verbs.into_iter().map(str::to_string).collect();
-        let grant = Grant::new(&verbs, Some(vec![QUEUE.to_string()]));
+        let grant = Grant::new(&verbs, Some(World::queues(o)));
         let caps = match surface {
             Surface::Contract => {
                 let mut caps = Capabilities::full(o.release_granted);
@@ -463,6 +485,15 @@ impl World {
             }
         };
         (caps, grant)
+    }
+
+    /// The run's queues: those the flow options name, or `work` alone.
+    fn queues(o: &Options) -> Vec<String> {
+        if o.flow.queues.is_empty() {
+            vec![QUEUE.to_string()]
+        } else {
+            o.flow.queues.iter().map(|(q, _)| q.clone()).collect()
+        }
     }
 
     fn start_relay(&mut self, r: usize) {
@@ -688,9 +719,11 @@ impl World {
             Work::Add(n) => {
                 let id = todo_id(n);
                 let (max_input_requests, answer_within_seconds, budget) = self.todo_people(n);
+                let (queue, concurrency_key) = self.todo_flow(n);
                 let new = NewTodo {
                     id: id.clone(),
-                    queue: QUEUE.into(),
+                    queue,
+                    concurrency_key,
                     title: format!("fix thing {n}"),
                     payload: Some(json!({"n": n})),
                     max_attempts: Some(self.o.max_attempts),
@@ -753,6 +786,10 @@ impl World {
                 }
             }
             Work::Cancel(_) | Work::Retry(_) => {}
+            Work::Limits { queue, limits } => {
+                self.count("limits_changed");
+                self.set_limits(&queue, limits);
+            }
             Work::Task(n) => self.task_act(n, tasks::Act::Add { replay: false }),
             Work::CancelTask(n) if !self.healed => self.operator_on_task(n, true),
             Work::RetryTask(n) if !self.healed => self.operator_on_task(n, false),

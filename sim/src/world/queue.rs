@@ -1,6 +1,7 @@
 //! The simulated queue server: the ledger behind the tool calls, its reaper and retry requeue.
 
 use relay_core::ErrorCode;
+use relay_core::ledger::flow::{self, Limits, LimitsChange};
 use relay_core::ledger::{
     self, Attempt, Disposition, Op, Outcome, Todo, TodoState, TokenHash, transition,
 };
@@ -48,6 +49,105 @@ impl World {
         }
     }
 
+    /// Todo `n`'s queue and concurrency key, drawn from a stream of the todo's own (`work`
+    /// without a key where the options name no queues).
+    pub(super) fn todo_flow(&self, n: usize) -> (String, Option<String>) {
+        let f = &self.o.flow;
+        if f.queues.is_empty() {
+            return (QUEUE.into(), None);
+        }
+        let mut r = Rng::stream(self.o.seed, &format!("flow-{n}"));
+        let q = r.below(f.queues.len() as u64) as usize;
+        let key = (f.keys > 0 && r.chance(f.keyed))
+            .then(|| format!("key-{}", r.below(u64::from(f.keys))));
+        (f.queues[q].0.clone(), key)
+    }
+
+    /// The operator sets `queue`'s limits (all three; none lifts them) through the ledger's own
+    /// operation. The world keeps the operator's limits for its checks; the limit canary hands
+    /// the ledger each limit raised by one.
+    pub(super) fn set_limits(&mut self, queue: &str, limits: Limits) {
+        let handed = if self.o.mutation == Some(Mutation::LimitOffByOne) {
+            let up = |l: Option<u32>| l.map(|n| n + 1);
+            Limits {
+                max_claimed: up(limits.max_claimed),
+                max_claimed_per_key: up(limits.max_claimed_per_key),
+                claims_per_minute: up(limits.claims_per_minute),
+            }
+        } else {
+            limits
+        };
+        let op = Op::SetQueueLimits {
+            now: self.now,
+            actor: Actor::cli(),
+            queue: queue.into(),
+            change: LimitsChange {
+                max_claimed: Some(handed.max_claimed),
+                max_claimed_per_key: Some(handed.max_claimed_per_key),
+                claims_per_minute: Some(handed.claims_per_minute),
+            },
+        };
+        match self.ledger.apply(op) {
+            Ok(ledger::Answer::Flow(f)) => {
+                let kept = f.limits.iter().find(|(q, _)| q == queue).map(|(_, l)| *l);
+                if kept.unwrap_or_default() != handed {
+                    let detail = format!("{queue}'s limits were set to {handed:?}, kept {kept:?}");
+                    self.violate(Kind::Correctness, "limits_kept", detail);
+                }
+                // A limit lowered below what the queue holds: it stays over it until claims
+                // close, and no claim is granted meanwhile (see `check_flow`).
+                if limits
+                    .max_claimed
+                    .is_some_and(|m| f.load.claimed_in(queue) > m)
+                {
+                    self.count("limit_below_claimed");
+                }
+            }
+            Ok(other) => {
+                let detail = format!("setting {queue}'s limits answered {other:?}");
+                self.violate(Kind::Correctness, "server", detail);
+            }
+            Err(e) => self.violate(Kind::Correctness, "server", e.to_string()),
+        }
+        if limits.is_empty() {
+            self.limits.remove(queue);
+            self.rate_log.remove(queue);
+        } else {
+            self.limits.insert(queue.into(), limits);
+        }
+    }
+
+    /// Counts a `claim_next` that answered empty while a todo it could have claimed was held
+    /// back by its queue's limits (as the ledger reports its flow, read through `flow::holds`),
+    /// and which limit held the first such todo back (`flow::held`).
+    fn count_held_back(&mut self, actor: &Actor, queues: Option<&[String]>) {
+        let f = match self.ledger.apply(Op::QueueFlow { now: self.now }) {
+            Ok(ledger::Answer::Flow(f)) => f,
+            other => {
+                let detail = format!("the queues' flow answered {other:?}");
+                return self.violate(Kind::Correctness, "server", detail);
+            }
+        };
+        let holds = flow::holds(&f.limits, &f.load, &f.paused);
+        let now = self.now;
+        let held = self
+            .ledger
+            .todos()
+            .filter(|t| transition::claimable(now, t, actor, queues) && holds.holds(t))
+            .find_map(|t| {
+                let (_, l) = f.limits.iter().find(|(q, _)| q == &t.queue)?;
+                flow::held(l, &f.load, t)
+            });
+        if let Some(h) = held {
+            self.count("claims_held_back");
+            self.count(match h {
+                flow::Held::Full(_) => "held_back_full",
+                flow::Held::KeyFull(..) => "held_back_key",
+                flow::Held::Rate(_) => "held_back_rate",
+            });
+        }
+    }
+
     // -----------------------------------------------------------------------------------------
     // The relay side: feeding the machine and carrying out its commands.
     // -----------------------------------------------------------------------------------------
@@ -55,7 +155,8 @@ impl World {
     /// The server's side of relay `r`'s `tools/call`: core's serving over the ledger, the very
     /// conversion the MCP server runs, under the grant of the relay's endpoint. Around it, the
     /// simulator's own checks (a stale fence accepted, dead letters), what it counts, the
-    /// operators it sends a question to, and its canary (a server that skips the fence).
+    /// operators it sends a question to, the claims that limits held back, and its canary (a
+    /// server that skips the fence).
     pub(super) fn serve(&mut self, r: usize, params: &Value) -> Value {
         let (tool, args) = match tool_of(params) {
             Ok(t) => t,
@@ -101,7 +202,7 @@ impl World {
         };
         let skip_fence = self.o.mutation == Some(Mutation::ServerSkipsFence);
         let (ledger, tokens) = (&mut self.ledger, &mut self.tokens);
-        let (mut late_kept, mut late_moved) = (false, None);
+        let (mut late_kept, mut late_moved, mut came_empty) = (false, None, None);
         let mut apply = |op| {
             let op = if skip_fence {
                 skip_the_fence(ledger, op)
@@ -109,7 +210,15 @@ impl World {
                 op
             };
             let Op::NoteLate { id, .. } = &op else {
-                return ledger.apply(op);
+                let next = match &op {
+                    Op::ClaimNext { actor, queues, .. } => Some((actor.clone(), queues.clone())),
+                    _ => None,
+                };
+                let answer = ledger.apply(op);
+                if matches!(answer, Ok(ledger::Answer::Next(None))) {
+                    came_empty = next;
+                }
+                return answer;
             };
             let before = ledger.todo(id).cloned();
             let id = id.clone();
@@ -133,6 +242,11 @@ impl World {
         };
         if late_kept {
             self.count("late_report");
+        }
+        if let Some((actor, queues)) = came_empty
+            && !self.limits.is_empty()
+        {
+            self.count_held_back(&actor, queues.as_deref());
         }
         if let Some(id) = late_moved {
             self.violate(
