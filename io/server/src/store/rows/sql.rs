@@ -458,7 +458,10 @@ impl Query {
         if self.sqlite() { "1" } else { "true" }
     }
 
-    /// `(t.queue, t.concurrency_key)` is one of `keys` (at least one).
+    /// `(t.queue, t.concurrency_key)` is one of `keys` (at least one), bound as one value
+    /// however many there are (Postgres: two arrays; SQLite: one JSON array of pairs), so that
+    /// the statement's text does not change with their number and no count of them meets
+    /// SQLite's limit on bound values.
     fn key_in(&mut self, keys: &[(String, String)]) -> String {
         if !self.sqlite() {
             let (qs, ks): (Vec<String>, Vec<String>) = keys.iter().cloned().unzip();
@@ -467,14 +470,12 @@ impl Query {
                 "(t.queue, t.concurrency_key) IN (SELECT * FROM unnest({qs}::text[], {ks}::text[]))"
             );
         }
-        let each: Vec<String> = keys
-            .iter()
-            .map(|(queue, key)| {
-                let (queue, key) = (self.bind(label(Some(queue))), self.bind(label(Some(key))));
-                format!("(t.queue = {queue} AND t.concurrency_key = {key})")
-            })
-            .collect();
-        format!("({})", each.join(" OR "))
+        let pairs = serde_json::to_string(keys).unwrap_or_else(|_| "[]".into());
+        let pairs = self.bind(label(Some(&pairs)));
+        format!(
+            "(t.queue, t.concurrency_key) IN (SELECT value ->> 0, value ->> 1 FROM \
+             json_each({pairs}))"
+        )
     }
 
     /// `t.queue` is one of `qs` (none: no row).

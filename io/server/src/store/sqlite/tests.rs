@@ -253,3 +253,44 @@ async fn the_checkpointer_not_the_writer_checkpoints_the_wal() {
         "part of the WAL stayed out of the database"
     );
 }
+
+/// However many keys the limits hold, the claim binds them as one value: 40 000 (more bound
+/// values than SQLite takes) still answer, with the held key passed over and another taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_held_keys_bind_as_one_value() {
+    use relay_core::ledger::{Holds, Rows};
+    let (_dir, s) = file_store().await;
+    let store = super::super::Store::Sqlite(s.clone());
+    let t0 = 1_790_000_000_000;
+    for (i, key) in ["k7", "free"].iter().enumerate() {
+        let new = NewTodo {
+            id: format!("t{i}"),
+            queue: "q".into(),
+            title: "x".into(),
+            concurrency_key: Some(key.to_string()),
+            ..NewTodo::default()
+        };
+        let add = Op::AddTodo {
+            now: t0 + i as u64,
+            endpoint: "ep".into(),
+            new,
+        };
+        store.apply(add).await.unwrap();
+    }
+    let keys: Vec<(String, String)> = (0..40_000)
+        .map(|i| ("q".to_string(), format!("k{i}")))
+        .collect();
+    let next = |keys: Vec<(String, String)>| {
+        s.run(TxKind::Read, "claim_next", "q".into(), move |tx| {
+            let holds = Holds {
+                queues: Vec::new(),
+                keys,
+            };
+            let actor = Actor::endpoint("ep");
+            relay_core::ledger::rows::ready(tx.next_claimable(t0 + 10, &actor, None, &holds))
+                .map(|n| n.map(|(t, _)| t.id))
+        })
+    };
+    assert_eq!(next(Vec::new()).await.unwrap().as_deref(), Some("t0"));
+    assert_eq!(next(keys).await.unwrap().as_deref(), Some("t1"));
+}
