@@ -368,7 +368,7 @@ async fn flow_limits_hold_across_two_servers() {
         let (a, b) = two_servers(&db).await;
         let token = a.endpoint("ci", VERBS, None).await;
         let clients = |i: usize| {
-            let h = if i % 2 == 0 { &a } else { &b };
+            let h = if i.is_multiple_of(2) { &a } else { &b };
             if i % 4 < 2 {
                 h.mcp("ci", &token)
             } else {
