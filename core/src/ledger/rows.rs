@@ -599,9 +599,8 @@ async fn add_todo<R: Rows>(
 }
 
 /// Claims a loaded todo and assembles the answer: a claim of a claimed todo is a takeover, and
-/// the answer carries the newest closed attempts.
-/// Claims `todo` (transition::claim), unless its queue's limits in `gate` hold it back: the
-/// same `conflict` a todo that cannot be claimed now answers, saying which limit.
+/// the answer carries the newest closed attempts. A todo its queue's limits in `gate` hold back
+/// answers the `conflict` of any todo that cannot be claimed now, saying which limit.
 #[allow(clippy::too_many_arguments)]
 async fn claim<R: Rows>(
     rows: &mut R,

@@ -294,6 +294,49 @@ fn a_key_at_its_limit_is_passed_over_and_flows_again_when_its_todo_closes() {
     l.check().unwrap();
 }
 
+/// What an operator reads (`flow::lines`, `flow::why_held`): the held-back count is the waiting
+/// todos the limits pass over, not those of a free key, a delayed one, or a paused queue's.
+#[test]
+fn an_operator_reads_what_the_limits_hold_back_and_why() {
+    use super::flow::{self, Held};
+    let mut l = Ledger::new(LedgerConfig::default());
+    for (i, (id, key)) in [
+        ("a1", Some("A")),
+        ("a2", Some("A")),
+        ("a3", Some("A")),
+        ("b1", Some("B")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        l.add_todo(T0 + i as Millis, "e", keyed(id, key)).unwrap();
+    }
+    l.set_limits(T0, "ci", per_key(1)).unwrap();
+    l.claim(T0 + 10, &ep("e"), "a1", &opts()).unwrap();
+    let flow = l
+        .apply(Op::QueueFlow { now: T0 + 10 })
+        .unwrap()
+        .flow()
+        .unwrap();
+    let waiting = [
+        ("ci".to_string(), Some("A".to_string()), 2),
+        ("ci".to_string(), Some("B".to_string()), 1),
+    ];
+    let lines = flow::lines(&flow, &waiting);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_eq!((line.claimed, line.held_back), (1, 2), "{line:?}");
+    assert_eq!(line.held_keys, ["A"]);
+    assert_eq!(line.held, None, "the queue itself is not full");
+    let todo = |id: &str| l.todos().find(|t| t.id == id).unwrap().clone();
+    assert_eq!(
+        flow::why_held(&flow, T0 + 10, &todo("a2")),
+        Some(Held::KeyFull("A".into(), 1))
+    );
+    assert_eq!(flow::why_held(&flow, T0 + 10, &todo("b1")), None);
+    assert_eq!(flow::why_held(&flow, T0 + 10, &todo("a1")), None, "claimed");
+}
+
 #[test]
 fn a_lapsed_lease_keeps_its_place_until_it_is_reaped_or_taken_over() {
     let mut l = Ledger::new(LedgerConfig::default());
