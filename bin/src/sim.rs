@@ -25,8 +25,8 @@ pub struct Args {
     #[arg(long)]
     check_determinism: bool,
     /// Plant a deliberate bug to see the invariants catch it: ignore-heartbeat-conflict,
-    /// server-skips-fence, report-after-deadline, reaper-closes-twice, deadlines-on-wall-clock
-    /// or answer-dropped.
+    /// server-skips-fence, report-after-deadline, reaper-closes-twice, deadlines-on-wall-clock,
+    /// answer-dropped, task-cancel-overrides or limit-off-by-one.
     #[arg(long, value_parser = parse_mutation)]
     mutation: Option<Mutation>,
     /// Print every event and command to stderr (one seed).

@@ -210,39 +210,6 @@ fn options_are_drawn_per_seed_and_swarm() {
     assert_eq!(Options::draw(9, None), Options::draw(9, None));
 }
 
-/// A sweep over any seeds, beside the batch CI runs: `SIM_FIRST=100000 SIM_SEEDS=1000 cargo test
-/// -p relay-sim sweep_seed_range -- --ignored --nocapture`. Every seed must hold every invariant;
-/// the totals of the counts are printed.
-#[test]
-#[ignore]
-fn sweep_seed_range() {
-    let var = |k: &str, dflt: u64| {
-        std::env::var(k)
-            .ok()
-            .map_or(dflt, |v| v.parse().unwrap_or_else(|_| panic!("{k}={v}")))
-    };
-    let (first, seeds) = (var("SIM_FIRST", 100_000), var("SIM_SEEDS", 1_000));
-    let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut bad = Vec::new();
-    for seed in first..first + seeds {
-        let (_, _, r) = run_seed(seed, None);
-        if let Some(v) = r.violation {
-            bad.push(format!(
-                "seed {seed}: {} {} (repro: relay sim --seed {seed})",
-                v.invariant, v.detail
-            ));
-        }
-        for (k, v) in r.counts {
-            *totals.entry(k).or_default() += v;
-        }
-    }
-    eprintln!("{seeds} seeds from {first}, {} failed; counts:", bad.len());
-    for (k, v) in &totals {
-        eprintln!("  {k} {v}");
-    }
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
-}
-
 /// Replays one fuzz input: `FUZZ_INPUT=path cargo test -p relay-sim replay_fuzz_input -- --ignored --nocapture`.
 #[test]
 #[ignore]
