@@ -1,6 +1,7 @@
 //! The history checker of the fault tests (tests/multi_server.rs, tests/db_faults.rs): the
 //! acknowledged events the clients recorded and the database's rows at the end, checked against
-//! the ledger's promises. Each violation is one line; tests/multi_server.rs shows the checker
+//! the ledger's promises, and (tests/multi_server.rs) a key-limited queue's attempts against its
+//! `max_claimed_per_key 1`. Each violation is one line; tests/multi_server.rs shows the checker
 //! catches each kind.
 
 use std::collections::BTreeMap;
@@ -148,6 +149,75 @@ pub fn check(events: &[Event], todos: &Todos, attempts: &Attempts) -> Vec<String
         }
     }
     bad
+}
+
+/// The concurrency key of each todo with one in a queue with `max_claimed_per_key 1`, by id.
+pub type Keys = BTreeMap<String, String>;
+
+/// Two attempts of todos with one key (in a queue with `max_claimed_per_key 1`) open at once: by
+/// how many milliseconds their `[claimed_at, ended_at)` overlap (an attempt never closed is open
+/// to the end), and a line that names them.
+#[derive(Debug)]
+pub struct Overlap {
+    pub ms: i64,
+    pub line: String,
+}
+
+/// Each attempt of a keyed todo that was claimed while an earlier attempt with its key was still
+/// open, by the database's clock. A lapsed lease still counts as claimed until its attempt
+/// closes, so the intervals run from `claimed_at` to `ended_at`, whatever the lease said; one
+/// claimed at the instant another ended does not overlap it. The caller judges how much overlap
+/// its clocks allow (see tests/multi_server.rs).
+pub fn key_overlaps(keys: &Keys, attempts: &Attempts) -> Vec<Overlap> {
+    let mut by_key: BTreeMap<&str, Vec<(i64, i64, &str, u32)>> = BTreeMap::new();
+    for ((id, seq), a) in attempts {
+        if let Some(key) = keys.get(id) {
+            let end = a.ended_at.unwrap_or(i64::MAX);
+            by_key
+                .entry(key)
+                .or_default()
+                .push((a.claimed_at, end, id, *seq));
+        }
+    }
+    let mut out = Vec::new();
+    for (key, mut list) in by_key {
+        list.sort_unstable();
+        // The attempt open longest among those claimed so far.
+        let mut open: Option<(i64, &str, u32)> = None;
+        for (start, end, id, seq) in list {
+            if let Some((until, oid, oseq)) = open
+                && start < until
+            {
+                out.push(Overlap {
+                    ms: until.min(end).saturating_sub(start),
+                    line: format!(
+                        "key {key:?}: {id}#{seq} claimed at {start} while {oid}#{oseq} was open \
+                         (to {until})"
+                    ),
+                });
+            }
+            if open.is_none_or(|(until, _, _)| end > until) {
+                open = Some((end, id, seq));
+            }
+        }
+    }
+    out
+}
+
+/// The concurrency key of each todo with one in `queue` (`schema`-qualified).
+pub async fn read_keys(db: &tokio_postgres::Client, schema: &str, queue: &str) -> Keys {
+    db.query(
+        &format!(
+            "SELECT id, concurrency_key FROM {schema}.todos \
+             WHERE queue = $1 AND concurrency_key IS NOT NULL"
+        ),
+        &[&queue],
+    )
+    .await
+    .expect("read the keys")
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
 }
 
 /// Every todo's state and every attempt, as the database holds them (`schema`-qualified).

@@ -4,6 +4,7 @@
 //! cargo bench -p relay-server --bench scale                       # SQLite, a temp file
 //! cargo bench -p relay-server --bench scale -- --db postgres://…  # Postgres (a schema of its own)
 //! cargo bench -p relay-server --bench scale -- --db sqlite:PATH     # SQLite, that file
+//! cargo bench -p relay-server --bench scale -- --only-held-keys     # figure 1 at 10 000, 1b
 //! ```
 //!
 //! The rows are preloaded with bulk SQL (see [`preload`], the one place that writes them), not
@@ -16,6 +17,13 @@
 //!   in both cases [`ELSEWHERE`] more pending todos in another queue of the same endpoint
 //!   (created interleaved with `q`'s oldest) and in another endpoint. The target: p99 at
 //!   1 000 000 at most twice p99 at 10 000 (the `p99_ratio` field);
+//! - `claim_next` held back by keys (figure 1b): queue `q` with `max_claimed_per_key 1` holds
+//!   [`HOT`] pending todos of one key, `hot`, at the head of the claim order, and one `hot`
+//!   todo claimed, so that every claim passes over them; behind them [`KEYED`] pending todos
+//!   each with a key of its own; p50/p99 of [`CLAIMS`] claims, each of which takes a keyed
+//!   todo (completed before the next claim, not measured). The target: p99 at most twice figure 1's p99 at 10 000 (the `p99_ratio` field), so
+//!   the claim does not walk the held key's todos. `--only-held-keys` runs figure 1 at 10 000
+//!   and this one only;
 //! - heartbeat latency with [`HELD`] open leases: p50/p99 of [`HEARTBEATS`] fenced heartbeats
 //!   (`Op::Heartbeat` with the lease token's hash) from [`CALLERS`] concurrent callers over
 //!   random held todos. The target: p99 at most 10 ms;
@@ -41,12 +49,15 @@ mod pg_schema;
 use std::time::Instant;
 
 use rand::{RngExt as _, SeedableRng as _};
-use relay_core::ledger::{Actor, Answer, ClaimOpts, LedgerConfig, Op, TokenHash};
+use relay_core::ledger::{
+    Actor, Answer, ClaimOpts, LedgerConfig, LimitsChange, Op, Report, Todo, TokenHash,
+};
 use relay_core::time::SECOND;
 use relay_server::store::Store;
 
 use db::Db;
 use measure::Lat;
+use preload::Key;
 
 const T0: u64 = 1_790_000_000_000;
 const TTL: u64 = 300 * SECOND;
@@ -55,6 +66,10 @@ const CLAIMS: usize = 2_000;
 /// Pending todos beside the measured queue: half in another queue of its endpoint, half in
 /// another endpoint.
 const ELSEWHERE: u64 = 100_000;
+/// Figure 1b: pending todos of the held key, ahead of the claimable ones.
+const HOT: u64 = 1_000_000;
+/// Figure 1b: pending todos each with a key of its own, behind the held key's.
+const KEYED: u64 = 20_000;
 const HELD: u64 = 100_000;
 const CALLERS: usize = 16;
 const HEARTBEATS: usize = 8_000;
@@ -72,20 +87,26 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    rt.block_on(run(&db));
+    let only_held_keys = std::env::args().any(|a| a == "--only-held-keys");
+    rt.block_on(run(&db, only_held_keys));
     if let Db::Postgres { url, schema } = &db {
         rt.block_on(pg_schema::drop_now(url, schema))
             .expect("drop the bench schema");
     }
 }
 
-async fn run(db: &Db) {
+async fn run(db: &Db, only_held_keys: bool) {
     let start = Instant::now();
     let store = db.open_manual(LedgerConfig::default()).await;
     let raw = preload::Raw::connect(db).await;
     let name = db.name();
     println!("relay scale benchmark: {name} (the caller's clock)");
     let shallow = claim_at_depth(&store, &raw, name, 10_000).await;
+    if only_held_keys {
+        held_keys(&store, &raw, name, shallow).await;
+        println!("total {:.1} s", start.elapsed().as_secs_f64());
+        return;
+    }
     let deep = claim_at_depth(&store, &raw, name, 1_000_000).await;
     let ratio = deep / shallow;
     println!(
@@ -97,6 +118,7 @@ async fn run(db: &Db) {
          p99_1m_ms={deep:.3} p99_ratio={ratio:.3} target_max=2 met={}",
         ratio <= 2.0
     );
+    held_keys(&store, &raw, name, shallow).await;
     heartbeats(&store, &raw, name).await;
     reap(&store, &raw, name).await;
     size(&raw, name).await;
@@ -122,36 +144,18 @@ async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u6
         &format!("clear and preload {depth} + {ELSEWHERE} pending"),
         async {
             raw.clear().await;
-            raw.pending("scale", "q", depth).await;
-            raw.pending("scale", "other", ELSEWHERE / 2).await;
-            raw.pending("elsewhere", "q", ELSEWHERE / 2).await;
+            raw.pending("scale", "q", 1..=depth, Key::None).await;
+            preload_elsewhere(raw).await;
             raw.analyze().await;
         },
     )
     .await;
-    let actor = Actor::endpoint("scale");
     let mut lat = Lat::default();
     for i in 0..CLAIMS {
-        let opts = ClaimOpts {
-            ttl: TTL,
-            claimant: Some("scale".into()),
-            token_hash: Some(TokenHash::of(&format!("claim-{i}"))),
-        };
-        let claim = Op::ClaimNext {
-            now: T0 + 10 * SECOND,
-            actor: actor.clone(),
-            queues: Some(vec!["q".to_string()]),
-            opts,
-        };
         let t = Instant::now();
-        let next = store
-            .apply(claim)
-            .await
-            .and_then(Answer::next)
-            .expect("claim_next");
+        let c = claim_next(store, i).await;
         lat.push(t.elapsed());
-        let c = next.expect("a pending todo to claim");
-        assert_eq!(c.todo.queue, "q", "claim_next took another queue's todo");
+        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
     }
     let (p50, p99) = (lat.q(0.50), lat.q(0.99));
     println!(
@@ -163,6 +167,126 @@ async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u6
          claims={CLAIMS} p50_ms={p50:.3} p99_ms={p99:.3}"
     );
     p99
+}
+
+/// The pending todos around the measured queue (see [`ELSEWHERE`]).
+async fn preload_elsewhere(raw: &preload::Raw) {
+    raw.pending("scale", "other", 1..=ELSEWHERE / 2, Key::None)
+        .await;
+    raw.pending("elsewhere", "q", 1..=ELSEWHERE / 2, Key::None)
+        .await;
+}
+
+/// One `claim_next` on queue `q` by endpoint `scale` at `T0` + 10 s, lease token `claim-{i}`;
+/// the todo it claimed (there must be one).
+async fn claim_next(store: &Store, i: usize) -> Todo {
+    let claim = Op::ClaimNext {
+        now: T0 + 10 * SECOND,
+        actor: Actor::endpoint("scale"),
+        queues: Some(vec!["q".to_string()]),
+        opts: ClaimOpts {
+            ttl: TTL,
+            claimant: Some("scale".into()),
+            token_hash: Some(token(i)),
+        },
+    };
+    let next = store
+        .apply(claim)
+        .await
+        .and_then(Answer::next)
+        .expect("claim_next");
+    next.expect("a pending todo to claim").todo
+}
+
+/// The lease token's hash of [`claim_next`] `i`.
+fn token(i: usize) -> TokenHash {
+    TokenHash::of(&format!("claim-{i}"))
+}
+
+/// Sets queue `q`'s `max_claimed_per_key` (`None`: lifts it; `q` has no other limit).
+async fn per_key_limit(store: &Store, n: Option<u32>) {
+    let set = Op::SetQueueLimits {
+        now: T0 + 10 * SECOND,
+        actor: Actor::cli(),
+        queue: "q".into(),
+        change: LimitsChange {
+            max_claimed_per_key: Some(n),
+            ..LimitsChange::default()
+        },
+    };
+    store.apply(set).await.expect("set queue q's limits");
+}
+
+/// Figure 1b: claims that a held key holds back. Queue `q` with `max_claimed_per_key 1` holds
+/// [`HOT`] pending todos with key `hot` at the head of the claim order, one more `hot` todo
+/// claimed (so `hot` is held), then [`KEYED`] newer pending todos each with a key of its own,
+/// and [`ELSEWHERE`] as in figure 1. Each measured claim passes over every pending `hot` todo
+/// and takes a keyed one, which is then completed (not measured), so that every claim is held
+/// back by the one key `hot` alone: the figure is the walk past a held key's todos. Keys of
+/// their own, the per-entity case (a customer, a repository); a few keys would do as well, as
+/// each is free again before the next claim. Left claimed, the keys would be held one more a
+/// claim, which on SQLite fails at about 1 000 held keys (the claim's `OR` of held keys passes
+/// SQLite's expression depth limit of 1 000). The target: p99 at most twice figure 1's p99 at
+/// 10 000 (`floor`, the `p99_ratio` field), that is, the claim does not walk the held key's
+/// todos.
+async fn held_keys(store: &Store, raw: &preload::Raw, name: &str, floor: f64) {
+    timed(
+        &format!("clear and preload {HOT} + 1 hot, {KEYED} keyed + {ELSEWHERE} pending"),
+        async {
+            raw.clear().await;
+            raw.pending("scale", "q", 1..=HOT + 1, Key::One("hot"))
+                .await;
+            raw.pending("scale", "q", HOT + 2..=HOT + 1 + KEYED, Key::Each("k"))
+                .await;
+            preload_elsewhere(raw).await;
+            raw.analyze().await;
+        },
+    )
+    .await;
+    per_key_limit(store, Some(1)).await;
+    let first = claim_next(store, CLAIMS).await;
+    assert_eq!(
+        first.concurrency_key.as_deref(),
+        Some("hot"),
+        "the head is hot"
+    );
+    let mut lat = Lat::default();
+    for i in 0..CLAIMS {
+        let t = Instant::now();
+        let c = claim_next(store, i).await;
+        lat.push(t.elapsed());
+        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+        assert_ne!(
+            c.concurrency_key.as_deref(),
+            Some("hot"),
+            "a held key was claimed"
+        );
+        let done = Op::Complete {
+            now: T0 + 10 * SECOND,
+            actor: Actor::endpoint("scale"),
+            id: c.id,
+            report: Report {
+                token_hash: Some(token(i)),
+                ..Report::default()
+            },
+        };
+        store.apply(done).await.expect("complete a keyed todo");
+    }
+    per_key_limit(store, None).await;
+    let (p50, p99) = (lat.q(0.50), lat.q(0.99));
+    let ratio = p99 / floor;
+    println!(
+        "claim_next held back by a key: {HOT} pending with a held key ahead of {KEYED} with \
+         keys of their own (+{ELSEWHERE} elsewhere), {CLAIMS} claims: p50 {p50:.3} ms  \
+         p99 {p99:.3} ms; p99 / p99 at 10 000: {ratio:.2} (target at most 2){}",
+        off(ratio <= 2.0)
+    );
+    println!(
+        "RESULT bench=scale store={name} figure=held_keys held={HOT} keyed={KEYED} \
+         elsewhere={ELSEWHERE} claims={CLAIMS} p50_ms={p50:.3} p99_ms={p99:.3} \
+         p99_10k_ms={floor:.3} p99_ratio={ratio:.3} target_max=2 met={}",
+        ratio <= 2.0
+    );
 }
 
 /// Figure 2: fenced heartbeats over [`HELD`] open leases, each lease valid until an hour after
@@ -294,6 +418,7 @@ fn mib(b: u64) -> f64 {
 /// million pending rows, `change_seq` 0 (as on rows from before migration 0004), and the
 /// foreign key unchecked (the rows satisfy it by construction).
 mod preload {
+    use std::ops::RangeInclusive;
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -317,6 +442,15 @@ mod preload {
         pub total: u64,
         pub todos: u64,
         pub attempts: u64,
+    }
+
+    /// The `concurrency_key` of preloaded pending todos: none, one for all, or a prefix
+    /// followed by each todo's `i` (`{prefix}{i:08}`, a key of its own).
+    #[derive(Clone, Copy)]
+    pub enum Key<'a> {
+        None,
+        One(&'a str),
+        Each(&'a str),
     }
 
     pub enum Raw {
@@ -373,30 +507,41 @@ mod preload {
             }
         }
 
-        /// `n` pending todos of endpoint `ep` in `queue`, todo `i` created at `T0 + i` ms.
-        pub async fn pending(&self, ep: &str, queue: &str, n: u64) {
+        /// The pending todos `is` of endpoint `ep` in `queue`, todo `i` created at `T0 + i` ms,
+        /// with the concurrency key `key` says.
+        pub async fn pending(&self, ep: &str, queue: &str, is: RangeInclusive<u64>, key: Key<'_>) {
+            let (first, last) = (big(*is.start()), big(*is.end()));
+            // The key as SQL sees it: a text (none: NULL) and whether `i` follows it.
+            let (key, each) = match key {
+                Key::None => (None, false),
+                Key::One(k) => (Some(k), false),
+                Key::Each(k) => (Some(k), true),
+            };
             match self {
                 Raw::Sqlite(c) => Self::lite(c, |c| {
                     c.execute(
-                        "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?1)
+                        "WITH RECURSIVE s(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM s WHERE i < ?2)
                          INSERT INTO todos (id, endpoint, queue, title, state, attempt, max_attempts,
-                                            created_at, updated_at)
-                         SELECT ?2 || '-' || ?3 || '-' || printf('%08d', i), ?2, ?3, 'scale',
-                                'pending', 0, 5, ?4 + i, ?4 + i FROM s",
-                        rusqlite::params![big(n), ep, queue, big(T0)],
+                                            created_at, updated_at, concurrency_key)
+                         SELECT ?3 || '-' || ?4 || '-' || printf('%08d', i), ?3, ?4, 'scale',
+                                'pending', 0, 5, ?5 + i, ?5 + i,
+                                CASE WHEN ?7 THEN ?6 || printf('%08d', i) ELSE ?6 END FROM s",
+                        rusqlite::params![first, last, ep, queue, big(T0), key, each],
                     )
                     .expect("preload pending");
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
                         "INSERT INTO todos (id, endpoint, queue, title, state, attempt,
-                                            max_attempts, created_at, updated_at)
+                                            max_attempts, created_at, updated_at, concurrency_key)
                          SELECT ep || '-' || queue || '-' || lpad(i::text, 8, '0'), ep, queue,
-                                'scale', 'pending', 0, 5, t0 + i, t0 + i
-                         FROM (SELECT $1::bigint AS n, $2::text AS ep, $3::text AS queue,
-                                      $4::bigint AS t0) AS p,
-                              generate_series(1, n) AS i",
-                        &[&big(n), &ep, &queue, &big(T0)],
+                                'scale', 'pending', 0, 5, t0 + i, t0 + i,
+                                CASE WHEN per THEN k || lpad(i::text, 8, '0') ELSE k END
+                         FROM (SELECT $1::bigint AS lo, $2::bigint AS hi, $3::text AS ep,
+                                      $4::text AS queue, $5::bigint AS t0, $6::text AS k,
+                                      $7::boolean AS per) AS p,
+                              generate_series(lo, hi) AS i",
+                        &[&first, &last, &ep, &queue, &big(T0), &key, &each],
                     )
                     .await
                     .expect("preload pending");
