@@ -663,7 +663,9 @@ async fn world(seed: u64, canary: bool, dir: tempfile::TempDir) -> SeedResult {
         }
     }
     auditor.abort();
-    // Stop the daemons and the server before reading: no write lands during the checks.
+    // Stop the daemons and the server before reading: no write lands during the checks. A
+    // process still running ends here, with its daemon.
+    let stopped = true_ms();
     for d in &daemons {
         handle.kill(d.id());
     }
@@ -677,7 +679,7 @@ async fn world(seed: u64, canary: bool, dir: tempfile::TempDir) -> SeedResult {
         ));
     }
     violations.append(&mut lock(&world.journal).violations);
-    let (trace, attempts) = check(&operator_store, &world, &ids, &mut violations).await;
+    let (trace, attempts) = check(&operator_store, &world, &ids, stopped, &mut violations).await;
     let j = lock(&world.journal);
     SeedResult {
         trace,
@@ -1032,10 +1034,13 @@ fn heal(server: madsim::task::NodeId, daemons: &[NodeHandle]) {
 }
 
 /// The checks after a run, and the trace hash. See the module doc.
+/// The checks after the run; `stopped` is when the daemons were killed (in true time), where a
+/// process still running ended.
 async fn check(
     store: &Store,
     world: &World,
     ids: &[String],
+    stopped: Millis,
     violations: &mut Vec<String>,
 ) -> (u64, usize) {
     let mut hasher = sha2::Sha256::new();
@@ -1140,7 +1145,10 @@ async fn check(
             }
             continue;
         };
-        let end = p.end.unwrap_or(u64::MAX);
+        // A process its daemon still ran when the world stopped (its todo canceled a moment
+        // before, say, and the daemon not yet told) ended with the daemon: it ran past its
+        // lease only if the lease had run out by then.
+        let end = p.end.unwrap_or(stopped);
         let stop_by = limit.saturating_add(STOP_SLACK);
         if end > stop_by && p.signaled.is_none_or(|at| at > stop_by) {
             violations.push(format!(
