@@ -409,20 +409,8 @@ fn print_queue_lines(lines: &[QueueLine]) {
         );
     }
     for l in lines {
-        if let Some(h) = &l.held {
-            out!("{}: no claim now: {h}", esc(&l.queue));
-        }
-        if !l.held_keys.is_empty() {
-            let keys: Vec<_> = l
-                .held_keys
-                .iter()
-                .map(|k| format!("{:?}", esc(k)))
-                .collect();
-            out!(
-                "{}: keys at max_claimed_per_key: {}",
-                esc(&l.queue),
-                keys.join(", ")
-            );
+        for why in l.reasons() {
+            out!("{}: held back: {}", esc(&l.queue), esc(&why));
         }
     }
 }

@@ -263,6 +263,19 @@ pub struct QueueLine {
     pub held_back: u64,
 }
 
+impl QueueLine {
+    /// Why the queue holds todos back now, one reason each (none when nothing is held): the
+    /// queue full or at its rate, the keys at their limit.
+    pub fn reasons(&self) -> Vec<String> {
+        let mut why: Vec<String> = self.held.iter().map(ToString::to_string).collect();
+        if !self.held_keys.is_empty() {
+            let keys: Vec<String> = self.held_keys.iter().map(|k| format!("{k:?}")).collect();
+            why.push(format!("keys at max_claimed_per_key: {}", keys.join(", ")));
+        }
+        why
+    }
+}
+
 /// The lines of `flow` (a queue with limits or paused, by name). `waiting` counts the limited
 /// queues' pending todos that are due, by queue and key; those the limits hold back are the
 /// line's `held_back` (a paused queue's are not counted: the pause says why they wait).

@@ -11,6 +11,11 @@ mod harness;
 #[path = "support/db.rs"]
 mod db;
 
+/// The fault tests' history checker (its per-key check, unit-tested in tests/multi_server.rs).
+#[path = "../../../tests/common/history.rs"]
+#[allow(dead_code)]
+mod history;
+
 use db::Db;
 use harness::{Harness, T0};
 use relay_core::ledger::LedgerConfig;
@@ -270,9 +275,9 @@ fn limit(name: &str, n: u32) -> relay_core::ledger::LimitsChange {
     c
 }
 
-/// Every attempt of the todos of `queue`, as the attempt ledger keeps them: (key, claimed_at,
-/// ended_at).
-async fn attempts(h: &Harness, queue: &str) -> Vec<(Option<String>, u64, Option<u64>)> {
+/// The keys and every attempt of the todos of `queue`, as the attempt ledger keeps them, in the
+/// shapes the fault tests' history checker reads.
+async fn attempts(h: &Harness, queue: &str) -> (history::Keys, history::Attempts) {
     use relay_core::ledger::{Actor, Op, TodoFilter};
     let filter = TodoFilter {
         queues: Some(vec![queue.to_string()]),
@@ -289,8 +294,12 @@ async fn attempts(h: &Harness, queue: &str) -> Vec<(Option<String>, u64, Option<
         .unwrap()
         .todos()
         .unwrap();
-    let mut out = Vec::new();
+    let (mut keys, mut attempts) = (history::Keys::new(), history::Attempts::new());
+    let ms = |t: u64| i64::try_from(t).unwrap();
     for t in listed {
+        if let Some(k) = &t.concurrency_key {
+            keys.insert(t.id.clone(), k.clone());
+        }
         let op = Op::GetTodo {
             actor: Actor::cli(),
             id: t.id.clone(),
@@ -298,53 +307,16 @@ async fn attempts(h: &Harness, queue: &str) -> Vec<(Option<String>, u64, Option<
         };
         let view = h.store.apply(op).await.unwrap().view().unwrap();
         for a in view.attempts {
-            out.push((t.concurrency_key.clone(), a.claimed_at, a.ended_at));
+            let row = history::Row {
+                claimed_at: ms(a.claimed_at),
+                lease_expires_at: ms(a.lease_expires_at),
+                ended_at: a.ended_at.map(ms),
+                outcome: a.outcome.map(|o| o.as_str().to_string()),
+            };
+            attempts.insert((t.id.clone(), a.seq), row);
         }
     }
-    out
-}
-
-/// Attempts of one key that were open at once (`max` at once allowed): the first pair found,
-/// from the ledger's timestamps (an attempt closed at the instant another is claimed does not
-/// overlap it).
-fn overlap(attempts: &[(Option<String>, u64, Option<u64>)], max: usize) -> Option<(String, u64)> {
-    let mut keys: Vec<&String> = attempts.iter().filter_map(|(k, _, _)| k.as_ref()).collect();
-    keys.dedup();
-    for key in keys {
-        for (k, at, _) in attempts {
-            if k.as_ref() != Some(key) {
-                continue;
-            }
-            let open = attempts
-                .iter()
-                .filter(|(k2, from, to)| {
-                    k2.as_ref() == Some(key) && *from <= *at && to.is_none_or(|to| to > *at)
-                })
-                .count();
-            if open > max {
-                return Some((key.clone(), *at));
-            }
-        }
-    }
-    None
-}
-
-#[test]
-fn the_overlap_check_sees_two_open_attempts_of_one_key() {
-    let k = |s: &str| Some(s.to_string());
-    let apart = [
-        (k("a"), 1, Some(2)),
-        (k("a"), 2, Some(3)),
-        (k("b"), 1, None),
-    ];
-    assert_eq!(overlap(&apart, 1), None);
-    let together = [
-        (k("a"), 1, Some(3)),
-        (k("a"), 2, Some(4)),
-        (k("b"), 1, None),
-    ];
-    assert_eq!(overlap(&together, 1), Some(("a".into(), 2)));
-    assert_eq!(overlap(&together, 2), None);
+    (keys, attempts)
 }
 
 /// `complete`'s arguments for a `claim_next` answer.
@@ -471,12 +443,12 @@ async fn flow_limits_hold_across_two_servers() {
         .await
         .expect("the drain ends (a failure bound, not a timing)");
         assert_eq!(drained, 56, "{name}");
-        let history = attempts(&a, "keys").await;
+        let (keys, history) = attempts(&a, "keys").await;
         assert_eq!(history.len(), 60, "{name}: one attempt each");
-        assert_eq!(
-            overlap(&history, 1),
-            None,
-            "{name}: one key claimed twice at once"
+        let overlaps = history::key_overlaps(&keys, &history);
+        assert!(
+            overlaps.is_empty(),
+            "{name}: one key claimed twice at once: {overlaps:?}"
         );
 
         // max_claimed 2: the third claim waits for one to end, on either server.

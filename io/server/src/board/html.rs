@@ -339,11 +339,7 @@ fn flow_rows(lines: &[QueueLine]) -> String {
          <th>claims in the last minute</th><th>held back</th><th>why</th></tr></thead><tbody>",
     );
     for l in lines.iter().filter(|l| !l.limits.is_empty()) {
-        let mut why: Vec<String> = l.held.iter().map(ToString::to_string).collect();
-        if !l.held_keys.is_empty() {
-            let keys: Vec<String> = l.held_keys.iter().map(|k| format!("{k:?}")).collect();
-            why.push(format!("keys at max_claimed_per_key: {}", keys.join(", ")));
-        }
+        let why = l.reasons();
         let _ = write!(
             out,
             "<tr data-queue=\"{}\"><td>{0}</td><td>{}</td><td class=\"n-claimed\">{}</td>\
