@@ -497,11 +497,11 @@ mod preload {
         pub async fn clear(&self) {
             match self {
                 Raw::Sqlite(c) => Self::lite(c, |c| {
-                    c.execute_batch("DELETE FROM todo_attempts; DELETE FROM todos; VACUUM;")
+                    c.execute_batch("DELETE FROM todo_attempts; DELETE FROM todos; DELETE FROM key_heads; VACUUM;")
                         .expect("clear");
                 }),
                 Raw::Postgres(c) => c
-                    .batch_execute("TRUNCATE todo_attempts, todos")
+                    .batch_execute("TRUNCATE todo_attempts, todos, key_heads")
                     .await
                     .expect("clear"),
             }

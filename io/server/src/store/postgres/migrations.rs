@@ -20,7 +20,106 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (13, "tasks", MIGRATION_0013),
     (14, "flow", MIGRATION_0014),
     (15, "flow_limits", MIGRATION_0015),
+    (16, "key_heads", MIGRATION_0016),
 ];
+
+/// Claims past held keys (see `rows::heads`): `key_heads`, a row per (endpoint, queue, key)
+/// with live todos naming the first of them in claim order, ordered as the FIFO index is;
+/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one,
+/// in claim order. Triggers keep the heads, for every writer of `todos`:
+///
+/// - a todo with a key that becomes live (added, or back from a state that is not) lowers its
+///   key's head to itself if it comes first (`key_heads_lower`);
+/// - a head that leaves the live states (finished, waiting on input, deleted) hands the head to
+///   the next live todo of its key, or drops it (`key_heads_raise`).
+///
+/// Under READ COMMITTED two transactions may change one key at once. The head row's lock
+/// orders them: a lowering works on the newest head; a raise moves the head only while it
+/// still names the todo that left, so it never overwrites a lowering, and each raise then
+/// looks again, with a newer view, for a head that names a todo no longer live (a raise whose
+/// view was older than a commit it waited for). A head is thus never after its key's first
+/// live todo; at worst, for a moment, before it.
+const MIGRATION_0016: &str = r#"
+CREATE TABLE key_heads (
+    endpoint        text   NOT NULL,
+    queue           text   NOT NULL,
+    concurrency_key text   NOT NULL,
+    priority        bigint NOT NULL,
+    created_at      bigint NOT NULL,
+    id              text   COLLATE "C" NOT NULL,
+    PRIMARY KEY (endpoint, queue, concurrency_key)
+);
+CREATE INDEX key_heads_order ON key_heads (endpoint, priority DESC, created_at, id);
+CREATE INDEX todos_keyed ON todos (endpoint, queue, concurrency_key, priority DESC, created_at, id)
+    WHERE state IN ('pending', 'claimed', 'failed') AND concurrency_key IS NOT NULL;
+CREATE INDEX todos_keyless ON todos (endpoint, priority DESC, created_at, id)
+    WHERE state IN ('pending', 'claimed', 'failed') AND concurrency_key IS NULL;
+INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    SELECT DISTINCT ON (endpoint, queue, concurrency_key)
+           endpoint, queue, concurrency_key, priority, created_at, id
+      FROM todos
+     WHERE state IN ('pending', 'claimed', 'failed') AND concurrency_key IS NOT NULL
+     ORDER BY endpoint, queue, concurrency_key, priority DESC, created_at, id;
+
+CREATE FUNCTION key_heads_lower() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO key_heads AS h (endpoint, queue, concurrency_key, priority, created_at, id)
+    VALUES (NEW.endpoint, NEW.queue, NEW.concurrency_key, NEW.priority, NEW.created_at, NEW.id)
+    ON CONFLICT (endpoint, queue, concurrency_key) DO UPDATE
+       SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, id = EXCLUDED.id
+     WHERE (-EXCLUDED.priority, EXCLUDED.created_at, EXCLUDED.id) < (-h.priority, h.created_at, h.id);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION key_heads_raise() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+DECLARE
+    gone text := OLD.id;
+BEGIN
+    FOR i IN 1..100 LOOP
+        DELETE FROM key_heads h
+         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
+           AND h.concurrency_key = OLD.concurrency_key AND h.id = gone
+           AND NOT EXISTS (SELECT 1 FROM todos t
+                 WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
+                   AND t.concurrency_key = OLD.concurrency_key
+                   AND t.state IN ('pending', 'claimed', 'failed'));
+        UPDATE key_heads h
+           SET priority = n.priority, created_at = n.created_at, id = n.id
+          FROM (SELECT t.priority, t.created_at, t.id FROM todos t
+                 WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
+                   AND t.concurrency_key = OLD.concurrency_key
+                   AND t.state IN ('pending', 'claimed', 'failed')
+                 ORDER BY t.priority DESC, t.created_at, t.id LIMIT 1) n
+         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
+           AND h.concurrency_key = OLD.concurrency_key AND h.id = gone;
+        gone := NULL;
+        SELECT h.id INTO gone FROM key_heads h
+         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
+           AND h.concurrency_key = OLD.concurrency_key
+           AND NOT EXISTS (SELECT 1 FROM todos t
+                 WHERE t.id = h.id AND t.state IN ('pending', 'claimed', 'failed'));
+        EXIT WHEN gone IS NULL;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER key_heads_added AFTER INSERT ON todos FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND NEW.state IN ('pending', 'claimed', 'failed'))
+    EXECUTE FUNCTION key_heads_lower();
+CREATE TRIGGER key_heads_back AFTER UPDATE OF state ON todos FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND NEW.state IN ('pending', 'claimed', 'failed')
+          AND OLD.state NOT IN ('pending', 'claimed', 'failed'))
+    EXECUTE FUNCTION key_heads_lower();
+CREATE TRIGGER key_heads_left AFTER UPDATE OF state ON todos FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IN ('pending', 'claimed', 'failed')
+          AND NEW.state NOT IN ('pending', 'claimed', 'failed'))
+    EXECUTE FUNCTION key_heads_raise();
+CREATE TRIGGER key_heads_deleted AFTER DELETE ON todos FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IN ('pending', 'claimed', 'failed'))
+    EXECUTE FUNCTION key_heads_raise();
+"#;
 
 /// Priorities and delayed todos: `claim_next` takes a higher priority first (FIFO within one),
 /// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the

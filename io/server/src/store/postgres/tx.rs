@@ -126,6 +126,29 @@ fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
     rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
+impl rows::ClaimReads for PgTx<'_> {
+    type Todo = tokio_postgres::Row;
+
+    async fn places(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<rows::Place>, Error> {
+        let rs = self.query_vals(op, "(next)", sql, vals).await?;
+        rs.iter().map(rows::place).collect()
+    }
+
+    async fn todos(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        self.query_vals(op, "(next)", sql, vals).await
+    }
+}
+
 pub(crate) static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
 
 /// The advisory lock key of this store's change sequence: its object id, so that stores in
@@ -143,7 +166,10 @@ pub(crate) const CHANGE_LOCK_SHARED: &str =
 /// the index, which already gives the order when the claim names its endpoint. Only in those
 /// transactions: a sweep's plan (its partial index, then a sort by id) is right as it is. The
 /// claim statements only ever run under it, so a plan Postgres caches for them is this one.
-pub(crate) const CLAIM_PLAN: &str = "SET LOCAL enable_sort = off";
+/// The read through the key heads (`rows::heads`) must still sort its few rows, and the cost
+/// Postgres then adds to a plan passes the threshold of JIT compilation, which took half a
+/// second a claim to save nothing: JIT is off there too.
+pub(crate) const CLAIM_PLAN: &str = "SET LOCAL enable_sort = off; SET LOCAL jit = off";
 /// `claim_next`'s lock clause: a row another transaction holds is skipped, not waited for.
 pub(crate) const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
 static LOAD_FOR_UPDATE: LazyLock<String> =
@@ -333,12 +359,11 @@ impl Rows for PgTx<'_> {
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
         let subject = format!("(next for {})", actor.owner());
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, holds, CLAIM_LOCK)?;
         self.t
             .batch_execute(CLAIM_PLAN)
             .await
             .map_err(|e| pg_err(op, &subject, &e))?;
-        let rs = self.query_vals(op, &subject, &sql, args).await?;
+        let rs = rows::claimable(self, &SQL, op, now, actor, queues, holds, 1, CLAIM_LOCK).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };

@@ -4,12 +4,14 @@
 
 mod cols;
 mod decode;
+mod heads;
 mod sql;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use cols::*;
 pub(crate) use decode::{Row, attempt, endpoint, todo};
+pub(crate) use heads::{ClaimReads, Place, claimable, place};
 #[cfg(feature = "postgres")]
 pub(crate) use sql::pg_derived_set;
 pub(crate) use sql::{Shared, pending_page, pending_since};

@@ -191,6 +191,11 @@ impl Shared {
 }
 
 impl Shared {
+    /// A statement's parameters, in this dialect.
+    pub(super) fn query(&self) -> Query {
+        Query::new(self.mark)
+    }
+
     /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
     pub(crate) fn next_claimable(
         &self,
@@ -218,48 +223,66 @@ impl Shared {
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
+        let which = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::NotHeld)?;
+        let sql = format!(
+            "{} WHERE {which} ORDER BY {CLAIM_ORDER} LIMIT {limit}{lock}",
+            self.todo_select
+        );
+        Ok((sql, q.vals))
+    }
+
+    /// What a claim's rows must satisfy, `now` bound first: mirrors transition::claimable
+    /// (scope, queue filter, assignee, deadline, then pending and due (run_at), or claimed with
+    /// a lapsed lease and attempts left, or failed with the retry due and attempts left) and
+    /// flow::Holds::holds (a queue held whole, paused, full or at its rate, is skipped; the
+    /// todos of held keys as `keys` says).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn claimable_where(
+        &self,
+        q: &mut Query,
+        op: &str,
+        now: Millis,
+        actor: &Actor,
+        queues: Option<&[String]>,
+        holds: &Holds,
+        keys: Keys<'_>,
+    ) -> Result<String, Error> {
         let now = q.bind(time(op, now)?);
         let owner = q.bind_text(actor.owner());
         let scope = match actor {
             Actor::Endpoint { endpoint, .. } => format!("t.endpoint = {}", q.bind_text(endpoint)),
             Actor::Operator { .. } => q.always().into(),
         };
-        let queues = match queues {
-            None => q.always().into(),
-            Some(qs) => q.queue_in(qs),
-        };
-        // mirrors flow::Holds::holds: a queue held whole (paused, full, at its rate) is
-        // skipped, and so is a todo whose key is at its queue's limit.
-        let queues = if holds.queues.is_empty() {
-            queues
-        } else {
-            format!("{queues} AND NOT ({})", q.queue_in(&holds.queues))
-        };
-        let queues = if holds.keys.is_empty() {
-            queues
-        } else {
-            format!(
-                "{queues} AND (t.concurrency_key IS NULL OR NOT ({}))",
+        let mut which = vec![scope];
+        if let Some(qs) = queues {
+            which.push(q.queue_in(qs));
+        }
+        if !holds.queues.is_empty() {
+            which.push(format!("NOT ({})", q.queue_in(&holds.queues)));
+        }
+        match keys {
+            Keys::NotHeld if !holds.keys.is_empty() => which.push(format!(
+                "(t.concurrency_key IS NULL OR NOT ({}))",
                 q.key_in(&holds.keys)
-            )
-        };
-        // mirrors transition::claimable: scope, queue filter, assignee, deadline, then pending and
-        // due (run_at), or
-        // claimed with a lapsed lease and attempts left, or failed with the retry due and
-        // attempts left; in transition::claim_order.
-        let sql = format!(
-            "{} WHERE {scope} AND {queues} AND (t.assignee IS NULL OR t.assignee = {owner})
+            )),
+            Keys::NotHeld => {}
+            Keys::None => which.push("t.concurrency_key IS NULL".into()),
+            Keys::Of(head) => which.push(format!(
+                "t.concurrency_key IS NOT NULL AND t.queue = {head}.queue \
+                 AND t.concurrency_key = {head}.concurrency_key"
+            )),
+        }
+        which.push(format!(
+            "(t.assignee IS NULL OR t.assignee = {owner})
                AND (t.deadline_at IS NULL OR t.deadline_at > {now})
-               AND {live} -- lets the partial FIFO index serve
+               AND {live} -- lets the partial FIFO indexes serve
                AND ((t.state = 'pending' AND (t.run_at IS NULL OR t.run_at <= {now}))
                     OR (t.state = 'claimed' AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= {now})
                         AND t.attempt < t.max_attempts)
-                    OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))
-             ORDER BY t.priority DESC, t.created_at, t.id LIMIT {limit}{lock}",
-            self.todo_select,
+                    OR (t.state = 'failed' AND t.next_retry_at <= {now} AND t.attempt < t.max_attempts))",
             live = q.one_of("t.state", LIVE)
-        );
-        Ok((sql, q.vals))
+        ));
+        Ok(which.join(" AND "))
     }
 
     /// A todo's attempts newest first, as `which` says.
@@ -395,31 +418,44 @@ impl Shared {
     }
 }
 
-/// The states of the FIFO index (`todos_fifo`): the todos a claim may take.
-const LIVE: &[&str] = &["pending", "claimed", "failed"];
+/// The states of the FIFO indexes (`todos_fifo`, `todos_keyless`, `todos_keyed`): the todos a
+/// claim may take.
+pub(super) const LIVE: &[&str] = &["pending", "claimed", "failed"];
+/// The claim order (transition::claim_order) of the todos aliased `t`.
+pub(super) const CLAIM_ORDER: &str = "t.priority DESC, t.created_at, t.id";
+
+/// What a claim's WHERE says of the concurrency keys.
+pub(super) enum Keys<'a> {
+    /// Not a key `holds` holds.
+    NotHeld,
+    /// No key.
+    None,
+    /// The queue and key of the head aliased so (see `heads`).
+    Of(&'a str),
+}
 /// The states of the retention index (`todos_finished`).
 const FINISHED: &[&str] = &["done", "canceled", "failed"];
 
 /// A statement's parameters as its clauses bind them, in the dialect of `mark`.
-struct Query {
+pub(super) struct Query {
     mark: char,
-    vals: Vec<Val>,
+    pub(super) vals: Vec<Val>,
 }
 
 impl Query {
-    fn new(mark: char) -> Query {
+    pub(super) fn new(mark: char) -> Query {
         Query {
             mark,
             vals: Vec::new(),
         }
     }
 
-    fn sqlite(&self) -> bool {
+    pub(super) fn sqlite(&self) -> bool {
         self.mark == '?'
     }
 
     /// Binds `v`; its placeholder.
-    fn bind(&mut self, v: Val) -> String {
+    pub(super) fn bind(&mut self, v: Val) -> String {
         self.vals.push(v);
         format!("{}{}", self.mark, self.vals.len())
     }
@@ -430,7 +466,7 @@ impl Query {
     /// statement's bindings when it takes it back, which expires such a statement: SQLite
     /// re-prepared it on every use, at more cost than running it. The cast keeps the index
     /// usable without that; `cached_statements_are_not_reprepared` checks it.
-    fn bind_text(&mut self, v: &str) -> String {
+    pub(super) fn bind_text(&mut self, v: &str) -> String {
         let mark = self.bind(label(Some(v)));
         if self.sqlite() {
             format!("CAST({mark} AS TEXT)")
@@ -443,7 +479,7 @@ impl Query {
     /// predicate, so that the planner matches the two term for term. On SQLite that is a chain
     /// of `OR`s (see the SQLite migration 8): SQLite evaluates an `IN` list of more than two
     /// constants through a temporary b-tree it builds on every run of the statement.
-    fn one_of(&self, col: &str, states: &[&str]) -> String {
+    pub(super) fn one_of(&self, col: &str, states: &[&str]) -> String {
         let each: Vec<String> = states.iter().map(|s| format!("'{s}'")).collect();
         if self.sqlite() {
             let eq: Vec<String> = each.iter().map(|s| format!("{col} = {s}")).collect();
@@ -454,7 +490,7 @@ impl Query {
     }
 
     /// A clause that holds for every row.
-    fn always(&self) -> &'static str {
+    pub(super) fn always(&self) -> &'static str {
         if self.sqlite() { "1" } else { "true" }
     }
 
@@ -462,7 +498,7 @@ impl Query {
     /// however many there are (Postgres: two arrays; SQLite: one JSON array of pairs), so that
     /// the statement's text does not change with their number and no count of them meets
     /// SQLite's limit on bound values.
-    fn key_in(&mut self, keys: &[(String, String)]) -> String {
+    pub(super) fn key_in(&mut self, keys: &[(String, String)]) -> String {
         if !self.sqlite() {
             let (qs, ks): (Vec<String>, Vec<String>) = keys.iter().cloned().unzip();
             let (qs, ks) = (self.bind(Val::Texts(qs)), self.bind(Val::Texts(ks)));
@@ -479,7 +515,7 @@ impl Query {
     }
 
     /// `t.queue` is one of `qs` (none: no row).
-    fn queue_in(&mut self, qs: &[String]) -> String {
+    pub(super) fn queue_in(&mut self, qs: &[String]) -> String {
         if !self.sqlite() {
             return format!("t.queue = ANY({})", self.bind(Val::Texts(qs.to_vec())));
         }

@@ -20,7 +20,81 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
     (13, "tasks", MIGRATION_0013),
     (14, "flow", MIGRATION_0014),
     (15, "flow_limits", MIGRATION_0015),
+    (16, "key_heads", MIGRATION_0016),
 ];
+
+/// Claims past held keys (see `rows::heads`): `key_heads`, a row per (endpoint, queue, key)
+/// with live todos naming the first of them in claim order, ordered as the FIFO index is;
+/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one,
+/// in claim order. Triggers keep the heads for every writer of `todos` (their conditions name the
+/// states as `OR`s, as migration 8 explains): a todo with a key that
+/// becomes live lowers its key's head to itself if it comes first; one that leaves the live
+/// states (finished, waiting on input, deleted) has its key's head read again. One writer, so
+/// a head is always its key's first live todo.
+const MIGRATION_0016: &str = "
+CREATE TABLE key_heads (
+    endpoint        TEXT    NOT NULL,
+    queue           TEXT    NOT NULL,
+    concurrency_key TEXT    NOT NULL,
+    priority        INTEGER NOT NULL,
+    created_at      INTEGER NOT NULL,
+    id              TEXT    NOT NULL,
+    PRIMARY KEY (endpoint, queue, concurrency_key)
+) WITHOUT ROWID;
+CREATE INDEX key_heads_order ON key_heads (endpoint, priority DESC, created_at, id);
+CREATE INDEX todos_keyed ON todos (endpoint, queue, concurrency_key, priority DESC, created_at, id)
+    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed')
+      AND concurrency_key IS NOT NULL;
+CREATE INDEX todos_keyless ON todos (endpoint, priority DESC, created_at, id)
+    WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed')
+      AND concurrency_key IS NULL;
+INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    SELECT t.endpoint, t.queue, t.concurrency_key, t.priority, t.created_at, t.id FROM todos t
+     WHERE (t.state = 'pending' OR t.state = 'claimed' OR t.state = 'failed')
+       AND t.concurrency_key IS NOT NULL
+       AND t.id = (SELECT u.id FROM todos u
+                    WHERE u.endpoint = t.endpoint AND u.queue = t.queue
+                      AND u.concurrency_key = t.concurrency_key
+                      AND (u.state = 'pending' OR u.state = 'claimed' OR u.state = 'failed')
+                    ORDER BY u.priority DESC, u.created_at, u.id LIMIT 1);
+
+CREATE TRIGGER key_heads_added AFTER INSERT ON todos
+WHEN NEW.concurrency_key IS NOT NULL AND (NEW.state = 'pending' OR NEW.state = 'claimed' OR NEW.state = 'failed')
+BEGIN
+    INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    VALUES (NEW.endpoint, NEW.queue, NEW.concurrency_key, NEW.priority, NEW.created_at, NEW.id)
+    ON CONFLICT (endpoint, queue, concurrency_key) DO UPDATE
+       SET priority = excluded.priority, created_at = excluded.created_at, id = excluded.id
+     WHERE (-excluded.priority, excluded.created_at, excluded.id)
+         < (-key_heads.priority, key_heads.created_at, key_heads.id);
+END;
+CREATE TRIGGER key_heads_changed AFTER UPDATE OF state ON todos
+WHEN NEW.concurrency_key IS NOT NULL
+ AND (OLD.state = 'pending' OR OLD.state = 'claimed' OR OLD.state = 'failed')
+  <> (NEW.state = 'pending' OR NEW.state = 'claimed' OR NEW.state = 'failed')
+BEGIN
+    DELETE FROM key_heads WHERE endpoint = NEW.endpoint AND queue = NEW.queue
+        AND concurrency_key = NEW.concurrency_key;
+    INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    SELECT t.endpoint, t.queue, t.concurrency_key, t.priority, t.created_at, t.id FROM todos t
+     WHERE t.endpoint = NEW.endpoint AND t.queue = NEW.queue
+       AND t.concurrency_key = NEW.concurrency_key
+       AND (t.state = 'pending' OR t.state = 'claimed' OR t.state = 'failed')
+     ORDER BY t.priority DESC, t.created_at, t.id LIMIT 1;
+END;
+CREATE TRIGGER key_heads_deleted AFTER DELETE ON todos
+WHEN OLD.concurrency_key IS NOT NULL AND (OLD.state = 'pending' OR OLD.state = 'claimed' OR OLD.state = 'failed')
+BEGIN
+    DELETE FROM key_heads WHERE endpoint = OLD.endpoint AND queue = OLD.queue
+        AND concurrency_key = OLD.concurrency_key;
+    INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    SELECT t.endpoint, t.queue, t.concurrency_key, t.priority, t.created_at, t.id FROM todos t
+     WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
+       AND t.concurrency_key = OLD.concurrency_key
+       AND (t.state = 'pending' OR t.state = 'claimed' OR t.state = 'failed')
+     ORDER BY t.priority DESC, t.created_at, t.id LIMIT 1;
+END;
+";
 
 /// Priorities and delayed todos: `claim_next` takes a higher priority first (FIFO within one),
 /// and a pending todo is not claimable before its `run_at`. The FIFO index leads with the

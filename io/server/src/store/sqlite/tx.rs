@@ -70,11 +70,20 @@ pub(super) static LOAD: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The todo of a query's first row, or `None`.
-fn first_todo(op: &str, subject: &str, mut rs: rusqlite::Rows<'_>) -> Result<Option<Todo>, Error> {
-    match rs.next().map_err(|e| sql_err(op, subject, e))? {
-        Some(row) => rows::todo(row, 0).map(Some),
-        None => Ok(None),
+impl rows::ClaimReads for SqliteTx<'_> {
+    type Todo = Todo;
+
+    async fn places(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<rows::Place>, Error> {
+        self.rows(op, "(next)", sql, &vals, |r| rows::place(r))
+    }
+
+    async fn todos(&mut self, op: &str, sql: &str, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
+        self.rows(op, "(next)", sql, &vals, |r| rows::todo(r, 0))
     }
 }
 
@@ -195,19 +204,10 @@ impl Rows for SqliteTx<'_> {
         holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
-        let subject = format!("(next for {})", actor.owner());
-        let (sql, args) = SQL.next_claimable(op, now, actor, queues, holds, "")?;
-        let mut st = self
-            .c
-            .prepare_cached(&sql)
-            .map_err(|e| sql_err(op, &subject, e))?;
-        let rs = st
-            .query(rusqlite::params_from_iter(&args))
-            .map_err(|e| sql_err(op, &subject, e))?;
-        let Some(todo) = first_todo(op, &subject, rs)? else {
+        let found = rows::claimable(self, &SQL, op, now, actor, queues, holds, 1, "").await?;
+        let Some(todo) = found.into_iter().next() else {
             return Ok(None);
         };
-        drop(st);
         let open = self.open_attempt(op, &todo.id)?;
         Ok(Some((todo, open)))
     }

@@ -14,6 +14,29 @@ use crate::store::ops;
 use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, SQL};
 use crate::store::rows::{self, Val};
 
+impl rows::ClaimReads for Batch<'_> {
+    type Todo = tokio_postgres::Row;
+
+    async fn places(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<rows::Place>, Error> {
+        let rs = self.read(op, sql, vals).await?;
+        rs.iter().map(rows::place).collect()
+    }
+
+    async fn todos(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        self.read(op, sql, vals).await
+    }
+}
+
 impl Rows for Batch<'_> {
     async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         if !self.rows.contains_key(id) {
@@ -68,9 +91,8 @@ impl Rows for Batch<'_> {
             }
             // Read as many rows as the batch has claims left, after its held writes.
             let k = self.claims_left.max(1);
-            let (sql_k, vals_k) =
-                SQL.next_claimable_n(op, now, actor, queues, holds, k, CLAIM_LOCK)?;
-            let found = self.read(op, &sql_k, vals_k).await?;
+            let found =
+                rows::claimable(self, &SQL, op, now, actor, queues, holds, k, CLAIM_LOCK).await?;
             let (last, len) = self.keep_claimable(&found).await?;
             self.groups.push(Group {
                 key: key.clone(),
