@@ -33,12 +33,14 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// - a head that leaves the live states (finished, waiting on input, deleted) hands the head to
 ///   the next live todo of its key, or drops it (`key_heads_raise`).
 ///
-/// Under READ COMMITTED two transactions may change one key at once. The head row's lock
-/// orders them: a lowering works on the newest head; a raise moves the head only while it
-/// still names the todo that left, so it never overwrites a lowering, and each raise then
-/// looks again, with a newer view, for a head that names a todo no longer live (a raise whose
-/// view was older than a commit it waited for). A head is thus never after its key's first
-/// live todo; at worst, for a moment, before it.
+/// Under READ COMMITTED two transactions may change one key at once; the head row's lock
+/// orders them. A raise takes it first, so every later statement of the raise reads the key
+/// with a view that holds every commit before it (a raise that read the key before taking it
+/// could hand the head to a todo that another transaction was finishing, and leave it there). A
+/// lowering waits on a raise that holds it and then compares with the head the raise wrote; a
+/// todo added while a raise reads the key is not seen by the raise, but its own lowering comes
+/// after. So a head is never after its key's first live todo, and once the writers commit it is
+/// that todo.
 const MIGRATION_0016: &str = r#"
 CREATE TABLE key_heads (
     endpoint        text   NOT NULL,
@@ -74,34 +76,22 @@ END $$;
 
 CREATE FUNCTION key_heads_raise() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT AS $$
-DECLARE
-    gone text := OLD.id;
 BEGIN
-    FOR i IN 1..100 LOOP
-        DELETE FROM key_heads h
-         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
-           AND h.concurrency_key = OLD.concurrency_key AND h.id = gone
-           AND NOT EXISTS (SELECT 1 FROM todos t
-                 WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
-                   AND t.concurrency_key = OLD.concurrency_key
-                   AND t.state IN ('pending', 'claimed', 'failed'));
-        UPDATE key_heads h
-           SET priority = n.priority, created_at = n.created_at, id = n.id
-          FROM (SELECT t.priority, t.created_at, t.id FROM todos t
-                 WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
-                   AND t.concurrency_key = OLD.concurrency_key
-                   AND t.state IN ('pending', 'claimed', 'failed')
-                 ORDER BY t.priority DESC, t.created_at, t.id LIMIT 1) n
-         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
-           AND h.concurrency_key = OLD.concurrency_key AND h.id = gone;
-        gone := NULL;
-        SELECT h.id INTO gone FROM key_heads h
-         WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
-           AND h.concurrency_key = OLD.concurrency_key
-           AND NOT EXISTS (SELECT 1 FROM todos t
-                 WHERE t.id = h.id AND t.state IN ('pending', 'claimed', 'failed'));
-        EXIT WHEN gone IS NULL;
-    END LOOP;
+    PERFORM 1 FROM key_heads h
+      WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
+        AND h.concurrency_key = OLD.concurrency_key
+      FOR UPDATE;
+    DELETE FROM key_heads h
+     WHERE h.endpoint = OLD.endpoint AND h.queue = OLD.queue
+       AND h.concurrency_key = OLD.concurrency_key;
+    INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
+    SELECT t.endpoint, t.queue, t.concurrency_key, t.priority, t.created_at, t.id FROM todos t
+     WHERE t.endpoint = OLD.endpoint AND t.queue = OLD.queue
+       AND t.concurrency_key = OLD.concurrency_key
+       AND t.state IN ('pending', 'claimed', 'failed')
+     ORDER BY t.priority DESC, t.created_at, t.id LIMIT 1
+    ON CONFLICT (endpoint, queue, concurrency_key) DO UPDATE
+       SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, id = EXCLUDED.id;
     RETURN NULL;
 END $$;
 

@@ -14,9 +14,7 @@
 //! A key's claimable todos come at or after its head, so every todo before the edge was seen:
 //! the candidates before it are exactly the walk's first rows. When fewer than the claim needs
 //! lie before the edge, or a candidate changed before it was locked, the claim walks the FIFO
-//! index as it would without keys held. A head may name a todo that has since left (a
-//! transaction's view of a key that another one changed at once): it is then early, which only
-//! costs a probe, never a todo.
+//! index as it would without keys held.
 
 use std::cmp::Reverse;
 

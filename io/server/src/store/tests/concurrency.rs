@@ -351,3 +351,99 @@ fn concurrent_adds_with_one_idempotency_key_make_one_todo() {
         concurrent_keyed_adds,
     );
 }
+
+/// The key heads (`rows::heads`) under writers that change one key at once: 16 claimers on two
+/// handles of one database complete, fail and cancel the todos of three keys while adding
+/// more, some ahead of the head. Once they stop, every key with live todos has its first live
+/// todo as head and no other key has one (Postgres' raise looks again after a wait, so that a
+/// raise from an older view does not leave a head behind).
+async fn heads_under_writers(stores: Vec<Store>) {
+    const KEYS: usize = 3;
+    let mut store = stores[0].clone();
+    for i in 0..TODOS {
+        let mut t = new_todo(&format!("hk_{i:02}"), "q");
+        t.concurrency_key = Some(format!("key-{}", i % KEYS));
+        store.add_todo(T0 + i as u64, "e1", t).await.unwrap();
+    }
+    let mut tasks = Vec::new();
+    for c in 0..CLAIMERS {
+        let mut store = stores[c % stores.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let actor = Actor::endpoint("e1");
+            let now = T0 + 1000 * SECOND;
+            for round in 0..6usize {
+                if (c + round).is_multiple_of(4) {
+                    let mut t = new_todo(&format!("hk_{c:02}_{round}"), "q");
+                    t.concurrency_key = Some(format!("key-{}", (c + round) % KEYS));
+                    t.priority = Some(i32::try_from(round).unwrap_or(0));
+                    store.add_todo(now, "e1", t).await.unwrap();
+                }
+                let token = format!("tok-{c}-{round}");
+                let Some(claimed) = store
+                    .claim_next(now, &actor, None, &opts(600, Some(&token)))
+                    .await
+                    .unwrap()
+                else {
+                    return;
+                };
+                let (id, hash) = (claimed.todo.id, Some(TokenHash::of(&token)));
+                let report = Report {
+                    token_hash: hash,
+                    retryable: Some(false),
+                    ..Report::default()
+                };
+                match (c + round) % 3 {
+                    0 => drop(store.complete(now, &actor, &id, &report).await.unwrap()),
+                    1 => drop(store.fail(now, &actor, &id, &report).await.unwrap()),
+                    _ => drop(store.cancel(now, &Actor::cli(), &id).await.unwrap()),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let wrong = super::raw_count(
+        &store,
+        "SELECT count(*) FROM key_heads h FULL JOIN (
+             SELECT endpoint, queue, concurrency_key, min(id) AS id FROM todos t
+              WHERE concurrency_key IS NOT NULL
+                AND state IN ('pending', 'claimed', 'failed')
+                AND NOT EXISTS (SELECT 1 FROM todos u
+                     WHERE u.endpoint = t.endpoint AND u.queue = t.queue
+                       AND u.concurrency_key = t.concurrency_key
+                       AND u.state IN ('pending', 'claimed', 'failed')
+                       AND (u.priority > t.priority OR (u.priority = t.priority
+                            AND (u.created_at < t.created_at
+                                 OR (u.created_at = t.created_at AND u.id < t.id)))))
+              GROUP BY endpoint, queue, concurrency_key) f
+           ON f.endpoint = h.endpoint AND f.queue = h.queue
+          AND f.concurrency_key = h.concurrency_key
+         WHERE f.id IS NULL OR h.id IS NULL OR f.id <> h.id",
+    )
+    .await;
+    assert_eq!(wrong, 0, "keys whose head is not their first live todo");
+    let heads = super::raw_count(&store, "SELECT count(*) FROM key_heads").await;
+    assert!(heads > 0, "no key has live todos left: the test proves nothing");
+}
+
+#[test]
+fn key_heads_stay_first_under_writers() {
+    on_both_stores(
+        "key_heads_stay_first_under_writers",
+        LedgerConfig::default(),
+        |s| heads_under_writers(vec![s]),
+    );
+}
+
+#[test]
+fn key_heads_stay_first_under_two_postgres_handles() {
+    let Some(schema) = PgSchema::new("key_heads_stay_first_under_two_postgres_handles") else {
+        return;
+    };
+    multi_thread().block_on(async {
+        let a = schema.open(LedgerConfig::default()).await;
+        let b = schema.open(LedgerConfig::default()).await;
+        heads_under_writers(vec![a, b]).await;
+    });
+}

@@ -180,6 +180,27 @@ pub(super) async fn attempt_rows(store: &Store, id: &str) -> i64 {
     }
 }
 
+/// Raw SQL for tests: the one number a constant query answers.
+pub(super) async fn raw_count(store: &Store, sql: &'static str) -> i64 {
+    match store {
+        Store::Sqlite(s) => s
+            .with_conn(move |c| {
+                c.query_row(sql, [], |r| r.get(0))
+                    .map_err(|e| Error::internal(e.to_string()))
+            })
+            .await
+            .expect("raw count"),
+        Store::Postgres(p) => p
+            .client("test")
+            .await
+            .expect("a connection")
+            .query_one(sql, &[])
+            .await
+            .expect("raw count")
+            .get(0),
+    }
+}
+
 /// Raw SQL for tests: runs statements as they are (no values: constants only).
 pub(super) async fn raw_batch(store: &Store, sql: &'static str) {
     match store {
