@@ -415,8 +415,9 @@ fn mib(b: u64) -> f64 {
 /// (`rows::pg_derived`) are set the same way: a held todo's `lease_due_at` is its lease, a
 /// done todo's `finished_at` its `updated_at`. On Postgres the session runs with
 /// `session_replication_role = replica`, so the preload fires no trigger: no NOTIFY for a
-/// million pending rows, `change_seq` 0 (as on rows from before migration 0004), and the
-/// foreign key unchecked (the rows satisfy it by construction).
+/// million pending rows, `change_seq` 0 (as on rows from before migration 0004), the
+/// foreign key unchecked (the rows satisfy it by construction), and the key heads written
+/// once after the preload (`Raw::analyze`) instead of by the triggers.
 mod preload {
     use std::ops::RangeInclusive;
     use std::sync::Mutex;
@@ -689,8 +690,19 @@ mod preload {
                     c.execute_batch("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")
                         .expect("analyze")
                 }),
+                // The key heads the triggers would have kept (migration 16), then statistics.
                 Raw::Postgres(c) => c
-                    .batch_execute("ANALYZE todos, todo_attempts")
+                    .batch_execute(
+                        "TRUNCATE key_heads;
+                         INSERT INTO key_heads
+                         SELECT DISTINCT ON (endpoint, queue, concurrency_key)
+                                endpoint, queue, concurrency_key, priority, created_at, id
+                           FROM todos
+                          WHERE state IN ('pending', 'claimed', 'failed')
+                            AND concurrency_key IS NOT NULL
+                          ORDER BY endpoint, queue, concurrency_key, priority DESC, created_at, id;
+                         ANALYZE todos, todo_attempts, key_heads",
+                    )
                     .await
                     .expect("analyze"),
             }

@@ -7,14 +7,15 @@
 //! `key_heads`). When a claim holds keys back, it reads instead:
 //!
 //! - the first claimable todos without a key (the index `todos_keyless`);
-//! - the first [`WINDOW`] heads in claim order, held keys left out (one entry each), and for
+//! - the first heads in claim order ([`WINDOWS`]), held keys left out (one entry each), and for
 //!   each the first claimable todos of its key (the index `todos_keyed`);
 //! - the head after those, the edge.
 //!
 //! A key's claimable todos come at or after its head, so every todo before the edge was seen:
 //! the candidates before it are exactly the walk's first rows. When fewer than the claim needs
-//! lie before the edge, or a candidate changed before it was locked, the claim walks the FIFO
-//! index as it would without keys held.
+//! lie before the edge, it reads again with more heads; when that cannot tell either, or a
+//! candidate changed before it was locked, the claim walks the FIFO index as it would without
+//! keys held.
 
 use std::cmp::Reverse;
 
@@ -26,9 +27,10 @@ use super::cols::{Val, label};
 use super::decode::Row;
 use super::sql::{CLAIM_ORDER, Keys, Shared};
 
-/// The heads a claim probes before it walks instead (four in the unit tests, so that their
-/// programs reach past the edge often).
-pub(crate) const WINDOW: usize = if cfg!(test) { 4 } else { 64 };
+/// How many heads a claim probes: a few first (the first claimable head most often settles
+/// it), then more, then it walks instead. Fewer in the unit tests, so that their programs reach
+/// past the edge often.
+pub(crate) const WINDOWS: [usize; 2] = if cfg!(test) { [1, 4] } else { [4, 64] };
 
 /// A candidate or the edge: its place in the claim order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,28 +104,34 @@ pub(crate) async fn claimable<C: ClaimReads>(
     limit: usize,
     lock: &str,
 ) -> Result<Vec<C::Todo>, Error> {
-    if let Some((s, vals)) = sql.heads_first(op, now, actor, queues, holds, limit)? {
+    for window in WINDOWS {
+        let Some((s, vals)) = sql.heads_first(op, now, actor, queues, holds, limit, window)? else {
+            break;
+        };
         let found = c.places(op, &s, vals).await?;
-        if let Some(ids) = exact(&found, limit) {
-            if ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let (s, vals) = sql.claimable_ids(op, now, actor, queues, holds, &ids, lock)?;
-            let rows = c.todos(op, &s, vals).await?;
-            if rows.len() == ids.len() {
-                return Ok(rows);
-            }
+        let Some(ids) = exact(&found, limit) else {
+            continue;
+        };
+        if ids.is_empty() {
+            return Ok(Vec::new());
         }
+        let (s, vals) = sql.claimable_ids(op, now, actor, queues, holds, &ids, lock)?;
+        let rows = c.todos(op, &s, vals).await?;
+        if rows.len() == ids.len() {
+            return Ok(rows);
+        }
+        break;
     }
     let (s, vals) = sql.next_claimable_n(op, now, actor, queues, holds, limit, lock)?;
     c.todos(op, &s, vals).await
 }
 
 impl Shared {
-    /// The read through the heads (module doc): rows of (edge, id, priority, created_at), the
-    /// candidates in claim order, then the edge if there is one. `None` where it does not
+    /// The read through the first `window` heads (module doc): rows of (edge, id, priority,
+    /// created_at), the candidates in claim order, then the edge if there is one. `None` where it does not
     /// apply: no key held back, a claim not scoped to an endpoint (the heads are ordered within
     /// one), or more than one row on SQLite (which has no `LATERAL`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn heads_first(
         &self,
         op: &str,
@@ -132,6 +140,7 @@ impl Shared {
         queues: Option<&[String]>,
         holds: &Holds,
         limit: usize,
+        window: usize,
     ) -> Result<Option<(String, Vec<Val>)>, Error> {
         let mut q = self.query();
         let Actor::Endpoint { endpoint, .. } = actor else {
@@ -151,7 +160,7 @@ impl Shared {
         }
         heads.push(format!("NOT ({})", q.key_in(&holds.keys)));
         let heads = heads.join(" AND ");
-        let (w, w1) = (WINDOW, WINDOW + 1);
+        let (w, w1) = (window, window + 1);
         let ctes = format!(
             "WITH heads AS (SELECT t.queue, t.concurrency_key, t.priority, t.created_at, t.id \
                FROM key_heads t WHERE {heads} ORDER BY {CLAIM_ORDER} LIMIT {w1}), \

@@ -424,7 +424,10 @@ async fn heads_under_writers(stores: Vec<Store>) {
     .await;
     assert_eq!(wrong, 0, "keys whose head is not their first live todo");
     let heads = super::raw_count(&store, "SELECT count(*) FROM key_heads").await;
-    assert!(heads > 0, "no key has live todos left: the test proves nothing");
+    assert!(
+        heads > 0,
+        "no key has live todos left: the test proves nothing"
+    );
 }
 
 #[test]
