@@ -128,9 +128,9 @@ pub(crate) async fn claimable<C: ClaimReads>(
 
 impl Shared {
     /// The read through the first `window` heads (module doc): rows of (edge, id, priority,
-    /// created_at), the candidates in claim order, then the edge if there is one. `None` where it does not
-    /// apply: no key held back, a claim not scoped to an endpoint (the heads are ordered within
-    /// one), or more than one row on SQLite (which has no `LATERAL`).
+    /// created_at), the candidates in claim order, then the edge if there is one. `None` where it
+    /// does not apply: no key held back, a claim not scoped to an endpoint (the heads are ordered
+    /// within one), or more than one row on SQLite (which has no `LATERAL`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn heads_first(
         &self,
