@@ -25,8 +25,8 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
 
 /// Claims past held keys (see `rows::heads`): `key_heads`, a row per (endpoint, queue, key)
 /// with live todos naming the first of them in claim order, ordered as the FIFO index is;
-/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one,
-/// in claim order. Triggers keep the heads, for every writer of `todos`:
+/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one
+/// by queue, in claim order. Triggers keep the heads, for every writer of `todos`:
 ///
 /// - a todo with a key that becomes live (added, or back from a state that is not) lowers its
 ///   key's head to itself if it comes first (`key_heads_lower`);
@@ -54,7 +54,7 @@ CREATE TABLE key_heads (
 CREATE INDEX key_heads_order ON key_heads (endpoint, priority DESC, created_at, id);
 CREATE INDEX todos_keyed ON todos (endpoint, queue, concurrency_key, priority DESC, created_at, id)
     WHERE state IN ('pending', 'claimed', 'failed') AND concurrency_key IS NOT NULL;
-CREATE INDEX todos_keyless ON todos (endpoint, priority DESC, created_at, id)
+CREATE INDEX todos_keyless ON todos (endpoint, queue, priority DESC, created_at, id)
     WHERE state IN ('pending', 'claimed', 'failed') AND concurrency_key IS NULL;
 INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)
     SELECT DISTINCT ON (endpoint, queue, concurrency_key)

@@ -6,7 +6,9 @@
 //! todos naming the first of them in claim order (triggers keep it: see the migrations
 //! `key_heads`). When a claim holds keys back, it reads instead:
 //!
-//! - the first claimable todos without a key (the index `todos_keyless`);
+//! - for each queue the claim may take from (those it names, or those of the endpoint with live
+//!   todos without a key, found one index seek each), its first claimable todos without a key
+//!   (the index `todos_keyless`);
 //! - the first heads in claim order ([`WINDOWS`]), held keys left out (one entry each), and for
 //!   each the first claimable todos of its key (the index `todos_keyed`);
 //! - the head after those, the edge.
@@ -25,7 +27,7 @@ use relay_core::ledger::{Actor, Holds};
 
 use super::cols::{Val, label};
 use super::decode::Row;
-use super::sql::{CLAIM_ORDER, Keys, Shared};
+use super::sql::{CLAIM_ORDER, Keys, LIVE, Shared};
 
 /// How many heads a claim probes: a few first (the first claimable head most often settles
 /// it), then more, then it walks instead. Fewer in the unit tests, so that their programs reach
@@ -149,7 +151,8 @@ impl Shared {
         if holds.keys.is_empty() || (q.sqlite() && limit != 1) {
             return Ok(None);
         }
-        let keyless = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::None)?;
+        let keyless =
+            self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::NoneIn("l"))?;
         let keyed = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::Of("h"))?;
         let mut heads = vec![format!("t.endpoint = {}", q.bind_text(endpoint))];
         if let Some(qs) = queues {
@@ -160,11 +163,42 @@ impl Shared {
         }
         heads.push(format!("NOT ({})", q.key_in(&holds.keys)));
         let heads = heads.join(" AND ");
+        let lanes = match queues {
+            Some(qs) => {
+                let mut qs = qs.to_vec();
+                qs.sort_unstable();
+                qs.dedup();
+                if q.sqlite() {
+                    let qs = serde_json::to_string(&qs).unwrap_or_else(|_| "[]".into());
+                    format!("SELECT value FROM json_each({})", q.bind(label(Some(&qs))))
+                } else {
+                    format!("SELECT unnest({}::text[])", q.bind(Val::Texts(qs)))
+                }
+            }
+            // The endpoint's queues with live todos without a key, in order, one seek each.
+            None => {
+                let mut lane = || {
+                    format!(
+                        "SELECT t.queue FROM todos t WHERE t.endpoint = {} AND {} \
+                           AND t.concurrency_key IS NULL",
+                        q.bind_text(endpoint),
+                        q.one_of("t.state", LIVE)
+                    )
+                };
+                let (first, next) = (lane(), lane());
+                format!(
+                    "SELECT ({first} ORDER BY t.queue LIMIT 1) \
+                     UNION ALL SELECT ({next} AND t.queue > l.queue ORDER BY t.queue LIMIT 1) \
+                       FROM lanes l WHERE l.queue IS NOT NULL"
+                )
+            }
+        };
         let (w, w1) = (window, window + 1);
         let ctes = format!(
-            "WITH heads AS (SELECT t.queue, t.concurrency_key, t.priority, t.created_at, t.id \
-               FROM key_heads t WHERE {heads} ORDER BY {CLAIM_ORDER} LIMIT {w1}), \
-             probed AS (SELECT * FROM heads t ORDER BY {CLAIM_ORDER} LIMIT {w})"
+            "WITH RECURSIVE heads AS (SELECT t.queue, t.concurrency_key, t.priority, t.created_at, \
+               t.id FROM key_heads t WHERE {heads} ORDER BY {CLAIM_ORDER} LIMIT {w1}), \
+             probed AS (SELECT * FROM heads t ORDER BY {CLAIM_ORDER} LIMIT {w}), \
+             lanes (queue) AS ({lanes})"
         );
         let edge = format!(
             "SELECT * FROM (SELECT CAST(1 AS BIGINT), t.id, t.priority, t.created_at FROM heads t \
@@ -174,8 +208,8 @@ impl Shared {
             format!(
                 "{ctes} SELECT * FROM (SELECT CAST(0 AS BIGINT), t.id, t.priority, t.created_at FROM todos t \
                    WHERE t.id IN ( \
-                     SELECT * FROM (SELECT t.id FROM todos t WHERE {keyless} \
-                       ORDER BY {CLAIM_ORDER} LIMIT 1) \
+                     SELECT (SELECT t.id FROM todos t WHERE {keyless} \
+                       ORDER BY {CLAIM_ORDER} LIMIT 1) FROM lanes l \
                      UNION ALL \
                      SELECT (SELECT t.id FROM todos t WHERE {keyed} \
                        ORDER BY {CLAIM_ORDER} LIMIT 1) FROM probed h) \
@@ -185,8 +219,9 @@ impl Shared {
         } else {
             format!(
                 "{ctes} SELECT * FROM (SELECT CAST(0 AS BIGINT), t.id, t.priority, t.created_at FROM ( \
-                     (SELECT t.id, t.priority, t.created_at FROM todos t WHERE {keyless} \
-                       ORDER BY {CLAIM_ORDER} LIMIT {limit}) \
+                     (SELECT k.id, k.priority, k.created_at FROM lanes l CROSS JOIN LATERAL \
+                       (SELECT t.id, t.priority, t.created_at FROM todos t WHERE {keyless} \
+                         ORDER BY {CLAIM_ORDER} LIMIT {limit}) k) \
                      UNION ALL \
                      (SELECT k.id, k.priority, k.created_at FROM probed h CROSS JOIN LATERAL \
                        (SELECT t.id, t.priority, t.created_at FROM todos t WHERE {keyed} \

@@ -266,7 +266,9 @@ impl Shared {
                 q.key_in(&holds.keys)
             )),
             Keys::NotHeld => {}
-            Keys::None => which.push("t.concurrency_key IS NULL".into()),
+            Keys::NoneIn(lane) => which.push(format!(
+                "t.concurrency_key IS NULL AND t.queue = {lane}.queue"
+            )),
             Keys::Of(head) => which.push(format!(
                 "t.concurrency_key IS NOT NULL AND t.queue = {head}.queue \
                  AND t.concurrency_key = {head}.concurrency_key"
@@ -428,8 +430,8 @@ pub(super) const CLAIM_ORDER: &str = "t.priority DESC, t.created_at, t.id";
 pub(super) enum Keys<'a> {
     /// Not a key `holds` holds.
     NotHeld,
-    /// No key.
-    None,
+    /// No key, in the queue of the lane aliased so (see `heads`).
+    NoneIn(&'a str),
     /// The queue and key of the head aliased so (see `heads`).
     Of(&'a str),
 }

@@ -25,9 +25,9 @@ pub(crate) const MIGRATIONS: &[(u32, &str, &str)] = &[
 
 /// Claims past held keys (see `rows::heads`): `key_heads`, a row per (endpoint, queue, key)
 /// with live todos naming the first of them in claim order, ordered as the FIFO index is;
-/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one,
-/// in claim order. Triggers keep the heads for every writer of `todos` (their conditions name the
-/// states as `OR`s, as migration 8 explains): a todo with a key that
+/// `todos_keyed` and `todos_keyless`, the live todos with a key by key and those without one
+/// by queue, in claim order. Triggers keep the heads for every writer of `todos` (their
+/// conditions name the states as `OR`s, as migration 8 explains): a todo with a key that
 /// becomes live lowers its key's head to itself if it comes first; one that leaves the live
 /// states (finished, waiting on input, deleted) has its key's head read again. One writer, so
 /// a head is always its key's first live todo.
@@ -45,7 +45,7 @@ CREATE INDEX key_heads_order ON key_heads (endpoint, priority DESC, created_at, 
 CREATE INDEX todos_keyed ON todos (endpoint, queue, concurrency_key, priority DESC, created_at, id)
     WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed')
       AND concurrency_key IS NOT NULL;
-CREATE INDEX todos_keyless ON todos (endpoint, priority DESC, created_at, id)
+CREATE INDEX todos_keyless ON todos (endpoint, queue, priority DESC, created_at, id)
     WHERE (state = 'pending' OR state = 'claimed' OR state = 'failed')
       AND concurrency_key IS NULL;
 INSERT INTO key_heads (endpoint, queue, concurrency_key, priority, created_at, id)

@@ -250,7 +250,7 @@ fn held_keys_like_the_ledger(store: &mut Blocking<'_>, seed: u64) -> Result<(), 
                     endpoint: "ep".into(),
                     new: NewTodo {
                         id,
-                        queue: if key % 7 == 0 { "r" } else { "q" }.into(),
+                        queue: if rng.random_bool(0.3) { "r" } else { "q" }.into(),
                         title: "x".into(),
                         max_attempts: Some(3),
                         priority: match delayed {
