@@ -147,6 +147,10 @@ impl rows::ClaimReads for PgTx<'_> {
     ) -> Result<Vec<tokio_postgres::Row>, Error> {
         self.query_vals(op, "(next)", sql, vals).await
     }
+
+    fn id_of(t: &tokio_postgres::Row) -> Option<&str> {
+        t.try_get(0).ok()
+    }
 }
 
 pub(crate) static SQL: LazyLock<rows::Shared> = LazyLock::new(|| rows::Shared::new('$'));
@@ -363,7 +367,14 @@ impl Rows for PgTx<'_> {
             .batch_execute(CLAIM_PLAN)
             .await
             .map_err(|e| pg_err(op, &subject, &e))?;
-        let rs = rows::claimable(self, &SQL, op, now, actor, queues, holds, 1, CLAIM_LOCK).await?;
+        let claim = rows::ClaimQuery {
+            op,
+            now,
+            actor,
+            queues,
+            holds,
+        };
+        let rs = rows::claimable(self, &SQL, &claim, 1, CLAIM_LOCK).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };

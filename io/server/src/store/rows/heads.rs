@@ -22,12 +22,11 @@
 use std::cmp::Reverse;
 
 use relay_core::Error;
-use relay_core::Millis;
-use relay_core::ledger::{Actor, Holds};
+use relay_core::ledger::Actor;
 
 use super::cols::{Val, label};
 use super::decode::Row;
-use super::sql::{CLAIM_ORDER, Keys, LIVE, Shared};
+use super::sql::{CLAIM_ORDER, ClaimQuery, Keys, LIVE, Shared};
 
 /// How many heads a claim probes: a few first (the first claimable head most often settles
 /// it), then more, then it walks instead. Fewer in the unit tests, so that their programs reach
@@ -90,24 +89,22 @@ pub(crate) trait ClaimReads {
         sql: &str,
         vals: Vec<Val>,
     ) -> Result<Vec<Self::Todo>, Error>;
+    /// The id of a row of [`ClaimReads::todos`].
+    fn id_of(t: &Self::Todo) -> Option<&str>;
 }
 
 /// The first `limit` claimable todos in claim order, `lock` on them: through the heads when
 /// keys are held back and they can tell, else by the walk.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claimable<C: ClaimReads>(
     c: &mut C,
     sql: &Shared,
-    op: &str,
-    now: Millis,
-    actor: &Actor,
-    queues: Option<&[String]>,
-    holds: &Holds,
+    claim: &ClaimQuery<'_>,
     limit: usize,
     lock: &str,
 ) -> Result<Vec<C::Todo>, Error> {
+    let op = claim.op;
     for window in WINDOWS {
-        let Some((s, vals)) = sql.heads_first(op, now, actor, queues, holds, limit, window)? else {
+        let Some((s, vals)) = sql.heads_first(claim, limit, window)? else {
             break;
         };
         let found = c.places(op, &s, vals).await?;
@@ -117,14 +114,15 @@ pub(crate) async fn claimable<C: ClaimReads>(
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let (s, vals) = sql.claimable_ids(op, now, actor, queues, holds, &ids, lock)?;
-        let rows = c.todos(op, &s, vals).await?;
+        let (s, vals) = sql.claimable_ids(claim, &ids, lock)?;
+        let mut rows = c.todos(op, &s, vals).await?;
         if rows.len() == ids.len() {
+            rows.sort_by_key(|r| ids.iter().position(|id| C::id_of(r) == Some(id.as_str())));
             return Ok(rows);
         }
         break;
     }
-    let (s, vals) = sql.next_claimable_n(op, now, actor, queues, holds, limit, lock)?;
+    let (s, vals) = sql.next_claimable_n(claim, limit, lock)?;
     c.todos(op, &s, vals).await
 }
 
@@ -133,17 +131,13 @@ impl Shared {
     /// created_at), the candidates in claim order, then the edge if there is one. `None` where it
     /// does not apply: no key held back, a claim not scoped to an endpoint (the heads are ordered
     /// within one), or more than one row on SQLite (which has no `LATERAL`).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn heads_first(
         &self,
-        op: &str,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
+        c: &ClaimQuery<'_>,
         limit: usize,
         window: usize,
     ) -> Result<Option<(String, Vec<Val>)>, Error> {
+        let (actor, queues, holds) = (c.actor, c.queues, c.holds);
         let mut q = self.query();
         let Actor::Endpoint { endpoint, .. } = actor else {
             return Ok(None);
@@ -151,9 +145,8 @@ impl Shared {
         if holds.keys.is_empty() || (q.sqlite() && limit != 1) {
             return Ok(None);
         }
-        let keyless =
-            self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::NoneIn("l"))?;
-        let keyed = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::Of("h"))?;
+        let keyless = self.claimable_where(&mut q, c, Keys::NoneIn("l"))?;
+        let keyed = self.claimable_where(&mut q, c, Keys::Of("h"))?;
         let mut heads = vec![format!("t.endpoint = {}", q.bind_text(endpoint))];
         if let Some(qs) = queues {
             heads.push(q.queue_in(qs));
@@ -233,20 +226,18 @@ impl Shared {
         Ok(Some((sql, q.vals)))
     }
 
-    /// The todos of `ids` that are still claimable, in claim order, `lock` on them.
-    #[allow(clippy::too_many_arguments)]
+    /// The todos of `ids` that are still claimable, `lock` on them, in no order: on Postgres
+    /// the claim plans with sorts off (`CLAIM_PLAN`), and an `ORDER BY` here would walk the FIFO
+    /// index to find a few ids instead of reading them by key. [`claimable`] puts them in the
+    /// order of `ids`, the claim order.
     pub(crate) fn claimable_ids(
         &self,
-        op: &str,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
+        c: &ClaimQuery<'_>,
         ids: &[String],
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = self.query();
-        let which = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::NotHeld)?;
+        let which = self.claimable_where(&mut q, c, Keys::NotHeld)?;
         let among = if q.sqlite() {
             let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
             let ids = q.bind(label(Some(&ids)));
@@ -254,10 +245,7 @@ impl Shared {
         } else {
             format!("t.id = ANY({})", q.bind(Val::Texts(ids.to_vec())))
         };
-        let sql = format!(
-            "{} WHERE {among} AND {which} ORDER BY {CLAIM_ORDER}{lock}",
-            self.todo_select
-        );
+        let sql = format!("{} WHERE {among} AND {which}{lock}", self.todo_select);
         Ok((sql, q.vals))
     }
 }

@@ -199,31 +199,22 @@ impl Shared {
     /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
     pub(crate) fn next_claimable(
         &self,
-        op: &str,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
+        c: &ClaimQuery<'_>,
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
-        self.next_claimable_n(op, now, actor, queues, holds, 1, lock)
+        self.next_claimable_n(c, 1, lock)
     }
 
     /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
     /// reads them at once). `now` is the first value bound.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn next_claimable_n(
         &self,
-        op: &str,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
+        c: &ClaimQuery<'_>,
         limit: usize,
         lock: &str,
     ) -> Result<(String, Vec<Val>), Error> {
         let mut q = Query::new(self.mark);
-        let which = self.claimable_where(&mut q, op, now, actor, queues, holds, Keys::NotHeld)?;
+        let which = self.claimable_where(&mut q, c, Keys::NotHeld)?;
         let sql = format!(
             "{} WHERE {which} ORDER BY {CLAIM_ORDER} LIMIT {limit}{lock}",
             self.todo_select
@@ -236,17 +227,19 @@ impl Shared {
     /// a lapsed lease and attempts left, or failed with the retry due and attempts left) and
     /// flow::Holds::holds (a queue held whole, paused, full or at its rate, is skipped; the
     /// todos of held keys as `keys` says).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn claimable_where(
         &self,
         q: &mut Query,
-        op: &str,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
+        c: &ClaimQuery<'_>,
         keys: Keys<'_>,
     ) -> Result<String, Error> {
+        let ClaimQuery {
+            op,
+            now,
+            actor,
+            queues,
+            holds,
+        } = *c;
         let now = q.bind(time(op, now)?);
         let owner = q.bind_text(actor.owner());
         let scope = match actor {
@@ -425,6 +418,17 @@ impl Shared {
 pub(super) const LIVE: &[&str] = &["pending", "claimed", "failed"];
 /// The claim order (transition::claim_order) of the todos aliased `t`.
 pub(super) const CLAIM_ORDER: &str = "t.priority DESC, t.created_at, t.id";
+
+/// What a claim asks the store for: the operation (named in errors), its time, who claims, the
+/// queues it names (all of the endpoint's when `None`) and what the flow limits hold back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimQuery<'a> {
+    pub op: &'a str,
+    pub now: Millis,
+    pub actor: &'a Actor,
+    pub queues: Option<&'a [String]>,
+    pub holds: &'a Holds,
+}
 
 /// What a claim's WHERE says of the concurrency keys.
 pub(super) enum Keys<'a> {

@@ -45,11 +45,13 @@ async fn partial_index_predicates_build_no_temporary_btree() {
     let actor = Actor::endpoint("ep");
     let (claim, _) = SQL
         .next_claimable(
-            "claim_next",
-            1,
-            &actor,
-            Some(&["q".into()]),
-            &relay_core::ledger::Holds::default(),
+            &crate::store::rows::ClaimQuery {
+                op: "claim_next",
+                now: 1,
+                actor: &actor,
+                queues: Some(&["q".into()]),
+                holds: &relay_core::ledger::Holds::default(),
+            },
             "",
         )
         .unwrap();
@@ -169,11 +171,13 @@ async fn cached_statements_are_not_reprepared() {
     }
     let (claim, _) = SQL
         .next_claimable(
-            "claim_next",
-            t0,
-            &actor,
-            Some(&["q".into()]),
-            &relay_core::ledger::Holds::default(),
+            &crate::store::rows::ClaimQuery {
+                op: "claim_next",
+                now: t0,
+                actor: &actor,
+                queues: Some(&["q".into()]),
+                holds: &relay_core::ledger::Holds::default(),
+            },
             "",
         )
         .unwrap();

@@ -85,6 +85,10 @@ impl rows::ClaimReads for SqliteTx<'_> {
     async fn todos(&mut self, op: &str, sql: &str, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
         self.rows(op, "(next)", sql, &vals, |r| rows::todo(r, 0))
     }
+
+    fn id_of(t: &Todo) -> Option<&str> {
+        Some(&t.id)
+    }
 }
 
 impl SqliteTx<'_> {
@@ -204,7 +208,14 @@ impl Rows for SqliteTx<'_> {
         holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
-        let found = rows::claimable(self, &SQL, op, now, actor, queues, holds, 1, "").await?;
+        let claim = rows::ClaimQuery {
+            op,
+            now,
+            actor,
+            queues,
+            holds,
+        };
+        let found = rows::claimable(self, &SQL, &claim, 1, "").await?;
         let Some(todo) = found.into_iter().next() else {
             return Ok(None);
         };

@@ -35,6 +35,10 @@ impl rows::ClaimReads for Batch<'_> {
     ) -> Result<Vec<tokio_postgres::Row>, Error> {
         self.read(op, sql, vals).await
     }
+
+    fn id_of(t: &tokio_postgres::Row) -> Option<&str> {
+        t.try_get(0).ok()
+    }
 }
 
 impl Rows for Batch<'_> {
@@ -56,6 +60,13 @@ impl Rows for Batch<'_> {
         holds: &Holds,
     ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
         let op = "claim_next";
+        let claim = rows::ClaimQuery {
+            op,
+            now,
+            actor,
+            queues,
+            holds,
+        };
         let key = claim_key(now, actor, queues, holds)?;
         for _ in 0..3 {
             if let Some(g) = self.groups.iter().find(|g| g.key == key) {
@@ -91,8 +102,7 @@ impl Rows for Batch<'_> {
             }
             // Read as many rows as the batch has claims left, after its held writes.
             let k = self.claims_left.max(1);
-            let found =
-                rows::claimable(self, &SQL, op, now, actor, queues, holds, k, CLAIM_LOCK).await?;
+            let found = rows::claimable(self, &SQL, &claim, k, CLAIM_LOCK).await?;
             let (last, len) = self.keep_claimable(&found).await?;
             self.groups.push(Group {
                 key: key.clone(),

@@ -13,7 +13,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::store::postgres::encode::{n32, pg_err};
 use crate::store::postgres::tx::{CHANGE_LOCK_SHARED, CLAIM_LOCK, CLAIM_PLAN, SQL};
-use crate::store::rows::{self, Val};
+use crate::store::rows::{self, ClaimQuery, Val};
 
 /// One statement of a round trip.
 pub(super) struct Stmt {
@@ -211,7 +211,14 @@ pub(super) fn claim_key(
     queues: Option<&[String]>,
     holds: &Holds,
 ) -> Result<(String, Vec<Val>), Error> {
-    let (sql, vals) = SQL.next_claimable("claim_next", now, actor, queues, holds, CLAIM_LOCK)?;
+    let claim = ClaimQuery {
+        op: "claim_next",
+        now,
+        actor,
+        queues,
+        holds,
+    };
+    let (sql, vals) = SQL.next_claimable(&claim, CLAIM_LOCK)?;
     Ok(match vals.split_first() {
         Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
         _ => (sql, vals),

@@ -301,8 +301,9 @@ impl<'c> Batch<'c> {
         let mut takeovers = Vec::new();
         for r in found {
             let t = rows::todo(r, 0)?;
+            // The last in claim order, whatever order the rows came in.
             let (p, at, id) = ledger::claim_order(&t);
-            last = Some((p, at, id.to_string()));
+            last = last.max(Some((p, at, id.to_string())));
             if self.rows.contains_key(&t.id) {
                 continue;
             }
