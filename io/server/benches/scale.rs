@@ -21,9 +21,9 @@
 //!   [`HOT`] pending todos of one key, `hot`, at the head of the claim order, and one `hot`
 //!   todo claimed, so that every claim passes over them; behind them [`KEYED`] pending todos
 //!   each with a key of its own; p50/p99 of [`CLAIMS`] claims, each of which takes a keyed
-//!   todo (completed before the next claim, not measured). The target: p99 at most twice figure 1's p99 at 10 000 (the `p99_ratio` field), so
-//!   the claim does not walk the held key's todos. `--only-held-keys` runs figure 1 at 10 000
-//!   and this one only;
+//!   todo (completed before the next claim, not measured). The target: p99 at most twice
+//!   figure 1's p99 at 10 000 (the `p99_ratio` field), so the claim does not walk the held
+//!   key's todos. `--only-held-keys` runs figure 1 at 10 000 and this one only;
 //! - heartbeat latency with [`HELD`] open leases: p50/p99 of [`HEARTBEATS`] fenced heartbeats
 //!   (`Op::Heartbeat` with the lease token's hash) from [`CALLERS`] concurrent callers over
 //!   random held todos. The target: p99 at most 10 ms;
