@@ -126,7 +126,18 @@ fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
     rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
-impl rows::ClaimReads for PgTx<'_> {
+/// A claim's reads on Postgres, in a transaction ([`PgTx`]) or a batch of them: each hands on
+/// the rows of one statement, and the claim's two reads follow from that.
+pub(super) trait PgClaimRows {
+    async fn claim_rows(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error>;
+}
+
+impl<T: PgClaimRows> rows::ClaimReads for T {
     type Todo = tokio_postgres::Row;
 
     async fn places(
@@ -135,7 +146,7 @@ impl rows::ClaimReads for PgTx<'_> {
         sql: &str,
         vals: Vec<Val>,
     ) -> Result<Vec<rows::Place>, Error> {
-        let rs = self.query_vals(op, "(next)", sql, vals).await?;
+        let rs = self.claim_rows(op, sql, vals).await?;
         rs.iter().map(rows::place).collect()
     }
 
@@ -145,11 +156,22 @@ impl rows::ClaimReads for PgTx<'_> {
         sql: &str,
         vals: Vec<Val>,
     ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        self.query_vals(op, "(next)", sql, vals).await
+        self.claim_rows(op, sql, vals).await
     }
 
     fn id_of(t: &tokio_postgres::Row) -> Option<&str> {
         t.try_get(0).ok()
+    }
+}
+
+impl PgClaimRows for PgTx<'_> {
+    async fn claim_rows(
+        &mut self,
+        op: &str,
+        sql: &str,
+        vals: Vec<Val>,
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+        self.query_vals(op, "(next)", sql, vals).await
     }
 }
 

@@ -11,33 +11,17 @@ use relay_core::ledger::{
 use super::stmt::claim_key;
 use super::tx::{Batch, Entry, Group, Held};
 use crate::store::ops;
-use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, SQL};
+use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, PgClaimRows, SQL};
 use crate::store::rows::{self, Val};
 
-impl rows::ClaimReads for Batch<'_> {
-    type Todo = tokio_postgres::Row;
-
-    async fn places(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<rows::Place>, Error> {
-        let rs = self.read(op, sql, vals).await?;
-        rs.iter().map(rows::place).collect()
-    }
-
-    async fn todos(
+impl PgClaimRows for Batch<'_> {
+    async fn claim_rows(
         &mut self,
         op: &str,
         sql: &str,
         vals: Vec<Val>,
     ) -> Result<Vec<tokio_postgres::Row>, Error> {
         self.read(op, sql, vals).await
-    }
-
-    fn id_of(t: &tokio_postgres::Row) -> Option<&str> {
-        t.try_get(0).ok()
     }
 }
 
