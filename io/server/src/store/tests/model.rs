@@ -7,8 +7,9 @@ use proptest::prelude::any;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use relay_core::ledger::{Actor, Ledger, TodoFilter, check_todo};
 use relay_core::testing::{Queue, decode_ops, observe};
+use tokio::runtime::Runtime;
 
-use super::{Blocking, PgSchema, cfg, current_thread, sqlite_memory};
+use super::{Blocking, PgSchema, Store, cfg, current_thread, sqlite_memory};
 
 /// Runs one program on a fresh ledger and on `store` (which must be empty).
 fn same_as_ledger(store: &mut Blocking<'_>, bytes: &[u8]) -> Result<(), String> {
@@ -77,6 +78,18 @@ fn on_sqlite(cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Result<(), Strin
         .unwrap();
 }
 
+/// The Postgres store with every table the model writes emptied.
+fn emptied<'a>(rt: &'a Runtime, store: &Store) -> Blocking<'a> {
+    rt.block_on(super::raw_batch(
+        store,
+        "TRUNCATE todos, endpoints, paused_queues, queue_limits, queue_claims, key_heads CASCADE",
+    ));
+    Blocking {
+        rt,
+        store: store.clone(),
+    }
+}
+
 /// Runs `check` on `cases` programs on Postgres, in a schema named for the test, emptied before
 /// each program (skips without a server).
 fn on_postgres(name: &str, cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Result<(), String>) {
@@ -87,15 +100,7 @@ fn on_postgres(name: &str, cases: u32, check: fn(&mut Blocking<'_>, &[u8]) -> Re
     let store = rt.block_on(schema.open(cfg()));
     runner(cases)
         .run(&vec(any::<u8>(), 0..600), |bytes| {
-            rt.block_on(super::raw_batch(
-                &store,
-                "TRUNCATE todos, endpoints, paused_queues, queue_limits, queue_claims, key_heads CASCADE",
-            ));
-            let mut q = Blocking {
-                rt: &rt,
-                store: store.clone(),
-            };
-            check(&mut q, &bytes).map_err(TestCaseError::fail)
+            check(&mut emptied(&rt, &store), &bytes).map_err(TestCaseError::fail)
         })
         .unwrap();
 }
@@ -365,14 +370,6 @@ fn postgres_claims_past_held_keys_like_the_ledger() {
     let rt = current_thread();
     let store = rt.block_on(schema.open(cfg()));
     for seed in 0..6 {
-        rt.block_on(super::raw_batch(
-            &store,
-            "TRUNCATE todos, endpoints, paused_queues, queue_limits, queue_claims, key_heads CASCADE",
-        ));
-        let mut q = Blocking {
-            rt: &rt,
-            store: store.clone(),
-        };
-        held_keys_like_the_ledger(&mut q, seed).unwrap();
+        held_keys_like_the_ledger(&mut emptied(&rt, &store), seed).unwrap();
     }
 }
