@@ -1,4 +1,4 @@
-//! The shell-sim sweep. See `sweep.rs`; a normal build has only this stub.
+//! The shell-sim sweep. See `sweep/`; a normal build has only this stub.
 
 #[cfg(madsim)]
 mod sweep;

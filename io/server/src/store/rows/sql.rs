@@ -196,17 +196,9 @@ impl Shared {
         Query::new(self.mark)
     }
 
-    /// `claim_next`'s query and parameters, then `lock` (the dialect's lock clause).
-    pub(crate) fn next_claimable(
-        &self,
-        c: &ClaimQuery<'_>,
-        lock: &str,
-    ) -> Result<(String, Vec<Val>), Error> {
-        self.next_claimable_n(c, 1, lock)
-    }
-
-    /// The first `limit` rows [`Shared::next_claimable`] would take one by one (Postgres' batch
-    /// reads them at once). `now` is the first value bound.
+    /// The walk's query for the first `limit` claimable rows, in claim order, and its
+    /// parameters, then `lock` (the dialect's lock clause): `limit` 1 is `claim_next`'s,
+    /// and Postgres' batch reads several at once. `now` is the first value bound.
     pub(crate) fn next_claimable_n(
         &self,
         c: &ClaimQuery<'_>,

@@ -44,7 +44,7 @@ async fn partial_index_predicates_build_no_temporary_btree() {
     let (_dir, s) = file_store().await;
     let actor = Actor::endpoint("ep");
     let (claim, _) = SQL
-        .next_claimable(
+        .next_claimable_n(
             &crate::store::rows::ClaimQuery {
                 op: "claim_next",
                 now: 1,
@@ -52,6 +52,7 @@ async fn partial_index_predicates_build_no_temporary_btree() {
                 queues: Some(&["q".into()]),
                 holds: &relay_core::ledger::Holds::default(),
             },
+            1,
             "",
         )
         .unwrap();
@@ -170,7 +171,7 @@ async fn cached_statements_are_not_reprepared() {
         store.apply(done).await.unwrap();
     }
     let (claim, _) = SQL
-        .next_claimable(
+        .next_claimable_n(
             &crate::store::rows::ClaimQuery {
                 op: "claim_next",
                 now: t0,
@@ -178,6 +179,7 @@ async fn cached_statements_are_not_reprepared() {
                 queues: Some(&["q".into()]),
                 holds: &relay_core::ledger::Holds::default(),
             },
+            1,
             "",
         )
         .unwrap();

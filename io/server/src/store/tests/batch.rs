@@ -265,7 +265,7 @@ fn claims_walk_the_fifo_index_without_statistics() {
         };
         let queues = ["q".to_string()];
         let (sql, vals) = SQL
-            .next_claimable(
+            .next_claimable_n(
                 &crate::store::rows::ClaimQuery {
                     op: "claim_next",
                     now: T0,
@@ -273,6 +273,7 @@ fn claims_walk_the_fifo_index_without_statistics() {
                     queues: Some(&queues),
                     holds: &relay_core::ledger::Holds::default(),
                 },
+                1,
                 CLAIM_LOCK,
             )
             .unwrap();

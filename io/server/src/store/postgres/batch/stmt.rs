@@ -218,7 +218,7 @@ pub(super) fn claim_key(
         queues,
         holds,
     };
-    let (sql, vals) = SQL.next_claimable(&claim, CLAIM_LOCK)?;
+    let (sql, vals) = SQL.next_claimable_n(&claim, 1, CLAIM_LOCK)?;
     Ok(match vals.split_first() {
         Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
         _ => (sql, vals),
