@@ -24,8 +24,8 @@ use serde_json::Value;
 
 pub use attention::{ATTENTION_MAX_BYTES, attention};
 pub use backoff::Backoff;
-pub use flow::{Holds, Limits, LimitsChange, Load};
-pub use op::{Answer, Op, QueueFlow};
+pub use flow::{Holds, Limits, LimitsChange, Load, QueueFlow};
+pub use op::{Answer, Op};
 pub use rows::{Newest, Rows, Sweep, run};
 pub use transition::{
     ANSWER_MAX_BYTES, Actor, AttemptWrite, CLI_OPERATOR, Change, ClaimOpts, LedgerConfig,
