@@ -85,6 +85,8 @@ fn check_asking<'a>(
 
 /// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and
 /// the stores' tests, which read rows back from SQL and hold them to the same rules.
+///
+/// [`Ledger::check`]: super::Ledger::check
 pub fn check_todo<'a, I>(t: &Todo, attempts: I) -> Result<(), String>
 where
     I: IntoIterator<Item = &'a Attempt>,
