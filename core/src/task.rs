@@ -1,8 +1,8 @@
 //! A todo seen as an MCP task (the 2026-07-28 Tasks extension, `io.modelcontextprotocol/tasks`):
 //! which task status a todo is in, the task object `tasks/get` and the status notifications
 //! answer, the `CreateTaskResult` of an `add_todo`, and the task methods' requests decoded.
-//! Pure: the serving function ([`crate::serve`]) and the listen stream call these, in both the
-//! server and the simulator.
+//! Pure: the serving function and the listen stream call these, in both the server and the
+//! simulator.
 //!
 //! # The mapping
 //!

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::op::QueueFlow;
 use super::{Todo, TodoState};
 use crate::Millis;
 
@@ -243,6 +242,14 @@ pub fn held(limits: &Limits, load: &Load, t: &Todo) -> Option<Held> {
         .claims_per_minute
         .filter(|&m| load.recent_in(&t.queue) >= m)
         .map(Held::Rate)
+}
+
+/// Every queue's limits (sorted by queue), what they hold, and the paused queues.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueFlow {
+    pub limits: Vec<(String, Limits)>,
+    pub load: Load,
+    pub paused: Vec<String>,
 }
 
 /// One queue's flow as an operator reads it (`relay queue show`, the Board, `/metrics`).

@@ -12,8 +12,8 @@
 //! [`TokenHash`]es, whose `Debug` shows two bytes.
 
 use super::{
-    Actor, ClaimOpts, Claimed, Limits, LimitsChange, Load, NewTodo, Outcome, Report, Todo,
-    TodoFilter, TodoView, TokenHash, Usage,
+    Actor, ClaimOpts, Claimed, LimitsChange, NewTodo, Outcome, QueueFlow, Report, Todo, TodoFilter,
+    TodoView, TokenHash, Usage,
 };
 use crate::error::Error;
 use crate::time::Millis;
@@ -291,14 +291,6 @@ pub enum Answer {
     Queues(Vec<String>),
     /// queue_set, queue_show: every queue's limits and load after the operation.
     Flow(QueueFlow),
-}
-
-/// Every queue's limits (sorted by queue), what they hold, and the paused queues.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueFlow {
-    pub limits: Vec<(String, Limits)>,
-    pub load: Load,
-    pub paused: Vec<String>,
 }
 
 /// An accessor per shape: `Ok` with the value, or an internal error naming both shapes.

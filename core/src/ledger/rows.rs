@@ -15,8 +15,8 @@ use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
+use super::flow::QueueFlow;
 use super::flow::{self, Holds, Limits, Load};
-use super::op::QueueFlow;
 use super::op::{Answer, Op};
 use super::transition::{self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig};
 use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash, Usage};

@@ -1,5 +1,7 @@
 //! One named test per rule of the queue side.
 
+use std::collections::BTreeMap;
+
 use serde_json::json;
 
 use super::*;

@@ -8,18 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::contract::{ARGUMENTS, OPTIONAL_VERBS};
-
-/// The drain verbs relay needs, with the arguments each must declare.
-const REQUIRED: [(&str, &[&str]); 4] = [
-    ("claim_next", &["require_fence", "claimant"]),
-    ("heartbeat", &["lease_token"]),
-    ("complete", &["lease_token", "summary", "artifact"]),
-    ("fail", &["lease_token", "summary", "artifact"]),
-];
-/// `release` is optional (an endpoint may not be granted it), but when it is advertised its
-/// schema must carry these.
-const RELEASE: (&str, &[&str]) = ("release", &["lease_token", "summary"]);
+use super::table::{ARGUMENTS, OPTIONAL_VERBS, RELEASE, REQUIRED};
 
 /// The verdict over one tools/list answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,7 +177,7 @@ mod tests {
         let caps = check_capabilities(&crate::wire::tools_list(&granted));
         assert!(caps.supported() && !caps.asks());
         // Without the fence the daemon cannot ask (it never reports unfenced).
-        let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
+        let mut verbs = crate::relay::table::ARGUMENTS.to_vec();
         verbs.push(("request_input", &["id", "question"]));
         let caps = check_capabilities(&tools_list(&verbs));
         assert!(caps.supported() && !caps.asks());

@@ -41,12 +41,15 @@
 //! ([`Capabilities::declares`]), because an undeclared argument fails the whole call. The verb
 //! `request_input` is an extension as a whole: the machine chooses it only when
 //! [`Capabilities::asks`], and its arguments too are sent only as declared.
+//!
+//! [`ARGUMENTS`]: super::table::ARGUMENTS
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::capabilities::Capabilities;
 use super::context::TODO_FIELDS;
+use super::table::contract_arguments;
 use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, ReportVerb};
 use super::usage::budget_remaining;
 use crate::wire::{
@@ -54,69 +57,8 @@ use crate::wire::{
     UsageArg,
 };
 
-/// The contract table's "Arguments sent", per verb: what every server honouring it accepts
-/// (the † ones are checked at initialize). Anything else is an extension.
-pub const ARGUMENTS: [(&str, &[&str]); 5] = [
-    (
-        "claim_next",
-        &["queue", "lease_ttl_seconds", "require_fence", "claimant"],
-    ),
-    ("heartbeat", &["id", "lease_ttl_seconds", "lease_token"]),
-    (
-        "complete",
-        &["id", "result", "summary", "artifact", "lease_token"],
-    ),
-    (
-        "fail",
-        &["id", "result", "summary", "artifact", "lease_token"],
-    ),
-    ("release", &["id", "summary", "lease_token"]),
-];
-
-/// Verbs beyond the contract table the daemon uses where a server declares them, with the
-/// arguments it cannot call them without ([`Capabilities::asks`]). Their declared arguments are
-/// kept like the drain verbs'.
-pub const OPTIONAL_VERBS: [(&str, &[&str]); 1] =
-    [("request_input", &["id", "question", "lease_token"])];
-
-/// The contract's arguments of `verb`; empty for a verb the table does not name.
-pub fn contract_arguments(verb: &str) -> &'static [&'static str] {
-    ARGUMENTS
-        .iter()
-        .find(|(v, _)| *v == verb)
-        .map_or(&[], |(_, args)| args)
-}
-
-/// What is wrong with a field of an answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Problem {
-    Missing,
-    /// Present, but not what the field must be (the text says what it must be).
-    Not(&'static str),
-}
-
-/// An answer that lacks a field the daemon needs, or has it in a form it cannot use. It names
-/// the verb and the field, never the value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AnswerError {
-    pub verb: &'static str,
-    /// The field's path in the answer, `todo.attempt`.
-    pub field: &'static str,
-    pub problem: Problem,
-}
-
-impl std::fmt::Display for AnswerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.problem {
-            Problem::Missing => write!(f, "the {} answer has no {}", self.verb, self.field),
-            Problem::Not(what) => {
-                write!(f, "the {} answer's {} is not {what}", self.verb, self.field)
-            }
-        }
-    }
-}
-
-impl std::error::Error for AnswerError {}
+/// What a malformed answer is: defined beside the [`LeaseError`] that carries one.
+pub use super::types::{AnswerError, Problem};
 
 /// A decoded `claim_next` answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -571,6 +513,8 @@ fn object(args: &impl Serialize) -> Map<String, Value> {
 
 /// Drops every extension argument (one beyond [`ARGUMENTS`]) the server's schema for `verb`
 /// does not declare.
+///
+/// [`ARGUMENTS`]: super::table::ARGUMENTS
 fn keep_declared(
     verb: &str,
     mut args: Map<String, Value>,

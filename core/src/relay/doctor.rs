@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn a_full_server_is_one_ok_row() {
         let mut caps = Capabilities::full(true);
-        let (verb, args) = crate::relay::contract::OPTIONAL_VERBS[0];
+        let (verb, args) = crate::relay::table::OPTIONAL_VERBS[0];
         let asked: BTreeSet<String> = args.iter().map(|a| a.to_string()).collect();
         caps.declared.insert(verb.to_string(), asked);
         let rows = source_rows("queue.ci", Ok(&caps));

@@ -91,6 +91,7 @@ mod record;
 pub mod redact;
 mod settings;
 pub mod summary;
+pub mod table;
 mod types;
 pub mod usage;
 
@@ -102,9 +103,8 @@ pub use context::{
     RunFiles, UNTRUSTED, claimant, context_file, context_file_bytes, relay_env, run_files,
 };
 pub use contract::{
-    AnswerError, ClaimAnswer, LeaseCall, ResultError, TOOL_ERROR, answer_input, call_params,
-    call_params_with, decode_claim, decode_report, failed_input, lease_call, lease_call_with,
-    result_input,
+    ClaimAnswer, LeaseCall, ResultError, TOOL_ERROR, answer_input, call_params, call_params_with,
+    decode_claim, decode_report, failed_input, lease_call, lease_call_with, result_input,
 };
 pub use machine::{
     AttemptView, ContractError, Describe, RECEIPT_TIMEOUT, RETRY_BASE, Reconfigured, Relay,
@@ -116,8 +116,8 @@ pub use record::{
 pub use redact::Redactor;
 pub use settings::{HostFacts, expand_path, harness_settings};
 pub use types::{
-    ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input, LeaseError,
-    LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal, StopReason,
-    SuccessCheck, TimerReason,
+    AnswerError, ClaimedTodo, Command, DEFAULT_KILL_GRACE, ExitStatus, HarnessSettings, Input,
+    LeaseError, LeaseToken, OnOverlap, PriorAttempt, ProcessEnv, ReportVerb, RequestId, Signal,
+    StopReason, SuccessCheck, TimerReason,
 };
 pub use usage::{BudgetRemaining, UsageFile};

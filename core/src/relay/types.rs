@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::capabilities::Capabilities;
-use super::contract::AnswerError;
 use super::record::{Event, RunRecord};
 use super::redact::Redactor;
 use super::usage::BudgetRemaining;
@@ -153,6 +152,37 @@ impl LeaseError {
         )
     }
 }
+
+/// What is wrong with a field of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problem {
+    Missing,
+    /// Present, but not what the field must be (the text says what it must be).
+    Not(&'static str),
+}
+
+/// An answer that lacks a field the daemon needs, or has it in a form it cannot use. It names
+/// the verb and the field, never the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerError {
+    pub verb: &'static str,
+    /// The field's path in the answer, `todo.attempt`.
+    pub field: &'static str,
+    pub problem: Problem,
+}
+
+impl std::fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.problem {
+            Problem::Missing => write!(f, "the {} answer has no {}", self.verb, self.field),
+            Problem::Not(what) => {
+                write!(f, "the {} answer's {} is not {what}", self.verb, self.field)
+            }
+        }
+    }
+}
+
+impl std::error::Error for AnswerError {}
 
 /// One earlier attempt, as the claim answer lists it (newest first). Each field is what the
 /// server said, or `None` when it said nothing usable: these are shown to the agent, never

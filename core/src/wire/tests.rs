@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::*;
 use crate::error::ErrorCode;

@@ -96,7 +96,7 @@ pub fn tools_list(verbs: &[(&str, &[&str])]) -> Value {
 /// The drain verbs with every argument the contract adds (attempt history, fence, summary and
 /// artifact), release included.
 pub fn contract_tools() -> Value {
-    let mut verbs = crate::relay::contract::ARGUMENTS.to_vec();
+    let mut verbs = crate::relay::table::ARGUMENTS.to_vec();
     verbs.push(("list_todos", &["queue", "state", "limit"]));
     tools_list(&verbs)
 }

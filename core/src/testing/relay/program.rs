@@ -461,7 +461,7 @@ impl World {
                 let caps = if *supported {
                     let mut caps = Capabilities::full(*release);
                     if *asks {
-                        let (verb, args) = crate::relay::contract::OPTIONAL_VERBS[0];
+                        let (verb, args) = crate::relay::table::OPTIONAL_VERBS[0];
                         let args = args.iter().map(|a| a.to_string()).collect();
                         caps.declared.insert(verb.to_string(), args);
                     }
