@@ -86,25 +86,23 @@ pub fn origin_allowed(policy: &HostPolicy, origin: Option<&str>) -> bool {
             .any(|h| h.eq_ignore_ascii_case(&name))
 }
 
-pub(crate) fn router(server: Server) -> Router {
-    let mut app = Router::new()
+/// The MCP server's own routes; [`Server::router`] adds the Board's and counts requests.
+pub(crate) fn routes(server: Server) -> Router {
+    Router::new()
         .route(
             "/mcp/{endpoint}",
             get(mcp_get).post(mcp_post).delete(mcp_delete),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .with_state(server.clone());
-    if server.inner.config.board {
-        app = app.merge(crate::board::router(server.clone()));
-    }
-    app.layer(axum::middleware::from_fn_with_state(
-        server,
-        count_in_flight,
-    ))
+        .with_state(server)
 }
 
-async fn count_in_flight(State(server): State<Server>, req: Request, next: Next) -> Response {
+pub(crate) async fn count_in_flight(
+    State(server): State<Server>,
+    req: Request,
+    next: Next,
+) -> Response {
     server.inner.in_flight.send_modify(|n| *n += 1);
     let response = next.run(req).await;
     server

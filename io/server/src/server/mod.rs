@@ -8,7 +8,8 @@
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
 //! authentication, sessions, the doorbell, background sweeps, metrics and the HTTP hygiene
 //! (body limit, Host/Origin checks; and in `conn`, the accept loop's timeouts, connection cap,
-//! TLS and bounded shutdown). The caps and the log throttle are decided by
+//! TLS and bounded shutdown). It knows nothing of the Board: the `app` module puts the two
+//! routers together and serves them ([`Server::router`], [`Server::serve`]). The caps and the log throttle are decided by
 //! `relay_core::limits`; this shell only counts and reads the clock.
 //!
 //! # Time and randomness
@@ -61,6 +62,7 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::SharedClock;
 use crate::store::Store;
 
+pub(crate) use conn::accept_loop;
 pub use conn::{Peer, tls_acceptor};
 pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
@@ -1006,12 +1008,9 @@ impl Server {
 
     /// Runs the reaper and the requeue/doorbell loops on the configured intervals, and the
     /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
-    /// failed sweep is logged and retried on the next tick.
-    pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
-        // The Board's bulk actions a stop interrupted carry on where they were.
-        if self.inner.config.board {
-            crate::board::resume_bulks(self.clone());
-        }
+    /// failed sweep is logged and retried on the next tick. (The application's
+    /// [`Server::run_background`] adds the Board's resumed bulk actions.)
+    pub(crate) async fn run_loops(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
         let notices = {
             let s = self.clone();
             tokio::spawn(async move { s.follow_notices().await })
@@ -1091,44 +1090,18 @@ impl Server {
         self.inner.shutdown.send_replace(true);
     }
 
-    /// Serves on `listener` until `shutdown` resolves, with the background loops. On shutdown it
-    /// stops accepting, ends the doorbell streams, lets in-flight requests finish (each one's
-    /// store transaction commits or rolls back whole) for at most the shutdown grace, drops
-    /// what is left, then stops the background loops.
-    pub async fn serve(
-        &self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        self.serve_with_tls(listener, None, shutdown).await
+    /// The MCP server's own routes (`/mcp/<endpoint>`, `/metrics`, `/healthz`), without the
+    /// Board's and without the in-flight count ([`Server::router`] composes them).
+    pub(crate) fn mcp_routes(&self) -> axum::Router {
+        http::routes(self.clone())
     }
 
-    /// [`Server::serve`], speaking TLS on every connection when `tls` is given.
-    pub async fn serve_with_tls(
-        &self,
-        listener: tokio::net::TcpListener,
-        tls: Option<tokio_rustls::TlsAcceptor>,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        let (stop_bg, mut bg_rx) = watch::channel(false);
-        let bg_server = self.clone();
-        let background = tokio::spawn(async move {
-            bg_server
-                .run_background(async move {
-                    let _ = bg_rx.wait_for(|v| *v).await;
-                })
-                .await;
-        });
-        let result = conn::accept_loop(self.clone(), listener, tls, shutdown).await;
-        stop_bg.send_replace(true);
-        let _ = background.await;
-        tracing::info!("stopped");
-        result
-    }
-
-    /// The HTTP routes, on any listener (a real socket, or a simulated one in tests).
-    pub fn router(&self) -> axum::Router {
-        http::router(self.clone())
+    /// `app` with every request it handles counted in [`Server::in_flight`].
+    pub(crate) fn counting_in_flight(&self, app: axum::Router) -> axum::Router {
+        app.layer(axum::middleware::from_fn_with_state(
+            self.clone(),
+            http::count_in_flight,
+        ))
     }
 }
 
