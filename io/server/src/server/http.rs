@@ -475,7 +475,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
     };
     let rx = match server.open_stream(&session) {
         Ok(rx) => rx,
-        Err(super::StreamRefused::Full(message)) => {
+        Err(super::sessions::StreamRefused::Full(message)) => {
             return rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 Value::Null,
@@ -483,7 +483,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
                 &message,
             );
         }
-        Err(super::StreamRefused::AlreadyOpen) => {
+        Err(super::sessions::StreamRefused::AlreadyOpen) => {
             return rpc_error(
                 StatusCode::CONFLICT,
                 Value::Null,
@@ -491,7 +491,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
                 "this session already has an open stream; use that one (one stream per session)",
             );
         }
-        Err(super::StreamRefused::NoSession) => {
+        Err(super::sessions::StreamRefused::NoSession) => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
                 Value::Null,
