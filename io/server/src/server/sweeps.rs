@@ -58,8 +58,9 @@ impl Server {
     /// (ending their streams), rings owed rings whose window
     /// has passed, and rings for todos that became pending outside this server (`relay todo add`
     /// and `relay todo retry` write the store directly, as does another server on the same
-    /// database). The scan follows the store's change sequence ([`Store::pending_since`]): it
-    /// reads only todos changed since the last scan, never a payload, and misses none whatever
+    /// database). The scan follows the store's change sequence
+    /// ([`Store::pending_since`](crate::store::Store::pending_since)): it reads only todos
+    /// changed since the last scan, never a payload, and misses none whatever
     /// the backlog.
     pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
         // Sessions of revoked endpoints end here (their requests are refused 401 already, but
