@@ -134,6 +134,7 @@ pub struct Peer(pub std::net::SocketAddr);
 /// Serves one connection until it ends, its watchdog fires, or shutdown has it finish.
 async fn serve_connection<S>(
     server: Server,
+    router: axum::Router,
     peer: std::net::SocketAddr,
     stream: S,
     activity: Arc<Activity>,
@@ -142,7 +143,6 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let config = server.config().clone();
-    let router = server.router();
     let act = activity.clone();
     let service =
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
@@ -205,10 +205,11 @@ async fn serve_connection<S>(
 /// Something that turns an accepted TCP stream into the stream HTTP runs over.
 pub(crate) type Tls = Option<tokio_rustls::TlsAcceptor>;
 
-/// The accept loop: until `shutdown` resolves, then the grace period, then whatever is still
-/// open is dropped. Never returns an error for one bad connection.
+/// The accept loop, serving `router` on every connection: until `shutdown` resolves, then the
+/// grace period, then whatever is still open is dropped. Never returns an error for one bad connection.
 pub(crate) async fn accept_loop(
     server: Server,
+    router: axum::Router,
     listener: tokio::net::TcpListener,
     tls: Tls,
     shutdown: impl std::future::Future<Output = ()> + Send,
@@ -252,16 +253,19 @@ pub(crate) async fn accept_loop(
         let server = server.clone();
         let stop_rx = stop_rx.clone();
         let tls = tls.clone();
+        let router = router.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
             let activity = Arc::new(Activity::new());
             match tls {
-                None => serve_connection(server, peer, stream, activity, stop_rx).await,
+                None => serve_connection(server, router, peer, stream, activity, stop_rx).await,
                 Some(acceptor) => {
                     // The handshake is bounded like a header: a silent TLS client holds nothing.
                     let timeout = server.config().header_read_timeout;
                     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_connection(server, peer, s, activity, stop_rx).await,
+                        Ok(Ok(s)) => {
+                            serve_connection(server, router, peer, s, activity, stop_rx).await
+                        }
                         Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }

@@ -86,25 +86,23 @@ pub fn origin_allowed(policy: &HostPolicy, origin: Option<&str>) -> bool {
             .any(|h| h.eq_ignore_ascii_case(&name))
 }
 
-pub(crate) fn router(server: Server) -> Router {
-    let mut app = Router::new()
+/// The MCP server's own routes; [`Server::router`] adds the Board's and counts requests.
+pub(crate) fn routes(server: Server) -> Router {
+    Router::new()
         .route(
             "/mcp/{endpoint}",
             get(mcp_get).post(mcp_post).delete(mcp_delete),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .with_state(server.clone());
-    if server.inner.config.board {
-        app = app.merge(crate::board::router(server.clone()));
-    }
-    app.layer(axum::middleware::from_fn_with_state(
-        server,
-        count_in_flight,
-    ))
+        .with_state(server)
 }
 
-async fn count_in_flight(State(server): State<Server>, req: Request, next: Next) -> Response {
+pub(crate) async fn count_in_flight(
+    State(server): State<Server>,
+    req: Request,
+    next: Next,
+) -> Response {
     server.inner.in_flight.send_modify(|n| *n += 1);
     let response = next.run(req).await;
     server
@@ -477,7 +475,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
     };
     let rx = match server.open_stream(&session) {
         Ok(rx) => rx,
-        Err(super::StreamRefused::Full(message)) => {
+        Err(super::sessions::StreamRefused::Full(message)) => {
             return rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 Value::Null,
@@ -485,7 +483,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
                 &message,
             );
         }
-        Err(super::StreamRefused::AlreadyOpen) => {
+        Err(super::sessions::StreamRefused::AlreadyOpen) => {
             return rpc_error(
                 StatusCode::CONFLICT,
                 Value::Null,
@@ -493,7 +491,7 @@ async fn mcp_get(State(server): State<Server>, admitted: Admitted) -> Response {
                 "this session already has an open stream; use that one (one stream per session)",
             );
         }
-        Err(super::StreamRefused::NoSession) => {
+        Err(super::sessions::StreamRefused::NoSession) => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
                 Value::Null,

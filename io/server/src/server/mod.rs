@@ -8,7 +8,8 @@
 //! come from `relay_core::wire`. This module adds only what the transport needs: endpoint
 //! authentication, sessions, the doorbell, background sweeps, metrics and the HTTP hygiene
 //! (body limit, Host/Origin checks; and in `conn`, the accept loop's timeouts, connection cap,
-//! TLS and bounded shutdown). The caps and the log throttle are decided by
+//! TLS and bounded shutdown). It knows nothing of the Board: the `app` module puts the two
+//! routers together and serves them ([`Server::router`], [`Server::serve`]). The caps and the log throttle are decided by
 //! `relay_core::limits`; this shell only counts and reads the clock.
 //!
 //! # Time and randomness
@@ -18,11 +19,11 @@
 //! ids and fence tokens come from the operating system's RNG, or, when `Server::new` is given a
 //! seed (tests, simulation), from a seeded `StdRng`, so a run can be replayed.
 //!
-//! # Background work
+//! # Where
 //!
-//! [`Server::run_background`] runs two loops, and on Postgres the doorbell's notice listener
-//! ([`Server::follow_notices`]); tests call the loops' bodies directly ([`Server::reap_once`],
-//! [`Server::requeue_once`], [`Server::doorbell_once`]).
+//! `sessions` holds the MCP sessions (and their legacy doorbell streams), `doorbell` the rings,
+//! the listen streams and the NOTIFY listener, `sweeps` the background sweeps and their loops;
+//! `http`, `rpc` and `session` answer requests, `conn` accepts connections, `metrics` counts.
 //!
 //! # Several servers
 //!
@@ -40,10 +41,13 @@
 //! A name taken from the URL path is logged through `relay_core::limits::escape_text`.
 
 mod conn;
+mod doorbell;
 mod http;
 mod metrics;
 mod rpc;
 mod session;
+mod sessions;
+mod sweeps;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -54,17 +58,23 @@ use base64::Engine as _;
 use rand::SeedableRng as _;
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{Op, TodoState, TokenHash};
+use relay_core::ledger::TokenHash;
 use relay_core::wire::LeaseToken;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::clock::SharedClock;
 use crate::store::Store;
 
+pub(crate) use conn::accept_loop;
 pub use conn::{Peer, tls_acceptor};
+use doorbell::Listening;
+pub use doorbell::NOTICE_RECONNECT;
 pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
+use sessions::Session;
+pub use sessions::{SESSION_RECHECK, STREAM_TOUCH};
+pub use sweeps::{PENDING_SCAN_PAGE, PENDING_SCAN_PAGES};
 
 /// The legacy MCP protocol revisions this server speaks in sessions, newest first (the modern
 /// ones are `relay_core::mcp::era::MODERN_VERSIONS`).
@@ -187,53 +197,6 @@ impl Default for ServerConfig {
     }
 }
 
-/// One MCP session as this server knows it: bound to the endpoint that initialized it. The
-/// session itself lives in the store (any server answers it, a restart keeps it); this is the
-/// server's cache of it, plus the doorbell stream, which stays on the server holding the
-/// connection.
-struct Session {
-    endpoint: String,
-    /// What the endpoint may claim, for the doorbell.
-    grant: relay_core::grant::Grant,
-    last_seen: Millis,
-    /// When the store last confirmed the session: a request within [`SESSION_RECHECK`] of it
-    /// is answered from this cache.
-    checked_at: Millis,
-    /// The session's last use as recorded in the store, as far as this server knows (on its own
-    /// clock): a request writes a new one when this is due
-    /// (`relay_core::limits::session_touch_due`).
-    recorded: Millis,
-    stream: Option<mpsc::Sender<String>>,
-}
-
-impl Session {
-    fn stream_open(&self) -> bool {
-        self.stream.as_ref().is_some_and(|s| !s.is_closed())
-    }
-    fn wants(&self, endpoint: &str, queue: &str) -> bool {
-        self.endpoint == endpoint
-            && self.grant.may_claim()
-            && self.stream_open()
-            && self.grant.covers(queue)
-    }
-}
-
-/// A modern doorbell stream (`subscriptions/listen`): which of the endpoint's queues it hears.
-/// It lives as long as its connection; nothing of it is in the store.
-struct Listening {
-    endpoint: String,
-    queues: BTreeSet<String>,
-    /// The listen request's id, which tags every message of the stream.
-    subscription: serde_json::Value,
-    tx: mpsc::Sender<String>,
-}
-
-impl Listening {
-    fn wants(&self, endpoint: &str, queue: &str) -> bool {
-        self.endpoint == endpoint && !self.tx.is_closed() && self.queues.contains(queue)
-    }
-}
-
 struct State {
     sessions: BTreeMap<String, Session>,
     /// Keyed `listen:<n>` (the gate's key too; no session id has a colon).
@@ -244,7 +207,8 @@ struct State {
     /// first scan).
     scan_watermark: Option<u64>,
     /// Todos this server rang itself since the last scan began, which that scan need not ring
-    /// again (bounded: past [`RUNG_SINCE_SCAN_MAX`] it is cleared, costing at most extra rings).
+    /// again (bounded: past `doorbell::RUNG_SINCE_SCAN_MAX` it is cleared, costing at most extra
+    /// rings).
     rung_since_scan: BTreeSet<String>,
 }
 
@@ -275,13 +239,6 @@ struct Inner {
     notices_live: watch::Sender<bool>,
     /// The one-time Board login link `relay up` prints, if one was issued (only its hash).
     login_link: Mutex<Option<relay_core::board::LoginLink>>,
-}
-
-/// Why a doorbell stream did not open.
-enum StreamRefused {
-    NoSession,
-    AlreadyOpen,
-    Full(String),
 }
 
 /// The queue server. Cheap to clone; clones share everything.
@@ -427,628 +384,6 @@ impl Server {
         ))
     }
 
-    // -----------------------------------------------------------------------------------------
-    // Sessions.
-    // -----------------------------------------------------------------------------------------
-
-    /// Opens a session in the store (admitted against the caps over every server's live
-    /// sessions) and caches it here.
-    async fn open_session(
-        &self,
-        endpoint: &crate::store::Endpoint,
-        protocol: &str,
-    ) -> Result<String, Error> {
-        let id = self.random_hex::<16>()?;
-        let now = self.now();
-        let new = crate::store::McpSessionNew {
-            id_hash: TokenHash::of(&id),
-            endpoint: endpoint.name.clone(),
-            protocol: protocol.to_string(),
-            idle: relay_core::limits::session_kept(self.idle()),
-            caps: self.caps(),
-        };
-        let ended = self.inner.store.mcp_session_open(now, new).await?;
-        let mut st = lock(&self.inner.state);
-        if !ended.is_empty() {
-            tracing::info!(
-                endpoint = %endpoint.name,
-                ended = ended.len(),
-                "at the endpoint's session cap: ended its least recently used session without a \
-                 doorbell stream to make room"
-            );
-            let gone: Vec<String> = st
-                .sessions
-                .keys()
-                .filter(|id| ended.contains(&TokenHash::of(id)))
-                .cloned()
-                .collect();
-            for id in gone {
-                Self::drop_session(&mut st, &id);
-            }
-        }
-        st.sessions.insert(
-            id.clone(),
-            Session {
-                endpoint: endpoint.name.clone(),
-                grant: endpoint.grant(),
-                last_seen: now,
-                checked_at: now,
-                recorded: now,
-                stream: None,
-            },
-        );
-        self.inner.metrics.sessions.set(st.sessions.len() as i64);
-        Ok(id)
-    }
-
-    fn idle(&self) -> Millis {
-        millis(self.inner.config.session_idle_timeout)
-    }
-
-    fn session_expired(&self, s: &Session, now: Millis) -> bool {
-        !s.stream_open()
-            && now
-                >= s.last_seen
-                    .saturating_add(millis(self.inner.config.session_idle_timeout))
-    }
-
-    /// Looks a session up for `endpoint` and marks it used. `false`: unknown, expired or bound to
-    /// another endpoint (all answered 404). A session this server confirmed in the store within
-    /// [`SESSION_RECHECK`] is answered from its cache; otherwise the store decides by a read, so
-    /// a session made on another server answers here, and one ended or expired there is refused
-    /// here at most `SESSION_RECHECK` later. The use is written to the store only when due
-    /// (`relay_core::limits::session_touch_every`), and a failed write is logged, not answered:
-    /// a read-only request succeeds while the store cannot write.
-    async fn touch_session(
-        &self,
-        id: &str,
-        endpoint: &crate::store::Endpoint,
-    ) -> Result<bool, Error> {
-        let now = self.now();
-        let (cached, stream_open, mut recorded) = {
-            let st = lock(&self.inner.state);
-            match st.sessions.get(id) {
-                Some(s) if s.endpoint != endpoint.name => return Ok(false),
-                // Idle here may still be in use on another server: the store decides.
-                Some(s) => (
-                    !self.session_expired(s, now)
-                        && now < s.checked_at.saturating_add(SESSION_RECHECK),
-                    s.stream_open(),
-                    s.recorded,
-                ),
-                None => (false, false, 0),
-            }
-        };
-        // An open stream keeps its session alive whatever its age.
-        let kept = (!stream_open).then(|| relay_core::limits::session_kept(self.idle()));
-        let hash = TokenHash::of(id);
-        let mut live = true;
-        if !cached {
-            let checked = self
-                .inner
-                .store
-                .mcp_session_check(now, hash, &endpoint.name, kept);
-            match checked.await? {
-                Some(age) => recorded = recorded.max(now.saturating_sub(age)),
-                None => live = false,
-            }
-        }
-        if live && relay_core::limits::session_touch_due(now.saturating_sub(recorded), self.idle())
-        {
-            let touched = self
-                .inner
-                .store
-                .mcp_session_touch(now, hash, &endpoint.name, kept);
-            match touched.await {
-                Ok(true) => recorded = now,
-                // Ended or swept since the check.
-                Ok(false) => live = false,
-                Err(e) => tracing::warn!(
-                    endpoint = %endpoint.name,
-                    error = %e,
-                    "could not record a session's use in the store; the request is answered and \
-                     the record is tried again on the session's next request"
-                ),
-            }
-        }
-        let mut st = lock(&self.inner.state);
-        if !live {
-            if st
-                .sessions
-                .get(id)
-                .is_some_and(|s| s.endpoint == endpoint.name)
-            {
-                Self::drop_session(&mut st, id);
-            }
-            self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            return Ok(false);
-        }
-        let s = st
-            .sessions
-            .entry(id.to_string())
-            .or_insert_with(|| Session {
-                endpoint: endpoint.name.clone(),
-                grant: endpoint.grant(),
-                last_seen: now,
-                checked_at: now,
-                recorded,
-                stream: None,
-            });
-        s.last_seen = now;
-        s.recorded = s.recorded.max(recorded);
-        if !cached {
-            s.checked_at = now;
-        }
-        self.inner.metrics.sessions.set(st.sessions.len() as i64);
-        Ok(true)
-    }
-
-    fn drop_session(st: &mut State, id: &str) {
-        st.sessions.remove(id);
-        st.gate.forget(id);
-    }
-
-    /// Ends a session (DELETE), in the store and here. `false` when there was none for this
-    /// endpoint. A stream another server holds for it ends at that server's next keep-alive
-    /// (see [`STREAM_TOUCH`]).
-    async fn end_session(&self, id: &str, endpoint: &str) -> Result<bool, Error> {
-        let ended = self
-            .inner
-            .store
-            .mcp_session_end(TokenHash::of(id), endpoint)
-            .await?;
-        let mut st = lock(&self.inner.state);
-        let here = st.sessions.get(id).is_some_and(|s| s.endpoint == endpoint);
-        if here {
-            Self::drop_session(&mut st, id);
-        }
-        self.inner.metrics.sessions.set(st.sessions.len() as i64);
-        Ok(ended || here)
-    }
-
-    fn caps(&self) -> relay_core::limits::Caps {
-        let c = &self.inner.config;
-        relay_core::limits::Caps {
-            sessions_total: c.max_sessions,
-            sessions_per_endpoint: c.max_sessions_per_endpoint,
-            streams: c.max_streams,
-        }
-    }
-
-    /// Opens the session's doorbell stream.
-    fn open_stream(&self, id: &str) -> Result<mpsc::Receiver<String>, StreamRefused> {
-        let mut st = lock(&self.inner.state);
-        let open = Self::streams_open(&st);
-        let Some(s) = st.sessions.get_mut(id) else {
-            return Err(StreamRefused::NoSession);
-        };
-        if s.stream_open() {
-            return Err(StreamRefused::AlreadyOpen);
-        }
-        relay_core::limits::admit_stream(&self.caps(), open).map_err(StreamRefused::Full)?;
-        // A ring is a nudge: if a client is this far behind, dropping one loses nothing.
-        let (tx, rx) = mpsc::channel(16);
-        s.stream = Some(tx);
-        Ok(rx)
-    }
-
-    /// Notes in the store that the session's doorbell stream is open here, so that it is never
-    /// ended to make room for another session (see `relay_core::limits::admit_session`).
-    async fn note_stream(&self, id: &str, endpoint: &str) -> Result<(), Error> {
-        let now = self.now();
-        let live = self
-            .inner
-            .store
-            .mcp_session_touch(now, TokenHash::of(id), endpoint, None)
-            .await?;
-        if let Some(s) = lock(&self.inner.state).sessions.get_mut(id) {
-            (s.checked_at, s.recorded) = (now, now);
-        }
-        if !live {
-            tracing::info!(endpoint = %endpoint, "a doorbell stream opened for a session ended meanwhile");
-        }
-        Ok(())
-    }
-
-    /// Notes in the store that the session's stream ended, once its client went (called when
-    /// the stream's response is dropped). A failure only leaves the note to lapse.
-    pub(crate) fn note_stream_end(&self, id: &str, endpoint: &str) {
-        let (server, id_hash, endpoint) = (self.clone(), TokenHash::of(id), endpoint.to_string());
-        tokio::spawn(async move {
-            if let Err(e) = server
-                .inner
-                .store
-                .mcp_session_stream_end(id_hash, &endpoint)
-                .await
-            {
-                tracing::warn!(endpoint = %endpoint, error = %e, "could not note the end of a doorbell stream; the note lapses on its own");
-            }
-        });
-    }
-
-    /// Doorbell streams open on this server: legacy GET streams and modern listens.
-    fn streams_open(st: &State) -> usize {
-        st.sessions.values().filter(|s| s.stream_open()).count()
-            + st.listens.values().filter(|l| !l.tx.is_closed()).count()
-    }
-
-    /// Opens a modern listen stream for `endpoint`, its acknowledgement already queued. `Err`:
-    /// the stream cap is reached (the message for the client).
-    fn open_listen(
-        &self,
-        endpoint: &str,
-        listen: relay_core::mcp::listen::Listen,
-        subscription: serde_json::Value,
-    ) -> Result<(mpsc::Receiver<String>, mpsc::Sender<String>), String> {
-        let mut st = lock(&self.inner.state);
-        relay_core::limits::admit_stream(&self.caps(), Self::streams_open(&st))?;
-        let (tx, rx) = mpsc::channel(16);
-        let ack = relay_core::mcp::listen::acknowledged(&subscription, &listen);
-        // A new channel has room: the acknowledgement is the stream's first message.
-        let _ = tx.try_send(ack.to_string());
-        let key = format!("listen:{}", st.next_listen);
-        st.next_listen += 1;
-        st.listens.insert(
-            key,
-            Listening {
-                endpoint: endpoint.to_string(),
-                queues: listen.queues,
-                subscription,
-                tx: tx.clone(),
-            },
-        );
-        Ok((rx, tx))
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // The doorbell.
-    // -----------------------------------------------------------------------------------------
-
-    fn ring_message(queues: &BTreeSet<String>) -> String {
-        serde_json::json!({
-            "jsonrpc": "2.0",
-            "method": TODO_READY,
-            "params": {"queues": queues},
-        })
-        .to_string()
-    }
-
-    /// Tells every interested session that `todo` (of `endpoint`, in `queue`) is claimable, as
-    /// far as the gate lets it, and notes it for the next scan to skip.
-    fn ring(&self, endpoint: &str, queue: &str, todo: &str, offer: Offer) {
-        self.ring_noted(endpoint, queue, todo, offer, true);
-    }
-
-    /// `ring`; `note: false` for the scan's own rings. Noting them would make the next scan skip
-    /// the todo even when it became pending again outside this server in between.
-    fn ring_noted(&self, endpoint: &str, queue: &str, todo: &str, offer: Offer, note: bool) {
-        let now = self.now();
-        let mut st = lock(&self.inner.state);
-        let State {
-            sessions,
-            listens,
-            gate,
-            scan_watermark,
-            rung_since_scan,
-            ..
-        } = &mut *st;
-        if note && scan_watermark.is_some() {
-            if rung_since_scan.len() >= RUNG_SINCE_SCAN_MAX {
-                rung_since_scan.clear();
-            }
-            rung_since_scan.insert(todo.to_string());
-        }
-        for (id, s) in sessions.iter() {
-            if !s.wants(endpoint, queue) {
-                continue;
-            }
-            if gate.offer(id, todo, queue, offer, now) {
-                self.send_ring(s, &BTreeSet::from([queue.to_string()]));
-            }
-        }
-        for (key, l) in listens.iter() {
-            if l.wants(endpoint, queue) && gate.offer(key, todo, queue, offer, now) {
-                self.send_update(l, &BTreeSet::from([queue.to_string()]));
-            }
-        }
-    }
-
-    /// A modern ring: one resource update per queue.
-    fn send_update(&self, l: &Listening, queues: &BTreeSet<String>) {
-        for q in queues {
-            let frame = relay_core::mcp::listen::updated(&l.subscription, q);
-            if l.tx.try_send(frame.to_string()).is_ok() {
-                self.inner.metrics.doorbell_rings.inc();
-            }
-        }
-    }
-
-    fn send_ring(&self, s: &Session, queues: &BTreeSet<String>) {
-        if let Some(tx) = &s.stream
-            && tx.try_send(Self::ring_message(queues)).is_ok()
-        {
-            self.inner.metrics.doorbell_rings.inc();
-        }
-    }
-
-    /// Tells the Board's live streams which todos an applied operation changed.
-    pub(crate) fn notice(&self, answer: &Result<relay_core::ledger::Answer, Error>) {
-        use relay_core::ledger::Answer;
-        let ids: Vec<&str> = match answer {
-            Ok(Answer::Todo(t)) => vec![&t.id],
-            Ok(Answer::Claimed(c) | Answer::Next(Some(c))) => vec![&c.todo.id],
-            Ok(Answer::Todos(ts)) => ts.iter().map(|t| t.id.as_str()).collect(),
-            _ => Vec::new(),
-        };
-        for id in ids {
-            // No Board listening is no error.
-            let _ = self.inner.board_notices.send(id.to_string());
-        }
-    }
-
-    /// Tells the Board's live streams that something else they may show changed (a bulk
-    /// action's progress, under its id).
-    pub(crate) fn board_notice(&self, id: &str) {
-        let _ = self.inner.board_notices.send(id.to_string());
-    }
-
-    /// A live stream of the ids of todos this server changes.
-    pub(crate) fn board_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.inner.board_notices.subscribe()
-    }
-
-    pub(crate) fn ring_todo(&self, t: &relay_core::ledger::Todo, offer: Offer) {
-        let _ = self.inner.board_notices.send(t.id.clone());
-        if *self.inner.notices_live.borrow() {
-            // The NOTIFY of this change rings it (see `follow_notices`).
-            return;
-        }
-        if relay_core::doorbell::worth_a_ring(t) {
-            self.ring(&t.endpoint, &t.queue, &t.id, offer);
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // Background work.
-    // -----------------------------------------------------------------------------------------
-
-    /// The reaper's sweep at `now`: closes every lapsed lease as `reaped` and rings the doorbell
-    /// for the todos it made claimable again. Returns the changed todos.
-    pub async fn reap_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
-        let reaped = self.inner.store.apply(Op::Reap { now }).await?.todos()?;
-        for t in &reaped {
-            let disposition = if t.state == TodoState::Pending {
-                relay_core::ledger::Disposition::Requeued
-            } else {
-                relay_core::ledger::Disposition::DeadLettered
-            };
-            self.inner
-                .metrics
-                .closed(relay_core::ledger::Outcome::Reaped, disposition);
-            if let Some(r) = t.dead_letter_reason {
-                self.inner.metrics.dead_letter(r.as_str());
-            }
-            tracing::info!(todo = %t.id, endpoint = %t.endpoint, state = %t.state, "reaped a lapsed lease");
-            self.ring_todo(t, Offer::Requeued);
-        }
-        Ok(reaped)
-    }
-
-    /// The due-retry sweep at `now`: moves failed todos whose retry is due back to pending, and
-    /// rings for each (cleared from the gate first, so the ring is never swallowed).
-    pub async fn requeue_once(&self, now: Millis) -> Result<Vec<relay_core::ledger::Todo>, Error> {
-        let requeued = self.inner.store.apply(Op::RequeueDue { now });
-        let requeued = requeued.await?.todos()?;
-        for t in &requeued {
-            // The sweep also dead-letters todos past their deadline: no ring for those.
-            if let Some(r) = t.dead_letter_reason {
-                tracing::info!(todo = %t.id, endpoint = %t.endpoint, reason = %r, "dead-lettered");
-                self.inner.metrics.dead_letter(r.as_str());
-                continue;
-            }
-            tracing::info!(todo = %t.id, endpoint = %t.endpoint, "re-queued a due retry");
-            self.ring_todo(t, Offer::Requeued);
-        }
-        Ok(requeued)
-    }
-
-    /// The doorbell's own sweep at `now`: forgets idle sessions and those of revoked endpoints
-    /// (ending their streams), rings owed rings whose window
-    /// has passed, and rings for todos that became pending outside this server (`relay todo add`
-    /// and `relay todo retry` write the store directly, as does another server on the same
-    /// database). The scan follows the store's change sequence ([`Store::pending_since`]): it
-    /// reads only todos changed since the last scan, never a payload, and misses none whatever
-    /// the backlog.
-    pub async fn doorbell_once(&self, now: Millis) -> Result<(), Error> {
-        // Sessions of revoked endpoints end here (their requests are refused 401 already, but
-        // an open doorbell stream would otherwise keep the session alive).
-        let live: BTreeSet<String> = self
-            .inner
-            .store
-            .endpoint_list()
-            .await?
-            .into_iter()
-            .filter(|e| e.revoked_at.is_none())
-            .map(|e| e.name)
-            .collect();
-        // The streams this server holds keep their sessions alive in the store; a session ended
-        // or swept meanwhile (by another server) ends its stream here.
-        let streams: Vec<(String, String)> = lock(&self.inner.state)
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.stream_open() && now >= s.checked_at.saturating_add(STREAM_TOUCH))
-            .map(|(id, s)| (id.clone(), s.endpoint.clone()))
-            .collect();
-        for (id, endpoint) in streams {
-            let live = self
-                .inner
-                .store
-                .mcp_session_touch(now, TokenHash::of(&id), &endpoint, None)
-                .await?;
-            let mut st = lock(&self.inner.state);
-            if !live {
-                Self::drop_session(&mut st, &id);
-            } else if let Some(s) = st.sessions.get_mut(&id) {
-                (s.checked_at, s.recorded) = (now, now);
-            }
-        }
-        let kept = relay_core::limits::session_kept(self.idle());
-        self.inner.store.mcp_session_sweep(now, kept).await?;
-        {
-            let mut st = lock(&self.inner.state);
-            let expired: Vec<String> = st
-                .sessions
-                .iter()
-                .filter(|(_, s)| self.session_expired(s, now) || !live.contains(&s.endpoint))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in expired {
-                Self::drop_session(&mut st, &id);
-            }
-            self.inner.metrics.sessions.set(st.sessions.len() as i64);
-            let ended: Vec<String> = st
-                .listens
-                .iter()
-                .filter(|(_, l)| l.tx.is_closed() || !live.contains(&l.endpoint))
-                .map(|(key, _)| key.clone())
-                .collect();
-            for key in ended {
-                st.listens.remove(&key);
-                st.gate.forget(&key);
-            }
-            for (id, queues) in st.gate.flush(now) {
-                if let Some(s) = st.sessions.get(&id) {
-                    self.send_ring(s, &queues);
-                } else if let Some(l) = st.listens.get(&id) {
-                    self.send_update(l, &queues);
-                }
-            }
-        }
-        // Todos that became pending since the last scan, by the store's change sequence: only
-        // their ids, queues and endpoints, a page at a time, whatever else is pending.
-        let (mut after, skip) = {
-            let mut st = lock(&self.inner.state);
-            (st.scan_watermark, std::mem::take(&mut st.rung_since_scan))
-        };
-        for _ in 0..PENDING_SCAN_PAGES {
-            let page = self
-                .inner
-                .store
-                .pending_since(after, PENDING_SCAN_PAGE)
-                .await?;
-            let first = after.is_none();
-            let full = page.changes.len() >= PENDING_SCAN_PAGE;
-            lock(&self.inner.state).scan_watermark = Some(page.watermark);
-            after = Some(page.watermark);
-            // An open Board page hears of every change the scan reads, also one this server
-            // rang for already: an extra reload is harmless, a missed change is not.
-            for c in &page.changes {
-                let _ = self.inner.board_notices.send(c.id.clone());
-            }
-            for c in page.changes.iter().filter(|c| !skip.contains(&c.id)) {
-                let offer = Offer::of_pending(c.attempts_total);
-                self.ring_noted(&c.endpoint, &c.queue, &c.id, offer, false);
-            }
-            if first || !full {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether the doorbell's NOTIFY listener is up, as a watch (tests wait on it).
-    pub fn notices_live(&self) -> watch::Receiver<bool> {
-        self.inner.notices_live.subscribe()
-    }
-
-    /// On Postgres: follows the doorbell's NOTIFY channel on a dedicated connection
-    /// ([`PgStore::listen_ready`](crate::store::PgStore::listen_ready)) and rings this server's
-    /// sessions through the gate for every todo that becomes claimable in the store, whoever
-    /// wrote it (another server, the CLI, this one). A lost connection is reconnected after
-    /// [`NOTICE_RECONNECT`]; meanwhile this server rings its own writes in-process and the
-    /// doorbell scan (every requeue interval) rings what the others wrote. Returns at once on
-    /// SQLite (one process: in-process rings and the scan).
-    pub async fn follow_notices(&self) {
-        #[cfg(feature = "postgres")]
-        if let crate::store::Store::Postgres(pg) = &self.inner.store {
-            self.follow_pg_notices(pg).await;
-        }
-    }
-
-    /// The loop of [`Server::follow_notices`]; it never returns.
-    #[cfg(feature = "postgres")]
-    async fn follow_pg_notices(&self, pg: &crate::store::PgStore) {
-        loop {
-            match pg.listen_ready().await {
-                Ok(mut listener) => {
-                    tracing::info!("doorbell: listening for notices across servers");
-                    self.inner.notices_live.send_replace(true);
-                    while let Some(r) = listener.recv().await {
-                        self.ring(
-                            &r.endpoint,
-                            &r.queue,
-                            &r.id,
-                            Offer::of_pending(r.attempts_total),
-                        );
-                    }
-                    self.inner.notices_live.send_replace(false);
-                    tracing::warn!(
-                        "doorbell: the notice connection was lost; scanning every requeue                          interval until it is back"
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "doorbell: cannot listen for notices; retrying");
-                }
-            }
-            tokio::time::sleep(NOTICE_RECONNECT).await;
-        }
-    }
-
-    /// Runs the reaper and the requeue/doorbell loops on the configured intervals, and the
-    /// doorbell's notice listener ([`Server::follow_notices`]), until `shutdown` resolves. A
-    /// failed sweep is logged and retried on the next tick.
-    pub async fn run_background(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
-        // The Board's bulk actions a stop interrupted carry on where they were.
-        if self.inner.config.board {
-            crate::board::resume_bulks(self.clone());
-        }
-        let notices = {
-            let s = self.clone();
-            tokio::spawn(async move { s.follow_notices().await })
-        };
-        self.run_sweeps(shutdown).await;
-        notices.abort();
-        self.inner.notices_live.send_replace(false);
-    }
-
-    async fn run_sweeps(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
-        use tokio::time::{MissedTickBehavior, interval};
-        let mut reap = interval(self.inner.config.reap_interval);
-        reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut requeue = interval(self.inner.config.requeue_interval);
-        requeue.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                _ = reap.tick() => {
-                    if let Err(e) = self.reap_once(self.now()).await {
-                        tracing::warn!(error = %e, "reaper sweep failed; retrying next tick");
-                    }
-                }
-                _ = requeue.tick() => {
-                    let now = self.now();
-                    if let Err(e) = self.requeue_once(now).await {
-                        tracing::warn!(error = %e, "requeue sweep failed; retrying next tick");
-                    }
-                    if let Err(e) = self.doorbell_once(now).await {
-                        tracing::warn!(error = %e, "doorbell sweep failed; retrying next tick");
-                    }
-                }
-            }
-        }
-    }
-
     /// Issues the one-time Board login link for `operator` (replacing any earlier one) and
     /// returns its secret, to be shown once. Only a server listening on loopback issues one: the
     /// link is for the person at this machine (`relay up`), never for a network.
@@ -1091,64 +426,20 @@ impl Server {
         self.inner.shutdown.send_replace(true);
     }
 
-    /// Serves on `listener` until `shutdown` resolves, with the background loops. On shutdown it
-    /// stops accepting, ends the doorbell streams, lets in-flight requests finish (each one's
-    /// store transaction commits or rolls back whole) for at most the shutdown grace, drops
-    /// what is left, then stops the background loops.
-    pub async fn serve(
-        &self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        self.serve_with_tls(listener, None, shutdown).await
+    /// The MCP server's own routes (`/mcp/<endpoint>`, `/metrics`, `/healthz`), without the
+    /// Board's and without the in-flight count ([`Server::router`] composes them).
+    pub(crate) fn mcp_routes(&self) -> axum::Router {
+        http::routes(self.clone())
     }
 
-    /// [`Server::serve`], speaking TLS on every connection when `tls` is given.
-    pub async fn serve_with_tls(
-        &self,
-        listener: tokio::net::TcpListener,
-        tls: Option<tokio_rustls::TlsAcceptor>,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        let (stop_bg, mut bg_rx) = watch::channel(false);
-        let bg_server = self.clone();
-        let background = tokio::spawn(async move {
-            bg_server
-                .run_background(async move {
-                    let _ = bg_rx.wait_for(|v| *v).await;
-                })
-                .await;
-        });
-        let result = conn::accept_loop(self.clone(), listener, tls, shutdown).await;
-        stop_bg.send_replace(true);
-        let _ = background.await;
-        tracing::info!("stopped");
-        result
-    }
-
-    /// The HTTP routes, on any listener (a real socket, or a simulated one in tests).
-    pub fn router(&self) -> axum::Router {
-        http::router(self.clone())
+    /// `app` with every request it handles counted in [`Server::in_flight`].
+    pub(crate) fn counting_in_flight(&self, app: axum::Router) -> axum::Router {
+        app.layer(axum::middleware::from_fn_with_state(
+            self.clone(),
+            http::count_in_flight,
+        ))
     }
 }
-
-/// How many changed pending todos one page of [`Server::doorbell_once`]'s scan reads.
-pub const PENDING_SCAN_PAGE: usize = 1_000;
-/// Pages per sweep at most; a longer run of new todos continues on the next tick.
-pub const PENDING_SCAN_PAGES: usize = 50;
-/// How long a session the store confirmed is answered from a server's cache: a session ended
-/// (DELETE) or expired on another server keeps answering here for at most this long. 2 s keeps
-/// the store at one session write per session per 2 s, however fast its requests come.
-pub const SESSION_RECHECK: Millis = 2_000;
-/// How often a server holding a session's doorbell stream records its use in the store (so that
-/// no server's idle sweep forgets it), and finds out that it was ended elsewhere: the stream of a
-/// session ended on another server ends within this and one sweep interval. Far below the idle
-/// timeout (30 min).
-pub const STREAM_TOUCH: Millis = 60_000;
-/// How long the doorbell's notice listener waits before reconnecting a lost connection.
-pub const NOTICE_RECONNECT: Duration = Duration::from_secs(1);
-/// See `State::rung_since_scan`.
-const RUNG_SINCE_SCAN_MAX: usize = 100_000;
 
 /// A new todo id: `td_` and 10 random bytes from the OS RNG in hex (for `relay todo add`; the
 /// server draws its own from its possibly seeded source).

@@ -1,5 +1,5 @@
 //! Sessions over headers, the JSON-RPC error reply and the event-stream response: what both the
-//! routes ([`super::http`]) and the JSON-RPC handler ([`super::rpc`]) use. It imports neither,
+//! routes (`http`) and the JSON-RPC handler (`rpc`) use. It imports neither,
 //! so neither imports the other back.
 
 // The refusal *is* the response to send; boxing it would only add an allocation per refusal.

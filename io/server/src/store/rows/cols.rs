@@ -11,7 +11,7 @@ use crate::store::types::Endpoint;
 
 /// The todo columns, in the order [`todo`] decodes them.
 ///
-/// [`todo`]: super::decode::todo
+/// [`todo`]: super::todo
 pub(crate) const TODO_COLS: [&str; 38] = [
     "id",
     "endpoint",
@@ -55,7 +55,7 @@ pub(crate) const TODO_COLS: [&str; 38] = [
 
 /// The attempt columns, in the order [`attempt`] decodes them.
 ///
-/// [`attempt`]: super::decode::attempt
+/// [`attempt`]: super::attempt
 pub(crate) const ATTEMPT_COLS: [&str; 31] = [
     "todo_id",
     "seq",
@@ -141,7 +141,7 @@ fn opt_time(op: &str, v: Option<Millis>) -> Result<Val, Error> {
 
 /// A todo row's values in [`TODO_COLS`] order, for [`Shared::insert_todo`].
 ///
-/// [`Shared::insert_todo`]: super::sql::Shared::insert_todo
+/// [`Shared::insert_todo`]: super::Shared::insert_todo
 pub(crate) fn todo_row(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
     (0..TODO_COLS.len()).map(|i| todo_val(op, t, i)).collect()
 }
@@ -202,7 +202,7 @@ pub(crate) fn two_open_attempts(op: &str, id: &str) -> Error {
 
 /// An attempt row's values in [`ATTEMPT_COLS`] order, for [`Shared::insert_attempt`].
 ///
-/// [`Shared::insert_attempt`]: super::sql::Shared::insert_attempt
+/// [`Shared::insert_attempt`]: super::Shared::insert_attempt
 pub(crate) fn attempt_row(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     let q = a.question.as_ref();
     Ok(vec![
@@ -261,7 +261,7 @@ pub(super) const ATTEMPT_AMENDED: std::ops::Range<usize> = 25..31;
 
 /// The values of [`Shared::update_amend`].
 ///
-/// [`Shared::update_amend`]: super::sql::Shared::update_amend
+/// [`Shared::update_amend`]: super::Shared::update_amend
 pub(crate) fn amend_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     let mut row = attempt_row(op, a)?;
     row.truncate(ATTEMPT_AMENDED.end);
@@ -327,7 +327,7 @@ pub(crate) fn todo_update(op: &str, t: &Todo) -> Result<Vec<Val>, Error> {
 
 /// The values of [`Shared::update_open_attempt`].
 ///
-/// [`Shared::update_open_attempt`]: super::sql::Shared::update_open_attempt
+/// [`Shared::update_open_attempt`]: super::Shared::update_open_attempt
 pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
     let mut row = attempt_row(op, a)?;
     row.truncate(ATTEMPT_REWRITTEN.end);
@@ -337,7 +337,7 @@ pub(crate) fn attempt_update(op: &str, a: &Attempt) -> Result<Vec<Val>, Error> {
 
 /// An endpoint row's values in [`ENDPOINT_COLS`] order, for [`Shared::insert_endpoint`].
 ///
-/// [`Shared::insert_endpoint`]: super::sql::Shared::insert_endpoint
+/// [`Shared::insert_endpoint`]: super::Shared::insert_endpoint
 pub(crate) fn endpoint_row(op: &str, e: &Endpoint) -> Result<Vec<Val>, Error> {
     Ok(vec![
         label(Some(&e.name)),

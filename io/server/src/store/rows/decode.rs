@@ -237,7 +237,7 @@ pub(crate) fn attempt<R: Row>(row: &R, at: usize) -> Result<Option<Attempt>, Err
 
 /// Decodes an endpoint from the columns of [`ENDPOINT_COLS`]; verbs and queues are JSON arrays.
 ///
-/// [`ENDPOINT_COLS`]: super::cols::ENDPOINT_COLS
+/// [`ENDPOINT_COLS`]: super::ENDPOINT_COLS
 pub(crate) fn endpoint<R: Row>(row: &R) -> Result<Endpoint, Error> {
     let mut r = Reader {
         row,

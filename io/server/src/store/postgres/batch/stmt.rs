@@ -86,7 +86,7 @@ pub(super) type Arg = Box<dyn ToSql + Sync + Send>;
 
 /// Which write [`Batch::many`] makes.
 ///
-/// [`Batch::many`]: super::tx::Batch::many
+/// [`Batch::many`]: super::Batch::many
 #[derive(Clone, Copy)]
 pub(super) enum Many {
     Insert,
