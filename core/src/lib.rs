@@ -15,6 +15,7 @@ pub mod bounds;
 pub mod config;
 pub mod doorbell;
 pub mod error;
+pub mod fleet;
 pub mod grant;
 pub mod ledger;
 pub mod limits;

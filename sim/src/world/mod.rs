@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use relay_core::config::{OperatingHours, Schedule, within_hours};
 use relay_core::doorbell::{self, Gate, Offer, worth_a_ring};
+use relay_core::fleet::Timetable;
 use relay_core::grant::Grant;
 use relay_core::ledger::flow::Limits;
 use relay_core::ledger::{self, Actor, Attempt, Budget, Ledger, LedgerConfig, NewTodo, Op, Todo};
@@ -240,8 +241,9 @@ pub struct World {
     since_full_check: u32,
     /// The server's doorbell gate, one session per relay lifetime.
     gate: Gate,
-    /// Every relay's harness schedule (`@every fire_every`).
-    schedule_of: Schedule,
+    /// Each relay's harness schedule (`@every fire_every`) and its next firing on the host's
+    /// wall clock, kept by the daemon's rule.
+    timetables: Vec<Timetable>,
     /// What the server shows each relay (its surface), and what each relay's endpoint was
     /// granted; built once.
     caps: Vec<Capabilities>,
@@ -344,7 +346,7 @@ impl World {
             touched: BTreeSet::new(),
             since_full_check: 0,
             gate: Gate::new(doorbell::WINDOW),
-            schedule_of: Schedule::Every(o.fire_every),
+            timetables: Vec::new(),
             caps: (0..o.relays).map(|r| World::surface(&o, r).0).collect(),
             grants: (0..o.relays).map(|r| World::surface(&o, r).1).collect(),
             asking: Rng::stream(o.seed, "asking"),
@@ -388,6 +390,9 @@ impl World {
         for r in 0..w.o.relays {
             w.start_relay(r);
             let first = T0 + w.work.below(w.o.fire_every);
+            let every = Schedule::Every(w.o.fire_every);
+            let table = Timetable::starting_at(every, w.hosts[r].wall.read(first));
+            w.timetables.push(table);
             w.schedule(first, Ev::Tick(r));
         }
         w
@@ -624,12 +629,19 @@ impl World {
                 self.schedule(self.now + self.o.requeue_every, Ev::Requeue);
             }
             Ev::Tick(r) => {
-                self.schedule(self.now, Ev::Fire(r));
-                // The next slot on the host's wall clock, as the daemon finds it (a stepped
-                // or drifting wall clock moves the firings with it).
+                // Due and next on the host's wall clock, by the daemon's rule (a stepped or
+                // drifting wall clock moves the firings with it; one stepped back waits).
                 let wall = &self.hosts[r].wall;
-                let next = self.schedule_of.next_after(wall.read(self.now));
+                let due = self.timetables[r].due(wall.read(self.now));
+                let next = self.timetables[r]
+                    .next()
+                    .expect("every relay has a schedule");
                 let at = wall.when(next).max(self.now + 1);
+                if due {
+                    self.schedule(self.now, Ev::Fire(r));
+                } else {
+                    self.count("schedule_waits");
+                }
                 self.schedule(at, Ev::Tick(r));
             }
             Ev::Fire(r) => {

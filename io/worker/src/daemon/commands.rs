@@ -96,7 +96,12 @@ impl Daemon {
                 if closed {
                     self.metrics.run_closed(&record);
                 }
-                let keep = self.slot(harness).harness.keep_runs as usize;
+                let keep = self
+                    .fleet
+                    .get(harness)
+                    .expect("commands come from a member")
+                    .harness()
+                    .keep_runs as usize;
                 let _ = self.records.send(RecordJob::Write(record, keep));
                 if closed {
                     let slot = self.slot(harness);

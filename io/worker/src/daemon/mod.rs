@@ -7,8 +7,8 @@
 //! call, process wait, success check and receipt upload runs in a task of its own and posts its
 //! result back as a [`Msg`] (run records go to one writer task, in order; only the few-KiB
 //! context file is written in place, unsynced, because the check or agent that reads it starts
-//! next). Timers come from [`Relay::poll_timeout`] and the harness schedules;
-//! the actor sleeps until the earliest. Tasks that belong to a run are tracked by run id and
+//! next). The machines and the rules around them (schedules, `catch_up`, source binding, what a
+//! reload stops, the next wake-up) are a [`Fleet`]; the actor sleeps until its next wake-up. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
 //! # Reload
@@ -46,10 +46,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relay_core::Millis;
-use relay_core::config::{ConfigDiff, Harness, ResolvedConfig};
+use relay_core::config::{ConfigDiff, ResolvedConfig};
+use relay_core::fleet::{CATCH_UP, Due, Fleet, Settled};
 use relay_core::relay::{
-    self, Capabilities, Command, HarnessSettings, Input, Reconfigured, Relay, RunOutcome,
-    RunRecord, StopReason, UsageFile,
+    self, Capabilities, Command, HarnessSettings, Input, Reconfigured, RunOutcome, RunRecord,
+    StopReason, UsageFile,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -87,9 +88,6 @@ pub mod canary {
         ON.load(Ordering::Relaxed)
     }
 }
-
-/// The trigger name of a `catch_up` firing.
-pub const CATCH_UP: &str = "catch_up";
 
 /// What `relay daemon` needs besides the config file.
 pub struct DaemonOptions {
@@ -182,19 +180,13 @@ impl DaemonHandle {
     }
 }
 
+/// The IO side of a harness of the fleet (its rules are `relay_core::fleet`'s).
 struct Slot {
-    relay: Relay,
-    harness: Harness,
     /// The source (`queue.<name>`) and client the machine's attempts run on. Re-bound to the
     /// source its settings name only while no attempt is in flight.
     source: String,
     client: Arc<LeaseClient>,
     generation: u64,
-    /// A reload removed the harness: it fires nothing more and goes once its attempt closes.
-    removed: bool,
-    /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
-    catch_up: Option<Millis>,
-    next_fire: Option<Millis>,
     /// Running agents and checks (their process groups, for real ones), by run.
     agents: BTreeMap<u64, Arc<dyn Control>>,
     /// Runs whose agent is being started off the actor, with the signals the machine sent it
@@ -244,6 +236,8 @@ pub struct Daemon {
     launcher: Arc<dyn Launcher>,
     /// The config running now (its `Debug` shows no secret).
     resolved: ResolvedConfig,
+    /// The machines and the rules around them; `slots` holds the IO of the same harnesses.
+    fleet: Fleet,
     slots: BTreeMap<String, Slot>,
     /// The highest run id each harness has written a record for in this daemon: a harness a
     /// reload removes and adds back continues after it, even while its records are still on
@@ -262,7 +256,6 @@ pub struct Daemon {
     doorbells_stop: watch::Sender<bool>,
     events: events::EventLog,
     metrics: Arc<DaemonMetrics>,
-    stopping: bool,
 }
 
 impl Daemon {
@@ -302,6 +295,7 @@ impl Daemon {
             transport: opts.transport,
             launcher: opts.launcher,
             resolved: prepared.resolved.clone(),
+            fleet: Fleet::default(),
             slots: BTreeMap::new(),
             last_run_ids: BTreeMap::new(),
             sources: BTreeMap::new(),
@@ -312,7 +306,6 @@ impl Daemon {
             doorbells_stop,
             events: events::EventLog::default(),
             metrics: Arc::new(DaemonMetrics::default()),
-            stopping: false,
         };
         for name in prepared.resolved.config.queues.keys() {
             daemon.add_source(&prepared.resolved, name);
@@ -322,7 +315,7 @@ impl Daemon {
             daemon.add_slot(&name, settings)?;
             daemon.owe_catch_up(&name, now);
         }
-        let bound: Vec<String> = daemon.bound_sources();
+        let bound: Vec<String> = daemon.fleet.bound_sources();
         for source in bound {
             daemon.initialize(&source);
         }
@@ -388,21 +381,15 @@ impl Daemon {
         let caps = s.caps.clone();
         let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
         let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
-        let now = self.clock.now();
         self.metrics.harness(name);
-        // Each harness its own jitter stream from the one seed.
-        let seed = self.seed ^ relay_core::mix::fnv1a(name.as_bytes());
+        let wall = self.clock.now();
+        self.fleet.add(harness, settings, self.seed, first, wall);
         self.slots.insert(
             name.to_string(),
             Slot {
-                relay: Relay::new(settings, seed, first),
-                next_fire: harness.next_fire(now),
-                harness,
                 source,
                 client,
                 generation,
-                removed: false,
-                catch_up: None,
                 agents: BTreeMap::new(),
                 spawning: BTreeMap::new(),
                 checks: BTreeMap::new(),
@@ -421,10 +408,7 @@ impl Daemon {
     /// is fired once, when its source's session has been checked (a firing before that would
     /// only be skipped as unsupported).
     fn owe_catch_up(&mut self, name: &str, now: Millis) {
-        let Some(slot) = self.slots.get_mut(name) else {
-            return;
-        };
-        if !slot.harness.catch_up {
+        if !self.fleet.catches_up(name) {
             return;
         }
         let last = match self.journal.records(name, 1) {
@@ -436,32 +420,9 @@ impl Daemon {
                 return;
             }
         };
-        slot.catch_up = slot.harness.catch_up_slot(last, now);
-        if let Some(missed) = slot.catch_up {
+        if let Some(missed) = self.fleet.owe_catch_up(name, last, now) {
             tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed), "a schedule slot was missed while the daemon was down; catch_up fires once");
         }
-    }
-
-    /// The sources a harness of the daemon is bound to, or will be after its attempt.
-    fn bound_sources(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .slots
-            .values()
-            .filter(|s| !s.removed)
-            .map(|s| s.relay.settings().lease.clone())
-            .collect();
-        out.sort();
-        out.dedup();
-        out
-    }
-
-    /// The harnesses whose machines run on `source` (their settings name it).
-    fn harnesses_on(&self, source: &str) -> Vec<String> {
-        self.slots
-            .iter()
-            .filter(|(_, s)| s.relay.settings().lease == source)
-            .map(|(n, _)| n.clone())
-            .collect()
     }
 
     /// Initializes the source's session on a task, retrying with capped backoff until the
@@ -510,11 +471,7 @@ impl Daemon {
             .channels
             .values()
             .filter(|ch| ch.enabled)
-            .filter(|ch| {
-                self.slots
-                    .values()
-                    .any(|s| !s.removed && s.harness.triggers.contains(&ch.name))
-            })
+            .filter(|ch| !self.fleet.rung(&ch.name).is_empty())
             .map(|ch| ch.name.clone())
             .collect();
         let config = &self.resolved.config;
@@ -570,7 +527,7 @@ impl Daemon {
     /// Runs until stopped and every attempt in flight is closed.
     pub async fn run(mut self) {
         loop {
-            if self.stopping && self.slots.values().all(|s| !s.relay.in_flight()) {
+            if self.fleet.stopped() {
                 break;
             }
             let wait = self.next_wait();
@@ -609,44 +566,15 @@ impl Daemon {
     /// clock) or schedule firing (on the wall clock, as cron is), and never more than
     /// [`MAX_SLEEP`] while a timer is set.
     fn next_wait(&self) -> Option<Duration> {
-        let now = self.clock.reading();
-        let timers = self.slots.values().filter_map(|s| {
-            let (at, _) = s.relay.poll_timeout()?;
-            Some(at.saturating_sub(now.mono))
-        });
-        let fires = self
-            .slots
-            .values()
-            .filter(|s| !self.stopping && !s.removed)
-            .filter_map(|s| Some(s.next_fire?.saturating_sub(now.wall)));
-        let wait = timers.chain(fires).min()?;
+        let wait = self.fleet.next_wake(self.clock.reading())?;
         Some(Duration::from_millis(wait).min(MAX_SLEEP))
     }
 
     fn on_time(&mut self) {
-        let now = self.clock.reading();
-        let names: Vec<String> = self.slots.keys().cloned().collect();
-        for name in names {
-            let Some(slot) = self.slots.get_mut(&name) else {
-                continue;
-            };
-            if slot
-                .relay
-                .poll_timeout()
-                .is_some_and(|(at, _)| at <= now.mono)
-            {
-                self.input(&name, Input::TimerFired);
-            }
-            let Some(slot) = self.slots.get_mut(&name) else {
-                continue;
-            };
-            if !self.stopping
-                && !slot.removed
-                && let Some(at) = slot.next_fire
-                && at <= now.wall
-            {
-                slot.next_fire = slot.harness.next_fire(now.wall);
-                self.fire(&name, "schedule");
+        for due in self.fleet.due(self.clock.reading()) {
+            match due {
+                Due::Timer(name) => self.input(&name, Input::TimerFired),
+                Due::Schedule(name) => self.fire(&name, "schedule"),
             }
         }
     }
@@ -679,21 +607,15 @@ impl Daemon {
                 }
             }
             Msg::Fire { harness, trigger } => {
-                if !self.stopping {
+                if !self.fleet.stopping() {
                     self.fire(&harness, &trigger);
                 }
             }
             Msg::Ring { channel } => {
-                if self.stopping {
+                if self.fleet.stopping() {
                     return;
                 }
-                let rung: Vec<String> = self
-                    .slots
-                    .iter()
-                    .filter(|(_, s)| !s.removed && s.harness.triggers.contains(&channel))
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                for h in rung {
+                for h in self.fleet.rung(&channel) {
                     self.fire(&h, &format!("channel.{channel}"));
                 }
             }
@@ -719,9 +641,8 @@ impl Daemon {
                 }
             },
             Msg::Stop => {
-                self.stopping = true;
-                let names: Vec<String> = self.slots.keys().cloned().collect();
-                for name in names {
+                self.fleet.stop();
+                for name in self.fleet.names() {
                     self.input(
                         &name,
                         Input::StopRequested {
@@ -752,14 +673,9 @@ impl Daemon {
             }
         };
         let known = matches!(input, Input::CapabilitiesKnown(_));
-        for h in self.harnesses_on(source) {
+        for h in self.fleet.harnesses_on(source) {
             self.input(&h, input.clone());
-            if known
-                && !self.stopping
-                && let Some(slot) = self.slots.get_mut(&h)
-                && !slot.removed
-                && slot.catch_up.take().is_some()
-            {
+            if known && self.fleet.take_catch_up(&h) {
                 self.fire(&h, CATCH_UP);
             }
         }
@@ -767,7 +683,7 @@ impl Daemon {
 
     /// Starts loading the config again, off the actor.
     fn reload(&mut self, reply: Option<oneshot::Sender<Value>>) {
-        if self.stopping {
+        if self.fleet.stopping() {
             if let Some(reply) = reply {
                 let _ = reply.send(control::error("the daemon is stopping".into()));
             }
@@ -792,7 +708,7 @@ impl Daemon {
 
     /// Applies a loaded config (see the module doc) and answers what changed.
     fn apply_reload(&mut self, prepared: load::Prepared) -> Value {
-        if self.stopping {
+        if self.fleet.stopping() {
             return control::error("the daemon is stopping".into());
         }
         let diff = relay_core::config::diff(&self.resolved, &prepared.resolved);
@@ -807,7 +723,7 @@ impl Daemon {
             let name = source.trim_start_matches("queue.");
             self.add_source(&new, name);
             if diff.new_sessions.contains(source) {
-                for h in self.harnesses_on(source) {
+                for h in self.fleet.harnesses_on(source) {
                     self.input(&h, Input::SessionExpired);
                 }
             }
@@ -825,19 +741,13 @@ impl Daemon {
 
         let mut aborted = Vec::new();
         let mut reconfigured = Vec::new();
-        let names: Vec<String> = self.slots.keys().cloned().collect();
-        for name in &names {
-            let slot = self.slots.get_mut(name).expect("slot exists");
-            let lease = slot.relay.settings().lease.clone();
+        for name in &self.fleet.names() {
             let settings = prepared.settings.get(name).cloned();
-            if settings.is_none() || diff.aborts(name, &lease) {
-                let run = slot
-                    .relay
-                    .describe(self.clock.reading())
-                    .attempt
-                    .map(|a| a.run_id);
-                if let Some(run_id) = run.filter(|_| slot.relay.stop_would_abort()) {
-                    aborted.push(json!({"harness": name, "run_id": run_id}));
+            if self.fleet.reload_stops(name, settings.is_some(), &diff) {
+                let relay = self.fleet.get(name).expect("a member").relay();
+                let run = relay.describe(self.clock.reading()).attempt;
+                if let Some(a) = run.filter(|_| relay.stop_would_abort()) {
+                    aborted.push(json!({"harness": name, "run_id": a.run_id}));
                 }
                 self.input(
                     name,
@@ -846,33 +756,21 @@ impl Daemon {
                     },
                 );
             }
-            let Some(slot) = self.slots.get_mut(name) else {
-                continue;
-            };
-            match settings {
-                None => slot.removed = true,
-                Some(settings) => {
-                    slot.removed = false;
-                    let applies = slot.relay.reconfigure(settings);
-                    if applies != Reconfigured::Unchanged {
-                        let mut entry = serde_json::to_value(applies).unwrap_or_default();
-                        entry["harness"] = json!(name);
-                        reconfigured.push(entry);
-                    }
-                    if let Some(h) = self.resolved.config.harnesses.get(name) {
-                        if h.schedule != slot.harness.schedule {
-                            let now = self.clock.now();
-                            slot.next_fire = h.next_fire(now);
-                        }
-                        slot.harness = h.clone();
-                    }
-                }
+            let harness = self.resolved.config.harnesses.get(name).cloned();
+            let wall = self.clock.now();
+            let applies = self
+                .fleet
+                .reload(name, settings.map(|s| (s, harness)), wall);
+            if let Some(applies) = applies.filter(|a| *a != Reconfigured::Unchanged) {
+                let mut entry = serde_json::to_value(applies).unwrap_or_default();
+                entry["harness"] = json!(name);
+                reconfigured.push(entry);
             }
             self.settle(name);
         }
         let mut added = Vec::new();
         for (name, settings) in prepared.settings {
-            if self.slots.contains_key(&name) {
+            if self.fleet.contains(&name) {
                 continue;
             }
             match self.add_slot(&name, settings) {
@@ -882,7 +780,7 @@ impl Daemon {
                 }
             }
         }
-        for source in self.bound_sources() {
+        for source in self.fleet.bound_sources() {
             if self.sources.get(&source).is_some_and(|s| s.caps.is_none()) {
                 self.initialize(&source);
             }
@@ -909,27 +807,19 @@ impl Daemon {
     }
 
     fn fire(&mut self, harness: &str, trigger: &str) {
-        let now = self.clock.now();
-        let Some(slot) = self.slots.get(harness).filter(|s| !s.removed) else {
+        let Some(firing) = self.fleet.firing(harness, trigger, self.clock.now()) else {
             tracing::warn!(harness, "fired a harness that is not running; ignored");
             return;
         };
-        let within_hours = slot.harness.within_hours(now);
-        self.input(
-            harness,
-            Input::Firing {
-                trigger: trigger.to_string(),
-                within_hours,
-            },
-        );
+        self.input(harness, firing);
     }
 
     fn input(&mut self, harness: &str, input: Input) {
         let now = self.clock.reading();
-        let Some(slot) = self.slots.get_mut(harness) else {
+        let Some(relay) = self.fleet.relay_mut(harness) else {
             return;
         };
-        if let Err(e) = slot.relay.handle_input(now, input) {
+        if let Err(e) = relay.handle_input(now, input) {
             // A contract error is a bug in this shell; the machine ignored the input.
             tracing::error!(harness, error = %e, "relay machine refused an input");
         }
@@ -938,10 +828,10 @@ impl Daemon {
 
     fn drain(&mut self, harness: &str) {
         loop {
-            let Some(slot) = self.slots.get_mut(harness) else {
+            let Some(relay) = self.fleet.relay_mut(harness) else {
                 return;
             };
-            let Some(cmd) = slot.relay.poll_command() else {
+            let Some(cmd) = relay.poll_command() else {
                 break;
             };
             self.execute(harness, cmd);
@@ -952,19 +842,16 @@ impl Daemon {
     /// Between attempts: a removed harness's slot goes, and a harness whose settings name
     /// another source, or whose source got a new client, is bound to it.
     fn settle(&mut self, harness: &str) {
-        let Some(slot) = self.slots.get_mut(harness) else {
-            return;
+        let want = match self.fleet.settle(harness) {
+            Settled::Busy => return,
+            Settled::Gone => {
+                self.slots.remove(harness);
+                tracing::info!(harness, "harness removed by a reload has stopped");
+                return;
+            }
+            Settled::Idle { lease } => lease,
         };
-        if slot.relay.in_flight() {
-            return;
-        }
-        if slot.removed {
-            self.slots.remove(harness);
-            tracing::info!(harness, "harness removed by a reload has stopped");
-            return;
-        }
-        let want = slot.relay.settings().lease.clone();
-        let Some(s) = self.sources.get(&want) else {
+        let (Some(slot), Some(s)) = (self.slots.get_mut(harness), self.sources.get(&want)) else {
             return;
         };
         if slot.source == want && slot.generation == s.generation {
@@ -1005,7 +892,7 @@ impl Daemon {
         };
         match request {
             control::Request::Trigger { harness } => {
-                if self.slots.get(&harness).is_none_or(|s| s.removed) {
+                if !self.fleet.running(&harness) {
                     let _ = reply.send(unknown(&harness));
                     return;
                 }
@@ -1013,15 +900,15 @@ impl Daemon {
                 let _ = reply.send(json!({"ok": true, "harness": harness}));
             }
             control::Request::Stop { harness } => {
-                let Some(slot) = self.slots.get(&harness) else {
+                let Some(member) = self.fleet.get(&harness) else {
                     let _ = reply.send(unknown(&harness));
                     return;
                 };
-                let Some(attempt) = slot.relay.describe(self.clock.reading()).attempt else {
+                let Some(attempt) = member.relay().describe(self.clock.reading()).attempt else {
                     let _ = reply.send(json!({"ok": true, "harness": harness, "stopped": false}));
                     return;
                 };
-                let stops = slot.relay.stop_would_abort();
+                let stops = member.relay().stop_would_abort();
                 let answer = json!({
                     "ok": true,
                     "harness": harness,
@@ -1056,7 +943,8 @@ impl Daemon {
                 let harnesses: Vec<Value> = names
                     .into_iter()
                     .map(|name| {
-                        let slot = &self.slots[name];
+                        let (slot, member) =
+                            (&self.slots[name], &self.fleet.get(name).expect("a member"));
                         let source = self
                             .sources
                             .get(&slot.source)
@@ -1069,16 +957,16 @@ impl Daemon {
                             Some(Some(_)) => "unsupported",
                         };
                         json!({
-                            "relay": slot.relay.describe(self.clock.reading()),
+                            "relay": member.relay().describe(self.clock.reading()),
                             "source": {
                                 "name": slot.source,
                                 "url": source.map(|s| s.url.clone()),
                                 "header_names": source.map(|s| s.header_names.clone()),
                                 "session": session,
                             },
-                            "removed": slot.removed,
-                            "schedule": slot.next_fire.map(relay_core::time::rfc3339),
-                            "triggers": slot.harness.triggers,
+                            "removed": member.removed(),
+                            "schedule": member.next_fire().map(relay_core::time::rfc3339),
+                            "triggers": member.harness().triggers,
                         })
                     })
                     .collect();

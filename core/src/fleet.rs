@@ -1,0 +1,343 @@
+//! The daemon's harnesses as one value: each leased harness's relay machine with what the daemon
+//! decides around it, without a process, a socket or a clock.
+//!
+//! A [`Fleet`] holds, per harness, its [`Relay`], its config table, its schedule's next firing
+//! ([`Timetable`]), the `catch_up` slot it owes and whether a reload removed it. It answers what
+//! the daemon asks between messages: when to wake next ([`Fleet::next_wake`]), which timers and
+//! schedules are due ([`Fleet::due`]), the input a firing gives ([`Fleet::firing`]), which lease
+//! sources harnesses are bound to ([`Fleet::bound_sources`], [`Fleet::harnesses_on`]), which
+//! harnesses a doorbell rings ([`Fleet::rung`]), what a reload does to a harness
+//! ([`Fleet::reload_stops`], [`Fleet::reload`]) and what happens between attempts
+//! ([`Fleet::settle`]). Time arrives as a [`Now`]: machine timers run on its monotonic reading,
+//! schedule firings on its wall reading (as cron does). The daemon (`relay-worker::daemon`) is
+//! the shell: it reads the clock, runs the machines' commands and moves the bytes; the
+//! simulator fires its harness schedules through the same [`Timetable`].
+
+use std::collections::BTreeMap;
+
+use crate::config::{ConfigDiff, Harness, Schedule};
+use crate::relay::{HarnessSettings, Input, Reconfigured, Relay};
+use crate::time::{Millis, Now};
+
+/// The trigger name of a `catch_up` firing.
+pub const CATCH_UP: &str = "catch_up";
+
+/// When a harness's schedule fires next, on the wall clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timetable {
+    schedule: Option<Schedule>,
+    next: Option<Millis>,
+}
+
+impl Timetable {
+    /// The schedule's first firing strictly after wall time `wall`; never without a schedule.
+    pub fn new(schedule: Option<Schedule>, wall: Millis) -> Timetable {
+        let next = schedule.as_ref().map(|s| s.next_after(wall));
+        Timetable { schedule, next }
+    }
+
+    /// A schedule whose first firing is `first` (the simulator spreads its hosts' first
+    /// firings over one interval).
+    pub fn starting_at(schedule: Schedule, first: Millis) -> Timetable {
+        Timetable {
+            schedule: Some(schedule),
+            next: Some(first),
+        }
+    }
+
+    /// The next firing, wall time.
+    pub fn next(&self) -> Option<Millis> {
+        self.next
+    }
+
+    /// Whether the schedule fires at wall time `wall`. When it does, the next firing is the
+    /// first slot strictly after `wall`: slots missed meanwhile (a suspend, a wall clock stepped
+    /// forward) fire once, not one by one.
+    pub fn due(&mut self, wall: Millis) -> bool {
+        if self.next.is_none_or(|at| at > wall) {
+            return false;
+        }
+        self.next = self.schedule.as_ref().map(|s| s.next_after(wall));
+        true
+    }
+
+    /// A reload's schedule: an unchanged one keeps its next firing, another one starts after
+    /// wall time `wall`.
+    pub fn reschedule(&mut self, schedule: Option<Schedule>, wall: Millis) {
+        if schedule != self.schedule {
+            *self = Timetable::new(schedule, wall);
+        }
+    }
+}
+
+/// One harness of the fleet.
+#[derive(Debug)]
+pub struct Member {
+    relay: Relay,
+    harness: Harness,
+    timetable: Timetable,
+    /// A reload removed the harness: it fires nothing more and goes once its attempt closes.
+    removed: bool,
+    /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
+    catch_up: Option<Millis>,
+}
+
+impl Member {
+    pub fn relay(&self) -> &Relay {
+        &self.relay
+    }
+
+    pub fn harness(&self) -> &Harness {
+        &self.harness
+    }
+
+    pub fn removed(&self) -> bool {
+        self.removed
+    }
+
+    /// The schedule's next firing, wall time.
+    pub fn next_fire(&self) -> Option<Millis> {
+        self.timetable.next()
+    }
+}
+
+/// What is due at a reading of the clocks, harness by harness in name order: a harness's timer
+/// before its schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// The machine's timer is due: feed it `Input::TimerFired`.
+    Timer(String),
+    /// The schedule fires the harness: feed it [`Fleet::firing`] with the trigger `schedule`.
+    Schedule(String),
+}
+
+/// What [`Fleet::settle`] found, between attempts or not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// An attempt is in flight (or the harness is unknown): nothing changes now.
+    Busy,
+    /// A removed harness closed its attempt: it has left the fleet.
+    Gone,
+    /// Between attempts: the machine runs on this lease source (`queue.<name>`) from now on.
+    Idle { lease: String },
+}
+
+/// The daemon's harnesses, by name.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    members: BTreeMap<String, Member>,
+    stopping: bool,
+}
+
+impl Fleet {
+    /// Adds a harness at wall time `wall`: its machine starts at run id `first_run_id`, with a
+    /// jitter stream of its own drawn from the daemon's `seed`.
+    pub fn add(
+        &mut self,
+        harness: Harness,
+        settings: HarnessSettings,
+        seed: u64,
+        first_run_id: u64,
+        wall: Millis,
+    ) {
+        let seed = seed ^ crate::mix::fnv1a(harness.name.as_bytes());
+        let member = Member {
+            relay: Relay::new(settings, seed, first_run_id),
+            timetable: Timetable::new(harness.schedule.clone(), wall),
+            harness,
+            removed: false,
+            catch_up: None,
+        };
+        self.members.insert(member.harness.name.clone(), member);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Member> {
+        self.members.get(name)
+    }
+
+    pub fn relay_mut(&mut self, name: &str) -> Option<&mut Relay> {
+        self.members.get_mut(name).map(|m| &mut m.relay)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.members.contains_key(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Member)> {
+        self.members.iter()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.members.keys().cloned().collect()
+    }
+
+    /// Whether `name` runs and may fire: known and not removed by a reload.
+    pub fn running(&self, name: &str) -> bool {
+        self.members.get(name).is_some_and(|m| !m.removed)
+    }
+
+    /// The daemon is stopping: nothing fires any more.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Stopping, and no attempt is in flight: the daemon may exit.
+    pub fn stopped(&self) -> bool {
+        self.stopping && self.members.values().all(|m| !m.relay.in_flight())
+    }
+
+    /// Whether `name` may owe a `catch_up` (the daemon reads its newest run to find out).
+    pub fn catches_up(&self, name: &str) -> bool {
+        self.members.get(name).is_some_and(|m| m.harness.catch_up)
+    }
+
+    /// At daemon start: the schedule slot passed since `last_run_started` (the harness's newest
+    /// run) that `catch_up` fires once its source's session is checked (a firing before that
+    /// would only be skipped as unsupported).
+    pub fn owe_catch_up(
+        &mut self,
+        name: &str,
+        last_run_started: Option<Millis>,
+        wall: Millis,
+    ) -> Option<Millis> {
+        let m = self.members.get_mut(name)?;
+        m.catch_up = m.harness.catch_up_slot(last_run_started, wall);
+        m.catch_up
+    }
+
+    /// The harness's source answered its capabilities: whether the `catch_up` it owes fires now
+    /// (once).
+    pub fn take_catch_up(&mut self, name: &str) -> bool {
+        let stopping = self.stopping;
+        self.members
+            .get_mut(name)
+            .filter(|m| !stopping && !m.removed)
+            .is_some_and(|m| m.catch_up.take().is_some())
+    }
+
+    /// The input a firing by `trigger` at wall time `wall` gives a running harness: operating
+    /// hours are read on the wall clock.
+    pub fn firing(&self, name: &str, trigger: &str, wall: Millis) -> Option<Input> {
+        let m = self.members.get(name).filter(|m| !m.removed)?;
+        Some(Input::Firing {
+            trigger: trigger.to_string(),
+            within_hours: m.harness.within_hours(wall),
+        })
+    }
+
+    /// The sources a harness is bound to, or will be after its attempt, sorted.
+    pub fn bound_sources(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| !m.removed)
+            .map(|m| m.relay.settings().lease.clone())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The harnesses whose machines run on `source` (their settings name it).
+    pub fn harnesses_on(&self, source: &str) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.relay.settings().lease == source)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The running harnesses that the channel `channel` (without `channel.`) triggers.
+    pub fn rung(&self, channel: &str) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|(_, m)| !m.removed && m.harness.triggers.iter().any(|t| t == channel))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// How long, in milliseconds from `now`, until the earliest machine timer (monotonic) or
+    /// schedule firing (wall); `None` when nothing is set.
+    pub fn next_wake(&self, now: Now) -> Option<Millis> {
+        let timers = self.members.values().filter_map(|m| {
+            let (at, _) = m.relay.poll_timeout()?;
+            Some(at.saturating_sub(now.mono))
+        });
+        let fires = self
+            .members
+            .values()
+            .filter(|m| !self.stopping && !m.removed)
+            .filter_map(|m| Some(m.timetable.next()?.saturating_sub(now.wall)));
+        timers.chain(fires).min()
+    }
+
+    /// What is due at `now`; each schedule that fires moves on to its next slot.
+    pub fn due(&mut self, now: Now) -> Vec<Due> {
+        let mut due = Vec::new();
+        for (name, m) in &mut self.members {
+            if m.relay.poll_timeout().is_some_and(|(at, _)| at <= now.mono) {
+                due.push(Due::Timer(name.clone()));
+            }
+            if !self.stopping && !m.removed && m.timetable.due(now.wall) {
+                due.push(Due::Schedule(name.clone()));
+            }
+        }
+        due
+    }
+
+    /// Whether a reload (`diff`) stops the harness's attempt as `StopReason::HarnessRemoved`:
+    /// the new config has no settings for it (`kept` false), or it or its lease source is gone.
+    pub fn reload_stops(&self, name: &str, kept: bool, diff: &ConfigDiff) -> bool {
+        self.members
+            .get(name)
+            .is_some_and(|m| !kept || diff.aborts(name, &m.relay.settings().lease))
+    }
+
+    /// A reload's news for one harness: `None` removes it (it goes once its attempt closes);
+    /// otherwise its new settings (which wait for an attempt in flight) and table (a changed
+    /// schedule starts again from wall time `wall`). What the machine did with the settings.
+    pub fn reload(
+        &mut self,
+        name: &str,
+        new: Option<(HarnessSettings, Option<Harness>)>,
+        wall: Millis,
+    ) -> Option<Reconfigured> {
+        let m = self.members.get_mut(name)?;
+        let Some((settings, harness)) = new else {
+            m.removed = true;
+            return None;
+        };
+        m.removed = false;
+        let applies = m.relay.reconfigure(settings);
+        if let Some(h) = harness {
+            m.timetable.reschedule(h.schedule.clone(), wall);
+            m.harness = h;
+        }
+        Some(applies)
+    }
+
+    /// Between attempts: a removed harness leaves the fleet; any other runs on the source its
+    /// settings name.
+    pub fn settle(&mut self, name: &str) -> Settled {
+        let Some(m) = self.members.get(name) else {
+            return Settled::Busy;
+        };
+        if m.relay.in_flight() {
+            return Settled::Busy;
+        }
+        if m.removed {
+            self.members.remove(name);
+            return Settled::Gone;
+        }
+        Settled::Idle {
+            lease: m.relay.settings().lease.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+use super::*;
+use crate::config::{FileKind, Source, parse};
+use crate::relay::OnOverlap;
+use crate::testing::relay::{claimed, is_claim, our_server_capabilities, request_in, settings};
+use crate::time::{HOUR, MINUTE, SECOND, parse_rfc3339};
+
+fn at(s: &str) -> Millis {
+    parse_rfc3339(s).unwrap()
+}
+
+/// `[harness.<name>]` with these extra keys.
+fn harness(name: &str, keys: &str) -> Harness {
+    let text = format!("[harness.{name}]\ncommand = [\"agent\"]\n{keys}");
+    let c = parse(&Source::new("harness.toml", &text), &[], FileKind::Global).unwrap();
+    c.harnesses[name].clone()
+}
+
+fn on(name: &str, lease: &str) -> HarnessSettings {
+    HarnessSettings {
+        harness: name.into(),
+        lease: lease.into(),
+        on_overlap: OnOverlap::Skip,
+        ..settings()
+    }
+}
+
+/// Plain harnesses, each on its lease source, added at wall time `wall`.
+fn fleet_on(members: &[(&str, &str)], wall: Millis) -> Fleet {
+    let mut f = Fleet::default();
+    for (name, lease) in members {
+        f.add(harness(name, ""), on(name, lease), 1, 1, wall);
+    }
+    f
+}
+
+fn now(mono: Millis, wall: Millis) -> Now {
+    Now { mono, wall }
+}
+
+#[test]
+fn a_schedule_fires_once_per_slot_on_the_wall_clock() {
+    let t0 = at("2026-09-22T10:00:00Z");
+    let mut t = Timetable::new(Some(Schedule::parse("@every 30m").unwrap()), t0 + MINUTE);
+    assert_eq!(t.next(), Some(t0 + 30 * MINUTE));
+    assert!(!t.due(t0 + 30 * MINUTE - 1));
+    assert!(t.due(t0 + 30 * MINUTE));
+    assert_eq!(t.next(), Some(t0 + HOUR));
+    // Slots missed meanwhile (a suspend, a wall clock stepped forward) fire once.
+    assert!(t.due(t0 + 3 * HOUR + SECOND));
+    assert!(!t.due(t0 + 3 * HOUR + 2 * SECOND));
+    assert_eq!(t.next(), Some(t0 + 3 * HOUR + 30 * MINUTE));
+    // A wall clock stepped back waits for the slot.
+    assert!(!t.due(t0 + HOUR));
+    let mut never = Timetable::new(None, t0);
+    assert_eq!(never.next(), None);
+    assert!(!never.due(Millis::MAX));
+}
+
+#[test]
+fn a_reload_keeps_an_unchanged_schedule_and_restarts_a_changed_one() {
+    let t0 = at("2026-09-22T10:00:00Z");
+    let hourly = Schedule::parse("@hourly").unwrap();
+    let mut t = Timetable::starting_at(hourly.clone(), t0 + 7);
+    t.reschedule(Some(hourly), t0 + 5 * MINUTE);
+    assert_eq!(t.next(), Some(t0 + 7));
+    t.reschedule(
+        Some(Schedule::parse("@every 10m").unwrap()),
+        t0 + 5 * MINUTE,
+    );
+    assert_eq!(t.next(), Some(t0 + 10 * MINUTE));
+    t.reschedule(None, t0);
+    assert_eq!(t.next(), None);
+}
+
+#[test]
+fn the_next_wake_is_the_earliest_timer_or_firing_each_on_its_own_clock() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = Fleet::default();
+    f.add(
+        harness("a", "schedule = \"@every 1m\"\n"),
+        on("a", "queue.ci"),
+        1,
+        1,
+        wall,
+    );
+    // The monotonic reading is nothing like the wall one: each deadline is read on its own.
+    assert_eq!(f.next_wake(now(5, wall + 20 * SECOND)), Some(40 * SECOND));
+    assert_eq!(f.due(now(5, wall + 59 * SECOND)), []);
+    assert_eq!(f.due(now(6, wall + MINUTE)), [Due::Schedule("a".into())]);
+    assert_eq!(f.get("a").unwrap().next_fire(), Some(wall + 2 * MINUTE));
+    // An attempt in flight sets a timer on the monotonic clock.
+    let caps = our_server_capabilities();
+    let relay = f.relay_mut("a").unwrap();
+    relay
+        .handle_input(now(10, wall + MINUTE), Input::CapabilitiesKnown(caps))
+        .unwrap();
+    let firing = f.firing("a", "schedule", wall + MINUTE).unwrap();
+    let relay = f.relay_mut("a").unwrap();
+    relay.handle_input(now(10, wall + MINUTE), firing).unwrap();
+    let cmds: Vec<_> = std::iter::from_fn(|| relay.poll_command()).collect();
+    let request = request_in(&cmds, is_claim).expect("a claim");
+    let claim = claimed("td_1", 1, 5, Some("tok"));
+    let answer = Input::ClaimAnswered { request, claim };
+    relay.handle_input(now(10, wall + MINUTE), answer).unwrap();
+    while relay.poll_command().is_some() {}
+    let (timer, _) = relay
+        .poll_timeout()
+        .expect("the claim request has a deadline");
+    let wake = f.next_wake(now(10, wall + MINUTE)).unwrap();
+    assert_eq!(wake, (timer - 10).min(MINUTE));
+    let due = f.due(now(timer, wall + MINUTE + 1));
+    assert_eq!(due, [Due::Timer("a".into())]);
+    // Stopping: no schedule fires, timers still do.
+    f.stop();
+    assert!(
+        f.due(now(11, wall + 10 * MINUTE))
+            .iter()
+            .all(|d| matches!(d, Due::Timer(_)))
+    );
+}
+
+#[test]
+fn catch_up_is_owed_at_start_and_fires_once_when_the_source_answers() {
+    let wall = at("2026-09-22T12:30:00Z");
+    let mut f = Fleet::default();
+    let keys = "schedule = \"@every 1h\"\ncatch_up = true\n";
+    f.add(harness("a", keys), on("a", "queue.ci"), 1, 1, wall);
+    f.add(
+        harness("b", "schedule = \"@every 1h\"\n"),
+        on("b", "queue.ci"),
+        1,
+        1,
+        wall,
+    );
+    assert!(f.catches_up("a"));
+    assert!(!f.catches_up("b"));
+    let last = Some(at("2026-09-22T10:00:00Z"));
+    assert_eq!(
+        f.owe_catch_up("a", last, wall),
+        Some(at("2026-09-22T11:00:00Z"))
+    );
+    assert_eq!(f.owe_catch_up("b", last, wall), None);
+    assert!(f.take_catch_up("a"));
+    assert!(!f.take_catch_up("a"));
+    assert!(!f.take_catch_up("b"));
+    // A stopping daemon fires no catch_up.
+    f.owe_catch_up("a", last, wall);
+    f.stop();
+    assert!(!f.take_catch_up("a"));
+}
+
+#[test]
+fn harnesses_bind_to_the_source_their_settings_name() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = fleet_on(
+        &[("a", "queue.ci"), ("b", "queue.ops"), ("c", "queue.ci")],
+        wall,
+    );
+    assert_eq!(f.bound_sources(), ["queue.ci", "queue.ops"]);
+    assert_eq!(f.harnesses_on("queue.ci"), ["a", "c"]);
+    assert_eq!(
+        f.settle("b"),
+        Settled::Idle {
+            lease: "queue.ops".into()
+        }
+    );
+    // A removed harness binds nothing, fires nothing, and leaves once idle.
+    assert_eq!(f.reload("b", None, wall), None);
+    assert!(!f.running("b"));
+    assert_eq!(f.firing("b", "manual", wall), None);
+    assert_eq!(f.bound_sources(), ["queue.ci"]);
+    assert_eq!(f.harnesses_on("queue.ops"), ["b"]);
+    assert_eq!(f.settle("b"), Settled::Gone);
+    assert!(!f.contains("b"));
+    assert_eq!(f.settle("b"), Settled::Busy);
+    assert!(f.stopped() == f.stopping());
+}
+
+#[test]
+fn a_reload_stops_a_removed_harness_or_one_on_a_removed_source() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = fleet_on(&[("a", "queue.ci"), ("b", "queue.ops")], wall);
+    let mut diff = ConfigDiff::default();
+    assert!(!f.reload_stops("a", true, &diff));
+    assert!(f.reload_stops("a", false, &diff));
+    diff.queues.removed.push("queue.ops".into());
+    assert!(f.reload_stops("b", true, &diff));
+    assert!(!f.reload_stops("a", true, &diff));
+    assert!(!f.reload_stops("unknown", false, &diff));
+    // Kept: new settings and a new schedule.
+    let moved = on("a", "queue.ops");
+    let h = harness("a", "schedule = \"@every 10m\"\n");
+    let applied = f.reload("a", Some((moved, Some(h))), wall + MINUTE);
+    assert_eq!(applied, Some(Reconfigured::Now));
+    assert_eq!(f.get("a").unwrap().next_fire(), Some(wall + 10 * MINUTE));
+    assert_eq!(f.harnesses_on("queue.ops"), ["a", "b"]);
+}
+
+#[test]
+fn a_channel_rings_the_running_harnesses_it_triggers() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = Fleet::default();
+    let mut a = harness("a", "");
+    a.triggers = vec!["bell".into()];
+    let mut b = harness("b", "");
+    b.triggers = vec!["bell".into(), "gong".into()];
+    f.add(a, on("a", "queue.ci"), 1, 1, wall);
+    f.add(b, on("b", "queue.ci"), 1, 1, wall);
+    assert_eq!(f.rung("bell"), ["a", "b"]);
+    assert_eq!(f.rung("gong"), ["b"]);
+    f.reload("a", None, wall);
+    assert_eq!(f.rung("bell"), ["b"]);
+}
