@@ -30,13 +30,14 @@ use std::time::Duration;
 use madsim::runtime::Runtime;
 use relay_core::Millis;
 
-use world::world;
+use run::run;
 
 mod checks;
 mod clock;
 mod faults;
 mod launcher;
 mod logs;
+mod run;
 mod world;
 
 const DAEMONS: usize = 3;
@@ -326,7 +327,7 @@ fn run_child(seed: u64, canary: bool) -> ExitCode {
     let world_thread = std::thread::spawn(move || {
         let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(FAULT_WINDOW + SETTLE + Duration::from_secs(600));
-        rt.block_on(world(seed, canary, dir))
+        rt.block_on(run(seed, canary, dir))
     });
     let Ok(r) = world_thread.join() else {
         // The panic's message is on stderr; the coordinator sees no SEED line.

@@ -8,9 +8,7 @@ use std::time::Duration;
 use madsim::rand::{Rng, thread_rng};
 use madsim::runtime::{Handle, NodeHandle};
 use relay_core::Millis;
-use relay_core::ledger::{
-    Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TokenHash, finished,
-};
+use relay_core::ledger::{Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TokenHash};
 use relay_core::time::SECOND;
 use relay_core::wire::Tool;
 use relay_server::server::{Server, ServerConfig};
@@ -18,14 +16,9 @@ use relay_server::store::{NewEndpoint, Store};
 use relay_worker::daemon::{Daemon, DaemonOptions};
 use relay_worker::lease::HyperTransport;
 
-use super::checks::check;
 use super::clock::{SteppedClock, true_ms};
-use super::faults::{faults, heal};
 use super::launcher::{Shared, SimLauncher, lock};
-use super::{
-    DAEMONS, ENDPOINT, FAULT_WINDOW, HARNESSES, PORT, QUEUE, SETTLE, SeedResult, TODOS, daemon_ip,
-    server_ip,
-};
+use super::{DAEMONS, ENDPOINT, FAULT_WINDOW, HARNESSES, PORT, QUEUE, TODOS, daemon_ip, server_ip};
 
 /// The state a seed's world shares with its nodes.
 pub(super) struct World {
@@ -59,74 +52,6 @@ pub(super) fn harness_config(url: &str) -> String {
         ));
     }
     text
-}
-
-pub(super) async fn world(seed: u64, canary: bool, dir: tempfile::TempDir) -> SeedResult {
-    relay_worker::daemon::canary::set(canary);
-    let handle = Handle::current();
-    let world = Arc::new(setup(dir).await);
-    lock(&world.journal).server_offsets.insert(0);
-    let server = start_server(&handle, &world, seed);
-    let daemons: Vec<NodeHandle> = (0..DAEMONS)
-        .map(|i| start_daemon(&handle, &world, i, seed))
-        .collect();
-    let operator_store = Store::open(&world.db, ledger_config())
-        .await
-        .expect("the operator opens the store");
-    let start = true_ms();
-
-    // The operator and the fault plan run side by side for the fault window.
-    let added = Arc::new(Mutex::new(Vec::new()));
-    let op = tokio::spawn(operator(
-        operator_store.clone(),
-        world.clone(),
-        added.clone(),
-    ));
-    let auditor = tokio::spawn(audit(operator_store.clone(), world.journal.clone()));
-    faults(&handle, &world, server.id(), &daemons).await;
-    let _ = op.await;
-    heal(server.id(), &daemons);
-
-    // Liveness: every todo finishes once the faults are healed.
-    let ids: Vec<String> = added.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let settle_until = tokio::time::Instant::now() + SETTLE;
-    let mut live = false;
-    while tokio::time::Instant::now() < settle_until {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        if let Ok(todos) = list(&operator_store).await
-            && todos.iter().filter(|t| ids.contains(&t.id)).all(finished)
-        {
-            live = true;
-            break;
-        }
-    }
-    auditor.abort();
-    // Stop the daemons and the server before reading: no write lands during the checks. A
-    // process still running ends here, with its daemon.
-    let stopped = true_ms();
-    for d in &daemons {
-        handle.kill(d.id());
-    }
-    handle.kill(server.id());
-    let sim_ms = true_ms().saturating_sub(start);
-    let mut violations = Vec::new();
-    if !live {
-        violations.push(format!(
-            "liveness: not every todo finished within {} min of the heal",
-            SETTLE.as_secs() / 60
-        ));
-    }
-    violations.append(&mut lock(&world.journal).violations);
-    let (trace, attempts) = check(&operator_store, &world, &ids, stopped, &mut violations).await;
-    let j = lock(&world.journal);
-    SeedResult {
-        trace,
-        violations,
-        sim_ms,
-        procs: j.procs.len(),
-        attempts,
-        faults: j.faults.len(),
-    }
 }
 
 pub(super) async fn setup(dir: tempfile::TempDir) -> World {
