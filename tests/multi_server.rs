@@ -687,6 +687,7 @@ fn the_history_checker_catches_every_violation() {
         lease_expires_at,
         ended_at,
         outcome: outcome.map(str::to_string),
+        closed_by: None,
     };
     let todos = |state: &str| BTreeMap::from([("t".to_string(), state.to_string())]);
     let key = |seq| ("t".to_string(), seq);
@@ -729,6 +730,15 @@ fn the_history_checker_catches_every_violation() {
             vec![],
             todos("done"),
             BTreeMap::from([(key(1), row(0, 2_000, Some(2_000), Some("completed")))]),
+        ),
+        (
+            "before its lease expired",
+            vec![],
+            todos("done"),
+            BTreeMap::from([
+                (key(1), row(0, 2_000, Some(1_999), Some("reaped"))),
+                (key(2), row(2_000, 4_000, Some(3_000), Some("completed"))),
+            ]),
         ),
         (
             "open at once",
@@ -784,6 +794,7 @@ fn the_key_check_catches_an_overlap() {
         lease_expires_at: claimed_at + 2_000,
         ended_at,
         outcome: ended_at.map(|_| "completed".to_string()),
+        closed_by: None,
     };
     let keys: Keys = [("a", "c0"), ("b", "c0"), ("c", "c0"), ("x", "c1")]
         .iter()

@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use relay_core::Millis;
+use relay_core::ledger::{LeaseBreach, Outcome, lease_breach};
+
 /// One acknowledged event of the history (unacknowledged ones are not evidence of anything).
 #[derive(Clone, Debug)]
 pub enum Event {
@@ -33,6 +36,8 @@ pub struct Row {
     pub lease_expires_at: i64,
     pub ended_at: Option<i64>,
     pub outcome: Option<String>,
+    /// The operator who closed it, when one did (not its holder: no lease applies).
+    pub closed_by: Option<String>,
 }
 
 /// Every todo's state at the end, by id.
@@ -44,9 +49,9 @@ pub type Attempts = BTreeMap<(String, u32), Row>;
 ///
 /// - no acknowledged add lost;
 /// - no todo completed twice;
-/// - no write accepted under a stale token (every completed or failed attempt ended strictly
-///   before its lease expired, by the database's clock, and every acknowledged report is the one
-///   that closed its attempt);
+/// - each close kept its lease, by the database's clock (`relay_core::ledger::lease_breach`,
+///   the rule the simulators hold too: no write accepted under a stale token, no attempt dead
+///   before its lease ran out), and every acknowledged report is the one that closed its attempt;
 /// - at most one open attempt per todo (attempts of a todo never overlap);
 /// - every attempt closed, and every todo done or failed (the caller drained the queue first);
 /// - every lease at least as long as granted, by the database's clock (no takeover, reap or next
@@ -106,27 +111,33 @@ pub fn check(events: &[Event], todos: &Todos, attempts: &Attempts) -> Vec<String
     let mut by_todo: BTreeMap<&str, Vec<(u32, &Row)>> = BTreeMap::new();
     for ((id, seq), a) in attempts {
         by_todo.entry(id).or_default().push((*seq, a));
-        match (a.ended_at, a.outcome.as_deref()) {
-            (None, _) | (_, None) => bad.push(format!("{id}#{seq}: never closed")),
-            (Some(end), Some(o @ ("completed" | "failed"))) => {
-                if end >= a.lease_expires_at {
-                    bad.push(format!(
-                        "{id}#{seq}: {o} at {end}, at or after its lease expired ({}): a stale \
-                         token's write was accepted",
-                        a.lease_expires_at
-                    ));
-                }
-                if o == "completed" {
-                    *completed.entry(id).or_default() += 1;
-                }
-            }
-            (Some(end), Some("lease_expired" | "reaped")) if end < a.lease_expires_at => {
-                bad.push(format!(
-                    "{id}#{seq}: died at {end}, before its lease expired ({})",
-                    a.lease_expires_at
-                ));
-            }
-            _ => {}
+        let (Some(end), Some(o)) = (a.ended_at, a.outcome.as_deref()) else {
+            bad.push(format!("{id}#{seq}: never closed"));
+            continue;
+        };
+        if o == "completed" {
+            *completed.entry(id).or_default() += 1;
+        }
+        let Some(outcome) = Outcome::parse(o) else {
+            bad.push(format!("{id}#{seq}: closed as {o:?}, not an outcome"));
+            continue;
+        };
+        let millis = |at: i64| Millis::try_from(at).unwrap_or(0);
+        let expiry = a.lease_expires_at;
+        match lease_breach(
+            outcome,
+            (millis(a.claimed_at), millis(end)),
+            millis(expiry),
+            a.closed_by.is_some(),
+        ) {
+            Some(LeaseBreach::StaleWrite) => bad.push(format!(
+                "{id}#{seq}: {o} at {end}, at or after its lease expired ({expiry}): a stale \
+                 token's write was accepted"
+            )),
+            Some(LeaseBreach::DiedEarly) => bad.push(format!(
+                "{id}#{seq}: died at {end}, before its lease expired ({expiry})"
+            )),
+            None => {}
         }
     }
     for (id, n) in completed {
@@ -232,8 +243,8 @@ pub async fn read_ledger(db: &tokio_postgres::Client, schema: &str) -> (Todos, A
     let attempts: Attempts = db
         .query(
             &format!(
-                "SELECT todo_id, seq, claimed_at, lease_expires_at, ended_at, outcome \
-                 FROM {schema}.todo_attempts"
+                "SELECT todo_id, seq, claimed_at, lease_expires_at, ended_at, outcome, \
+                 closed_by FROM {schema}.todo_attempts"
             ),
             &[],
         )
@@ -249,6 +260,7 @@ pub async fn read_ledger(db: &tokio_postgres::Client, schema: &str) -> (Todos, A
                     lease_expires_at: r.get(3),
                     ended_at: r.get(4),
                     outcome: r.get(5),
+                    closed_by: r.get(6),
                 },
             )
         })

@@ -6,6 +6,7 @@ use super::{
     MAX_INPUT_REQUESTS_MAX, MAX_SAME_FAILURES_MAX, Outcome, PRIORITY_MAX, PRIORITY_MIN,
     SIGNATURE_MAX_BYTES, Todo, TodoState, Usage, check_idempotency_key,
 };
+use crate::Millis;
 
 /// The invariants of waiting for a human and of spend: a todo waits only while its newest
 /// attempt holds an unanswered question; an answer goes only on a question, whole (with when
@@ -81,6 +82,46 @@ fn check_asking<'a>(
         ));
     }
     Ok(())
+}
+
+/// How a closed attempt's end broke its lease (see [`lease_breach`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseBreach {
+    /// It died (`lease_expired`, `reaped`) while its lease still ran.
+    DiedEarly,
+    /// Its holder's report closed it once the lease had run out: a stale token's write.
+    StaleWrite,
+}
+
+crate::names!(LeaseBreach { DiedEarly => "died_early", StaleWrite => "stale_write" });
+
+/// The lease rule of one close, on the server's clock (the one every stamp comes from). A lease
+/// is valid strictly before `lease_expires_at`: an attempt dies at that instant or later, never
+/// before, and its holder's report (completed, failed, released) closes it only before. An
+/// operator's close (`by_operator`: the attempt's `closed_by` is set) is not the holder's and may
+/// come at any time. A close is stamped no earlier than its claim, so after a clock stepped back
+/// a report accepted in time can read as ending at `claimed_at`, at or past a lease a heartbeat
+/// set on the stepped clock: a close at its claim's instant is never called stale. [`check_todo`]
+/// holds every closed attempt to this, and the fault tests' history checker holds the rows it
+/// reads back from the database.
+pub fn lease_breach(
+    outcome: Outcome,
+    (claimed_at, ended): (Millis, Millis),
+    lease_expires_at: Millis,
+    by_operator: bool,
+) -> Option<LeaseBreach> {
+    let lapsed = ended >= lease_expires_at;
+    let holders = matches!(
+        outcome,
+        Outcome::Completed | Outcome::Failed | Outcome::Released
+    );
+    if outcome.died() && !lapsed {
+        Some(LeaseBreach::DiedEarly)
+    } else if holders && lapsed && ended > claimed_at && !by_operator {
+        Some(LeaseBreach::StaleWrite)
+    } else {
+        None
+    }
 }
 
 /// The invariants of one todo and its attempts (oldest first). Shared by [`Ledger::check`] and
@@ -217,6 +258,19 @@ where
         }
         if a.ended_at.is_some_and(|e| e < a.claimed_at) {
             return Err(format!("attempt {} ended before it was claimed", a.seq));
+        }
+        if let (Some(outcome), Some(ended)) = (a.outcome, a.ended_at)
+            && let Some(breach) = lease_breach(
+                outcome,
+                (a.claimed_at, ended),
+                a.lease_expires_at,
+                a.closed_by.is_some(),
+            )
+        {
+            return Err(format!(
+                "attempt {}: {breach}: closed {outcome} at {ended} with the lease until {}",
+                a.seq, a.lease_expires_at
+            ));
         }
         if a.todo_id != t.id {
             return Err(format!("attempt {} belongs to {}", a.seq, a.todo_id));

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 pub use attention::{ATTENTION_MAX_BYTES, attention};
 pub use backoff::Backoff;
-pub use check::check_todo;
+pub use check::{LeaseBreach, check_todo, lease_breach};
 pub use flow::{Holds, Limits, LimitsChange, Load, QueueFlow};
 pub use memory::Ledger;
 pub use op::{Answer, Op};

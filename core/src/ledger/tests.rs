@@ -704,6 +704,32 @@ fn a_clock_stepped_back_never_closes_an_attempt_before_its_claim() {
     l.check().unwrap();
 }
 
+/// The lease rule of a close, broken on purpose: a holder's report stamped at its lease's end,
+/// a death before it. An operator's late close is not the holder's, and a close clamped to its
+/// claim's instant (a clock stepped back) is not a stale write.
+#[test]
+fn the_checker_sees_a_stale_write_and_an_early_death_but_not_an_operators_close() {
+    let mut l = ledger_with(1, 5);
+    l.claim(T0, &ep("e"), "td_1", &fenced("tok")).unwrap();
+    l.complete(T0 + SECOND, &ep("e"), "td_1", &report(Some("tok")))
+        .unwrap();
+    l.check().unwrap();
+    let t = l.todo("td_1").unwrap().clone();
+    let done = l.attempts("td_1").next().unwrap().clone();
+    let broken = |f: &dyn Fn(&mut Attempt)| {
+        let mut a = done.clone();
+        f(&mut a);
+        check_todo(&t, [&a])
+    };
+    let stale = broken(&|a| a.ended_at = Some(T0 + TTL)).unwrap_err();
+    assert!(stale.contains("stale_write"), "{stale}");
+    broken(&|a| (a.ended_at, a.closed_by) = (Some(T0 + TTL), Some("op:cli".into()))).unwrap();
+    broken(&|a| (a.ended_at, a.lease_expires_at) = (Some(T0), T0)).unwrap();
+    let early = broken(&|a| a.outcome = Some(Outcome::Reaped)).unwrap_err();
+    assert!(early.contains("died_early"), "{early}");
+    assert_eq!(lease_breach(Outcome::Reaped, (T0, T0 + TTL), T0 + TTL, false), None);
+}
+
 #[test]
 fn a_lapsed_lease_cannot_be_revived() {
     let mut l = ledger_with(1, 5);
