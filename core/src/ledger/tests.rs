@@ -727,7 +727,10 @@ fn the_checker_sees_a_stale_write_and_an_early_death_but_not_an_operators_close(
     broken(&|a| (a.ended_at, a.lease_expires_at) = (Some(T0), T0)).unwrap();
     let early = broken(&|a| a.outcome = Some(Outcome::Reaped)).unwrap_err();
     assert!(early.contains("died_early"), "{early}");
-    assert_eq!(lease_breach(Outcome::Reaped, (T0, T0 + TTL), T0 + TTL, false), None);
+    assert_eq!(
+        lease_breach(Outcome::Reaped, (T0, T0 + TTL), T0 + TTL, false),
+        None
+    );
 }
 
 #[test]
