@@ -7,6 +7,13 @@
 //! - **token_stays_out**: a lease token is shown in no command (a lease call carries its own
 //!   run's token as a redacted value, never another run's);
 //! - **nothing_after_close**: once a run's final record is written, no command names that run;
+//! - **silent_after_lease_loss**: no heartbeat or report goes out for a run whose lease is lost.
+//!   The lease is judged from what the server answered, never from the deadline the machine
+//!   computes: it runs the lease's ttl from the send time of the claim or heartbeat the server
+//!   last accepted, and is lost at that instant or when the server answers a heartbeat or report
+//!   with a lease loss (`conflict`, `not_found`). A heartbeat refused once the report is out is
+//!   no loss by itself (the report may have closed the attempt): the report's own answer decides,
+//!   and no heartbeat may follow it;
 //! - **one_outcome_per_claim**: a run records at most one relay outcome, and (at [`finish`],
 //!   once the world is healed) every fenced run records exactly one.
 //!
@@ -15,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Input, RequestId, RunOutcome};
+use crate::time::Millis;
 
 /// A broken invariant: its name (as above) and what broke it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,10 +34,16 @@ pub struct Breach {
 }
 
 /// Watches one machine; see the module doc.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Monitor {
-    /// Claim requests sent, by request: the run each would start.
-    claims: BTreeMap<RequestId, u64>,
+    /// The lease's ttl, as the machine asks it of the server.
+    ttl: Millis,
+    /// The monotonic time of the step being watched (its input's).
+    now: Millis,
+    /// Lease calls sent and not yet answered, by request: the run and the send time.
+    sent: BTreeMap<RequestId, (u64, Millis)>,
+    /// Each fenced run's lease, as the server's answers tell it.
+    leases: BTreeMap<u64, Lease>,
     /// Lease tokens handed to this machine, by run.
     tokens: BTreeMap<u64, String>,
     /// The same tokens, indexed for one pass over a command's text.
@@ -40,27 +54,89 @@ pub struct Monitor {
     outcomes: BTreeMap<u64, u32>,
 }
 
+/// One run's lease, as the server's answers tell it (see the module doc).
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    until: Millis,
+    lost: bool,
+    reported: bool,
+    /// A heartbeat was refused after the report went out.
+    disputed: bool,
+}
+
 impl Monitor {
+    /// A monitor for a machine that asks for leases of `lease_ttl`.
+    pub fn new(lease_ttl: Millis) -> Monitor {
+        Monitor {
+            ttl: lease_ttl,
+            now: 0,
+            sent: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            index: TokenIndex::default(),
+            text: String::new(),
+            closed: BTreeSet::new(),
+            outcomes: BTreeMap::new(),
+        }
+    }
+
     /// The lease tokens this machine was handed, by run.
     pub fn tokens(&self) -> &BTreeMap<u64, String> {
         &self.tokens
     }
 
-    /// Notes an input before the machine handles it (a claim answer hands over a token).
-    /// Only the first answer to a claim counts: a stale replay hands over nothing new.
-    pub fn input(&mut self, input: &Input) {
-        match input {
+    /// Notes an input, at the machine's monotonic `now`, before the machine handles it (a claim
+    /// answer hands over a token and a lease, a heartbeat's answer extends or ends it). Only the
+    /// first answer to a request counts: a stale replay hands over nothing new.
+    pub fn input(&mut self, now: Millis, input: &Input) {
+        self.now = now;
+        for lease in self.leases.values_mut() {
+            lease.lost |= now >= lease.until;
+        }
+        let (request, lease_loss) = match input {
             Input::ClaimAnswered { request, claim } => {
-                if let (Some(run), Some(token)) = (self.claims.remove(request), &claim.lease_token)
+                if let Some((run, at)) = self.sent.remove(request)
+                    && let Some(token) = &claim.lease_token
                 {
                     self.index.insert(run, token.expose());
                     self.tokens.insert(run, token.expose().to_string());
+                    let until = at + self.ttl;
+                    let lease = Lease {
+                        until,
+                        lost: now >= until,
+                        reported: false,
+                        disputed: false,
+                    };
+                    self.leases.insert(run, lease);
                 }
+                return;
             }
-            Input::ClaimEmpty { request } | Input::ClaimFailed { request, .. } => {
-                self.claims.remove(request);
+            Input::HeartbeatOk { request } => {
+                if let Some((run, at)) = self.sent.remove(request)
+                    && let Some(lease) = self.leases.get_mut(&run)
+                    && !lease.lost
+                {
+                    lease.until = lease.until.max(at + self.ttl);
+                }
+                return;
             }
-            _ => {}
+            Input::HeartbeatFailed { request, error } => (request, Some(error.is_lease_loss())),
+            Input::ReportFailed { request, error } => (request, Some(error.is_lease_loss())),
+            Input::ClaimEmpty { request }
+            | Input::ClaimFailed { request, .. }
+            | Input::ReportAnswered { request, .. } => (request, None),
+            _ => return,
+        };
+        let heartbeat = matches!(input, Input::HeartbeatFailed { .. });
+        if let Some((run, _)) = self.sent.remove(request)
+            && lease_loss == Some(true)
+            && let Some(lease) = self.leases.get_mut(&run)
+        {
+            if heartbeat && lease.reported {
+                lease.disputed = true;
+            } else {
+                lease.lost = true;
+            }
         }
     }
 
@@ -88,10 +164,8 @@ impl Monitor {
             );
         }
         match cmd {
-            Command::SendClaimNext {
-                request, run_id, ..
-            } => {
-                self.claims.insert(*request, *run_id);
+            Command::SendClaimNext { request, .. } => {
+                self.sent.insert(*request, (run, self.now));
             }
             Command::SendHeartbeat { lease_token, .. }
             | Command::SendReport { lease_token, .. }
@@ -101,6 +175,29 @@ impl Monitor {
                     "token_stays_out",
                     format!("run {run} presents a token that is not its own"),
                 );
+            }
+            Command::SendHeartbeat { request, .. } | Command::SendReport { request, .. } => {
+                let now = self.now;
+                let Some(lease) = self.leases.get_mut(&run).filter(|l| !l.lost) else {
+                    return breach(
+                        "silent_after_lease_loss",
+                        format!(
+                            "at {now}, run {run} sends a {} after its lease was lost",
+                            what(cmd)
+                        ),
+                    );
+                };
+                if matches!(cmd, Command::SendReport { .. }) {
+                    lease.reported = true;
+                } else if lease.disputed {
+                    return breach(
+                        "silent_after_lease_loss",
+                        format!(
+                            "at {now}, run {run} heartbeats after one was refused during its report"
+                        ),
+                    );
+                }
+                self.sent.insert(*request, (run, now));
             }
             Command::WriteRunRecord { record } => {
                 if record.relay_outcome.is_some() {
@@ -312,9 +409,9 @@ mod tests {
 
     /// Feeds the trace, with `extra` commands after its last step, to a monitor.
     fn watch(trace: &Trace, extra: &[Command]) -> Result<Monitor, Breach> {
-        let mut m = Monitor::default();
+        let mut m = Monitor::new(trace.settings.lease_ttl);
         for step in &trace.steps {
-            m.input(&step.input);
+            m.input(step.now, &step.input);
             for c in &step.commands {
                 m.command(c)?;
             }
@@ -362,7 +459,7 @@ mod tests {
             let b = watch(&trace, &[cmd]).expect_err(invariant);
             assert_eq!(b.invariant, invariant, "{b:?}");
         }
-        let mut second = Monitor::default();
+        let mut second = Monitor::new(trace.settings.lease_ttl);
         let Command::WriteRunRecord { record } = final_record(&trace, run) else {
             unreachable!()
         };
@@ -384,6 +481,43 @@ mod tests {
                 .invariant,
             "one_outcome_per_claim"
         );
+    }
+
+    /// A lease call once the lease ran out by the server's answers (the machine's own deadline
+    /// is not asked): the trace cut before a run's first lease call, a timer a ttl later, then
+    /// that call.
+    #[test]
+    fn a_lease_call_after_the_granted_lease_ran_out_is_a_breach() {
+        let (trace, _) = closed_fenced_run();
+        let ttl = trace.settings.lease_ttl;
+        let (k, call) = trace
+            .steps
+            .iter()
+            .enumerate()
+            .find_map(|(k, s)| {
+                let call = s.commands.iter().find(|c| {
+                    matches!(
+                        c,
+                        Command::SendHeartbeat { .. } | Command::SendReport { .. }
+                    )
+                });
+                call.map(|c| (k, c.clone()))
+            })
+            .expect("a lease call");
+        let mut m = Monitor::new(ttl);
+        for step in &trace.steps[..k] {
+            m.input(step.now, &step.input);
+            for c in &step.commands {
+                m.command(c).expect("the real machine keeps them");
+            }
+        }
+        let mut late = m.clone();
+        late.input(trace.steps[k].now + ttl, &Input::TimerFired);
+        let b = late.command(&call).expect_err("the lease ran out");
+        assert_eq!(b.invariant, "silent_after_lease_loss", "{b:?}");
+        // The same call while the lease runs is fine.
+        m.input(trace.steps[k].now, &trace.steps[k].input);
+        m.command(&call).expect("within the lease");
     }
 
     /// The index finds exactly what a substring search for each token finds, at the start, the

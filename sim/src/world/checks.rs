@@ -12,23 +12,22 @@ use crate::options::MAX_DRIFT_PPM;
 use super::*;
 
 impl World {
-    /// No lease call is put on the wire unless the relay holds a live lease: live now, or live
-    /// when it began the step that sent the call and not ended earlier in that step. A call
-    /// sent outside any step (`strict`, the late-send canary) must be live now.
-    pub(super) fn check_lease_live(&mut self, r: usize, run_id: u64, strict: bool, what: &str) {
+    /// A report the driver held back (the late-send canary) goes on the wire only while the
+    /// machine's lease is live. Calls the machine sends as it steps are the monitor's
+    /// (`silent_after_lease_loss`, judged from the server's answers).
+    pub(super) fn check_late_send(&mut self, r: usize, run_id: u64) {
         let h = &self.hosts[r];
         let local = h.machine_clock(self.o.mutation).read(self.now);
-        let live_now = h
+        let live = h
             .relay
             .as_ref()
             .and_then(Relay::lease_deadline)
             .is_some_and(|d| local < d);
-        let live_in_step = !strict && h.was_live && !h.ended_now.contains(&run_id);
-        if !(live_now || live_in_step) {
+        if !live {
             self.violate(
                 Kind::Correctness,
                 "nothing_after_lease_loss",
-                format!("relay {r} sent a {what} for run {run_id} without a live lease"),
+                format!("relay {r} sent a report for run {run_id} without a live lease"),
             );
         }
     }

@@ -68,11 +68,6 @@ pub(super) struct Host {
     pub(super) hours: Option<relay_core::config::OperatingHours>,
     /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
     pub(super) refused: BTreeSet<u64>,
-    /// The machine held a live lease when it began handling the current input (a heartbeat
-    /// due before an answer that ends the attempt may go out in the same step).
-    pub(super) was_live: bool,
-    /// Runs that ended (lease lost, or final record) in the commands drained so far this step.
-    pub(super) ended_now: BTreeSet<u64>,
 }
 
 impl Host {

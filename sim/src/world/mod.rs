@@ -311,11 +311,9 @@ impl World {
                 partitioned: false,
                 paused: false,
                 deferred: Vec::new(),
-                monitor: Monitor::default(),
+                monitor: Monitor::new(o.lease_ttl),
                 hours: None,
                 refused: BTreeSet::new(),
-                was_live: false,
-                ended_now: BTreeSet::new(),
             })
             .collect();
         let mut w = World {
@@ -507,8 +505,10 @@ impl World {
         let first = self.hosts[r].next_run_id;
         let mut relay = Relay::new(settings, seed, first);
         let now = self.hosts[r].now(self.now, self.o.mutation);
-        let caps = self.caps[r].clone();
-        if let Err(e) = relay.handle_input(now, Input::CapabilitiesKnown(caps)) {
+        let input = Input::CapabilitiesKnown(self.caps[r].clone());
+        let h = &mut self.hosts[r];
+        h.monitor.input(h.mono.read(self.now), &input);
+        if let Err(e) = relay.handle_input(now, input) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
         self.hosts[r].relay = Some(relay);
@@ -691,7 +691,7 @@ impl World {
                 command,
             } => {
                 if self.hosts[relay].life == life {
-                    self.check_lease_live(relay, run_id, true, "report");
+                    self.check_late_send(relay, run_id);
                     self.send(relay, req, run_id, command);
                 }
             }

@@ -2,33 +2,22 @@
 //! agent process and success check.
 
 use relay_core::relay::{Command, ExitStatus, Input, Relay, RunOutcome, RunRecord, Signal};
-use relay_core::time::{Now, SECOND};
+use relay_core::time::SECOND;
 
 use crate::options::Mutation;
 
 use super::*;
 
 impl World {
-    /// Notes whether the machine holds a live lease before it handles the next input.
-    pub(super) fn begin_step(&mut self, r: usize) -> Now {
+    pub(super) fn feed(&mut self, r: usize, input: Input) {
         let h = &mut self.hosts[r];
         let now = h.now(self.now, self.o.mutation);
-        h.was_live = h
-            .relay
-            .as_ref()
-            .and_then(Relay::lease_deadline)
-            .is_some_and(|d| now.mono < d);
-        h.ended_now.clear();
-        now
-    }
-
-    pub(super) fn feed(&mut self, r: usize, input: Input) {
-        let now = self.begin_step(r);
-        let h = &mut self.hosts[r];
         let Some(m) = h.relay.as_mut() else {
             return;
         };
-        h.monitor.input(&input);
+        // The monitor judges the lease on the host's true monotonic clock, whatever clock a
+        // mutation hands the machine.
+        h.monitor.input(h.mono.read(self.now), &input);
         if let Err(e) = m.handle_input(now, input) {
             self.violate(Kind::Correctness, "contract", format!("relay {r}: {e:?}"));
         }
@@ -75,17 +64,6 @@ impl World {
                 format!("relay {r}: {}", b.detail),
             );
         }
-        match &cmd {
-            Command::Emit {
-                event: relay_core::relay::Event::RelayLeaseLost { run_id, .. },
-            } => {
-                self.hosts[r].ended_now.insert(*run_id);
-            }
-            Command::WriteRunRecord { record } if record.outcome != RunOutcome::Running => {
-                self.hosts[r].ended_now.insert(record.run_id);
-            }
-            _ => {}
-        }
         let life = self.hosts[r].life;
         match cmd {
             Command::SendClaimNext {
@@ -93,10 +71,7 @@ impl World {
             } => self.send(r, request, run_id, cmd),
             Command::SendHeartbeat {
                 request, run_id, ..
-            } => {
-                self.check_lease_live(r, run_id, false, "heartbeat");
-                self.send(r, request, run_id, cmd);
-            }
+            } => self.send(r, request, run_id, cmd),
             Command::SendReport {
                 request, run_id, ..
             } => {
@@ -115,7 +90,6 @@ impl World {
                     );
                     return;
                 }
-                self.check_lease_live(r, run_id, false, "report");
                 self.send(r, request, run_id, cmd);
             }
             Command::Spawn { run_id, .. } => {

@@ -1,12 +1,12 @@
 //! The properties of the attempt machine, each a body that takes the bytes of a program (so a
 //! fuzz target can reuse it as it is).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::relay::{Command, Input, OnOverlap, Relay, RequestId, RunOutcome, RunRecord};
-use crate::time::{Millis, Now};
+use crate::relay::{Command, Input, OnOverlap, Relay, RunOutcome, RunRecord};
+use crate::time::Now;
 
 use crate::relay::invariants::Monitor;
 
@@ -133,115 +133,18 @@ pub fn relay_admission_before_lease_calls(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// After the lease is lost (a conflict or not_found, or the deadline measured from the
-/// send time of the last successful claim or heartbeat) no heartbeat and no report goes out.
-/// A heartbeat refused once the report is out is not a loss by itself (the report may have
-/// closed the attempt): the report's own answer decides, and no heartbeat follows it.
+/// After the lease is lost, by the server's answers, no heartbeat and no report goes out (the
+/// monitor's `silent_after_lease_loss`, see [`crate::relay::invariants`]).
 pub fn relay_silent_after_lease_loss(bytes: &[u8]) -> Result<(), String> {
-    let trace = trace_of(bytes)?;
-    let ttl = trace.settings.lease_ttl;
-    // Per run: deadline, lost. Per request: its run and send time.
-    let mut lease: BTreeMap<u64, (Millis, bool)> = BTreeMap::new();
-    let mut reported: BTreeSet<u64> = BTreeSet::new();
-    let mut disputed: BTreeSet<u64> = BTreeSet::new();
-    let mut sent: BTreeMap<RequestId, (u64, Millis)> = BTreeMap::new();
-    let mut claim_of: BTreeMap<RequestId, u64> = BTreeMap::new();
-    let mut awaited: BTreeSet<RequestId> = BTreeSet::new();
-    for (i, step) in trace.steps.iter().enumerate() {
-        let now = step.now;
-        for (deadline, lost) in lease.values_mut() {
-            *lost |= now >= *deadline;
-        }
-        match &step.input {
-            Input::ClaimAnswered { request, claim } if claim.lease_token.is_some() => {
-                if let (Some(run), Some((_, at))) = (claim_of.get(request), sent.get(request))
-                    && awaited.remove(request)
-                {
-                    lease.insert(*run, (at + ttl, now >= at + ttl));
-                }
-            }
-            Input::HeartbeatOk { request } if awaited.remove(request) => {
-                if let Some((run, at)) = sent.get(request)
-                    && let Some((deadline, lost)) = lease.get_mut(run)
-                    && !*lost
-                {
-                    *deadline = (*deadline).max(at + ttl);
-                }
-            }
-            Input::HeartbeatFailed { request, error }
-                if error.is_lease_loss()
-                    && sent
-                        .get(request)
-                        .is_some_and(|(run, _)| reported.contains(run))
-                    && awaited.remove(request) =>
-            {
-                if let Some((run, _)) = sent.get(request) {
-                    disputed.insert(*run);
-                }
-            }
-            Input::HeartbeatFailed { request, error } | Input::ReportFailed { request, error }
-                if awaited.remove(request) && error.is_lease_loss() =>
-            {
-                if let Some((run, _)) = sent.get(request)
-                    && let Some((_, lost)) = lease.get_mut(run)
-                {
-                    *lost = true;
-                }
-            }
-            Input::HeartbeatFailed { request, .. }
-            | Input::ReportFailed { request, .. }
-            | Input::ReportAnswered { request, .. } => {
-                awaited.remove(request);
-            }
-            _ => {}
-        }
-        for c in &step.commands {
-            match c {
-                Command::SendClaimNext {
-                    request, run_id, ..
-                } => {
-                    claim_of.insert(*request, *run_id);
-                    sent.insert(*request, (*run_id, now));
-                    awaited.insert(*request);
-                }
-                Command::SendHeartbeat {
-                    request, run_id, ..
-                }
-                | Command::SendReport {
-                    request, run_id, ..
-                } => {
-                    match lease.get(run_id) {
-                        Some((_, false)) => {}
-                        _ => {
-                            return Err(format!(
-                                "step {i} at {now}: lease call after the lease was lost: {c:?}"
-                            ));
-                        }
-                    }
-                    if matches!(c, Command::SendReport { .. }) {
-                        reported.insert(*run_id);
-                    } else if disputed.contains(run_id) {
-                        return Err(format!(
-                            "step {i} at {now}: heartbeat after one was refused during the \
-                             report: {c:?}"
-                        ));
-                    }
-                    sent.insert(*request, (*run_id, now));
-                    awaited.insert(*request);
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(())
+    monitored(bytes, "silent_after_lease_loss").map(drop)
 }
 
 /// The first breach of `invariant` (see [`crate::relay::invariants`]) in a program's trace.
 fn monitored(bytes: &[u8], invariant: &str) -> Result<Monitor, String> {
     let trace = trace_of(bytes)?;
-    let mut monitor = Monitor::default();
+    let mut monitor = Monitor::new(trace.settings.lease_ttl);
     for (i, step) in trace.steps.iter().enumerate() {
-        monitor.input(&step.input);
+        monitor.input(step.now, &step.input);
         for c in &step.commands {
             if let Err(b) = monitor.command(c)
                 && b.invariant == invariant
