@@ -4,10 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::rows::{self, Newest, Rows, Sweep, run};
+use super::rows::{self, ClaimQuery, Loaded, Newest, Rows, Sweep, run};
 use super::{
-    Actor, Answer, Attempt, AttemptWrite, Change, Holds, LedgerConfig, Limits, Load, Op, Todo,
-    TodoFilter, TodoState, check_todo, claim_order, claimable, flow,
+    Actor, Answer, Attempt, AttemptWrite, Change, LedgerConfig, Limits, Load, Op, Todo, TodoFilter,
+    TodoState, check_todo, claim_order, flow,
 };
 use crate::error::Error;
 use crate::time::Millis;
@@ -172,7 +172,7 @@ impl Ledger {
 struct Mem<'a>(&'a mut Ledger);
 
 impl Mem<'_> {
-    fn loaded(&self, id: &str) -> Option<(Todo, Option<Attempt>)> {
+    fn loaded(&self, id: &str) -> Option<Loaded> {
         self.0
             .todos
             .get(id)
@@ -181,25 +181,15 @@ impl Mem<'_> {
 }
 
 impl Rows for Mem<'_> {
-    async fn load(
-        &mut self,
-        _op: &str,
-        id: &str,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    async fn load(&mut self, _op: &str, id: &str) -> Result<Option<Loaded>, Error> {
         Ok(self.loaded(id))
     }
 
-    async fn next_claimable(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    async fn next_claimable(&mut self, claim: &ClaimQuery<'_>) -> Result<Option<Loaded>, Error> {
         let next = self
             .0
             .todos()
-            .filter(|t| claimable(now, t, actor, queues) && !holds.holds(t))
+            .filter(|t| claim.admits(t))
             .min_by(|a, b| claim_order(a).cmp(&claim_order(b)))
             .map(|t| t.id.clone());
         Ok(next.and_then(|id| self.loaded(&id)))

@@ -81,6 +81,45 @@ impl Newest {
     }
 }
 
+/// A todo and its open attempt, as a backend reads them.
+pub type Loaded = (Todo, Option<Attempt>);
+
+/// What `claim_next` asks of the rows: the first todo `actor` may claim at `now` from `queues`
+/// (valid queue names only; `None`, every queue) that the flow `holds` do not hold back. `op`
+/// names the operation in errors.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimQuery<'a> {
+    pub op: &'a str,
+    pub now: Millis,
+    pub actor: &'a Actor,
+    pub queues: Option<&'a [String]>,
+    pub holds: &'a Holds,
+}
+
+impl<'a> ClaimQuery<'a> {
+    /// The query of a `claim_next`.
+    pub fn new(
+        now: Millis,
+        actor: &'a Actor,
+        queues: Option<&'a [String]>,
+        holds: &'a Holds,
+    ) -> ClaimQuery<'a> {
+        ClaimQuery {
+            op: "claim_next",
+            now,
+            actor,
+            queues,
+            holds,
+        }
+    }
+
+    /// Whether the query admits `t`: claimable now by the actor from the queues, and not held
+    /// back. A backend's claim SQL must agree with it.
+    pub fn admits(&self, t: &Todo) -> bool {
+        transition::claimable(self.now, t, self.actor, self.queues) && !self.holds.holds(t)
+    }
+}
+
 /// What a backend offers inside one transaction. Reads of a todo in a writing transaction lock
 /// its row until commit; a failed operation's writes are rolled back by the caller.
 // Not `Send`-bounded: SQLite's transaction is not `Sync`, and every caller names a concrete
@@ -88,17 +127,11 @@ impl Newest {
 #[allow(async_fn_in_trait)]
 pub trait Rows {
     /// The todo and its open attempt, the row locked for the rest of the transaction.
-    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
-    /// The first claimable todo in [`super::claim_order`] with its open attempt, locked
-    /// (Postgres skips rows other transactions hold), that `holds` does not hold (see
-    /// [`Holds::holds`]). `queues` holds only valid queue names.
-    async fn next_claimable(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error>;
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<Loaded>, Error>;
+    /// The first todo in [`super::claim_order`] that `query` admits (see
+    /// [`ClaimQuery::admits`]), with its open attempt, locked (Postgres skips rows other
+    /// transactions hold).
+    async fn next_claimable(&mut self, query: &ClaimQuery<'_>) -> Result<Option<Loaded>, Error>;
     /// The endpoint's todo added with this idempotency key, if it still exists.
     async fn by_key(&mut self, endpoint: &str, key: &str) -> Result<Option<Todo>, Error>;
     /// Inserts a todo; `false` when the id is taken, or the endpoint's idempotency key is (a
@@ -170,10 +203,8 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             let paused = rows.paused_queues().await?;
             let gate = Gate::of(rows, now, queues.as_deref()).await?;
             let holds = flow::holds(&gate.limits, &gate.load, &paused);
-            let next = match rows
-                .next_claimable(now, &actor, queues.as_deref(), &holds)
-                .await?
-            {
+            let query = ClaimQuery::new(now, &actor, queues.as_deref(), &holds);
+            let next = match rows.next_claimable(&query).await? {
                 Some((todo, open)) => {
                     Some(claim(rows, cfg, now, &actor, todo, open, &opts, &gate).await?)
                 }

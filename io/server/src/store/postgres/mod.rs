@@ -335,15 +335,11 @@ impl PgStore {
             .begin(&mut client, TxKind::Write, "test")
             .await
             .expect("a transaction");
-        Rows::next_claimable(
-            &mut tx,
-            0,
-            actor,
-            None,
-            &relay_core::ledger::Holds::default(),
-        )
-        .await
-        .expect("the claim's read");
+        let holds = relay_core::ledger::Holds::default();
+        let claim = relay_core::ledger::rows::ClaimQuery::new(0, actor, None, &holds);
+        Rows::next_claimable(&mut tx, &claim)
+            .await
+            .expect("the claim's read");
         let row = tx
             .raw()
             .query_one("SELECT current_setting($1)", &[&setting])

@@ -6,9 +6,8 @@ use std::sync::LazyLock;
 use deadpool_postgres::{Object, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Holds, Newest, Rows, Sweep, Todo, TodoFilter,
-};
+use relay_core::ledger::rows::{ClaimQuery, Loaded};
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
 use tokio_postgres::types::ToSql;
 
 use super::encode::{pg_err, pg_vals};
@@ -352,7 +351,7 @@ pub(crate) const TRY_SWEEP_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/sweep/' || $1, 0))";
 
 impl Rows for PgTx<'_> {
-    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<Loaded>, Error> {
         // Two statements, pipelined (one round trip), never one join: under READ COMMITTED a
         // `FOR UPDATE` that waited for another transaction returns the row's newest version but
         // a joined row from its older snapshot. The attempt is read by the statement after the
@@ -376,27 +375,14 @@ impl Rows for PgTx<'_> {
         }
     }
 
-    async fn next_claimable(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-        let op = "claim_next";
-        let subject = format!("(next for {})", actor.owner());
+    async fn next_claimable(&mut self, claim: &ClaimQuery<'_>) -> Result<Option<Loaded>, Error> {
+        let op = claim.op;
+        let subject = format!("(next for {})", claim.actor.owner());
         self.t
             .batch_execute(CLAIM_PLAN)
             .await
             .map_err(|e| pg_err(op, &subject, &e))?;
-        let claim = rows::ClaimQuery {
-            op,
-            now,
-            actor,
-            queues,
-            holds,
-        };
-        let rs = rows::claimable(self, &SQL, &claim, 1, CLAIM_LOCK).await?;
+        let rs = rows::claimable(self, &SQL, claim, 1, CLAIM_LOCK).await?;
         let Some(todo) = one_todo(&rs)? else {
             return Ok(None);
         };

@@ -24,9 +24,10 @@ use std::cmp::Reverse;
 use relay_core::Error;
 use relay_core::ledger::Actor;
 
+use super::ClaimQuery;
 use super::cols::{Val, label};
 use super::decode::Row;
-use super::sql::{CLAIM_ORDER, ClaimQuery, Keys, LIVE, Shared};
+use super::sql::{CLAIM_ORDER, Keys, LIVE, Shared};
 
 /// How many heads a claim probes: a few first (the first claimable head most often settles
 /// it), then more, then it walks instead. Fewer in the unit tests, so that their programs reach

@@ -12,6 +12,7 @@ mod tests;
 pub(crate) use cols::*;
 pub(crate) use decode::{Row, attempt, endpoint, todo};
 pub(crate) use heads::{ClaimReads, Place, claimable, place};
+pub(crate) use relay_core::ledger::rows::ClaimQuery;
 #[cfg(feature = "postgres")]
 pub(crate) use sql::pg_derived_set;
-pub(crate) use sql::{ClaimQuery, Shared, pending_page, pending_since};
+pub(crate) use sql::{Shared, pending_page, pending_since};

@@ -1,8 +1,8 @@
 //! The statements both dialects share, built once from the column lists.
 
 use relay_core::Error;
-use relay_core::Millis;
-use relay_core::ledger::{Actor, Holds, Newest, Sweep, TodoFilter};
+use relay_core::ledger::rows::ClaimQuery;
+use relay_core::ledger::{Actor, Newest, Sweep, TodoFilter};
 
 use super::cols::{
     ATTEMPT_AMENDED, ATTEMPT_COLS, ATTEMPT_REWRITTEN, ENDPOINT_COLS, TODO_COLS, Val, label,
@@ -410,17 +410,6 @@ impl Shared {
 pub(super) const LIVE: &[&str] = &["pending", "claimed", "failed"];
 /// The claim order (transition::claim_order) of the todos aliased `t`.
 pub(super) const CLAIM_ORDER: &str = "t.priority DESC, t.created_at, t.id";
-
-/// What a claim asks the store for: the operation (named in errors), its time, who claims, the
-/// queues it names (all of the endpoint's when `None`) and what the flow limits hold back.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ClaimQuery<'a> {
-    pub op: &'a str,
-    pub now: Millis,
-    pub actor: &'a Actor,
-    pub queues: Option<&'a [String]>,
-    pub holds: &'a Holds,
-}
 
 /// What a claim's WHERE says of the concurrency keys.
 pub(super) enum Keys<'a> {

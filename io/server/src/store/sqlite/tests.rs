@@ -293,8 +293,8 @@ async fn many_held_keys_bind_as_one_value() {
                 keys,
             };
             let actor = Actor::endpoint("ep");
-            relay_core::ledger::rows::ready(tx.next_claimable(t0 + 10, &actor, None, &holds))
-                .map(|n| n.map(|(t, _)| t.id))
+            let claim = relay_core::ledger::rows::ClaimQuery::new(t0 + 10, &actor, None, &holds);
+            relay_core::ledger::rows::ready(tx.next_claimable(&claim)).map(|n| n.map(|(t, _)| t.id))
         })
     };
     assert_eq!(next(Vec::new()).await.unwrap().as_deref(), Some("t0"));

@@ -5,9 +5,8 @@ use std::sync::LazyLock;
 
 use relay_core::Error;
 use relay_core::Millis;
-use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Holds, Newest, Rows, Sweep, Todo, TodoFilter,
-};
+use relay_core::ledger::rows::{ClaimQuery, Loaded};
+use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::ops::{self, Tx};
@@ -183,7 +182,7 @@ impl SqliteTx<'_> {
 }
 
 impl Rows for SqliteTx<'_> {
-    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<Loaded>, Error> {
         let mut st = self
             .c
             .prepare_cached(&LOAD)
@@ -200,26 +199,12 @@ impl Rows for SqliteTx<'_> {
         Ok(Some((todo, open)))
     }
 
-    async fn next_claimable(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-        let op = "claim_next";
-        let claim = rows::ClaimQuery {
-            op,
-            now,
-            actor,
-            queues,
-            holds,
-        };
-        let found = rows::claimable(self, &SQL, &claim, 1, "").await?;
+    async fn next_claimable(&mut self, claim: &ClaimQuery<'_>) -> Result<Option<Loaded>, Error> {
+        let found = rows::claimable(self, &SQL, claim, 1, "").await?;
         let Some(todo) = found.into_iter().next() else {
             return Ok(None);
         };
-        let open = self.open_attempt(op, &todo.id)?;
+        let open = self.open_attempt(claim.op, &todo.id)?;
         Ok(Some((todo, open)))
     }
 

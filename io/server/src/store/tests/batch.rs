@@ -266,13 +266,12 @@ fn claims_walk_the_fifo_index_without_statistics() {
         let queues = ["q".to_string()];
         let (sql, vals) = SQL
             .next_claimable_n(
-                &crate::store::rows::ClaimQuery {
-                    op: "claim_next",
-                    now: T0,
-                    actor: &Actor::endpoint("e1"),
-                    queues: Some(&queues),
-                    holds: &relay_core::ledger::Holds::default(),
-                },
+                &crate::store::rows::ClaimQuery::new(
+                    T0,
+                    &Actor::endpoint("e1"),
+                    Some(&queues),
+                    &Default::default(),
+                ),
                 1,
                 CLAIM_LOCK,
             )

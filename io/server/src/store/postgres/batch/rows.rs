@@ -3,9 +3,9 @@
 
 use relay_core::Error;
 use relay_core::Millis;
+use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Holds, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter,
-    claim_order, transition,
+    Actor, Attempt, AttemptWrite, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter, claim_order,
 };
 
 use super::stmt::claim_key;
@@ -26,7 +26,7 @@ impl PgClaimRows for Batch<'_> {
 }
 
 impl Rows for Batch<'_> {
-    async fn load(&mut self, op: &str, id: &str) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    async fn load(&mut self, op: &str, id: &str) -> Result<Option<Loaded>, Error> {
         if !self.rows.contains_key(id) {
             self.fetch(vec![id.to_string()], true).await?;
         }
@@ -36,22 +36,8 @@ impl Rows for Batch<'_> {
         }
     }
 
-    async fn next_claimable(
-        &mut self,
-        now: Millis,
-        actor: &Actor,
-        queues: Option<&[String]>,
-        holds: &Holds,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
-        let op = "claim_next";
-        let claim = rows::ClaimQuery {
-            op,
-            now,
-            actor,
-            queues,
-            holds,
-        };
-        let key = claim_key(now, actor, queues, holds)?;
+    async fn next_claimable(&mut self, claim: &ClaimQuery<'_>) -> Result<Option<Loaded>, Error> {
+        let key = claim_key(claim)?;
         for _ in 0..3 {
             if let Some(g) = self.groups.iter().find(|g| g.key == key) {
                 // The first claimable row of those kept (read for this scope or any other, or
@@ -60,11 +46,7 @@ impl Rows for Batch<'_> {
                     .rows
                     .values()
                     .filter_map(|e| match e {
-                        Entry::Row(t, _)
-                            if transition::claimable(now, t, actor, queues) && !holds.holds(t) =>
-                        {
-                            Some(t)
-                        }
+                        Entry::Row(t, _) if claim.admits(t) => Some(t),
                         _ => None,
                     })
                     .min_by(|a, b| claim_order(a).cmp(&claim_order(b)));
@@ -77,7 +59,7 @@ impl Rows for Batch<'_> {
                 match best {
                     Some(t) if before_unread(t) => {
                         let id = t.id.clone();
-                        return Self::entry_answer(op, &id, &self.rows[&id]);
+                        return Self::entry_answer(claim.op, &id, &self.rows[&id]);
                     }
                     None if g.exhausted => return Ok(None),
                     _ => {}
@@ -86,7 +68,7 @@ impl Rows for Batch<'_> {
             }
             // Read as many rows as the batch has claims left, after its held writes.
             let k = self.claims_left.max(1);
-            let found = rows::claimable(self, &SQL, &claim, k, CLAIM_LOCK).await?;
+            let found = rows::claimable(self, &SQL, claim, k, CLAIM_LOCK).await?;
             let (last, len) = self.keep_claimable(&found).await?;
             self.groups.push(Group {
                 key: key.clone(),

@@ -6,8 +6,6 @@ use std::pin::Pin;
 
 use deadpool_postgres::ClientWrapper;
 use relay_core::Error;
-use relay_core::Millis;
-use relay_core::ledger::{Actor, Holds};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
@@ -205,20 +203,8 @@ pub(crate) fn begin_sql(claims: bool) -> String {
 
 /// A claim_next scope: its statement and values but `now` (bound first), so that callers whose
 /// clocks differ by a millisecond share one read (each row is still judged at each one's `now`).
-pub(super) fn claim_key(
-    now: Millis,
-    actor: &Actor,
-    queues: Option<&[String]>,
-    holds: &Holds,
-) -> Result<(String, Vec<Val>), Error> {
-    let claim = ClaimQuery {
-        op: "claim_next",
-        now,
-        actor,
-        queues,
-        holds,
-    };
-    let (sql, vals) = SQL.next_claimable_n(&claim, 1, CLAIM_LOCK)?;
+pub(super) fn claim_key(claim: &ClaimQuery<'_>) -> Result<(String, Vec<Val>), Error> {
+    let (sql, vals) = SQL.next_claimable_n(claim, 1, CLAIM_LOCK)?;
     Ok(match vals.split_first() {
         Some((Val::Big(Some(_)), rest)) => (sql, rest.to_vec()),
         _ => (sql, vals),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use deadpool_postgres::ClientWrapper;
 use relay_core::Error;
 use relay_core::Millis;
+use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{self, Attempt, Holds, Limits, Op, Todo, TodoState};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
@@ -173,7 +174,8 @@ impl<'c> Batch<'c> {
             } = op
             {
                 let queues = queues.as_deref().map(ledger::storable_queue_filter);
-                let key = claim_key(*now, actor, queues.as_deref(), &Holds::default())?;
+                let holds = Holds::default();
+                let key = claim_key(&ClaimQuery::new(*now, actor, queues.as_deref(), &holds))?;
                 match scopes.iter_mut().find(|(g, ..)| g.key == key) {
                     Some((_, at, n)) => {
                         *at = (*at).min(*now);
@@ -677,11 +679,7 @@ impl<'c> Batch<'c> {
         self.undo.push((id.to_string(), before));
     }
 
-    pub(super) fn entry_answer(
-        op: &str,
-        id: &str,
-        e: &Entry,
-    ) -> Result<Option<(Todo, Option<Attempt>)>, Error> {
+    pub(super) fn entry_answer(op: &str, id: &str, e: &Entry) -> Result<Option<Loaded>, Error> {
         match e {
             Entry::Absent => Ok(None),
             Entry::Row(t, open) => match open.as_slice() {
