@@ -141,7 +141,7 @@ fn task_decode(m: crate::task::TaskMethod, params: Option<&Value>) {
 /// malformed. A config that parses also resolves (against env files holding the same text) and
 /// evaluates its schedules and hours without panicking, under the same rule for errors.
 pub fn config_parse_never_panics(text: &str) {
-    use crate::config::{ConfigError, FileKind, Source, parse, resolve};
+    use crate::config::{ConfigError, ConfigFile, FileKind, parse, resolve};
     use std::collections::BTreeMap;
 
     fn check(e: &ConfigError) {
@@ -161,9 +161,9 @@ pub fn config_parse_never_panics(text: &str) {
         );
     }
 
-    let main = Source::new("harness.toml", text);
-    let empty = Source::new("harness.toml", "");
-    let dropin = Source::new("harness.d/10-x.toml", text);
+    let main = ConfigFile::new("harness.toml", text);
+    let empty = ConfigFile::new("harness.toml", "");
+    let dropin = ConfigFile::new("harness.d/10-x.toml", text);
     for kind in [FileKind::Global, FileKind::Project] {
         let runs = [
             parse(&main, &[], kind),

@@ -312,6 +312,7 @@ async fn attempts(h: &Harness, queue: &str) -> (history::Keys, history::Attempts
                 lease_expires_at: ms(a.lease_expires_at),
                 ended_at: a.ended_at.map(ms),
                 outcome: a.outcome.map(|o| o.as_str().to_string()),
+                closed_by: a.closed_by.clone(),
             };
             attempts.insert((t.id.clone(), a.seq), row);
         }
