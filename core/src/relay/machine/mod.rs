@@ -465,7 +465,7 @@ fn result_json(
     attempt: u32,
     agent: Option<AgentRun>,
     check: Option<(Option<i32>, u32)>,
-    reason: &str,
+    reason: &'static str,
 ) -> Value {
     json!({"harness": {
         "host": s.host,
@@ -473,7 +473,7 @@ fn result_json(
         "run_id": run_id,
         "attempt": attempt,
         "agent_exit": agent.map(|g| g.exit),
-        "agent_outcome": agent.map(|g| g.outcome),
+        "agent_outcome": agent.map(|g| g.outcome.as_str()),
         "duration_s": agent.map_or(0, |g| g.duration / SECOND),
         "check_exit": check.and_then(|(exit, _)| exit),
         "check_runs": check.map_or(0, |(_, runs)| runs),
