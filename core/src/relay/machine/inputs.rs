@@ -14,7 +14,7 @@ use crate::relay::types::{
     ClaimedTodo, Command, ExitStatus, Input, LeaseError, OnOverlap, ReportVerb, RequestId, Signal,
     StopReason, TimerReason,
 };
-use crate::time::{Millis, Now, SECOND, rfc3339};
+use crate::time::{Millis, Now, SECOND};
 
 use super::*;
 
@@ -221,7 +221,7 @@ impl Relay {
             disputed: false,
             token,
             claim,
-            claimed_at: rfc3339(self.wall),
+            claimed_at: self.wall,
         });
         let event = Event::RelayClaimed {
             harness: s.harness.clone(),

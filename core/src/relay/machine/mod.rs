@@ -138,8 +138,9 @@ impl Phase {
 #[derive(Debug)]
 struct Lease {
     claim: ClaimedTodo,
-    /// When the claim was answered, for the context file (the claim answer carries no time).
-    claimed_at: String,
+    /// When the claim was answered (wall), for the context file (the claim answer carries no
+    /// time).
+    claimed_at: Millis,
     token: LeaseToken,
     deadline: Millis,
     next_heartbeat: Millis,

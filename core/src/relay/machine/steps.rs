@@ -121,7 +121,7 @@ impl Relay {
         let files = run_files(&s.jobs_dir, &s.harness, a.run_id);
         let bytes = context_file_bytes(
             &lease.claim,
-            &lease.claimed_at,
+            lease.claimed_at,
             s.lease_ttl_seconds(),
             &files.summary_file,
         );
