@@ -223,6 +223,32 @@ pub fn parse_rfc3339(s: &str) -> Option<Millis> {
     Some(secs as u64 * SECOND + millis)
 }
 
+/// A wall time that comes in as text (a peer's answer, a file): read once, at the edge, by
+/// [`parse_rfc3339`] (any offset, `t`/`z` in either case, any fraction, surrounding blanks);
+/// `None` when it is no such time.
+pub fn read_wall_text(text: &str) -> Option<Millis> {
+    parse_rfc3339(text.trim())
+}
+
+/// Serde for an optional wall time carried as text: written strictly as [`rfc3339`] writes it
+/// (or `null`), read as [`read_wall_text`] reads it (anything else, a non-string included, is
+/// `None`). Use with `#[serde(with = "crate::time::wall_text")]`.
+pub mod wall_text {
+    use super::{Millis, read_wall_text, rfc3339};
+
+    pub fn serialize<S: serde::Serializer>(t: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(ms) => s.serialize_str(&rfc3339(*ms)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Millis>, D::Error> {
+        let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
+        Ok(v.as_str().and_then(read_wall_text))
+    }
+}
+
 fn is_leap(y: i64) -> bool {
     (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
 }

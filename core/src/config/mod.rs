@@ -104,14 +104,14 @@ pub const DEFAULT_SUCCESS_CHECK_INTERVAL: Millis = 30 * SECOND;
 
 /// The text of one config file, and the path to name it by in errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Source {
+pub struct ConfigFile {
     pub path: String,
     pub text: String,
 }
 
-impl Source {
-    pub fn new(path: impl Into<String>, text: impl Into<String>) -> Source {
-        Source {
+impl ConfigFile {
+    pub fn new(path: impl Into<String>, text: impl Into<String>) -> ConfigFile {
+        ConfigFile {
             path: path.into(),
             text: text.into(),
         }
@@ -128,7 +128,7 @@ pub enum FileKind {
 /// One problem in the config. `Display` gives the full line: `FILE: [TABLE] MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    /// The config file, as the shell named it in [`Source::path`].
+    /// The config file, as the shell named it in [`ConfigFile::path`].
     pub file: String,
     /// `queue.ci`, `harness.fixer`; `None` for file-level problems.
     pub table: Option<String>,

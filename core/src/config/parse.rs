@@ -106,7 +106,11 @@ pub(super) struct Decl<'a> {
 }
 
 /// Parses and validates the main file and its drop-ins. `kind` applies to all of them.
-pub fn parse(main: &Source, dropins: &[Source], kind: FileKind) -> Result<Config, ConfigErrors> {
+pub fn parse(
+    main: &ConfigFile,
+    dropins: &[ConfigFile],
+    kind: FileKind,
+) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
     let mut any_malformed = false;
     let mut files: Vec<(&str, Table)> = Vec::new();

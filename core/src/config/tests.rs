@@ -5,12 +5,16 @@ use proptest::prelude::*;
 const SB_URL: &str = "https://switchboard.example.com/mcp/ci-fixer";
 
 fn global(text: &str) -> Result<Config, ConfigErrors> {
-    parse(&Source::new("harness.toml", text), &[], FileKind::Global)
+    parse(
+        &ConfigFile::new("harness.toml", text),
+        &[],
+        FileKind::Global,
+    )
 }
 
 fn project(text: &str) -> Result<Config, ConfigErrors> {
     parse(
-        &Source::new("proj/harness.toml", text),
+        &ConfigFile::new("proj/harness.toml", text),
         &[],
         FileKind::Project,
     )
@@ -263,13 +267,13 @@ fn success_check_defaults_and_rules() {
 
 #[test]
 fn duplicates_across_dropins() {
-    let main = Source::new("harness.toml", QUEUE_CI);
-    let a = Source::new(
+    let main = ConfigFile::new("harness.toml", QUEUE_CI);
+    let a = ConfigFile::new(
         "harness.d/10-a.toml",
         "[channel.sb]\nurl = \"https://sb.example.com/mcp\"\n",
     );
-    let b = Source::new("harness.d/20-b.toml", QUEUE_CI);
-    let c = Source::new(
+    let b = ConfigFile::new("harness.d/20-b.toml", QUEUE_CI);
+    let c = ConfigFile::new(
         "harness.d/30-c.toml",
         "[channel.sb]\nurl = \"https://sb.example.com/mcp\"\n",
     );
@@ -291,7 +295,7 @@ fn duplicates_across_dropins() {
             && s.contains("30-c.toml"))
     );
     // The same name under different kinds is no conflict.
-    let ok = Source::new(
+    let ok = ConfigFile::new(
         "harness.d/10-a.toml",
         "[channel.ci]\nurl = \"https://sb.example.com/mcp\"\n",
     );
@@ -744,12 +748,12 @@ fn catch_up_fires_once_for_a_slot_missed_since_the_last_run() {
 // --- reload diff ------------------------------------------------------------------------------
 
 fn resolved_with(text: &str, dropin: Option<&str>, env: &str) -> ResolvedConfig {
-    let dropins: Vec<Source> = dropin
-        .map(|t| Source::new("harness.d/extra.toml", t))
+    let dropins: Vec<ConfigFile> = dropin
+        .map(|t| ConfigFile::new("harness.d/extra.toml", t))
         .into_iter()
         .collect();
     let config = parse(
-        &Source::new("harness.toml", text),
+        &ConfigFile::new("harness.toml", text),
         &dropins,
         FileKind::Global,
     )

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::{FileKind, Source, parse};
+use crate::config::{ConfigFile, FileKind, parse};
 use crate::relay::OnOverlap;
 use crate::testing::relay::{claimed, is_claim, our_server_capabilities, request_in, settings};
 use crate::time::{HOUR, MINUTE, SECOND, parse_rfc3339};
@@ -11,7 +11,12 @@ fn at(s: &str) -> Millis {
 /// `[harness.<name>]` with these extra keys.
 fn harness(name: &str, keys: &str) -> Harness {
     let text = format!("[harness.{name}]\ncommand = [\"agent\"]\n{keys}");
-    let c = parse(&Source::new("harness.toml", &text), &[], FileKind::Global).unwrap();
+    let c = parse(
+        &ConfigFile::new("harness.toml", &text),
+        &[],
+        FileKind::Global,
+    )
+    .unwrap();
     c.harnesses[name].clone()
 }
 

@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_channel_hears_the_queues_its_harnesses_claim_from() {
-        use crate::config::{FileKind, Source, parse};
+        use crate::config::{ConfigFile, FileKind, parse};
         let text = r#"
 [channel.bell]
 url = "http://127.0.0.1:1/mcp/a"
@@ -323,7 +323,7 @@ command = ["true"]
 triggers = ["channel.bell"]
 lease = "queue.ci"
 "#;
-        let config = parse(&Source::new("h.toml", text), &[], FileKind::Global).unwrap();
+        let config = parse(&ConfigFile::new("h.toml", text), &[], FileKind::Global).unwrap();
         assert_eq!(
             channel_subscriptions(&config, "bell"),
             Subscriptions::Queues(BTreeSet::from(["ci-failures".to_string()]))
@@ -331,7 +331,7 @@ lease = "queue.ci"
         let any = format!(
             "{text}[harness.sweeper]\ncommand = [\"true\"]\ntriggers = [\"channel.bell\"]\nlease = \"queue.all\"\n"
         );
-        let config = parse(&Source::new("h.toml", &any), &[], FileKind::Global).unwrap();
+        let config = parse(&ConfigFile::new("h.toml", &any), &[], FileKind::Global).unwrap();
         assert_eq!(
             channel_subscriptions(&config, "bell"),
             Subscriptions::Granted

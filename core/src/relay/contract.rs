@@ -52,6 +52,7 @@ use super::context::TODO_FIELDS;
 use super::table::contract_arguments;
 use super::types::{ClaimedTodo, Command, Input, LeaseError, PriorAttempt, ReportVerb};
 use super::usage::budget_remaining;
+use crate::time::read_wall_text;
 use crate::wire::{
     ClaimNextArgs, FailArgs, HeartbeatArgs, LeaseToken, ReleaseArgs, ReportArgs, RequestInputArgs,
     UsageArg,
@@ -167,8 +168,8 @@ fn prior_attempt(v: &Value) -> Option<PriorAttempt> {
         outcome: string("outcome"),
         died: a.get("died").and_then(Value::as_bool),
         claimant: string("claimant"),
-        claimed_at: string("claimed_at"),
-        ended_at: string("ended_at"),
+        claimed_at: string("claimed_at").as_deref().and_then(read_wall_text),
+        ended_at: string("ended_at").as_deref().and_then(read_wall_text),
         summary: string("summary"),
         artifact: string("artifact"),
         question: string("question"),

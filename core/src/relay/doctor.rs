@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_channel_on_another_url_warns() {
-        use crate::config::{FileKind, Source, parse};
+        use crate::config::{ConfigFile, FileKind, parse};
         let text = r#"
 [channel.bell]
 url = "http://127.0.0.1:1/mcp/a"
@@ -230,13 +230,13 @@ command = ["true"]
 triggers = ["channel.bell"]
 lease = "queue.q"
 "#;
-        let config = parse(&Source::new("h.toml", text), &[], FileKind::Global).unwrap();
+        let config = parse(&ConfigFile::new("h.toml", text), &[], FileKind::Global).unwrap();
         let rows = binding_rows(&config);
         assert_eq!(bound_sources(&config), ["queue.q"]);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].level, Level::Warn);
         let same = text.replace("/mcp/b", "/mcp/a");
-        let config = parse(&Source::new("h.toml", &same), &[], FileKind::Global).unwrap();
+        let config = parse(&ConfigFile::new("h.toml", &same), &[], FileKind::Global).unwrap();
         assert!(binding_rows(&config).is_empty());
     }
 }

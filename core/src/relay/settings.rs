@@ -119,7 +119,7 @@ pub fn harness_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{FileKind, Source, parse, resolve};
+    use crate::config::{ConfigFile, FileKind, parse, resolve};
     use std::collections::BTreeMap;
 
     fn facts() -> HostFacts {
@@ -161,7 +161,7 @@ schedule = "@every 1m"
 
     fn resolved() -> ResolvedConfig {
         let config = parse(
-            &Source::new("/etc/relay/harness.toml", CONFIG),
+            &ConfigFile::new("/etc/relay/harness.toml", CONFIG),
             &[],
             FileKind::Global,
         )

@@ -30,11 +30,77 @@ pub fn format_duration(ms: Millis) -> String {
     }
 }
 
+/// How the agent's process ended: its text is `HARNESS_AGENT_OUTCOME` (the check's
+/// environment), `result.harness.agent_outcome` and the word after `agent` on the first line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentOutcome {
+    /// Exit code 0 within the timeout.
+    Success,
+    /// Any other exit, a signal, or a spawn that failed.
+    Failed,
+    /// Stopped at its timeout, whatever it exited with.
+    TimedOut,
+}
+crate::names!(AgentOutcome { Success => "success", Failed => "failed", TimedOut => "timed_out" });
+
+/// Why an attempt's verdict is what it is: `result.harness.reason` of its `complete` or `fail`,
+/// and the first part of a failure's signature. (An abort's `fail` carries a
+/// [`StopReason::code`](super::StopReason::code) there instead.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerdictReason {
+    /// No check: the agent exited 0.
+    AgentSucceeded,
+    /// No check: the agent exited otherwise.
+    AgentFailed,
+    /// No check: the agent ran into its timeout.
+    AgentTimedOut,
+    /// No check: the agent could not be started.
+    SpawnFailed,
+    /// The success check exited 0 after the agent.
+    CheckPassed,
+    /// The success check exited otherwise (not `CHECK_NOT_YET`).
+    CheckFailed,
+    /// The success check ran into its timeout.
+    CheckTimedOut,
+    /// The success check could not be started.
+    CheckNotStarted,
+    /// The success check kept answering "not yet" (`CHECK_NOT_YET`) until its timeout.
+    CheckInconclusive,
+    /// `success_check_before` passed: no agent ran.
+    CheckPassedBeforeSpawn,
+    /// The agent asked a question where the source offers no `request_input`.
+    NeedsInputUnsupported,
+}
+crate::names!(VerdictReason {
+    AgentSucceeded => "agent_succeeded",
+    AgentFailed => "agent_failed",
+    AgentTimedOut => "agent_timed_out",
+    SpawnFailed => "spawn_failed",
+    CheckPassed => "check_passed",
+    CheckFailed => "check_failed",
+    CheckTimedOut => "check_timed_out",
+    CheckNotStarted => "check_not_started",
+    CheckInconclusive => "check_inconclusive",
+    CheckPassedBeforeSpawn => "check_passed_before_spawn",
+    NeedsInputUnsupported => "needs_input_unsupported",
+});
+
+impl VerdictReason {
+    /// The work is done: the verdict is a `complete`, every other reason a `fail`.
+    pub fn passed(self) -> bool {
+        matches!(
+            self,
+            VerdictReason::AgentSucceeded
+                | VerdictReason::CheckPassed
+                | VerdictReason::CheckPassedBeforeSpawn
+        )
+    }
+}
+
 /// What the agent did, for the first line and the report's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AgentRun {
-    /// `success`, `failed` or `timed_out`, as `HARNESS_AGENT_OUTCOME` says it.
-    pub outcome: &'static str,
+    pub outcome: AgentOutcome,
     /// The exit code, -1 when signalled or never started.
     pub exit: i32,
     pub duration: Millis,
@@ -141,7 +207,7 @@ pub fn question(raw: &str, redactor: &Redactor) -> Option<String> {
 /// check output's last non-empty line (folded and redacted, as the summary shows it), as 32 hex
 /// digits. Durations and attempt numbers stay out: they change on every try.
 pub fn failure_signature(
-    reason: &str,
+    reason: VerdictReason,
     agent_exit: Option<i32>,
     check_exit: Option<i32>,
     check_output: Option<&str>,
@@ -340,7 +406,7 @@ mod tests {
     #[test]
     fn first_line_with_and_without_check() {
         let agent = AgentRun {
-            outcome: "success",
+            outcome: AgentOutcome::Success,
             exit: 0,
             duration: 16 * 60_000,
         };
@@ -355,6 +421,76 @@ mod tests {
         assert_eq!(
             first_line(2, 5, agent, Some(check)),
             "attempt 2/5 · agent success (exit 0) after 16m · check exit 1 after 2m"
+        );
+    }
+
+    #[test]
+    fn outcome_and_reason_texts_are_the_wire_texts() {
+        // The texts results, environments and first lines carried before these were enums.
+        let outcomes: Vec<&str> = AgentOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(outcomes, ["success", "failed", "timed_out"]);
+        let reasons: Vec<&str> = VerdictReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "agent_succeeded",
+                "agent_failed",
+                "agent_timed_out",
+                "spawn_failed",
+                "check_passed",
+                "check_failed",
+                "check_timed_out",
+                "check_not_started",
+                "check_inconclusive",
+                "check_passed_before_spawn",
+                "needs_input_unsupported",
+            ]
+        );
+        for o in AgentOutcome::ALL {
+            assert_eq!(AgentOutcome::parse(&o.to_string()), Some(o));
+        }
+        for r in VerdictReason::ALL {
+            assert_eq!(VerdictReason::parse(&r.to_string()), Some(r));
+        }
+        // A text no version wrote (or a stop's code) is no outcome or verdict reason.
+        for unknown in [
+            "",
+            "Success",
+            "signalled",
+            "daemon_stopping",
+            "agent_succeeded ",
+        ] {
+            assert_eq!(AgentOutcome::parse(unknown), None);
+            assert_eq!(VerdictReason::parse(unknown), None);
+        }
+        let passed: Vec<VerdictReason> = VerdictReason::ALL
+            .into_iter()
+            .filter(|r| r.passed())
+            .collect();
+        assert_eq!(
+            passed,
+            [
+                VerdictReason::AgentSucceeded,
+                VerdictReason::CheckPassed,
+                VerdictReason::CheckPassedBeforeSpawn
+            ]
+        );
+        // The signature hashes the reason's text, as it did when the reason was a string.
+        assert_eq!(
+            failure_signature(
+                VerdictReason::CheckFailed,
+                Some(1),
+                Some(2),
+                Some("x\nlast\n")
+            ),
+            {
+                use sha2::Digest;
+                let d = sha2::Sha256::digest(b"check_failed\n1\n2\nlast");
+                d[..16]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            }
         );
     }
 

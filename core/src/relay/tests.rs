@@ -11,7 +11,7 @@ use crate::ledger::{Ledger, LedgerConfig, NewTodo};
 use crate::relay::invariants::shown;
 use crate::testing::Queue;
 use crate::testing::relay::*;
-use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339};
+use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339, read_wall_text};
 
 const TOKEN: &str = "q3vZw-T0K3N-f3nc3";
 
@@ -373,8 +373,8 @@ fn second_attempt_sees_the_first() {
         outcome: Some("failed".into()),
         died: Some(false),
         claimant: Some("harness/buildbox/fixer/run-1".into()),
-        claimed_at: Some("2026-09-22T11:00:00Z".into()),
-        ended_at: Some("2026-09-22T11:20:00Z".into()),
+        claimed_at: read_wall_text("2026-09-22T11:00:00Z"),
+        ended_at: read_wall_text("2026-09-22T11:20:00Z"),
         summary: Some("tests still red".into()),
         artifact: None,
         question: None,

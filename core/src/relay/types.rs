@@ -195,8 +195,14 @@ pub struct PriorAttempt {
     pub outcome: Option<String>,
     pub died: Option<bool>,
     pub claimant: Option<String>,
-    pub claimed_at: Option<String>,
-    pub ended_at: Option<String>,
+    /// Read from the server's text once (any RFC 3339 form), written back as [`rfc3339`] writes
+    /// it.
+    ///
+    /// [`rfc3339`]: crate::time::rfc3339
+    #[serde(with = "crate::time::wall_text")]
+    pub claimed_at: Option<Millis>,
+    #[serde(with = "crate::time::wall_text")]
+    pub ended_at: Option<Millis>,
     pub summary: Option<String>,
     pub artifact: Option<String>,
     /// The question the attempt ended with (outcome `needs_input`), and its answer once given:

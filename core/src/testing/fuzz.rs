@@ -141,7 +141,7 @@ fn task_decode(m: crate::task::TaskMethod, params: Option<&Value>) {
 /// malformed. A config that parses also resolves (against env files holding the same text) and
 /// evaluates its schedules and hours without panicking, under the same rule for errors.
 pub fn config_parse_never_panics(text: &str) {
-    use crate::config::{ConfigError, FileKind, Source, parse, resolve};
+    use crate::config::{ConfigError, ConfigFile, FileKind, parse, resolve};
     use std::collections::BTreeMap;
 
     fn check(e: &ConfigError) {
@@ -161,9 +161,9 @@ pub fn config_parse_never_panics(text: &str) {
         );
     }
 
-    let main = Source::new("harness.toml", text);
-    let empty = Source::new("harness.toml", "");
-    let dropin = Source::new("harness.d/10-x.toml", text);
+    let main = ConfigFile::new("harness.toml", text);
+    let empty = ConfigFile::new("harness.toml", "");
+    let dropin = ConfigFile::new("harness.d/10-x.toml", text);
     for kind in [FileKind::Global, FileKind::Project] {
         let runs = [
             parse(&main, &[], kind),
@@ -228,7 +228,9 @@ pub fn config_parse(bytes: &[u8]) {
 /// no secret value.
 pub fn summary_compose(bytes: &[u8]) -> Result<(), String> {
     use crate::relay::Redactor;
-    use crate::relay::summary::{AgentRun, CheckRunSummary, compose_summary, first_line};
+    use crate::relay::summary::{
+        AgentOutcome, AgentRun, CheckRunSummary, compose_summary, first_line,
+    };
     let mut parts = bytes.splitn(3, |b| *b == 0xff);
     let agent = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
     let check = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
@@ -249,7 +251,7 @@ pub fn summary_compose(bytes: &[u8]) -> Result<(), String> {
         n(0) % 9 + 1,
         n(1) % 9 + 1,
         AgentRun {
-            outcome: "failed",
+            outcome: AgentOutcome::Failed,
             exit: n(2) as i32 - 128,
             duration: u64::from(n(3)) * 7_919,
         },

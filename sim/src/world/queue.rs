@@ -6,6 +6,7 @@ use relay_core::ledger::{
     self, Attempt, Disposition, Op, Outcome, Todo, TodoState, TokenHash, transition,
 };
 use relay_core::relay::LeaseToken;
+use relay_core::relay::summary::VerdictReason;
 use relay_core::serve::{Caller, Draw, Serving, Step, refusal, tool_of};
 use relay_core::wire::Tool;
 
@@ -298,7 +299,10 @@ impl World {
                 _ => {}
             }
             let reason = args.and_then(|a| a.pointer("/result/harness/reason"));
-            if tool == Tool::Fail && reason == Some(&json!("needs_input_unsupported")) {
+            if tool == Tool::Fail
+                && reason.and_then(serde_json::Value::as_str)
+                    == Some(VerdictReason::NeedsInputUnsupported.as_str())
+            {
                 self.count("asked_unsupported");
             }
             // The server stopped the attempt at its budget: the holder hears a conflict.

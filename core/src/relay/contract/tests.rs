@@ -8,7 +8,7 @@ use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, Tok
 use crate::relay::RequestId;
 use crate::testing::Queue;
 use crate::testing::relay::{contract_tools, t0};
-use crate::time::{MINUTE, SECOND};
+use crate::time::{MINUTE, SECOND, read_wall_text, rfc3339};
 use crate::wire::ClaimOut;
 
 const TOKEN: &str = "tok-C0NTRACT-s3cr3t";
@@ -67,8 +67,8 @@ fn a_contract_only_claim_answer_decodes() {
             outcome: Some("failed".into()),
             died: Some(false),
             claimant: Some("harness/box/fixer/run-1".into()),
-            claimed_at: Some("2026-09-22T11:59:00Z".into()),
-            ended_at: Some("2026-09-22T11:59:30Z".into()),
+            claimed_at: read_wall_text("2026-09-22T11:59:00Z"),
+            ended_at: read_wall_text("2026-09-22T11:59:30Z"),
             summary: Some("first try".into()),
             artifact: None,
             question: None,
@@ -212,6 +212,51 @@ fn prior_attempts_are_read_field_by_field() {
     assert_eq!(p.outcome.as_deref(), Some("reaped"));
     answer["prior_attempts"] = json!({"not": "a list"});
     assert!(claimed(&answer).prior_attempts.is_empty());
+}
+
+#[test]
+fn a_prior_attempts_times_are_read_liberally_once_and_written_strictly() {
+    let mut answer = contract_only();
+    answer["prior_attempts"] = json!([
+        {"seq": 4, "claimed_at": "2026-09-22T13:59:00.000+02:00", "ended_at": " 2026-09-22t11:59:30z "},
+        {"seq": 5, "claimed_at": "yesterday", "ended_at": 1_790_000_000_000u64},
+        {"seq": 6, "claimed_at": "2026-09-22T11:59:00.25Z", "ended_at": null},
+    ]);
+    let c = claimed(&answer);
+    let times: Vec<_> = c
+        .prior_attempts
+        .iter()
+        .map(|p| (p.claimed_at.map(rfc3339), p.ended_at.map(rfc3339)))
+        .collect();
+    let text = |s: &str| Some(s.to_string());
+    assert_eq!(
+        times,
+        [
+            (text("2026-09-22T11:59:00Z"), text("2026-09-22T11:59:30Z")),
+            (None, None),
+            (text("2026-09-22T11:59:00.250Z"), None),
+        ]
+    );
+    // The context file writes them as the server does, and what it cannot read as null.
+    let bytes = crate::relay::context_file_bytes(
+        &c,
+        read_wall_text("2026-09-22T12:00:00Z").unwrap_or(0),
+        300,
+        "/s",
+    );
+    let file: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let prior = &file["prior_attempts"];
+    assert_eq!(prior[2]["claimed_at"], "2026-09-22T11:59:00Z");
+    assert_eq!(prior[2]["ended_at"], "2026-09-22T11:59:30Z");
+    assert_eq!(
+        (&prior[1]["claimed_at"], &prior[1]["ended_at"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(file["attempt"]["claimed_at"], "2026-09-22T12:00:00Z");
+    // And read back as written.
+    let back: crate::relay::PriorAttempt =
+        serde_json::from_value(prior[2].clone()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, c.prior_attempts[0]);
 }
 
 #[test]

@@ -7,14 +7,14 @@ use crate::relay::context::claimant;
 use crate::relay::record::{Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason};
 use crate::relay::redact::Redactor;
 use crate::relay::summary::{
-    AgentRun, AgentSummary, CHECK_TAIL_LINES, choose_artifact, last_lines, parse_summary_file,
-    question,
+    AgentOutcome, AgentRun, AgentSummary, CHECK_TAIL_LINES, VerdictReason, choose_artifact,
+    last_lines, parse_summary_file, question,
 };
 use crate::relay::types::{
     ClaimedTodo, Command, ExitStatus, Input, LeaseError, OnOverlap, ReportVerb, RequestId, Signal,
     StopReason, TimerReason,
 };
-use crate::time::{Millis, Now, SECOND, rfc3339};
+use crate::time::{Millis, Now, SECOND};
 
 use super::*;
 
@@ -221,7 +221,7 @@ impl Relay {
             disputed: false,
             token,
             claim,
-            claimed_at: rfc3339(self.wall),
+            claimed_at: self.wall,
         });
         let event = Event::RelayClaimed {
             harness: s.harness.clone(),
@@ -383,9 +383,9 @@ impl Relay {
                     ExitStatus::Signal(_) => None,
                 };
                 let outcome = match exit {
-                    _ if timed_out => "timed_out",
-                    ExitStatus::Code(0) => "success",
-                    _ => "failed",
+                    _ if timed_out => AgentOutcome::TimedOut,
+                    ExitStatus::Code(0) => AgentOutcome::Success,
+                    _ => AgentOutcome::Failed,
                 };
                 let run = AgentRun {
                     outcome,
@@ -403,7 +403,7 @@ impl Relay {
             }
             Err(error) => {
                 let run = AgentRun {
-                    outcome: "failed",
+                    outcome: AgentOutcome::Failed,
                     exit: -1,
                     duration: 0,
                 };
@@ -430,12 +430,12 @@ impl Relay {
                 return relay.start_check(now, false);
             }
             let reason = match run.outcome {
-                "success" => "agent_succeeded",
-                "timed_out" => "agent_timed_out",
-                _ if spawn_failed => "spawn_failed",
-                _ => "agent_failed",
+                AgentOutcome::Success => VerdictReason::AgentSucceeded,
+                AgentOutcome::TimedOut => VerdictReason::AgentTimedOut,
+                AgentOutcome::Failed if spawn_failed => VerdictReason::SpawnFailed,
+                AgentOutcome::Failed => VerdictReason::AgentFailed,
             };
-            relay.verdict(now, run.outcome == "success", reason);
+            relay.verdict(now, reason);
         });
         Ok(())
     }
@@ -489,11 +489,11 @@ impl Relay {
             (true, Some(ExitStatus::Code(0))) if !timed_out => self.already_satisfied(now),
             // Any other answer before the spawn means: do the work.
             (true, _) => self.spawn(),
-            (false, _) if timed_out => self.verdict(now, false, "check_timed_out"),
-            (false, None) => self.verdict(now, false, "check_not_started"),
-            (false, Some(ExitStatus::Code(0))) => self.verdict(now, true, "check_passed"),
+            (false, _) if timed_out => self.verdict(now, VerdictReason::CheckTimedOut),
+            (false, None) => self.verdict(now, VerdictReason::CheckNotStarted),
+            (false, Some(ExitStatus::Code(0))) => self.verdict(now, VerdictReason::CheckPassed),
             (false, Some(ExitStatus::Code(CHECK_NOT_YET))) => self.check_not_yet(now),
-            (false, Some(_)) => self.verdict(now, false, "check_failed"),
+            (false, Some(_)) => self.verdict(now, VerdictReason::CheckFailed),
         }
         Ok(())
     }
@@ -683,7 +683,7 @@ impl Relay {
                     }
                     CheckState::Waiting { .. } => {
                         check.state = CheckState::Done;
-                        self.verdict(now, false, "check_inconclusive");
+                        self.verdict(now, VerdictReason::CheckInconclusive);
                     }
                     CheckState::Done => {}
                 }

@@ -138,8 +138,9 @@ impl Phase {
 #[derive(Debug)]
 struct Lease {
     claim: ClaimedTodo,
-    /// When the claim was answered, for the context file (the claim answer carries no time).
-    claimed_at: String,
+    /// When the claim was answered (wall), for the context file (the claim answer carries no
+    /// time).
+    claimed_at: Millis,
     token: LeaseToken,
     deadline: Millis,
     next_heartbeat: Millis,
@@ -465,7 +466,7 @@ fn result_json(
     attempt: u32,
     agent: Option<AgentRun>,
     check: Option<(Option<i32>, u32)>,
-    reason: &str,
+    reason: &'static str,
 ) -> Value {
     json!({"harness": {
         "host": s.host,
@@ -473,7 +474,7 @@ fn result_json(
         "run_id": run_id,
         "attempt": attempt,
         "agent_exit": agent.map(|g| g.exit),
-        "agent_outcome": agent.map(|g| g.outcome),
+        "agent_outcome": agent.map(|g| g.outcome.as_str()),
         "duration_s": agent.map_or(0, |g| g.duration / SECOND),
         "check_exit": check.and_then(|(exit, _)| exit),
         "check_runs": check.map_or(0, |(_, runs)| runs),

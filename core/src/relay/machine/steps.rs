@@ -6,8 +6,8 @@ use crate::relay::context::{context_file_bytes, relay_env, run_files};
 use crate::relay::record::{Event, RelayOutcome, RunOutcome, RunRecord, SkippedReason};
 use crate::relay::redact::Redactor;
 use crate::relay::summary::{
-    ALREADY_SATISFIED, AgentRun, CheckRunSummary, RECEIPT_LOG_LINES, RECEIPT_TAGS, abort_summary,
-    choose_artifact, compose_summary, first_line, receipt_markdown,
+    ALREADY_SATISFIED, AgentOutcome, AgentRun, CheckRunSummary, RECEIPT_LOG_LINES, RECEIPT_TAGS,
+    VerdictReason, abort_summary, choose_artifact, compose_summary, first_line, receipt_markdown,
 };
 use crate::relay::types::{Command, ExitStatus, ProcessEnv, ReportVerb, RequestId, Signal};
 use crate::time::{Millis, rfc3339};
@@ -121,7 +121,7 @@ impl Relay {
         let files = run_files(&s.jobs_dir, &s.harness, a.run_id);
         let bytes = context_file_bytes(
             &lease.claim,
-            &lease.claimed_at,
+            lease.claimed_at,
             s.lease_ttl_seconds(),
             &files.summary_file,
         );
@@ -230,7 +230,7 @@ impl Relay {
         if rerun_at < check.first_start.saturating_add(timeout) {
             check.state = CheckState::Waiting { until: rerun_at };
         } else {
-            self.verdict(now, false, "check_inconclusive");
+            self.verdict(now, VerdictReason::CheckInconclusive);
         }
     }
 
@@ -255,7 +255,8 @@ impl Relay {
 
     /// The verdict after the agent (and the check): compose the summary, then the receipt
     /// or the report.
-    pub(super) fn verdict(&mut self, now: Millis, success: bool, reason: &str) {
+    pub(super) fn verdict(&mut self, now: Millis, reason: VerdictReason) {
+        let success = reason.passed();
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
             return;
@@ -266,7 +267,7 @@ impl Relay {
         let agent = a.agent.as_ref();
         let agent_run = agent.map_or(
             AgentRun {
-                outcome: "failed",
+                outcome: AgentOutcome::Failed,
                 exit: -1,
                 duration: 0,
             },
@@ -310,11 +311,11 @@ impl Relay {
             lease.claim.attempt,
             agent.map(|g| g.run),
             check.map(|c| (c.last_exit.map(ExitStatus::code), c.runs)),
-            reason,
+            reason.as_str(),
         );
         let outcome = match (success, agent_run.outcome) {
             (true, _) => RunOutcome::Success,
-            (false, "timed_out") => RunOutcome::TimedOut,
+            (false, AgentOutcome::TimedOut) => RunOutcome::TimedOut,
             (false, _) => RunOutcome::Failed,
         };
         let verb = if success {
@@ -362,7 +363,7 @@ impl Relay {
     /// next; the same question failing again and again dead-letters it by its signature).
     pub(super) fn ask(&mut self, now: Millis) {
         if !self.input_advertised {
-            return self.verdict(now, false, "needs_input_unsupported");
+            return self.verdict(now, VerdictReason::NeedsInputUnsupported);
         }
         let Some(a) = self.run.as_mut() else {
             return;
@@ -381,9 +382,9 @@ impl Relay {
             choose_artifact(agent.summary.artifact.as_deref(), None, &a.redactor);
         // The run is recorded as the agent's process ended; the relay outcome says it asked.
         let outcome = match agent.run.outcome {
-            "success" => RunOutcome::Success,
-            "timed_out" => RunOutcome::TimedOut,
-            _ => RunOutcome::Failed,
+            AgentOutcome::Success => RunOutcome::Success,
+            AgentOutcome::TimedOut => RunOutcome::TimedOut,
+            AgentOutcome::Failed => RunOutcome::Failed,
         };
         a.report = Some(PendingReport {
             verb: ReportVerb::RequestInput,
@@ -418,7 +419,7 @@ impl Relay {
             lease.claim.attempt,
             None,
             Some((Some(0), runs)),
-            "check_passed_before_spawn",
+            VerdictReason::CheckPassedBeforeSpawn.as_str(),
         );
         a.report = Some(PendingReport {
             verb: ReportVerb::Complete,

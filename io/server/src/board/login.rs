@@ -17,7 +17,7 @@ use super::{Board, COOKIE, failure, html, see_other};
 const THROTTLE_CLIENT: &str = "board";
 
 /// A logged-in operator's request.
-pub(super) struct Session {
+pub(super) struct LoggedIn {
     pub(super) operator: String,
     pub(super) secret: String,
     pub(super) csrf: String,
@@ -41,7 +41,7 @@ pub(super) async fn session(
     b: &Board,
     headers: &HeaderMap,
     page: bool,
-) -> Result<Session, Response> {
+) -> Result<LoggedIn, Response> {
     crate::server::host_check(&b.server, "board", headers)?;
     let refuse = || {
         if page {
@@ -58,7 +58,7 @@ pub(super) async fn session(
     };
     let now = b.server.now();
     match b.store().session_get(now, TokenHash::of(&secret)).await {
-        Ok(Some(s)) => Ok(Session {
+        Ok(Some(s)) => Ok(LoggedIn {
             operator: s.operator,
             csrf: csrf_token(&secret),
             secret,
@@ -72,7 +72,7 @@ pub(super) async fn session(
 }
 
 /// A POST's CSRF check: the form's `csrf` must be the session's.
-fn csrf_ok(s: &Session, presented: &str) -> Result<(), Response> {
+fn csrf_ok(s: &LoggedIn, presented: &str) -> Result<(), Response> {
     if csrf_matches(&s.secret, presented) {
         Ok(())
     } else {
@@ -96,7 +96,7 @@ pub(super) async fn posting(
     b: &Board,
     headers: &HeaderMap,
     csrf: &str,
-) -> Result<Session, Response> {
+) -> Result<LoggedIn, Response> {
     let s = session(b, headers, false).await?;
     csrf_ok(&s, csrf)?;
     Ok(s)

@@ -26,7 +26,7 @@ mod login;
 
 pub(crate) use bulk::resume_bulks;
 use bulk::{bulk_confirm, bulk_create, bulk_page};
-use login::{CsrfForm, Session, login, login_link, login_page, logout, posting, session};
+use login::{CsrfForm, LoggedIn, login, login_link, login_page, logout, posting, session};
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -225,7 +225,7 @@ fn status_of(e: &Error) -> StatusCode {
 }
 
 /// A page that could not be served: the message (errors never hold a secret), escaped.
-fn failure(b: &Board, s: &Session, e: &Error) -> Response {
+fn failure(b: &Board, s: &LoggedIn, e: &Error) -> Response {
     let message = if status_of(e) == StatusCode::INTERNAL_SERVER_ERROR {
         b.server.internal_message("board", e)
     } else {
@@ -426,7 +426,7 @@ async fn queue_action(
 /// Attempts a todo page shows at most.
 const TODO_ATTEMPTS: usize = 100;
 
-async fn todo_view(b: &Board, s: &Session, id: &str, error: Option<&str>) -> Response {
+async fn todo_view(b: &Board, s: &LoggedIn, id: &str, error: Option<&str>) -> Response {
     let op = Op::GetTodo {
         actor: Actor::operator(&s.operator),
         id: id.to_string(),
@@ -473,7 +473,7 @@ struct ActionForm {
 }
 
 /// The operation a todo's button stands for: the very one the CLI sends, as the operator.
-fn action_op(now: relay_core::Millis, s: &Session, id: &str, f: &ActionForm) -> Result<Op, Error> {
+fn action_op(now: relay_core::Millis, s: &LoggedIn, id: &str, f: &ActionForm) -> Result<Op, Error> {
     let (actor, id) = (Actor::operator(&s.operator), id.to_string());
     let summary = Some(f.summary.trim().to_string()).filter(|s| !s.is_empty());
     let report = Report {
@@ -597,7 +597,7 @@ async fn owners(b: &Board) -> Result<Vec<Endpoint>, Error> {
     Ok(all.into_iter().filter(|e| e.revoked_at.is_none()).collect())
 }
 
-async fn add_view(b: &Board, s: &Session, f: &AddForm, error: Option<&Error>) -> Response {
+async fn add_view(b: &Board, s: &LoggedIn, f: &AddForm, error: Option<&Error>) -> Response {
     let owners = match owners(b).await {
         Ok(o) => o,
         Err(e) => return failure(b, s, &e),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use relay_core::Error;
 use tokio::sync::{mpsc, watch};
 
-use super::sessions::Session;
+use super::sessions::McpSession;
 use super::{Offer, Server, State, TODO_READY, lock};
 
 /// A modern doorbell stream (`subscriptions/listen`): which of the endpoint's queues it hears.
@@ -123,7 +123,7 @@ impl Server {
         }
     }
 
-    pub(super) fn send_ring(&self, s: &Session, queues: &BTreeSet<String>) {
+    pub(super) fn send_ring(&self, s: &McpSession, queues: &BTreeSet<String>) {
         if let Some(tx) = &s.stream
             && tx.try_send(Self::ring_message(queues)).is_ok()
         {

@@ -72,7 +72,7 @@ pub use doorbell::NOTICE_RECONNECT;
 pub(crate) use http::host_check;
 pub use http::{HostPolicy, host_allowed, origin_allowed};
 pub use relay_core::doorbell::{Gate, Offer};
-use sessions::Session;
+use sessions::McpSession;
 pub use sessions::{SESSION_RECHECK, STREAM_TOUCH};
 pub use sweeps::{PENDING_SCAN_PAGE, PENDING_SCAN_PAGES};
 
@@ -198,7 +198,7 @@ impl Default for ServerConfig {
 }
 
 struct State {
-    sessions: BTreeMap<String, Session>,
+    sessions: BTreeMap<String, McpSession>,
     /// Keyed `listen:<n>` (the gate's key too; no session id has a colon).
     listens: BTreeMap<String, Listening>,
     next_listen: u64,

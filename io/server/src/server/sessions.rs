@@ -13,7 +13,7 @@ use super::{Server, State, lock, millis};
 /// session itself lives in the store (any server answers it, a restart keeps it); this is the
 /// server's cache of it, plus the doorbell stream, which stays on the server holding the
 /// connection.
-pub(super) struct Session {
+pub(super) struct McpSession {
     pub(super) endpoint: String,
     /// What the endpoint may claim, for the doorbell.
     pub(super) grant: relay_core::grant::Grant,
@@ -28,7 +28,7 @@ pub(super) struct Session {
     pub(super) stream: Option<mpsc::Sender<String>>,
 }
 
-impl Session {
+impl McpSession {
     pub(super) fn stream_open(&self) -> bool {
         self.stream.as_ref().is_some_and(|s| !s.is_closed())
     }
@@ -85,7 +85,7 @@ impl Server {
         }
         st.sessions.insert(
             id.clone(),
-            Session {
+            McpSession {
                 endpoint: endpoint.name.clone(),
                 grant: endpoint.grant(),
                 last_seen: now,
@@ -102,7 +102,7 @@ impl Server {
         millis(self.inner.config.session_idle_timeout)
     }
 
-    pub(super) fn session_expired(&self, s: &Session, now: Millis) -> bool {
+    pub(super) fn session_expired(&self, s: &McpSession, now: Millis) -> bool {
         !s.stream_open()
             && now
                 >= s.last_seen
@@ -183,7 +183,7 @@ impl Server {
         let s = st
             .sessions
             .entry(id.to_string())
-            .or_insert_with(|| Session {
+            .or_insert_with(|| McpSession {
                 endpoint: endpoint.name.clone(),
                 grant: endpoint.grant(),
                 last_seen: now,

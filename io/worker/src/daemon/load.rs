@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use relay_core::config::{FileKind, ResolvedConfig, Source, parse, resolve};
+use relay_core::config::{ConfigFile, FileKind, ResolvedConfig, parse, resolve};
 use relay_core::relay::{HarnessSettings, HostFacts, expand_path, harness_settings};
 
 /// A loaded config, with where it came from.
@@ -53,12 +53,12 @@ pub fn host_facts(config_dir: &Path, jobs_dir: &Path, host: &str) -> HostFacts {
 /// per line, each naming the file, table and key.
 pub fn load(file: &Path, kind: FileKind) -> Result<Loaded, String> {
     let file = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
-    let main = Source::new(file.display().to_string(), read(&file)?);
-    let mut sources = Vec::new();
+    let main = ConfigFile::new(file.display().to_string(), read(&file)?);
+    let mut dropin_files = Vec::new();
     for p in dropins(&file) {
-        sources.push(Source::new(p.display().to_string(), read(&p)?));
+        dropin_files.push(ConfigFile::new(p.display().to_string(), read(&p)?));
     }
-    let config = parse(&main, &sources, kind).map_err(|e| e.to_string())?;
+    let config = parse(&main, &dropin_files, kind).map_err(|e| e.to_string())?;
     let config_dir = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     let facts = host_facts(&config_dir, &config_dir, "");
     let mut env_files = BTreeMap::new();
@@ -70,7 +70,7 @@ pub fn load(file: &Path, kind: FileKind) -> Result<Loaded, String> {
     Ok(Loaded {
         resolved,
         config_dir,
-        dropins: sources.len(),
+        dropins: dropin_files.len(),
     })
 }
 

@@ -18,7 +18,7 @@ use relay_core::relay::{
 use relay_core::wire::UsageArg;
 use serde_json::{Value, json};
 
-use super::mcp::{RpcError, Session, SourceLink};
+use super::mcp::{ClientSession, RpcError, SourceLink};
 use super::transport::Transport;
 
 /// `tools/list` pages followed at most; a server that keeps answering a cursor is broken.
@@ -111,7 +111,7 @@ pub struct NotALeaseCall(pub String);
 
 #[derive(Default)]
 struct State {
-    session: Option<Session>,
+    session: Option<ClientSession>,
     /// Bumped on every new session, so that concurrent callers that all saw the old one
     /// expire re-initialize once, not once each.
     generation: u64,
@@ -293,7 +293,7 @@ impl LeaseClient {
     /// The era the source speaks, as doctor shows it (`MCP 2026-07-28 (modern era, no
     /// session)`); `None` before the first open.
     pub fn era(&self) -> Option<String> {
-        self.lock().session.as_ref().map(Session::describe)
+        self.lock().session.as_ref().map(ClientSession::describe)
     }
 
     /// The verdict of the last capability check, if a session has been checked.
@@ -345,7 +345,7 @@ impl LeaseClient {
     }
 
     /// Every page of `tools/list`, merged into one `{"tools": [...]}`.
-    async fn list_tools(&self, session: &Session) -> Result<Value, RpcError> {
+    async fn list_tools(&self, session: &ClientSession) -> Result<Value, RpcError> {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_TOOLS_PAGES {
@@ -398,7 +398,7 @@ impl LeaseClient {
         Ok(ToolsList { tools, session })
     }
 
-    fn current(&self) -> Option<(Session, u64)> {
+    fn current(&self) -> Option<(ClientSession, u64)> {
         let state = self.lock();
         Some((state.session.clone()?, state.generation))
     }
@@ -410,7 +410,7 @@ impl LeaseClient {
         &self,
         seen: Option<u64>,
         news: &mut Vec<SessionNews>,
-    ) -> Result<(Session, u64, Option<Value>), LeaseCallError> {
+    ) -> Result<(ClientSession, u64, Option<Value>), LeaseCallError> {
         let _init = self.init.lock().await;
         {
             let mut state = self.lock();

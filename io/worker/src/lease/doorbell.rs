@@ -25,7 +25,7 @@ use relay_core::mcp::client::{self as era_rules, ListenFrame, Subscriptions};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::mcp::{RpcError, Session, SourceLink};
+use super::mcp::{ClientSession, RpcError, SourceLink};
 use super::sse::SseParser;
 use super::transport::Transport;
 
@@ -161,7 +161,7 @@ impl DoorbellListener {
     /// Listens until stopped. Every failure is logged and retried; nothing here is fatal.
     pub async fn run(self, doorbells: mpsc::Sender<Doorbell>, mut stop: watch::Receiver<bool>) {
         let mut delay = self.backoff.initial;
-        let mut session: Option<Session> = None;
+        let mut session: Option<ClientSession> = None;
         let mut last_event_id: Option<String> = None;
         loop {
             if *stop.borrow() {
@@ -241,7 +241,7 @@ impl DoorbellListener {
     /// lists. `Err`: how the stream ended without opening.
     async fn queues(
         &self,
-        session: &Session,
+        session: &ClientSession,
     ) -> Result<std::collections::BTreeSet<String>, StreamEnd> {
         let queues = match &self.subscriptions {
             Subscriptions::Queues(q) => q.clone(),
@@ -321,7 +321,7 @@ impl DoorbellListener {
     /// Opens a `subscriptions/listen` stream (modern era) and forwards its rings until it ends.
     async fn listen_modern(
         &self,
-        session: &Session,
+        session: &ClientSession,
         doorbells: &mpsc::Sender<Doorbell>,
         stop: &mut watch::Receiver<bool>,
     ) -> StreamEnd {
@@ -429,7 +429,7 @@ impl DoorbellListener {
     /// Opens the GET stream on `session` and forwards its notifications until it ends.
     async fn listen(
         &self,
-        session: &Session,
+        session: &ClientSession,
         last_event_id: &mut Option<String>,
         doorbells: &mpsc::Sender<Doorbell>,
         stop: &mut watch::Receiver<bool>,

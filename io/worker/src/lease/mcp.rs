@@ -59,16 +59,16 @@ impl std::fmt::Debug for SourceLink {
 /// How a source is spoken to: a legacy session (the id the server gave, if any, and the
 /// protocol revision agreed), or the modern era (no session; `modern`, `id` none).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Session {
+pub(crate) struct ClientSession {
     pub id: Option<String>,
     pub protocol_version: String,
     pub modern: bool,
 }
 
-impl Session {
+impl ClientSession {
     /// The modern era: every request stamped, nothing kept.
-    pub fn modern() -> Session {
-        Session {
+    pub fn modern() -> ClientSession {
+        ClientSession {
             id: None,
             protocol_version: era::MODERN.to_string(),
             modern: true,
@@ -179,7 +179,12 @@ impl SourceLink {
     }
 
     /// The request with the source's headers, the protocol headers and the session's.
-    pub fn request(&self, session: Option<&Session>, accept: &str, body: Vec<u8>) -> HttpRequest {
+    pub fn request(
+        &self,
+        session: Option<&ClientSession>,
+        accept: &str,
+        body: Vec<u8>,
+    ) -> HttpRequest {
         let mut headers: Vec<(String, String)> = self
             .headers
             .iter()
@@ -203,7 +208,7 @@ impl SourceLink {
         }
     }
 
-    fn check_status(&self, session: Option<&Session>, status: u16) -> Result<(), RpcError> {
+    fn check_status(&self, session: Option<&ClientSession>, status: u16) -> Result<(), RpcError> {
         match status {
             200..=299 => Ok(()),
             401 | 403 => Err(RpcError::Unauthorized(status)),
@@ -223,7 +228,7 @@ impl SourceLink {
     /// that carries it.
     pub async fn rpc(
         &self,
-        session: Option<&Session>,
+        session: Option<&ClientSession>,
         method: &str,
         params: Value,
     ) -> Result<(Value, Vec<(String, String)>), RpcError> {
@@ -276,7 +281,7 @@ impl SourceLink {
     /// headers mirroring it; in the legacy era with the session's headers.
     pub fn call_request(
         &self,
-        session: Option<&Session>,
+        session: Option<&ClientSession>,
         id: u64,
         method: &str,
         params: Value,
@@ -299,20 +304,20 @@ impl SourceLink {
     /// The era this source speaks: `mcp_era` when it forces one, else the verdict of a
     /// `server/discover` probe; then the modern era as it is, or a new legacy session. 401/403,
     /// 5xx and transport failures are errors: they say nothing about the era.
-    pub async fn open(&self) -> Result<Session, RpcError> {
+    pub async fn open(&self) -> Result<ClientSession, RpcError> {
         let probe = match self.era.forced() {
             Some(p) => p,
             None => self.probe().await?,
         };
         match probe {
-            Probe::Modern => Ok(Session::modern()),
+            Probe::Modern => Ok(ClientSession::modern()),
             Probe::Legacy => self.open_session().await,
         }
     }
 
     /// `server/discover` in the modern era, judged by core.
     async fn probe(&self) -> Result<Probe, RpcError> {
-        let modern = Session::modern();
+        let modern = ClientSession::modern();
         let answered = self.rpc(Some(&modern), "server/discover", json!({})).await;
         let answer = match &answered {
             Ok((result, _)) => DiscoverAnswer::Result(result),
@@ -336,7 +341,11 @@ impl SourceLink {
     }
 
     /// One JSON-RPC notification (no answer expected beyond a 2xx).
-    pub async fn notify(&self, session: Option<&Session>, method: &str) -> Result<(), RpcError> {
+    pub async fn notify(
+        &self,
+        session: Option<&ClientSession>,
+        method: &str,
+    ) -> Result<(), RpcError> {
         let body = json!({"jsonrpc": "2.0", "method": method});
         let req = self.request(
             session,
@@ -353,14 +362,14 @@ impl SourceLink {
 
     /// `initialize` (advertising no capabilities at all, so no `claude/channel`) and then
     /// `notifications/initialized`: a new legacy session.
-    async fn open_session(&self) -> Result<Session, RpcError> {
+    async fn open_session(&self) -> Result<ClientSession, RpcError> {
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {},
             "clientInfo": client_info(),
         });
         let (result, headers) = self.rpc(None, "initialize", params).await?;
-        let session = Session {
+        let session = ClientSession {
             id: headers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case("mcp-session-id"))
