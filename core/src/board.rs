@@ -390,14 +390,14 @@ impl TodoMatch {
     }
 }
 
-/// The Board's bulk actions: the operator's Retry and Cancel, on every todo a filter matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BulkAction {
-    Retry,
-    Cancel,
+crate::names! {
+    /// The Board's bulk actions: the operator's Retry and Cancel, on every todo a filter matches.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BulkAction {
+        Retry => "retry",
+        Cancel => "cancel",
+    }
 }
-
-crate::names!(BulkAction { Retry => "retry", Cancel => "cancel" });
 
 /// Todos one bulk action lists at most (a queue page searches as many).
 pub const BULK_MAX: usize = 10_000;

@@ -2,28 +2,25 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What went wrong, as the MCP surface names it. `Internal` never crosses the wire as a code of
-/// its own meaning: it marks a broken invariant (a bug or a corrupted store), never bad input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    /// The todo exists but the caller may not do this to it now: not the lease holder, a fence
-    /// mismatch, an expired lease, or a state that does not allow the operation.
-    Conflict,
-    /// No such todo in the caller's scope. A foreign id looks exactly like an unknown one.
-    NotFound,
-    /// The caller's endpoint is not granted the verb or the queue.
-    Forbidden,
-    /// The input is malformed or out of bounds; nothing was changed.
-    Invalid,
-    /// An invariant broke (a second open attempt, a double close); nothing was changed.
-    Internal,
+crate::names! {
+    /// What went wrong, as the MCP surface names it. `Internal` never crosses the wire as a code of
+    /// its own meaning: it marks a broken invariant (a bug or a corrupted store), never bad input.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ErrorCode {
+        /// The todo exists but the caller may not do this to it now: not the lease holder, a fence
+        /// mismatch, an expired lease, or a state that does not allow the operation.
+        Conflict => "conflict",
+        /// No such todo in the caller's scope. A foreign id looks exactly like an unknown one.
+        NotFound => "not_found",
+        /// The caller's endpoint is not granted the verb or the queue.
+        Forbidden => "forbidden",
+        /// The input is malformed or out of bounds; nothing was changed.
+        Invalid => "invalid",
+        /// An invariant broke (a second open attempt, a double close); nothing was changed.
+        Internal => "internal",
+    }
 }
-
-crate::names!(ErrorCode {
-    Conflict => "conflict", NotFound => "not_found", Forbidden => "forbidden",
-    Invalid => "invalid", Internal => "internal",
-});
 
 /// An error with its contract code and a message that says what was wrong and what to do.
 /// Messages name the todo and the operation, and never carry a lease token.

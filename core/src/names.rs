@@ -2,11 +2,22 @@
 //! the text, its parse and `Display`, so that a variant cannot be spelled one way out and
 //! another way in.
 
-/// `names!(Ty { Variant => "text", … })` gives `Ty::ALL` (every variant, in the order listed),
-/// `Ty::as_str`, `Ty::parse` (the inverse of `as_str`) and `Display` (the text).
+/// `names! { /// doc  #[derive(..)] pub enum Ty { /// doc  Variant => "text", … } }` declares
+/// the enum (unit variants, each with its text beside it) and gives `Ty::ALL` (every variant, in
+/// the order declared), `Ty::as_str`, `Ty::parse` (the inverse of `as_str`) and `Display` (the
+/// text).
 #[macro_export]
 macro_rules! names {
-    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $ty:ident {
+            $($(#[$vmeta:meta])* $variant:ident => $name:literal),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $ty {
+            $($(#[$vmeta])* $variant),*
+        }
         impl $ty {
             pub const ALL: [$ty; [$($name),*].len()] = [$($ty::$variant),*];
             pub fn as_str(self) -> &'static str {

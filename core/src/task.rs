@@ -37,20 +37,17 @@ pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
 /// How long a task's client should wait between polls, unless the server says otherwise.
 pub const POLL_INTERVAL_DEFAULT_MS: Millis = 5_000;
 
-/// A task's status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TaskStatus {
-    Working,
-    InputRequired,
-    Completed,
-    Failed,
-    Cancelled,
+crate::names! {
+    /// A task's status.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum TaskStatus {
+        Working => "working",
+        InputRequired => "input_required",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
 }
-
-crate::names!(TaskStatus {
-    Working => "working", InputRequired => "input_required", Completed => "completed",
-    Failed => "failed", Cancelled => "cancelled",
-});
 
 impl TaskStatus {
     /// Completed, failed or cancelled: the status never changes again.
@@ -225,15 +222,15 @@ pub enum Response {
     Refused,
 }
 
-/// The task methods.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TaskMethod {
-    Get,
-    Update,
-    Cancel,
+crate::names! {
+    /// The task methods.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum TaskMethod {
+        Get => "tasks/get",
+        Update => "tasks/update",
+        Cancel => "tasks/cancel",
+    }
 }
-
-crate::names!(TaskMethod { Get => "tasks/get", Update => "tasks/update", Cancel => "tasks/cancel" });
 
 fn invalid(method: TaskMethod, what: impl std::fmt::Display) -> Error {
     Error::invalid(format!("{}: {what}", method.as_str()))

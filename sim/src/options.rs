@@ -12,63 +12,50 @@ use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
 
 use crate::rng::Rng;
 
-/// A deliberate bug, to prove that the invariants catch it (the simulator's canaries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mutation {
-    /// The relay driver treats a heartbeat `conflict`/`not_found` as success.
-    IgnoreHeartbeatConflict,
-    /// The server accepts heartbeats and reports without comparing the fence.
-    ServerSkipsFence,
-    /// The relay driver holds every report back until its lease deadline has passed.
-    ReportAfterDeadline,
-    /// The reaper closes each reaped attempt a second time.
-    ReaperClosesTwice,
-    /// The relay driver hands the machine its wall clock as the monotonic one: every deadline
-    /// moves with a wall-clock step.
-    DeadlinesOnWallClock,
-    /// The server acknowledges an operator's answer and makes the todo pending again, but does
-    /// not keep the answer on the attempt that asked.
-    AnswerDropped,
-    /// The server applies a task's `tasks/cancel` even when the task has ended (it skips
-    /// `TaskServing`'s check of a terminal status): a finished todo becomes canceled.
-    TaskCancelOverrides,
-    /// The server hands the ledger each queue's limits raised by one (an off-by-one in the
-    /// limit's check): a queue takes one claim more than its operator allowed.
-    LimitOffByOne,
+relay_core::names! {
+    /// A deliberate bug, to prove that the invariants catch it (the simulator's canaries).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Mutation {
+        /// The relay driver treats a heartbeat `conflict`/`not_found` as success.
+        IgnoreHeartbeatConflict => "ignore-heartbeat-conflict",
+        /// The server accepts heartbeats and reports without comparing the fence.
+        ServerSkipsFence => "server-skips-fence",
+        /// The relay driver holds every report back until its lease deadline has passed.
+        ReportAfterDeadline => "report-after-deadline",
+        /// The reaper closes each reaped attempt a second time.
+        ReaperClosesTwice => "reaper-closes-twice",
+        /// The relay driver hands the machine its wall clock as the monotonic one: every deadline
+        /// moves with a wall-clock step.
+        DeadlinesOnWallClock => "deadlines-on-wall-clock",
+        /// The server acknowledges an operator's answer and makes the todo pending again, but does
+        /// not keep the answer on the attempt that asked.
+        AnswerDropped => "answer-dropped",
+        /// The server applies a task's `tasks/cancel` even when the task has ended (it skips
+        /// `TaskServing`'s check of a terminal status): a finished todo becomes canceled.
+        TaskCancelOverrides => "task-cancel-overrides",
+        /// The server hands the ledger each queue's limits raised by one (an off-by-one in the
+        /// limit's check): a queue takes one claim more than its operator allowed.
+        LimitOffByOne => "limit-off-by-one",
+    }
 }
 
-relay_core::names!(Mutation {
-    IgnoreHeartbeatConflict => "ignore-heartbeat-conflict",
-    ServerSkipsFence => "server-skips-fence",
-    ReportAfterDeadline => "report-after-deadline",
-    ReaperClosesTwice => "reaper-closes-twice",
-    DeadlinesOnWallClock => "deadlines-on-wall-clock",
-    AnswerDropped => "answer-dropped",
-    TaskCancelOverrides => "task-cancel-overrides",
-    LimitOffByOne => "limit-off-by-one",
-});
-
-/// What a relay's lease source shows it in `tools/list`, which decides what its daemon sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Surface {
-    /// Only the contract table's arguments (and `fail`'s failure class): no `usage`, no
-    /// `request_input`, as a server that declares nothing more shows it.
-    Contract,
-    /// Our server's schemas to an endpoint not granted `request_input`: `usage` on the heartbeat
-    /// and every report, no `request_input` (an agent's question goes out as a retryable fail,
-    /// `needs_input_unsupported`).
-    Spend,
-    /// Our server's schemas to an endpoint granted `request_input` too: it may ask.
-    Asks,
+relay_core::names! {
+    /// What a relay's lease source shows it in `tools/list`, which decides what its daemon sends.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Surface {
+        /// Only the contract table's arguments (and `fail`'s failure class): no `usage`, no
+        /// `request_input`, as a server that declares nothing more shows it.
+        Contract => "contract",
+        /// Our server's schemas to an endpoint not granted `request_input`: `usage` on the heartbeat
+        /// and every report, no `request_input` (an agent's question goes out as a retryable fail,
+        /// `needs_input_unsupported`).
+        Spend => "spend",
+        /// Our server's schemas to an endpoint granted `request_input` too: it may ask.
+        Asks => "asks",
+    }
 }
-
-relay_core::names!(Surface {
-    Contract => "contract",
-    Spend => "spend",
-    Asks => "asks",
-});
 
 /// People in the loop, and what agents spend: how often an agent asks a question, how the
 /// operators answer, which todos carry a spend budget, and what each relay's source shows it.

@@ -166,15 +166,15 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// The three kinds of remote source a config declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum SourceKind {
-    Queue,
-    Cairn,
-    Channel,
+crate::names! {
+    /// The three kinds of remote source a config declares.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum SourceKind {
+        Queue => "queue",
+        Cairn => "cairn",
+        Channel => "channel",
+    }
 }
-
-crate::names!(SourceKind { Queue => "queue", Cairn => "cairn", Channel => "channel" });
 
 /// A reference to a source table, shown as `queue.ci`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -20,17 +20,15 @@ use sources::{cairn_source, channel_source, queue_source};
 // Parsing
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum TableKind {
-    Queue,
-    Cairn,
-    Channel,
-    Harness,
+crate::names! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub(super) enum TableKind {
+        Queue => "queue",
+        Cairn => "cairn",
+        Channel => "channel",
+        Harness => "harness",
+    }
 }
-
-crate::names!(TableKind {
-    Queue => "queue", Cairn => "cairn", Channel => "channel", Harness => "harness",
-});
 
 impl TableKind {
     pub(super) fn keys(self) -> &'static [&'static str] {

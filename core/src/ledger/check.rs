@@ -84,16 +84,16 @@ fn check_asking<'a>(
     Ok(())
 }
 
-/// How a closed attempt's end broke its lease (see [`lease_breach`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseBreach {
-    /// It died (`lease_expired`, `reaped`) while its lease still ran.
-    DiedEarly,
-    /// Its holder's report closed it once the lease had run out: a stale token's write.
-    StaleWrite,
+crate::names! {
+    /// How a closed attempt's end broke its lease (see [`lease_breach`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum LeaseBreach {
+        /// It died (`lease_expired`, `reaped`) while its lease still ran.
+        DiedEarly => "died_early",
+        /// Its holder's report closed it once the lease had run out: a stale token's write.
+        StaleWrite => "stale_write",
+    }
 }
-
-crate::names!(LeaseBreach { DiedEarly => "died_early", StaleWrite => "stale_write" });
 
 /// The lease rule of one close, on the server's clock (the one every stamp comes from). A lease
 /// is valid strictly before `lease_expires_at`: an attempt dies at that instant or later, never

@@ -6,111 +6,99 @@ use serde_json::Value;
 
 use crate::time::Millis;
 
-/// Where a todo is in its life.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum TodoState {
-    /// Waiting to be claimed.
-    Pending,
-    /// Held under a lease by one attempt.
-    Claimed,
-    /// The last attempt failed: a retry is scheduled (`next_retry_at`) or it is a dead letter.
-    Failed,
-    /// Completed. Terminal until an operator retries it.
-    Done,
-    /// Canceled by an operator. Terminal until an operator retries it.
-    Canceled,
-    /// The last attempt asked a question (`request_input`): no lease, not claimable, waiting
-    /// for an answer, which makes it pending again.
-    InputRequired,
+crate::names! {
+    /// Where a todo is in its life.
+    #[derive(
+        Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+    )]
+    #[serde(rename_all = "snake_case")]
+    pub enum TodoState {
+        /// Waiting to be claimed.
+        Pending => "pending",
+        /// Held under a lease by one attempt.
+        Claimed => "claimed",
+        /// The last attempt failed: a retry is scheduled (`next_retry_at`) or it is a dead letter.
+        Failed => "failed",
+        /// Completed. Terminal until an operator retries it.
+        Done => "done",
+        /// Canceled by an operator. Terminal until an operator retries it.
+        Canceled => "canceled",
+        /// The last attempt asked a question (`request_input`): no lease, not claimable, waiting
+        /// for an answer, which makes it pending again.
+        InputRequired => "input_required",
+    }
 }
 
-/// How an attempt ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Completed,
-    Failed,
-    Released,
-    /// The lease lapsed and another claimer took the todo over.
-    LeaseExpired,
-    /// The lease lapsed and the reaper closed it.
-    Reaped,
-    Canceled,
-    Revoked,
-    /// The attempt asked a question and stopped (`request_input`).
-    NeedsInput,
+crate::names! {
+    /// How an attempt ended.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Outcome {
+        Completed => "completed",
+        Failed => "failed",
+        Released => "released",
+        /// The lease lapsed and another claimer took the todo over.
+        LeaseExpired => "lease_expired",
+        /// The lease lapsed and the reaper closed it.
+        Reaped => "reaped",
+        Canceled => "canceled",
+        Revoked => "revoked",
+        /// The attempt asked a question and stopped (`request_input`).
+        NeedsInput => "needs_input",
+    }
 }
 
-/// What the end of an attempt did to its todo.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Disposition {
-    Done,
-    RetryScheduled,
-    Requeued,
-    DeadLettered,
-    Canceled,
-    /// The todo waits for an answer to the attempt's question.
-    AwaitingInput,
+crate::names! {
+    /// What the end of an attempt did to its todo.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Disposition {
+        Done => "done",
+        RetryScheduled => "retry_scheduled",
+        Requeued => "requeued",
+        DeadLettered => "dead_lettered",
+        Canceled => "canceled",
+        /// The todo waits for an answer to the attempt's question.
+        AwaitingInput => "awaiting_input",
+    }
 }
 
-/// Who opened an attempt: an endpoint (over MCP) or the owning operator (the CLI).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClaimerKind {
-    Endpoint,
-    Owner,
+crate::names! {
+    /// Who opened an attempt: an endpoint (over MCP) or the owning operator (the CLI).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ClaimerKind {
+        Endpoint => "endpoint",
+        Owner => "owner",
+    }
 }
 
-crate::names!(TodoState {
-    Pending => "pending", Claimed => "claimed", Failed => "failed", Done => "done",
-    Canceled => "canceled", InputRequired => "input_required",
-});
-crate::names!(Outcome {
-    Completed => "completed", Failed => "failed", Released => "released",
-    LeaseExpired => "lease_expired", Reaped => "reaped", Canceled => "canceled", Revoked => "revoked",
-    NeedsInput => "needs_input",
-});
-crate::names!(Disposition {
-    Done => "done", RetryScheduled => "retry_scheduled", Requeued => "requeued",
-    DeadLettered => "dead_lettered", Canceled => "canceled", AwaitingInput => "awaiting_input",
-});
-crate::names!(ClaimerKind { Endpoint => "endpoint", Owner => "owner" });
-
-/// Why a todo is a dead letter: which budget ran out, or who stopped it. Every dead letter has
-/// exactly one; a todo that is not a dead letter has none.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum DeadLetterReason {
-    /// `max_attempts` attempts were counted.
-    AttemptsExhausted,
-    /// The last report said the failure is not worth retrying (`retryable: false`).
-    NonRetryable,
-    /// The todo's `deadline_seconds` passed.
-    Deadline,
-    /// The newest `max_same_failures` failed attempts reported the same `failure_signature`.
-    RepeatedFailure,
-    /// The owning endpoint was revoked while the todo was claimed.
-    Revoked,
-    /// An attempt asked a question when `max_input_requests` had already been asked.
-    InputRequestsExhausted,
-    /// The question was not answered within `answer_within_seconds`.
-    NoAnswer,
-    /// What the attempts spent reached the todo's `budget`.
-    BudgetExhausted,
+crate::names! {
+    /// Why a todo is a dead letter: which budget ran out, or who stopped it. Every dead letter has
+    /// exactly one; a todo that is not a dead letter has none.
+    #[derive(
+        Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+    )]
+    #[serde(rename_all = "snake_case")]
+    pub enum DeadLetterReason {
+        /// `max_attempts` attempts were counted.
+        AttemptsExhausted => "attempts_exhausted",
+        /// The last report said the failure is not worth retrying (`retryable: false`).
+        NonRetryable => "non_retryable",
+        /// The todo's `deadline_seconds` passed.
+        Deadline => "deadline",
+        /// The newest `max_same_failures` failed attempts reported the same `failure_signature`.
+        RepeatedFailure => "repeated_failure",
+        /// The owning endpoint was revoked while the todo was claimed.
+        Revoked => "revoked",
+        /// An attempt asked a question when `max_input_requests` had already been asked.
+        InputRequestsExhausted => "input_requests_exhausted",
+        /// The question was not answered within `answer_within_seconds`.
+        NoAnswer => "no_answer",
+        /// What the attempts spent reached the todo's `budget`.
+        BudgetExhausted => "budget_exhausted",
+    }
 }
-
-crate::names!(DeadLetterReason {
-    AttemptsExhausted => "attempts_exhausted", NonRetryable => "non_retryable",
-    Deadline => "deadline", RepeatedFailure => "repeated_failure", Revoked => "revoked",
-    InputRequestsExhausted => "input_requests_exhausted", NoAnswer => "no_answer",
-    BudgetExhausted => "budget_exhausted",
-});
 
 /// What an attempt spent (its own, reported by its holder), or what a todo's attempts spent in
 /// all. Cost is kept in millionths of a US dollar, so that sums are exact; the wire speaks

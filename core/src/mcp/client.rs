@@ -13,18 +13,18 @@ use super::listen::{ACKNOWLEDGED, UPDATED, queue_of};
 use super::{HEADER_MISMATCH, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_VERSION};
 use crate::config::Config;
 
-/// Which era a source is spoken in: `auto` (the default) probes `server/discover` and falls
-/// back to `initialize`; `modern` and `legacy` skip the probe (to pin a source, or to test a
-/// server in each era).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub enum EraChoice {
-    #[default]
-    Auto,
-    Modern,
-    Legacy,
+crate::names! {
+    /// Which era a source is spoken in: `auto` (the default) probes `server/discover` and falls
+    /// back to `initialize`; `modern` and `legacy` skip the probe (to pin a source, or to test a
+    /// server in each era).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum EraChoice {
+        #[default]
+        Auto => "auto",
+        Modern => "modern",
+        Legacy => "legacy",
+    }
 }
-
-crate::names!(EraChoice { Auto => "auto", Modern => "modern", Legacy => "legacy" });
 
 impl EraChoice {
     /// The era without a probe, when the choice forces one.

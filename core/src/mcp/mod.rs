@@ -160,32 +160,26 @@ pub fn parse(bytes: &[u8]) -> Result<Message, Fault> {
     }
 }
 
-/// The methods this server answers, with the era each belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Method {
-    Initialize,
-    Ping,
-    Discover,
-    ToolsList,
-    ToolsCall,
-    ResourcesList,
-    ResourcesRead,
-    ResourcesTemplatesList,
-    Listen,
-    /// The Tasks extension's methods (`tasks/list` and `tasks/result` were removed from it, and
-    /// are method-not-found).
-    TasksGet,
-    TasksUpdate,
-    TasksCancel,
+crate::names! {
+    /// The methods this server answers, with the era each belongs to.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum Method {
+        Initialize => "initialize",
+        Ping => "ping",
+        Discover => "server/discover",
+        ToolsList => "tools/list",
+        ToolsCall => "tools/call",
+        ResourcesList => "resources/list",
+        ResourcesRead => "resources/read",
+        ResourcesTemplatesList => "resources/templates/list",
+        Listen => "subscriptions/listen",
+        /// The Tasks extension's methods (`tasks/list` and `tasks/result` were removed from it, and
+        /// are method-not-found).
+        TasksGet => "tasks/get",
+        TasksUpdate => "tasks/update",
+        TasksCancel => "tasks/cancel",
+    }
 }
-
-crate::names!(Method {
-    Initialize => "initialize", Ping => "ping", Discover => "server/discover",
-    ToolsList => "tools/list", ToolsCall => "tools/call", ResourcesList => "resources/list",
-    ResourcesRead => "resources/read", ResourcesTemplatesList => "resources/templates/list",
-    Listen => "subscriptions/listen", TasksGet => "tasks/get", TasksUpdate => "tasks/update",
-    TasksCancel => "tasks/cancel",
-});
 
 impl Method {
     /// Whether the era has this method: the handshake and `ping` are legacy only (2026-07-28

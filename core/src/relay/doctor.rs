@@ -6,17 +6,17 @@ use serde::Serialize;
 use super::capabilities::Capabilities;
 use crate::config::Config;
 
-/// How bad a row is. A `Fail` means firings of the harnesses bound to the source are skipped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Level {
-    Ok,
-    Notice,
-    Warn,
-    Fail,
+crate::names! {
+    /// How bad a row is. A `Fail` means firings of the harnesses bound to the source are skipped.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Level {
+        Ok => "ok",
+        Notice => "notice",
+        Warn => "warn",
+        Fail => "fail",
+    }
 }
-
-crate::names!(Level { Ok => "ok", Notice => "notice", Warn => "warn", Fail => "fail" });
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Row {

@@ -35,26 +35,22 @@ pub enum SkippedReason {
     ClaimFailed,
 }
 
-/// How an attempt ended on the lease side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RelayOutcome {
-    Completed,
-    Failed,
-    Released,
-    LeaseLost,
-    ReportLost,
-    DeadLettered,
-    NoWork,
-    /// A `request_input` was accepted: the todo waits for a person's answer.
-    InputRequested,
+crate::names! {
+    /// How an attempt ended on the lease side.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum RelayOutcome {
+        Completed => "completed",
+        Failed => "failed",
+        Released => "released",
+        LeaseLost => "lease_lost",
+        ReportLost => "report_lost",
+        DeadLettered => "dead_lettered",
+        NoWork => "no_work",
+        /// A `request_input` was accepted: the todo waits for a person's answer.
+        InputRequested => "input_requested",
+    }
 }
-
-crate::names!(RelayOutcome {
-    Completed => "completed", Failed => "failed", Released => "released",
-    LeaseLost => "lease_lost", ReportLost => "report_lost", DeadLettered => "dead_lettered",
-    NoWork => "no_work", InputRequested => "input_requested",
-});
 
 /// One run of a leased harness. Written when the claim is sent (`running`), again when it is
 /// answered, and once more when the run ends; a skipped firing is written once.

@@ -30,60 +30,50 @@ pub fn format_duration(ms: Millis) -> String {
     }
 }
 
-/// How the agent's process ended: its text is `HARNESS_AGENT_OUTCOME` (the check's
-/// environment), `result.harness.agent_outcome` and the word after `agent` on the first line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgentOutcome {
-    /// Exit code 0 within the timeout.
-    Success,
-    /// Any other exit, a signal, or a spawn that failed.
-    Failed,
-    /// Stopped at its timeout, whatever it exited with.
-    TimedOut,
+crate::names! {
+    /// How the agent's process ended: its text is `HARNESS_AGENT_OUTCOME` (the check's
+    /// environment), `result.harness.agent_outcome` and the word after `agent` on the first line.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum AgentOutcome {
+        /// Exit code 0 within the timeout.
+        Success => "success",
+        /// Any other exit, a signal, or a spawn that failed.
+        Failed => "failed",
+        /// Stopped at its timeout, whatever it exited with.
+        TimedOut => "timed_out",
+    }
 }
-crate::names!(AgentOutcome { Success => "success", Failed => "failed", TimedOut => "timed_out" });
 
-/// Why an attempt's verdict is what it is: `result.harness.reason` of its `complete` or `fail`,
-/// and the first part of a failure's signature. (An abort's `fail` carries a
-/// [`StopReason::code`](super::StopReason::code) there instead.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VerdictReason {
-    /// No check: the agent exited 0.
-    AgentSucceeded,
-    /// No check: the agent exited otherwise.
-    AgentFailed,
-    /// No check: the agent ran into its timeout.
-    AgentTimedOut,
-    /// No check: the agent could not be started.
-    SpawnFailed,
-    /// The success check exited 0 after the agent.
-    CheckPassed,
-    /// The success check exited otherwise (not `CHECK_NOT_YET`).
-    CheckFailed,
-    /// The success check ran into its timeout.
-    CheckTimedOut,
-    /// The success check could not be started.
-    CheckNotStarted,
-    /// The success check kept answering "not yet" (`CHECK_NOT_YET`) until its timeout.
-    CheckInconclusive,
-    /// `success_check_before` passed: no agent ran.
-    CheckPassedBeforeSpawn,
-    /// The agent asked a question where the source offers no `request_input`.
-    NeedsInputUnsupported,
+crate::names! {
+    /// Why an attempt's verdict is what it is: `result.harness.reason` of its `complete` or `fail`,
+    /// and the first part of a failure's signature. (An abort's `fail` carries a
+    /// [`StopReason::code`](super::StopReason::code) there instead.)
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum VerdictReason {
+        /// No check: the agent exited 0.
+        AgentSucceeded => "agent_succeeded",
+        /// No check: the agent exited otherwise.
+        AgentFailed => "agent_failed",
+        /// No check: the agent ran into its timeout.
+        AgentTimedOut => "agent_timed_out",
+        /// No check: the agent could not be started.
+        SpawnFailed => "spawn_failed",
+        /// The success check exited 0 after the agent.
+        CheckPassed => "check_passed",
+        /// The success check exited otherwise (not `CHECK_NOT_YET`).
+        CheckFailed => "check_failed",
+        /// The success check ran into its timeout.
+        CheckTimedOut => "check_timed_out",
+        /// The success check could not be started.
+        CheckNotStarted => "check_not_started",
+        /// The success check kept answering "not yet" (`CHECK_NOT_YET`) until its timeout.
+        CheckInconclusive => "check_inconclusive",
+        /// `success_check_before` passed: no agent ran.
+        CheckPassedBeforeSpawn => "check_passed_before_spawn",
+        /// The agent asked a question where the source offers no `request_input`.
+        NeedsInputUnsupported => "needs_input_unsupported",
+    }
 }
-crate::names!(VerdictReason {
-    AgentSucceeded => "agent_succeeded",
-    AgentFailed => "agent_failed",
-    AgentTimedOut => "agent_timed_out",
-    SpawnFailed => "spawn_failed",
-    CheckPassed => "check_passed",
-    CheckFailed => "check_failed",
-    CheckTimedOut => "check_timed_out",
-    CheckNotStarted => "check_not_started",
-    CheckInconclusive => "check_inconclusive",
-    CheckPassedBeforeSpawn => "check_passed_before_spawn",
-    NeedsInputUnsupported => "needs_input_unsupported",
-});
 
 impl VerdictReason {
     /// The work is done: the verdict is a `complete`, every other reason a `fail`.

@@ -360,21 +360,20 @@ pub enum Input {
     SessionExpired,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReportVerb {
-    Complete,
-    Fail,
-    Release,
-    /// The agent asked a question (its summary file's `needs_input`): the server holds the
-    /// todo until a person answers. Sent only to a server that declares the tool.
-    RequestInput,
+crate::names! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ReportVerb {
+        Complete => "complete",
+        Fail => "fail",
+        Release => "release",
+        /// The agent asked a question (its summary file's `needs_input`): the server holds the
+        /// todo until a person answers. Sent only to a server that declares the tool.
+        RequestInput => "request_input",
+    }
 }
 
 // The tool's name.
-crate::names!(ReportVerb {
-    Complete => "complete", Fail => "fail", Release => "release", RequestInput => "request_input",
-});
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {

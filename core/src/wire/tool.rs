@@ -18,20 +18,22 @@ use crate::ledger::{
     MAX_ATTEMPTS_MAX, MAX_INPUT_REQUESTS_MAX, MAX_SAME_FAILURES_MAX,
 };
 
-/// Every tool of the queue server. The names are also the verbs an endpoint is granted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tool {
-    ClaimNext,
-    Claim,
-    Heartbeat,
-    Complete,
-    Fail,
-    Release,
-    GetTodo,
-    ListTodos,
-    AddTodo,
-    RequestInput,
-    AnswerTodo,
+crate::names! {
+    /// Every tool of the queue server. The names are also the verbs an endpoint is granted.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Tool {
+        ClaimNext => "claim_next",
+        Claim => "claim",
+        Heartbeat => "heartbeat",
+        Complete => "complete",
+        Fail => "fail",
+        Release => "release",
+        GetTodo => "get_todo",
+        ListTodos => "list_todos",
+        AddTodo => "add_todo",
+        RequestInput => "request_input",
+        AnswerTodo => "answer_todo",
+    }
 }
 
 /// A decoded, validated tool call.
@@ -49,13 +51,6 @@ pub enum ToolCall {
     RequestInput(RequestInputArgs),
     AnswerTodo(AnswerTodoArgs),
 }
-
-crate::names!(Tool {
-    ClaimNext => "claim_next", Claim => "claim", Heartbeat => "heartbeat",
-    Complete => "complete", Fail => "fail", Release => "release",
-    GetTodo => "get_todo", ListTodos => "list_todos", AddTodo => "add_todo",
-    RequestInput => "request_input", AnswerTodo => "answer_todo",
-});
 
 impl Tool {
     pub fn description(self) -> &'static str {
