@@ -8,14 +8,16 @@
 //! result back as a [`Msg`] (run records go to one writer task, in order; only the few-KiB
 //! context file is written in place, unsynced, because the check or agent that reads it starts
 //! next). The machines and the rules around them (schedules, `catch_up`, source binding, what a
-//! reload stops, the next wake-up) are a [`Fleet`]; the actor sleeps until its next wake-up. Tasks that belong to a run are tracked by run id and
+//! reload does, the doorbell listeners, the next wake-up) are a [`Fleet`]; the actor sleeps until
+//! its next wake-up. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
 //! # Reload
 //!
 //! SIGHUP and `relay reload` read the config again through [`load::prepare`], the loader of a
 //! start, on a blocking task; a config that does not load changes nothing. What changed is
-//! `relay_core::config::diff`'s answer, and the daemon applies it: added harnesses start; a
+//! `relay_core::config::diff`'s answer; what it does is `relay_core::fleet::plan_reload`'s, and
+//! the daemon carries the plan out (in `reload.rs`): added harnesses start; a
 //! harness that is removed (or loses its `lease`), or whose attempt runs on a removed lease
 //! source, is stopped with `StopReason::HarnessRemoved` and its slot goes once the attempt has
 //! closed; every other harness gets its new settings through `Relay::reconfigure`, which keeps an
