@@ -220,7 +220,7 @@ pub fn doorbell_changes(
 ) -> (Vec<String>, Vec<(String, Subscriptions)>) {
     let changed = |name: &str| {
         let reference = format!("channel.{name}");
-        diff.channels.changed.iter().any(|c| *c == reference)
+        diff.channels.changed.contains(&reference)
     };
     let stop: Vec<String> = listening
         .iter()
