@@ -6,16 +6,19 @@
 //! the daemon asks between messages: when to wake next ([`Fleet::next_wake`]), which timers and
 //! schedules are due ([`Fleet::due`]), the input a firing gives ([`Fleet::firing`]), which lease
 //! sources harnesses are bound to ([`Fleet::bound_sources`], [`Fleet::harnesses_on`]), which
-//! harnesses a doorbell rings ([`Fleet::rung`]), what a reload does to a harness
-//! ([`Fleet::reload_stops`], [`Fleet::reload`]) and what happens between attempts
-//! ([`Fleet::settle`]). Time arrives as a [`Now`]: machine timers run on its monotonic reading,
+//! harnesses a doorbell rings ([`Fleet::rung`]) and which doorbell listeners run
+//! ([`Fleet::doorbells`], [`doorbell_changes`]), what a reload does ([`plan_reload`]: which
+//! sources close and open, which harnesses stop, leave, stay or start; [`Fleet::reload`] for
+//! one harness) and what happens between attempts ([`Fleet::settle`], [`rebind`]). Time arrives as a [`Now`]: machine timers run on its monotonic reading,
 //! schedule firings on its wall reading (as cron does). The daemon (`relay-worker::daemon`) is
 //! the shell: it reads the clock, runs the machines' commands and moves the bytes; the
-//! simulator fires its harness schedules through the same [`Timetable`].
+//! simulator fires its harness schedules through the same [`Timetable`], and reloads its hosts'
+//! configs through the same [`plan_reload`].
 
 use std::collections::BTreeMap;
 
-use crate::config::{ConfigDiff, Harness, Schedule};
+use crate::config::{Config, ConfigDiff, Harness, Schedule};
+use crate::mcp::client::{Subscriptions, channel_subscriptions};
 use crate::relay::{HarnessSettings, Input, Reconfigured, Relay};
 use crate::time::{Millis, Now};
 
@@ -120,6 +123,115 @@ pub enum Settled {
     Gone,
     /// Between attempts: the machine runs on this lease source (`queue.<name>`) from now on.
     Idle { lease: String },
+}
+
+/// What a reload does, decided from the config's diff and the fleet before it ([`plan_reload`]).
+/// The shell carries it out in this order: sources, then harnesses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadPlan {
+    /// Lease sources (`queue.<name>`) whose client goes: the new config has no such table.
+    pub close: Vec<String>,
+    /// Lease sources that get a new client and session: added, or kept with a changed url,
+    /// headers or credentials.
+    pub open: Vec<String>,
+    /// Harnesses that run on a source whose session changed: they hear `SessionExpired`, then
+    /// the new session's capabilities.
+    pub expire: Vec<String>,
+    /// Harnesses whose attempt stops as `StopReason::HarnessRemoved`: the harness is gone (or
+    /// leases nothing now), or the source its settings name is.
+    pub stop: Vec<String>,
+    /// Harnesses that leave the fleet once their attempt closes.
+    pub remove: Vec<String>,
+    /// Harnesses that stay and take the new config's settings: at once when idle, after the
+    /// attempt in flight otherwise (the machine keeps it on the settings it started with).
+    pub keep: Vec<String>,
+    /// Harnesses the fleet did not have: they start.
+    pub add: Vec<String>,
+}
+
+/// What a reload does. `members` is the fleet before it, each harness with the lease source its
+/// settings name; `leased` the harnesses the new config gives settings (a leased harness that is
+/// enabled); `diff` what changed between the configs. A harness is stopped when it is removed,
+/// leases nothing now, or its source is removed; it leaves the fleet when the new config has no
+/// settings for it, and keeps its slot (with new settings) otherwise.
+pub fn plan_reload(
+    members: &[(String, String)],
+    leased: &[String],
+    diff: &ConfigDiff,
+) -> ReloadPlan {
+    let mut plan = ReloadPlan {
+        close: diff.queues.removed.clone(),
+        open: diff.queues.added.clone(),
+        ..ReloadPlan::default()
+    };
+    for source in &diff.new_sessions {
+        if !plan.open.contains(source) {
+            plan.open.push(source.clone());
+        }
+        let on = members.iter().filter(|(_, lease)| lease == source);
+        plan.expire.extend(on.map(|(name, _)| name.clone()));
+    }
+    for (name, lease) in members {
+        let kept = leased.contains(name);
+        if !kept || diff.aborts(name, lease) {
+            plan.stop.push(name.clone());
+        }
+        if kept {
+            plan.keep.push(name.clone());
+        } else {
+            plan.remove.push(name.clone());
+        }
+    }
+    let known = |n: &String| members.iter().any(|(name, _)| name == n);
+    plan.add = leased.iter().filter(|n| !known(n)).cloned().collect();
+    plan
+}
+
+/// How a harness between attempts follows the source its settings name ([`rebind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rebind {
+    /// It runs on that source's client already.
+    Stay,
+    /// Same source, a new client (a reload changed its session): bind to it.
+    Client,
+    /// Another source: bind to it, and tell the machine what that source answered, if it has.
+    Moved,
+}
+
+/// Between attempts: a harness bound to `bound` (a source and its client's generation) whose
+/// settings name `want` (the same).
+pub fn rebind(bound: (&str, u64), want: (&str, u64)) -> Rebind {
+    if bound.0 != want.0 {
+        Rebind::Moved
+    } else if bound.1 != want.1 {
+        Rebind::Client
+    } else {
+        Rebind::Stay
+    }
+}
+
+/// Which doorbell listeners change: those `listening` now that are no longer `wanted`, whose
+/// subscriptions differ, or whose channel (`channel.<name>`) the reload's `diff` changed stop;
+/// every wanted one not left listening starts, with its subscriptions.
+pub fn doorbell_changes(
+    listening: &BTreeMap<String, Subscriptions>,
+    wanted: BTreeMap<String, Subscriptions>,
+    diff: &ConfigDiff,
+) -> (Vec<String>, Vec<(String, Subscriptions)>) {
+    let changed = |name: &str| {
+        let reference = format!("channel.{name}");
+        diff.channels.changed.contains(&reference)
+    };
+    let stop: Vec<String> = listening
+        .iter()
+        .filter(|(n, subs)| wanted.get(*n) != Some(*subs) || changed(n))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let start = wanted
+        .into_iter()
+        .filter(|(n, _)| !listening.contains_key(n) || stop.contains(n))
+        .collect();
+    (stop, start)
 }
 
 /// The daemon's harnesses, by name.
@@ -260,6 +372,39 @@ impl Fleet {
             .collect()
     }
 
+    /// Each harness with the lease source its settings name (a reload's `members`).
+    pub fn leases(&self) -> Vec<(String, String)> {
+        let lease = |m: &Member| m.relay.settings().lease.clone();
+        self.members
+            .iter()
+            .map(|(n, m)| (n.clone(), lease(m)))
+            .collect()
+    }
+
+    /// [`plan_reload`] for this fleet.
+    pub fn plan_reload(&self, leased: &[String], diff: &ConfigDiff) -> ReloadPlan {
+        plan_reload(&self.leases(), leased, diff)
+    }
+
+    /// The bound sources whose session is not known yet (`unverified` says which): the shell
+    /// initializes them, at start and after a reload.
+    pub fn to_initialize(&self, unverified: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut out = self.bound_sources();
+        out.retain(|s| unverified(s));
+        out
+    }
+
+    /// The doorbell channels the fleet listens on, with the queues each subscribes to: every
+    /// enabled channel of `config` that triggers a running harness.
+    pub fn doorbells(&self, config: &Config) -> BTreeMap<String, Subscriptions> {
+        config
+            .channels
+            .values()
+            .filter(|ch| ch.enabled && !self.rung(&ch.name).is_empty())
+            .map(|ch| (ch.name.clone(), channel_subscriptions(config, &ch.name)))
+            .collect()
+    }
+
     /// How long, in milliseconds from `now`, until the earliest machine timer (monotonic) or
     /// schedule firing (wall); `None` when nothing is set.
     pub fn next_wake(&self, now: Now) -> Option<Millis> {
@@ -287,14 +432,6 @@ impl Fleet {
             }
         }
         due
-    }
-
-    /// Whether a reload (`diff`) stops the harness's attempt as `StopReason::HarnessRemoved`:
-    /// the new config has no settings for it (`kept` false), or it or its lease source is gone.
-    pub fn reload_stops(&self, name: &str, kept: bool, diff: &ConfigDiff) -> bool {
-        self.members
-            .get(name)
-            .is_some_and(|m| !kept || diff.aborts(name, &m.relay.settings().lease))
     }
 
     /// A reload's news for one harness: `None` removes it (it goes once its attempt closes);

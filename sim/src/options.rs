@@ -170,6 +170,10 @@ pub struct Faults {
     pub wall_steps: bool,
     /// Operators cancelling and retrying todos.
     pub operators: bool,
+    /// A host's config reloaded with a changed heartbeat interval and schedule (drawn from a
+    /// stream of its own, so that the other kinds are drawn as before).
+    #[serde(default)]
+    pub reloads: bool,
 }
 
 impl Faults {
@@ -192,6 +196,7 @@ impl Faults {
             clock_drift: true,
             wall_steps: true,
             operators: true,
+            reloads: true,
         }
     }
 }
@@ -287,6 +292,7 @@ impl Options {
             clock_drift: on(&mut r, 500),
             wall_steps: on(&mut r, 400),
             operators: on(&mut r, 400),
+            reloads: Rng::stream(seed, "reloads").chance(500),
         };
         let check = on(&mut r, 600);
         Options {
@@ -551,7 +557,7 @@ impl fmt::Display for Options {
             f,
             "\nfaults: request_loss={}‰ response_loss={}‰ duplicate={}‰ delay_max={}ms \
              partitions={} outages={} crashes={} pauses={} clock_drift={} wall_steps={} \
-             operators={}",
+             operators={} reloads={}",
             fl.request_loss,
             fl.response_loss,
             fl.duplicate,
@@ -562,7 +568,8 @@ impl fmt::Display for Options {
             fl.pauses,
             fl.clock_drift,
             fl.wall_steps,
-            fl.operators
+            fl.operators,
+            fl.reloads
         )?;
         let p = &self.people;
         let surfaces: Vec<&str> = p.surfaces.iter().map(|s| s.as_str()).collect();

@@ -25,6 +25,14 @@ pub enum Fault {
     /// The relay's wall clock steps by `by` ms, back or forward (an NTP correction, a VM
     /// restore, `date -s`); its monotonic clock does not move.
     WallStep { relay: usize, by: i64 },
+    /// The relay host's config is reloaded (SIGHUP) with a new heartbeat interval and schedule
+    /// (`@every fire_every`): the fleet's reload plan applies, and an attempt in flight keeps
+    /// the settings it started with until it settles.
+    Reload {
+        relay: usize,
+        heartbeat_interval: Millis,
+        fire_every: Millis,
+    },
 }
 
 impl Fault {
@@ -35,6 +43,7 @@ impl Fault {
             Fault::Crash { .. } => "crash",
             Fault::Pause { .. } => "pause",
             Fault::WallStep { .. } => "wall_step",
+            Fault::Reload { .. } => "reload",
         }
     }
 }
@@ -133,6 +142,23 @@ impl Plan {
                 let by = if p.chance(600) { -by } else { by };
                 let (at, relay) = at_relay(&mut p);
                 plan.faults.push((at, Fault::WallStep { relay, by }));
+            }
+        }
+        // Reloads, from a stream of their own: a heartbeat interval of a fifth to a third of the
+        // lease, a schedule as the options draw one.
+        let mut c = Rng::stream(o.seed, "reload-plan");
+        if f.reloads {
+            for _ in 0..c.range(1, 1 + o.safety / (30 * MINUTE)) {
+                let heartbeat_interval = o.lease_ttl / c.range(3, 5);
+                let fire_every = c.range(20, 300) * SECOND;
+                let at = c.below(o.safety);
+                let relay = c.below(o.relays as u64) as usize;
+                let reload = Fault::Reload {
+                    relay,
+                    heartbeat_interval,
+                    fire_every,
+                };
+                plan.faults.push((at, reload));
             }
         }
         // Tasks arrive like todos, from a stream of their own (the plans drawn before tasks

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{ConfigFile, FileKind, parse};
+use crate::mcp::client::Subscriptions;
 use crate::relay::OnOverlap;
 use crate::testing::relay::{claimed, is_claim, our_server_capabilities, request_in, settings};
 use crate::time::{HOUR, MINUTE, SECOND, parse_rfc3339};
@@ -181,17 +182,32 @@ fn harnesses_bind_to_the_source_their_settings_name() {
     assert!(f.stopped() == f.stopping());
 }
 
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
 #[test]
 fn a_reload_stops_a_removed_harness_or_one_on_a_removed_source() {
     let wall = at("2026-09-22T10:00:00Z");
     let mut f = fleet_on(&[("a", "queue.ci"), ("b", "queue.ops")], wall);
     let mut diff = ConfigDiff::default();
-    assert!(!f.reload_stops("a", true, &diff));
-    assert!(f.reload_stops("a", false, &diff));
+    let plan = f.plan_reload(&names(&["a", "b"]), &diff);
+    assert_eq!(plan.stop, Vec::<String>::new());
+    assert_eq!(plan.keep, ["a", "b"]);
+    // Without settings in the new config (removed, disabled, or leasing nothing): it stops
+    // and leaves.
+    let plan = f.plan_reload(&names(&["b"]), &diff);
+    assert_eq!(
+        (plan.stop, plan.remove, plan.keep),
+        (names(&["a"]), names(&["a"]), names(&["b"]))
+    );
+    // Its source removed: the attempt stops, the harness stays with its new settings.
     diff.queues.removed.push("queue.ops".into());
-    assert!(f.reload_stops("b", true, &diff));
-    assert!(!f.reload_stops("a", true, &diff));
-    assert!(!f.reload_stops("unknown", false, &diff));
+    let plan = f.plan_reload(&names(&["a", "b"]), &diff);
+    assert_eq!(plan.close, ["queue.ops"]);
+    assert_eq!(plan.stop, ["b"]);
+    assert_eq!(plan.keep, ["a", "b"]);
+    assert!(plan.remove.is_empty());
     // Kept: new settings and a new schedule.
     let moved = on("a", "queue.ops");
     let h = harness("a", "schedule = \"@every 10m\"\n");
@@ -199,6 +215,127 @@ fn a_reload_stops_a_removed_harness_or_one_on_a_removed_source() {
     assert_eq!(applied, Some(Reconfigured::Now));
     assert_eq!(f.get("a").unwrap().next_fire(), Some(wall + 10 * MINUTE));
     assert_eq!(f.harnesses_on("queue.ops"), ["a", "b"]);
+}
+
+#[test]
+fn a_reload_opens_added_and_changed_sources_and_starts_added_harnesses() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let f = fleet_on(
+        &[("a", "queue.ci"), ("b", "queue.ops"), ("c", "queue.ci")],
+        wall,
+    );
+    let mut diff = ConfigDiff::default();
+    diff.queues.added.push("queue.new".into());
+    diff.queues.changed.push("queue.ci".into());
+    diff.new_sessions.push("queue.ci".into());
+    let plan = f.plan_reload(&names(&["a", "b", "c", "d"]), &diff);
+    assert_eq!(plan.open, ["queue.new", "queue.ci"]);
+    // The harnesses on a source whose session changed hear it expire; nothing stops.
+    assert_eq!(plan.expire, ["a", "c"]);
+    assert!(plan.stop.is_empty() && plan.close.is_empty() && plan.remove.is_empty());
+    assert_eq!(plan.add, ["d"]);
+    assert_eq!(plan.keep, ["a", "b", "c"]);
+}
+
+#[test]
+fn an_attempt_in_flight_keeps_its_settings_until_it_settles() {
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = fleet_on(&[("a", "queue.ci")], wall);
+    let caps = our_server_capabilities();
+    let relay = f.relay_mut("a").unwrap();
+    relay
+        .handle_input(now(10, wall), Input::CapabilitiesKnown(caps))
+        .unwrap();
+    let firing = f.firing("a", "manual", wall).unwrap();
+    let relay = f.relay_mut("a").unwrap();
+    relay.handle_input(now(10, wall), firing).unwrap();
+    while relay.poll_command().is_some() {}
+    assert_eq!(f.settle("a"), Settled::Busy);
+    let plan = f.plan_reload(&names(&["a"]), &ConfigDiff::default());
+    assert_eq!(plan.keep, ["a"]);
+    let slower = HarnessSettings {
+        heartbeat_interval: on("a", "queue.ci").heartbeat_interval * 2,
+        ..on("a", "queue.ci")
+    };
+    let applied = f.reload("a", Some((slower.clone(), None)), wall);
+    assert!(
+        matches!(applied, Some(Reconfigured::AfterRun { .. })),
+        "{applied:?}"
+    );
+    assert_ne!(f.get("a").unwrap().relay().settings(), &slower);
+}
+
+#[test]
+fn a_harness_between_attempts_follows_its_source() {
+    assert_eq!(rebind(("queue.ci", 1), ("queue.ci", 1)), Rebind::Stay);
+    assert_eq!(rebind(("queue.ci", 1), ("queue.ci", 2)), Rebind::Client);
+    assert_eq!(rebind(("queue.ci", 1), ("queue.ops", 3)), Rebind::Moved);
+    let wall = at("2026-09-22T10:00:00Z");
+    let f = fleet_on(&[("a", "queue.ci"), ("b", "queue.ops")], wall);
+    assert_eq!(f.to_initialize(|s| s == "queue.ops"), ["queue.ops"]);
+    assert_eq!(f.to_initialize(|_| true), ["queue.ci", "queue.ops"]);
+}
+
+#[test]
+fn doorbells_listen_on_the_enabled_channels_of_running_harnesses() {
+    let text = r#"
+[queue.ci]
+url = "http://127.0.0.1:1/mcp"
+queue = "ci"
+[channel.bell]
+url = "http://127.0.0.1:1/mcp"
+[channel.gong]
+url = "http://127.0.0.1:1/mcp"
+[channel.off]
+url = "http://127.0.0.1:1/mcp"
+enabled = false
+[harness.a]
+command = ["agent"]
+triggers = ["channel.bell", "channel.off"]
+lease = "queue.ci"
+"#;
+    let config = parse(&ConfigFile::new("harness.toml", text), &[], FileKind::Global).unwrap();
+    let wall = at("2026-09-22T10:00:00Z");
+    let mut f = Fleet::default();
+    f.add(
+        config.harnesses["a"].clone(),
+        on("a", "queue.ci"),
+        1,
+        1,
+        wall,
+    );
+    let wanted = f.doorbells(&config);
+    assert_eq!(wanted.keys().collect::<Vec<_>>(), ["bell"]);
+    let ci = Subscriptions::Queues(["ci".to_string()].into());
+    assert_eq!(wanted["bell"], ci);
+    // Nothing listens yet: bell starts.
+    let none = BTreeMap::new();
+    let (stop, start) = doorbell_changes(&none, wanted.clone(), &ConfigDiff::default());
+    assert!(stop.is_empty());
+    assert_eq!(start, [("bell".to_string(), ci.clone())]);
+    // Listening on bell (as wanted) and gong (no longer): gong stops, bell stays.
+    let listening: BTreeMap<_, _> = [
+        ("bell".to_string(), ci.clone()),
+        ("gong".into(), ci.clone()),
+    ]
+    .into();
+    let (stop, start) = doorbell_changes(&listening, wanted.clone(), &ConfigDiff::default());
+    assert_eq!((stop, start), (names(&["gong"]), vec![]));
+    // A changed channel, or changed subscriptions, restarts its listener.
+    let mut diff = ConfigDiff::default();
+    diff.channels.changed.push("channel.bell".into());
+    let (stop, start) = doorbell_changes(&listening, wanted.clone(), &diff);
+    assert_eq!(stop, ["bell", "gong"]);
+    assert_eq!(start, [("bell".to_string(), ci.clone())]);
+    let granted: BTreeMap<_, _> = [("bell".to_string(), Subscriptions::Granted)].into();
+    let (stop, start) = doorbell_changes(&granted, wanted, &ConfigDiff::default());
+    assert_eq!(
+        (stop, start),
+        (names(&["bell"]), vec![("bell".to_string(), ci)])
+    );
+    // A removed harness rings nothing: no listener is wanted.
+    f.reload("a", None, wall);
+    assert!(f.doorbells(&config).is_empty());
 }
 
 #[test]

@@ -68,6 +68,21 @@ pub(super) struct Host {
     pub(super) hours: Option<relay_core::config::OperatingHours>,
     /// Runs whose heartbeat the server refused (conflict or not_found), as delivered.
     pub(super) refused: BTreeSet<u64>,
+    /// What the host's config file says now (a reload changes it; a restart reads it).
+    pub(super) config: HostConfig,
+    /// Names the live chain of the schedule's ticks: a reload that moves the next firing starts
+    /// a new chain, and the old one's ticks are dropped.
+    pub(super) tick_gen: u64,
+    /// A reload's settings wait for the attempt in flight.
+    pub(super) reload_waiting: bool,
+}
+
+/// The settings of a host's config file that a reload changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HostConfig {
+    pub(super) heartbeat_interval: Millis,
+    /// The harness's schedule: `@every fire_every`.
+    pub(super) fire_every: Millis,
 }
 
 impl Host {

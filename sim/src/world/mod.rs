@@ -29,11 +29,12 @@ mod net;
 mod people;
 mod queue;
 mod relay;
+mod reload;
 mod tasks;
 
 use relay_core::relay::invariants::Monitor;
 
-use host::{Host, HostClock};
+use host::{Host, HostClock, HostConfig};
 
 /// Where simulated time starts (an ordinary instant in 2026).
 pub const T0: Millis = 1_790_000_000_000;
@@ -81,8 +82,12 @@ enum Ev {
     Heal,
     Reap,
     Requeue,
-    /// The schedule's clock (not a host event: it keeps ticking while a host is down).
-    Tick(usize),
+    /// The schedule's clock (not a host event: it keeps ticking while a host is down), of
+    /// one chain of ticks (`Host::tick_gen`).
+    Tick {
+        relay: usize,
+        generation: u64,
+    },
     /// A firing on the host: the schedule's or the doorbell's.
     Fire(usize),
     Timer {
@@ -314,6 +319,12 @@ impl World {
                 monitor: Monitor::new(o.lease_ttl),
                 hours: None,
                 refused: BTreeSet::new(),
+                config: HostConfig {
+                    heartbeat_interval: o.heartbeat_interval,
+                    fire_every: o.fire_every,
+                },
+                tick_gen: 0,
+                reload_waiting: false,
             })
             .collect();
         let mut w = World {
@@ -391,7 +402,14 @@ impl World {
             let every = Schedule::Every(w.o.fire_every);
             let table = Timetable::starting_at(every, w.hosts[r].wall.read(first));
             w.timetables.push(table);
-            w.schedule(first, Ev::Tick(r));
+            let generation = w.hosts[r].tick_gen;
+            w.schedule(
+                first,
+                Ev::Tick {
+                    relay: r,
+                    generation,
+                },
+            );
         }
         w
     }
@@ -427,8 +445,10 @@ impl World {
         }
     }
 
+    /// Relay `r`'s harness settings, from its host's config as it reads now.
     fn settings(&self, r: usize) -> HarnessSettings {
         let o = &self.o;
+        let config = self.hosts[r].config;
         HarnessSettings {
             harness: format!("worker-{r}"),
             host: format!("host-{r}"),
@@ -436,7 +456,7 @@ impl World {
             // With several queues, every relay claims from all of them.
             queue: (o.flow.queues.len() <= 1).then(|| QUEUE.into()),
             lease_ttl: o.lease_ttl,
-            heartbeat_interval: o.heartbeat_interval,
+            heartbeat_interval: config.heartbeat_interval,
             argv: vec!["agent".into(), "--fix".into()],
             prompt: Some(b"fix the todo in HARNESS_RELAY_FILE".to_vec()),
             workdir: "/work".into(),
@@ -628,7 +648,13 @@ impl World {
                 self.flush_doorbell();
                 self.schedule(self.now + self.o.requeue_every, Ev::Requeue);
             }
-            Ev::Tick(r) => {
+            Ev::Tick {
+                relay: r,
+                generation,
+            } => {
+                if self.hosts[r].tick_gen != generation {
+                    return;
+                }
                 // Due and next on the host's wall clock, by the daemon's rule (a stepped or
                 // drifting wall clock moves the firings with it; one stepped back waits).
                 let wall = &self.hosts[r].wall;
@@ -642,7 +668,13 @@ impl World {
                 } else {
                     self.count("schedule_waits");
                 }
-                self.schedule(at, Ev::Tick(r));
+                self.schedule(
+                    at,
+                    Ev::Tick {
+                        relay: r,
+                        generation,
+                    },
+                );
             }
             Ev::Fire(r) => {
                 // Hours are read on the host's wall clock, as the daemon reads them.
@@ -720,7 +752,8 @@ impl World {
             | Ev::ClientTimeout { relay: r, .. }
             | Ev::LateSend { relay: r, .. }
             | Ev::Local { relay: r, .. }
-            | Ev::Restart(r) => Some(*r),
+            | Ev::Restart(r)
+            | Ev::Fault(Fault::Reload { relay: r, .. }) => Some(*r),
             _ => None,
         }
     }
@@ -881,6 +914,7 @@ impl World {
                 h.check = None;
                 h.pending.clear();
                 h.refused.clear();
+                h.reload_waiting = false;
                 h.paused = false;
                 h.deferred.clear();
                 h.life += 1;
@@ -900,6 +934,17 @@ impl World {
                     self.schedule(self.now + len, Ev::Resume(relay));
                 }
             }
+            Fault::Reload {
+                relay,
+                heartbeat_interval,
+                fire_every,
+            } => self.reload(
+                relay,
+                HostConfig {
+                    heartbeat_interval,
+                    fire_every,
+                },
+            ),
             Fault::WallStep { relay, by } => {
                 if by < 0 {
                     self.count("wall_step_back");

@@ -33,6 +33,7 @@ impl World {
             }
             self.execute(r, cmd);
         }
+        self.check_reloaded(r);
         self.rearm(r);
     }
 

@@ -8,14 +8,16 @@
 //! result back as a [`Msg`] (run records go to one writer task, in order; only the few-KiB
 //! context file is written in place, unsynced, because the check or agent that reads it starts
 //! next). The machines and the rules around them (schedules, `catch_up`, source binding, what a
-//! reload stops, the next wake-up) are a [`Fleet`]; the actor sleeps until its next wake-up. Tasks that belong to a run are tracked by run id and
+//! reload does, the doorbell listeners, the next wake-up) are a [`Fleet`]; the actor sleeps until
+//! its next wake-up. Tasks that belong to a run are tracked by run id and
 //! aborted when the run's final record is written, so nothing an attempt started outlives it.
 //!
 //! # Reload
 //!
 //! SIGHUP and `relay reload` read the config again through [`load::prepare`], the loader of a
 //! start, on a blocking task; a config that does not load changes nothing. What changed is
-//! `relay_core::config::diff`'s answer, and the daemon applies it: added harnesses start; a
+//! `relay_core::config::diff`'s answer; what it does is `relay_core::fleet::plan_reload`'s, and
+//! the daemon carries the plan out (in `reload.rs`): added harnesses start; a
 //! harness that is removed (or loses its `lease`), or whose attempt runs on a removed lease
 //! source, is stopped with `StopReason::HarnessRemoved` and its slot goes once the attempt has
 //! closed; every other harness gets its new settings through `Relay::reconfigure`, which keeps an
@@ -37,8 +39,13 @@ mod commands;
 pub mod control;
 pub mod doctor;
 pub mod events;
+mod kill;
 pub mod load;
 mod metrics;
+mod records;
+mod reload;
+mod requests;
+mod sources;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -47,7 +54,7 @@ use std::time::Duration;
 
 use relay_core::Millis;
 use relay_core::config::{ConfigDiff, ResolvedConfig};
-use relay_core::fleet::{CATCH_UP, Due, Fleet, Settled};
+use relay_core::fleet::{CATCH_UP, Due, Fleet, Rebind, Settled, doorbell_changes, rebind};
 use relay_core::relay::{
     self, Capabilities, Command, HarnessSettings, Input, Reconfigured, RunOutcome, RunRecord,
     StopReason, UsageFile,
@@ -58,12 +65,15 @@ use tokio::task::AbortHandle;
 
 use crate::clock::SharedClock;
 use crate::journal::{DaemonLock, Journal};
-use relay_core::mcp::client::{Subscriptions, channel_subscriptions};
+use relay_core::mcp::client::Subscriptions;
 
 use crate::lease::{DoorbellListener, LeaseClient, ReceiptClient, SessionNews, Transport};
 use crate::runner::{self, AgentSpec, CheckSpec, Control, Launched, Launcher};
 
 pub use metrics::{DaemonMetrics, serve_metrics};
+
+use kill::KillAt;
+use records::{RecordJob, record_writer};
 
 /// The longest the actor sleeps while a timer is set. Tokio's timers run on `CLOCK_MONOTONIC`,
 /// which stops while the machine is suspended, whereas the machines' deadlines run on boot time,
@@ -330,200 +340,6 @@ impl Daemon {
         self.metrics.clone()
     }
 
-    /// A client for `[queue.<name>]`, not yet initialized.
-    fn add_source(&mut self, resolved: &ResolvedConfig, name: &str) {
-        let Some(q) = resolved.config.queues.get(name) else {
-            return;
-        };
-        let Some(client) = LeaseClient::from_config(resolved, name, self.transport.clone()) else {
-            return;
-        };
-        let key = format!("queue.{name}");
-        if let Some(old) = self.sources.get(&key) {
-            old.initializing.iter().for_each(AbortHandle::abort);
-        }
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        self.sources.insert(
-            key,
-            SourceSlot {
-                client: Arc::new(client),
-                generation,
-                initializing: None,
-                caps: None,
-                url: q.address.url.as_str().to_string(),
-                header_names: q.address.headers.keys().cloned().collect(),
-            },
-        );
-    }
-
-    fn set_cairns(&mut self, resolved: &ResolvedConfig) {
-        // Receipt clients hold no session: an upload in flight keeps the one it started with.
-        self.cairns = resolved
-            .config
-            .cairns
-            .keys()
-            .filter_map(|name| {
-                let client = ReceiptClient::from_config(resolved, name, self.transport.clone())?;
-                Some((format!("cairn.{name}"), Arc::new(client)))
-            })
-            .collect();
-    }
-
-    fn add_slot(&mut self, name: &str, settings: HarnessSettings) -> Result<(), String> {
-        let Some(harness) = self.resolved.config.harnesses.get(name).cloned() else {
-            return Ok(());
-        };
-        let Some(s) = self.sources.get(&settings.lease) else {
-            return Ok(());
-        };
-        let (source, client, generation) = (settings.lease.clone(), s.client.clone(), s.generation);
-        let caps = s.caps.clone();
-        let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
-        let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
-        self.metrics.harness(name);
-        let wall = self.clock.now();
-        self.fleet.add(harness, settings, self.seed, first, wall);
-        self.slots.insert(
-            name.to_string(),
-            Slot {
-                source,
-                client,
-                generation,
-                agents: BTreeMap::new(),
-                spawning: BTreeMap::new(),
-                checks: BTreeMap::new(),
-                unwritable: BTreeMap::new(),
-                usage: BTreeMap::new(),
-                tasks: BTreeMap::new(),
-            },
-        );
-        if let Some(caps) = caps {
-            self.input(name, Input::CapabilitiesKnown(caps));
-        }
-        Ok(())
-    }
-
-    /// The trigger `catch_up`, at start: a schedule slot passed since the harness's newest run
-    /// is fired once, when its source's session has been checked (a firing before that would
-    /// only be skipped as unsupported).
-    fn owe_catch_up(&mut self, name: &str, now: Millis) {
-        if !self.fleet.catches_up(name) {
-            return;
-        }
-        let last = match self.journal.records(name, 1) {
-            Ok(records) => records
-                .first()
-                .and_then(|r| relay_core::time::parse_rfc3339(&r.started_at)),
-            Err(e) => {
-                tracing::warn!(harness = name, error = %e, "catch_up: the last run could not be read; nothing is caught up");
-                return;
-            }
-        };
-        if let Some(missed) = self.fleet.owe_catch_up(name, last, now) {
-            tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed), "a schedule slot was missed while the daemon was down; catch_up fires once");
-        }
-    }
-
-    /// Initializes the source's session on a task, retrying with capped backoff until the
-    /// server answers; at most one such task per source at a time. At start, on
-    /// [`Msg::Reinitialize`], and for a new or changed source on reload.
-    fn initialize(&mut self, source: &str) {
-        let Some(s) = self.sources.get_mut(source) else {
-            return;
-        };
-        if s.initializing.as_ref().is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        let client = s.client.clone();
-        let generation = s.generation;
-        let tx = self.tx.clone();
-        let name = source.to_string();
-        let task = tokio::spawn(async move {
-            let mut delay = Duration::from_millis(500);
-            loop {
-                match client.initialize().await {
-                    Ok(caps) => {
-                        let _ = tx.send(Msg::Session {
-                            source: name,
-                            generation,
-                            news: SessionNews::Known(caps),
-                        });
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(source = %name, error = %e, "lease session could not initialize; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(30));
-                    }
-                }
-            }
-        });
-        s.initializing = Some(task.abort_handle());
-    }
-
-    /// One doorbell listener per enabled channel that triggers a harness of the daemon: stops
-    /// those no longer wanted or changed by the reload, starts the missing ones.
-    fn reconcile_doorbells(&mut self, diff: &ConfigDiff) {
-        let wanted: Vec<String> = self
-            .resolved
-            .config
-            .channels
-            .values()
-            .filter(|ch| ch.enabled)
-            .filter(|ch| !self.fleet.rung(&ch.name).is_empty())
-            .map(|ch| ch.name.clone())
-            .collect();
-        let config = &self.resolved.config;
-        let changed = |name: &str, subscriptions: &Subscriptions| {
-            diff.channels
-                .changed
-                .iter()
-                .any(|c| c == &format!("channel.{name}"))
-                || *subscriptions != channel_subscriptions(config, name)
-        };
-        let stale: Vec<String> = self
-            .doorbells
-            .iter()
-            .filter(|(n, (_, subs))| !wanted.contains(n) || changed(n, subs))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in stale {
-            if let Some((tasks, _)) = self.doorbells.remove(&name) {
-                tasks.iter().for_each(AbortHandle::abort);
-            }
-        }
-        for name in wanted {
-            if self.doorbells.contains_key(&name) {
-                continue;
-            }
-            let Some(listener) =
-                DoorbellListener::from_config(&self.resolved, &name, self.transport.clone())
-            else {
-                continue;
-            };
-            let (ring_tx, mut ring_rx) = mpsc::channel(16);
-            let listener = listener.spawn(ring_tx, self.doorbells_stop.subscribe());
-            let tx = self.tx.clone();
-            let channel = name.clone();
-            let forward = tokio::spawn(async move {
-                while ring_rx.recv().await.is_some() {
-                    let _ = tx.send(Msg::Ring {
-                        channel: channel.clone(),
-                    });
-                }
-            });
-            let subscriptions = channel_subscriptions(&self.resolved.config, &name);
-            self.doorbells.insert(
-                name,
-                (
-                    [listener.abort_handle(), forward.abort_handle()],
-                    subscriptions,
-                ),
-            );
-        }
-    }
-
     /// Runs until stopped and every attempt in flight is closed.
     pub async fn run(mut self) {
         loop {
@@ -654,158 +470,6 @@ impl Daemon {
         }
     }
 
-    fn session(&mut self, source: &str, generation: u64, news: SessionNews) {
-        let Some(s) = self.sources.get_mut(source) else {
-            return;
-        };
-        if s.generation != generation {
-            return; // a client a reload replaced
-        }
-        let input = match news {
-            // The client has logged the one ERROR of an unsupported initialize.
-            SessionNews::Known(caps) => {
-                s.caps = Some(caps.clone());
-                Input::CapabilitiesKnown(caps)
-            }
-            SessionNews::Expired => {
-                s.caps = None;
-                Input::SessionExpired
-            }
-        };
-        let known = matches!(input, Input::CapabilitiesKnown(_));
-        for h in self.fleet.harnesses_on(source) {
-            self.input(&h, input.clone());
-            if known && self.fleet.take_catch_up(&h) {
-                self.fire(&h, CATCH_UP);
-            }
-        }
-    }
-
-    /// Starts loading the config again, off the actor.
-    fn reload(&mut self, reply: Option<oneshot::Sender<Value>>) {
-        if self.fleet.stopping() {
-            if let Some(reply) = reply {
-                let _ = reply.send(control::error("the daemon is stopping".into()));
-            }
-            return;
-        }
-        let (file, jobs, host) = (
-            self.config_path.clone(),
-            PathBuf::from(self.journal.jobs_dir()),
-            self.host.clone(),
-        );
-        let tx = self.tx.clone();
-        tokio::spawn(async move {
-            let prepared = tokio::task::spawn_blocking(move || load::prepare(&file, &jobs, &host))
-                .await
-                .unwrap_or_else(|e| Err(format!("the config loader failed: {e}")));
-            let _ = tx.send(Msg::Reloaded {
-                prepared: Box::new(prepared),
-                reply,
-            });
-        });
-    }
-
-    /// Applies a loaded config (see the module doc) and answers what changed.
-    fn apply_reload(&mut self, prepared: load::Prepared) -> Value {
-        if self.fleet.stopping() {
-            return control::error("the daemon is stopping".into());
-        }
-        let diff = relay_core::config::diff(&self.resolved, &prepared.resolved);
-        let new = prepared.resolved;
-        // Sources first, so that harnesses bind to what the new config names.
-        for source in &diff.queues.removed {
-            if let Some(s) = self.sources.remove(source) {
-                s.initializing.iter().for_each(AbortHandle::abort);
-            }
-        }
-        for source in diff.queues.added.iter().chain(&diff.new_sessions) {
-            let name = source.trim_start_matches("queue.");
-            self.add_source(&new, name);
-            if diff.new_sessions.contains(source) {
-                for h in self.fleet.harnesses_on(source) {
-                    self.input(&h, Input::SessionExpired);
-                }
-            }
-        }
-        for source in &diff.queues.changed {
-            if let (Some(s), Some(q)) = (
-                self.sources.get_mut(source),
-                new.config.queues.get(source.trim_start_matches("queue.")),
-            ) {
-                s.header_names = q.address.headers.keys().cloned().collect();
-            }
-        }
-        self.set_cairns(&new);
-        self.resolved = new;
-
-        let mut aborted = Vec::new();
-        let mut reconfigured = Vec::new();
-        for name in &self.fleet.names() {
-            let settings = prepared.settings.get(name).cloned();
-            if self.fleet.reload_stops(name, settings.is_some(), &diff) {
-                let relay = self.fleet.get(name).expect("a member").relay();
-                let run = relay.describe(self.clock.reading()).attempt;
-                if let Some(a) = run.filter(|_| relay.stop_would_abort()) {
-                    aborted.push(json!({"harness": name, "run_id": a.run_id}));
-                }
-                self.input(
-                    name,
-                    Input::StopRequested {
-                        reason: StopReason::HarnessRemoved,
-                    },
-                );
-            }
-            let harness = self.resolved.config.harnesses.get(name).cloned();
-            let wall = self.clock.now();
-            let applies = self
-                .fleet
-                .reload(name, settings.map(|s| (s, harness)), wall);
-            if let Some(applies) = applies.filter(|a| *a != Reconfigured::Unchanged) {
-                let mut entry = serde_json::to_value(applies).unwrap_or_default();
-                entry["harness"] = json!(name);
-                reconfigured.push(entry);
-            }
-            self.settle(name);
-        }
-        let mut added = Vec::new();
-        for (name, settings) in prepared.settings {
-            if self.fleet.contains(&name) {
-                continue;
-            }
-            match self.add_slot(&name, settings) {
-                Ok(()) => added.push(name),
-                Err(e) => {
-                    tracing::error!(harness = %name, error = %e, "the added harness did not start")
-                }
-            }
-        }
-        for source in self.fleet.bound_sources() {
-            if self.sources.get(&source).is_some_and(|s| s.caps.is_none()) {
-                self.initialize(&source);
-            }
-        }
-        self.reconcile_doorbells(&diff);
-        tracing::info!(
-            config = %self.config_path.display(),
-            added = ?diff.harnesses.added,
-            removed = ?diff.harnesses.removed,
-            changed = ?diff.harnesses.changed,
-            sources = ?diff.queues,
-            new_sessions = ?diff.new_sessions,
-            "config reloaded"
-        );
-        json!({
-            "ok": true,
-            "config": self.config_path.display().to_string(),
-            "dropins": prepared.dropins,
-            "diff": diff,
-            "started": added,
-            "aborted": aborted,
-            "reconfigured": reconfigured,
-        })
-    }
-
     fn fire(&mut self, harness: &str, trigger: &str) {
         let Some(firing) = self.fleet.firing(harness, trigger, self.clock.now()) else {
             tracing::warn!(harness, "fired a harness that is not running; ignored");
@@ -839,34 +503,6 @@ impl Daemon {
         self.settle(harness);
     }
 
-    /// Between attempts: a removed harness's slot goes, and a harness whose settings name
-    /// another source, or whose source got a new client, is bound to it.
-    fn settle(&mut self, harness: &str) {
-        let want = match self.fleet.settle(harness) {
-            Settled::Busy => return,
-            Settled::Gone => {
-                self.slots.remove(harness);
-                tracing::info!(harness, "harness removed by a reload has stopped");
-                return;
-            }
-            Settled::Idle { lease } => lease,
-        };
-        let (Some(slot), Some(s)) = (self.slots.get_mut(harness), self.sources.get(&want)) else {
-            return;
-        };
-        if slot.source == want && slot.generation == s.generation {
-            return;
-        }
-        let moved = slot.source != want;
-        slot.source = want;
-        slot.client = s.client.clone();
-        slot.generation = s.generation;
-        // A machine moved to another source is unverified: tell it what that source answered.
-        if moved && let Some(caps) = s.caps.clone() {
-            self.input(harness, Input::CapabilitiesKnown(caps));
-        }
-    }
-
     fn post(&self, harness: &str, input: Input) {
         let _ = self.tx.send(Msg::ToHarness {
             harness: harness.to_string(),
@@ -882,334 +518,5 @@ impl Daemon {
         self.slots
             .get_mut(harness)
             .expect("commands come from a slot's machine")
-    }
-
-    fn control(&mut self, request: control::Request, reply: oneshot::Sender<Value>) {
-        let unknown = |h: &str| {
-            control::error(format!(
-                "no leased harness named {h:?} runs in this daemon; see `relay describe` for the names"
-            ))
-        };
-        match request {
-            control::Request::Trigger { harness } => {
-                if !self.fleet.running(&harness) {
-                    let _ = reply.send(unknown(&harness));
-                    return;
-                }
-                self.fire(&harness, "manual");
-                let _ = reply.send(json!({"ok": true, "harness": harness}));
-            }
-            control::Request::Stop { harness } => {
-                let Some(member) = self.fleet.get(&harness) else {
-                    let _ = reply.send(unknown(&harness));
-                    return;
-                };
-                let Some(attempt) = member.relay().describe(self.clock.reading()).attempt else {
-                    let _ = reply.send(json!({"ok": true, "harness": harness, "stopped": false}));
-                    return;
-                };
-                let stops = member.relay().stop_would_abort();
-                let answer = json!({
-                    "ok": true,
-                    "harness": harness,
-                    "stopped": stops,
-                    "run_id": attempt.run_id,
-                    "todo_id": attempt.todo_id,
-                    "phase": attempt.phase,
-                });
-                if stops {
-                    tracing::info!(harness = %harness, run_id = attempt.run_id, "operator stop");
-                    self.input(
-                        &harness,
-                        Input::StopRequested {
-                            reason: StopReason::OperatorStop,
-                        },
-                    );
-                }
-                let _ = reply.send(answer);
-            }
-            control::Request::Reload => self.reload(Some(reply)),
-            control::Request::Describe { harness } => {
-                let names: Vec<&String> = match &harness {
-                    Some(h) => self.slots.keys().filter(|k| *k == h).collect(),
-                    None => self.slots.keys().collect(),
-                };
-                if let Some(h) = &harness
-                    && names.is_empty()
-                {
-                    let _ = reply.send(unknown(h));
-                    return;
-                }
-                let harnesses: Vec<Value> = names
-                    .into_iter()
-                    .map(|name| {
-                        let (slot, member) =
-                            (&self.slots[name], &self.fleet.get(name).expect("a member"));
-                        let source = self
-                            .sources
-                            .get(&slot.source)
-                            .filter(|s| s.generation == slot.generation);
-                        let session = match source.map(|s| &s.caps) {
-                            // The attempt in flight holds a client a reload replaced or removed.
-                            None => "replaced",
-                            Some(None) => "unverified",
-                            Some(Some(c)) if c.supported() => "supported",
-                            Some(Some(_)) => "unsupported",
-                        };
-                        json!({
-                            "relay": member.relay().describe(self.clock.reading()),
-                            "source": {
-                                "name": slot.source,
-                                "url": source.map(|s| s.url.clone()),
-                                "header_names": source.map(|s| s.header_names.clone()),
-                                "session": session,
-                            },
-                            "removed": member.removed(),
-                            "schedule": member.next_fire().map(relay_core::time::rfc3339),
-                            "triggers": member.harness().triggers,
-                        })
-                    })
-                    .collect();
-                let _ = reply.send(json!({"ok": true, "harnesses": harnesses}));
-            }
-            control::Request::Doctor => {
-                let config = self.resolved.config.clone();
-                let clients: Vec<(String, Arc<LeaseClient>)> =
-                    relay::doctor::bound_sources(&config)
-                        .into_iter()
-                        .filter_map(|n| Some((n.clone(), self.sources.get(&n)?.client.clone())))
-                        .collect();
-                tokio::spawn(async move {
-                    let rows = doctor::rows(&config, clients).await;
-                    let _ = reply.send(json!({"ok": true, "rows": rows}));
-                });
-            }
-            // The socket task asks with `Msg::Events`; a request that gets here is answered.
-            control::Request::Events { .. } => {
-                let _ = reply.send(control::error("events are streamed, not answered".into()));
-            }
-        }
-    }
-}
-
-/// How many queued run records [`record_writer`] takes at once, at most.
-const RECORD_BATCH: usize = 64;
-
-/// What the record writer is asked to do.
-pub(super) enum RecordJob {
-    /// Write this record (and after a closing one prune the harness to this many runs).
-    Write(RunRecord, usize),
-    /// Answer once every record sent before it is on disk: `Err` when the newest of them for
-    /// this run (harness, run id) could not be written. The spawn waits for it.
-    Flush {
-        run: (String, u64),
-        done: oneshot::Sender<Result<(), String>>,
-    },
-}
-
-/// The one task that writes run records, in the order the machines wrote them (a run's
-/// records replace one another), each synced to disk, off the actor; after a run's closing
-/// record it prunes the harness to its `keep_runs`. It takes every job waiting (up to
-/// [`RECORD_BATCH`]) in one trip to the blocking pool, and of a run's records among them
-/// writes only the newest: the older ones were already replaced in memory, and writing them
-/// would only replace them on disk a file and an fsync later. Under a burst of short attempts,
-/// a firing's and a claim's records are often both superseded by the closing one. The flushes
-/// among the jobs are answered after the batch is written: what a spawn waits for.
-fn record_writer(
-    journal: Journal,
-) -> (
-    mpsc::UnboundedSender<RecordJob>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<RecordJob>();
-    let task = tokio::spawn(async move {
-        let mut waiting = Vec::new();
-        while rx.recv_many(&mut waiting, RECORD_BATCH).await > 0 {
-            let mut writes = Vec::new();
-            let mut flushes = Vec::new();
-            for job in waiting.drain(..) {
-                match job {
-                    RecordJob::Write(record, keep) => writes.push((record, keep)),
-                    RecordJob::Flush { run, done } => flushes.push((run, done)),
-                }
-            }
-            let batch = newest_per_run(writes);
-            let journal = journal.clone();
-            let failed = tokio::task::spawn_blocking(move || {
-                let mut failed = std::collections::HashMap::new();
-                for (record, keep) in batch {
-                    if let Err(e) = journal.write_record(&record) {
-                        tracing::error!(harness = %record.harness, run_id = record.run_id, error = %e, "run record not written");
-                        failed.insert((record.harness.clone(), record.run_id), e.to_string());
-                    }
-                    if record.outcome != RunOutcome::Running
-                        && let Err(e) = journal.prune(&record.harness, keep)
-                    {
-                        tracing::warn!(harness = %record.harness, error = %e, "old runs not pruned");
-                    }
-                }
-                failed
-            })
-            .await;
-            let failed = failed.unwrap_or_else(|_| {
-                tracing::error!("the run record writer failed");
-                std::collections::HashMap::new()
-            });
-            for (run, done) in flushes {
-                let _ = done.send(match failed.get(&run) {
-                    Some(e) => Err(e.clone()),
-                    None => Ok(()),
-                });
-            }
-        }
-    });
-    (tx, task)
-}
-
-/// A step at which a test kills the daemon with SIGKILL, as an operator's `kill -9` or a
-/// power cut would, but exactly there: `RELAY_TEST_KILL_AT` names it. Not a setting: a fault
-/// injection point for the tests that prove the run record survives each step
-/// (tests/daemon.rs); the daemon logs a warning at start when it is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum KillAt {
-    /// The claim's record is on disk, the context file written; the process not yet started.
-    Spawn,
-    /// The process started; the machine has not heard of it yet.
-    Spawned,
-    /// The attempt is judged; its report not yet sent.
-    Report,
-}
-
-relay_core::names!(KillAt { Spawn => "spawn", Spawned => "spawned", Report => "report" });
-
-impl KillAt {
-    const VAR: &str = "RELAY_TEST_KILL_AT";
-
-    fn from_env() -> Option<KillAt> {
-        let v = std::env::var(Self::VAR).ok()?;
-        let at = KillAt::parse(&v);
-        match at {
-            Some(at) => tracing::warn!(
-                step = at.as_str(),
-                "{} is set: this daemon kills itself at that step (a test's fault injection)",
-                Self::VAR
-            ),
-            None => tracing::warn!(
-                "{} names no step (spawn, spawned or report); ignored",
-                Self::VAR
-            ),
-        }
-        at
-    }
-
-    /// Kills the daemon with SIGKILL when `self` is `at`.
-    pub(super) fn here(this: Option<KillAt>, at: KillAt) {
-        if this == Some(at) {
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-}
-
-/// Of `records` (oldest first), the newest of each run, in the order of those newest ones.
-fn newest_per_run<T>(records: Vec<(RunRecord, T)>) -> Vec<(RunRecord, T)> {
-    let mut seen = std::collections::HashSet::new();
-    let mut newest: Vec<_> = records
-        .into_iter()
-        .rev()
-        .filter(|(r, _)| seen.insert((r.harness.clone(), r.run_id)))
-        .collect();
-    newest.reverse();
-    newest
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::journal::tests::record;
-
-    fn runs(records: &[(RunRecord, usize)]) -> Vec<(&str, u64, RunOutcome)> {
-        records
-            .iter()
-            .map(|(r, _)| (r.harness.as_str(), r.run_id, r.outcome))
-            .collect()
-    }
-
-    #[test]
-    fn only_the_newest_record_of_each_run_is_written() {
-        let waiting = vec![
-            (record("a", 1, RunOutcome::Running), 1),
-            (record("b", 1, RunOutcome::Running), 2),
-            (record("a", 1, RunOutcome::Running), 3),
-            (record("a", 2, RunOutcome::Running), 4),
-            (record("a", 1, RunOutcome::Success), 5),
-        ];
-        let batch = newest_per_run(waiting);
-        assert_eq!(
-            runs(&batch),
-            [
-                ("b", 1, RunOutcome::Running),
-                ("a", 2, RunOutcome::Running),
-                ("a", 1, RunOutcome::Success),
-            ]
-        );
-        assert_eq!(batch.iter().map(|(_, k)| *k).collect::<Vec<_>>(), [2, 4, 5]);
-    }
-
-    /// Records queued before the writer runs: each run ends on disk as its newest record, and the
-    /// closing one prunes.
-    #[tokio::test(flavor = "current_thread")]
-    async fn the_record_writer_leaves_each_run_at_its_newest_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path()).unwrap();
-        let (tx, task) = record_writer(journal.clone());
-        for (run_id, outcome) in [
-            (1, RunOutcome::Success),
-            (2, RunOutcome::Running),
-            (3, RunOutcome::Running),
-            (2, RunOutcome::Running),
-            (3, RunOutcome::Failed),
-        ] {
-            tx.send(RecordJob::Write(record("a", run_id, outcome), 2))
-                .unwrap();
-        }
-        drop(tx);
-        task.await.unwrap();
-        let on_disk = |run_id| journal.record("a", run_id).unwrap().map(|r| r.outcome);
-        // keep_runs 2 after run 3 closed: run 1, the oldest, is pruned.
-        assert_eq!(on_disk(1), None);
-        assert_eq!(on_disk(2), Some(RunOutcome::Running));
-        assert_eq!(on_disk(3), Some(RunOutcome::Failed));
-    }
-
-    /// What the spawn waits for: a flush answers once the records sent before it are on disk,
-    /// and says so when its run's record could not be written (here: a directory stands where
-    /// the record's file goes, which stops root too).
-    #[tokio::test]
-    async fn a_flush_answers_after_the_records_before_it_and_names_a_record_not_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path()).unwrap();
-        let blocked = dir.path().join("runs").join("a").join("4.json");
-        std::fs::create_dir_all(blocked.join("in-the-way")).unwrap();
-        let (tx, task) = record_writer(journal.clone());
-        let flush = |run_id| {
-            let (done, answer) = oneshot::channel();
-            let run = ("a".to_string(), run_id);
-            tx.send(RecordJob::Flush { run, done }).unwrap();
-            answer
-        };
-        tx.send(RecordJob::Write(record("a", 2, RunOutcome::Running), 9))
-            .unwrap();
-        let two = flush(2);
-        tx.send(RecordJob::Write(record("a", 4, RunOutcome::Running), 9))
-            .unwrap();
-        let four = flush(4);
-        assert_eq!(two.await.unwrap(), Ok(()));
-        // Answered, so on disk: read back at once.
-        let on_disk = journal.record("a", 2).unwrap().map(|r| r.outcome);
-        assert_eq!(on_disk, Some(RunOutcome::Running));
-        let refused = four.await.unwrap().unwrap_err();
-        assert!(refused.contains("4.json"), "{refused}");
-        drop(tx);
-        task.await.unwrap();
     }
 }
