@@ -294,7 +294,12 @@ command = ["agent"]
 triggers = ["channel.bell", "channel.off"]
 lease = "queue.ci"
 "#;
-    let config = parse(&ConfigFile::new("harness.toml", text), &[], FileKind::Global).unwrap();
+    let config = parse(
+        &ConfigFile::new("harness.toml", text),
+        &[],
+        FileKind::Global,
+    )
+    .unwrap();
     let wall = at("2026-09-22T10:00:00Z");
     let mut f = Fleet::default();
     f.add(

@@ -465,16 +465,7 @@ impl LeaseClient {
                 (s, g)
             }
         };
-        self.supported_or(operation)?;
-        match self
-            .ep
-            .rpc(
-                Some(&session),
-                "tools/call",
-                self.call_params(command, usage),
-            )
-            .await
-        {
+        match self.call_on(&session, operation, command, usage).await? {
             Err(RpcError::SessionGone | RpcError::EraGone { .. }) => {}
             r => return self.tool_result(operation, r),
         }
@@ -482,16 +473,7 @@ impl LeaseClient {
             .renew(Some(generation), news)
             .await
             .map_err(|e| e.during(operation))?;
-        self.supported_or(operation)?;
-        match self
-            .ep
-            .rpc(
-                Some(&session),
-                "tools/call",
-                self.call_params(command, usage),
-            )
-            .await
-        {
+        match self.call_on(&session, operation, command, usage).await? {
             Err(e @ (RpcError::SessionGone | RpcError::EraGone { .. })) => {
                 // Refused again at once: let the next call start over.
                 let mut state = self.lock();
@@ -504,6 +486,19 @@ impl LeaseClient {
             }
             r => self.tool_result(operation, r),
         }
+    }
+
+    /// The lease command's `tools/call` on `session`, unless the source is unsupported.
+    async fn call_on(
+        &self,
+        session: &ClientSession,
+        operation: &str,
+        command: &Command,
+        usage: Option<&UsageArg>,
+    ) -> Result<Result<(Value, Vec<(String, String)>), RpcError>, LeaseCallError> {
+        self.supported_or(operation)?;
+        let params = self.call_params(command, usage);
+        Ok(self.ep.rpc(Some(session), "tools/call", params).await)
     }
 
     /// `tools/call`'s params for a lease command under the current capabilities.

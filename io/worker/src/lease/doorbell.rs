@@ -318,6 +318,32 @@ impl DoorbellListener {
         Err(StreamEnd::Lost { opened: false })
     }
 
+    /// The open stream's next chunk, or how it ended: stopped, or lost (broken or closed by
+    /// the server, logged as the `what` it is), `opened` saying whether it had been listening.
+    async fn chunk(
+        &self,
+        resp: &mut super::transport::StreamResponse,
+        what: &str,
+        opened: bool,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<bytes::Bytes, StreamEnd> {
+        let chunk = tokio::select! {
+            _ = stopped(stop) => return Err(StreamEnd::Stopped),
+            c = resp.body.next() => c,
+        };
+        match chunk {
+            Some(Ok(chunk)) => Ok(chunk),
+            Some(Err(e)) => {
+                tracing::info!(source = %self.ep.source, "doorbell: the {what} broke: {e}; reconnecting");
+                Err(StreamEnd::Lost { opened })
+            }
+            None => {
+                tracing::info!(source = %self.ep.source, "doorbell: the server closed the {what}; reconnecting");
+                Err(StreamEnd::Lost { opened })
+            }
+        }
+    }
+
     /// Opens a `subscriptions/listen` stream (modern era) and forwards its rings until it ends.
     async fn listen_modern(
         &self,
@@ -352,24 +378,12 @@ impl DoorbellListener {
         let mut parser = SseParser::new();
         let mut acknowledged = false;
         loop {
-            let chunk = tokio::select! {
-                _ = stopped(stop) => return StreamEnd::Stopped,
-                c = resp.body.next() => c,
-            };
-            let chunk = match chunk {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => {
-                    tracing::info!(source = %self.ep.source, "doorbell: the listen stream broke: {e}; reconnecting");
-                    return StreamEnd::Lost {
-                        opened: acknowledged,
-                    };
-                }
-                None => {
-                    tracing::info!(source = %self.ep.source, "doorbell: the server closed the listen stream; reconnecting");
-                    return StreamEnd::Lost {
-                        opened: acknowledged,
-                    };
-                }
+            let chunk = match self
+                .chunk(&mut resp, "listen stream", acknowledged, stop)
+                .await
+            {
+                Ok(chunk) => chunk,
+                Err(end) => return end,
             };
             let messages: Vec<Value> = if is_stream {
                 parser
@@ -400,11 +414,8 @@ impl DoorbellListener {
                             method: relay_core::mcp::listen::UPDATED.to_string(),
                             params: json!({"uri": relay_core::mcp::listen::queue_uri(&queue)}),
                         };
-                        tokio::select! {
-                            _ = stopped(stop) => return StreamEnd::Stopped,
-                            sent = doorbells.send(bell) => if sent.is_err() {
-                                return StreamEnd::Closed;
-                            },
+                        if let Err(end) = ring(bell, doorbells, stop).await {
+                            return end;
                         }
                     }
                     ListenFrame::Closed(Some(code))
@@ -448,20 +459,9 @@ impl DoorbellListener {
         };
         let mut parser = SseParser::new();
         loop {
-            let chunk = tokio::select! {
-                _ = stopped(stop) => return StreamEnd::Stopped,
-                c = resp.body.next() => c,
-            };
-            let chunk = match chunk {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => {
-                    tracing::info!(source = %self.ep.source, "doorbell: the stream broke: {e}; reconnecting");
-                    return StreamEnd::Lost { opened: true };
-                }
-                None => {
-                    tracing::info!(source = %self.ep.source, "doorbell: the server closed the stream; reconnecting");
-                    return StreamEnd::Lost { opened: true };
-                }
+            let chunk = match self.chunk(&mut resp, "stream", true, stop).await {
+                Ok(chunk) => chunk,
+                Err(end) => return end,
             };
             for event in parser.push(&chunk) {
                 if let Some(id) = parser.last_event_id() {
@@ -487,13 +487,22 @@ impl DoorbellListener {
                     method: method.to_string(),
                     params: message.get("params").cloned().unwrap_or(Value::Null),
                 };
-                tokio::select! {
-                    _ = stopped(stop) => return StreamEnd::Stopped,
-                    sent = doorbells.send(bell) => if sent.is_err() {
-                        return StreamEnd::Closed;
-                    },
+                if let Err(end) = ring(bell, doorbells, stop).await {
+                    return end;
                 }
             }
         }
+    }
+}
+
+/// Hands one ring to the daemon, unless stopped first or the daemon's end is closed.
+async fn ring(
+    bell: Doorbell,
+    doorbells: &mpsc::Sender<Doorbell>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), StreamEnd> {
+    tokio::select! {
+        _ = stopped(stop) => Err(StreamEnd::Stopped),
+        sent = doorbells.send(bell) => sent.map_err(|_| StreamEnd::Closed),
     }
 }
