@@ -57,6 +57,18 @@ impl World {
         }
     }
 
+    /// A local event for relay `r`'s life `life`, `after` from now.
+    fn local_after(&mut self, r: usize, life: u32, after: Millis, input: LocalInput) {
+        self.schedule(
+            self.now + after,
+            Ev::Local {
+                relay: r,
+                life,
+                input,
+            },
+        );
+    }
+
     pub(super) fn execute(&mut self, r: usize, cmd: Command) {
         if let Err(b) = self.hosts[r].monitor.command(&cmd) {
             self.violate(
@@ -114,14 +126,7 @@ impl World {
                     stubborn,
                     generation,
                 });
-                self.schedule(
-                    self.now + 5,
-                    Ev::Local {
-                        relay: r,
-                        life,
-                        input: LocalInput::Spawned(run_id),
-                    },
-                );
+                self.local_after(r, life, 5, LocalInput::Spawned(run_id));
                 let spend = self.draw_spend();
                 if let Some(run) = self.hosts[r].runs.get_mut(&run_id) {
                     run.spend = Some(spend);
@@ -142,19 +147,13 @@ impl World {
                 };
                 let summary = self.agent_summary();
                 let summary = asks.or(summary);
-                self.schedule(
-                    self.now + took,
-                    Ev::Local {
-                        relay: r,
-                        life,
-                        input: LocalInput::Exited {
-                            run_id,
-                            proc_gen: generation,
-                            exit: ExitStatus::Code(code),
-                            summary,
-                        },
-                    },
-                );
+                let exited = LocalInput::Exited {
+                    run_id,
+                    proc_gen: generation,
+                    exit: ExitStatus::Code(code),
+                    summary,
+                };
+                self.local_after(r, life, took, exited);
             }
             Command::Signal { run_id, signal } => {
                 let h = &mut self.hosts[r];
@@ -169,19 +168,13 @@ impl World {
                     Signal::Kill => 10,
                 };
                 let sig = if signal == Signal::Kill { 9 } else { 15 };
-                self.schedule(
-                    self.now + after,
-                    Ev::Local {
-                        relay: r,
-                        life,
-                        input: LocalInput::Exited {
-                            run_id,
-                            proc_gen: generation,
-                            exit: ExitStatus::Signal(sig),
-                            summary: None,
-                        },
-                    },
-                );
+                let exited = LocalInput::Exited {
+                    run_id,
+                    proc_gen: generation,
+                    exit: ExitStatus::Signal(sig),
+                    summary: None,
+                };
+                self.local_after(r, life, after, exited);
             }
             Command::RunCheck { run_id, .. } => {
                 let todo = self.hosts[r].runs.get(&run_id).map(|x| x.todo.clone());
@@ -196,16 +189,14 @@ impl World {
                     1
                 };
                 let took = self.work.range(100, 20 * SECOND);
-                self.schedule(
-                    self.now + took,
-                    Ev::Local {
-                        relay: r,
-                        life,
-                        input: LocalInput::CheckExited {
-                            run_id,
-                            check_gen: generation,
-                            exit: ExitStatus::Code(code),
-                        },
+                self.local_after(
+                    r,
+                    life,
+                    took,
+                    LocalInput::CheckExited {
+                        run_id,
+                        check_gen: generation,
+                        exit: ExitStatus::Code(code),
                     },
                 );
             }
@@ -215,16 +206,14 @@ impl World {
                     self.hosts[r].proc_gen += 1;
                     let generation = self.hosts[r].proc_gen;
                     self.hosts[r].check = Some((run_id, generation));
-                    self.schedule(
-                        self.now + 10,
-                        Ev::Local {
-                            relay: r,
-                            life,
-                            input: LocalInput::CheckExited {
-                                run_id,
-                                check_gen: generation,
-                                exit: ExitStatus::Signal(9),
-                            },
+                    self.local_after(
+                        r,
+                        life,
+                        10,
+                        LocalInput::CheckExited {
+                            run_id,
+                            check_gen: generation,
+                            exit: ExitStatus::Signal(9),
                         },
                     );
                 }
@@ -232,14 +221,7 @@ impl World {
             Command::UploadReceipt { request, .. } => {
                 let ok = self.work.chance(800);
                 let took = self.work.range(100, 40 * SECOND);
-                self.schedule(
-                    self.now + took,
-                    Ev::Local {
-                        relay: r,
-                        life,
-                        input: LocalInput::Receipt { req: request, ok },
-                    },
-                );
+                self.local_after(r, life, took, LocalInput::Receipt { req: request, ok });
             }
             Command::WriteRunRecord { record } => self.on_record(r, record),
             Command::WriteContextFile { .. }
