@@ -5,7 +5,7 @@ use relay_core::Millis;
 use relay_core::board::StateCount;
 use relay_core::ledger::TokenHash;
 
-use super::tx::{Tx, column, hash, millis, required, text, token_hash, unsigned};
+use super::tx::{Sql, Tx, column, hash, millis, required, text, token_hash, unsigned};
 use crate::store::rows::{self, Row, Val, time};
 use crate::store::types::{BoardOverview, BoardSession, Bulk, BulkItem, Operator};
 
@@ -34,7 +34,7 @@ pub(crate) async fn operator_create<T: Tx>(
         "INSERT INTO operators ({OPERATOR_COLS}) VALUES ($1, $2, $3, NULL) ON CONFLICT DO NOTHING"
     );
     let vals = vec![text(name), hash(&token_hash), time(op, now)?];
-    if tx.exec_sql(op, name, &sql, vals).await? != 1 {
+    if tx.exec_sql(Sql::new(op, name, &sql), vals).await? != 1 {
         return Err(Error::conflict(format!(
             "{op} {name}: an operator with this name exists; choose another name"
         )));
@@ -49,7 +49,7 @@ pub(crate) async fn operator_create<T: Tx>(
 
 pub(crate) async fn operators<T: Tx>(tx: &mut T) -> Result<Vec<Operator>, Error> {
     let sql = format!("SELECT {OPERATOR_COLS} FROM operators ORDER BY name");
-    tx.query_sql("operator list", "", &sql, vec![], operator_row)
+    tx.query_sql(Sql::new("operator list", "", &sql), vec![], operator_row)
         .await
 }
 
@@ -63,7 +63,7 @@ pub(crate) async fn operator_revoke<T: Tx>(
     let now = tx.clock(now).await?;
     let sql = format!("SELECT {OPERATOR_COLS} FROM operators WHERE name = $1");
     let Some(mut o) = tx
-        .query_sql(op, name, &sql, vec![text(name)], operator_row)
+        .query_sql(Sql::new(op, name, &sql), vec![text(name)], operator_row)
         .await?
         .pop()
     else {
@@ -78,10 +78,11 @@ pub(crate) async fn operator_revoke<T: Tx>(
         )));
     }
     let sql = "UPDATE operators SET revoked_at = $2 WHERE name = $1";
-    tx.exec_sql(op, name, sql, vec![text(name), time(op, now)?])
+    tx.exec_sql(Sql::new(op, name, sql), vec![text(name), time(op, now)?])
         .await?;
     let sql = "DELETE FROM board_sessions WHERE operator = $1";
-    tx.exec_sql(op, name, sql, vec![text(name)]).await?;
+    tx.exec_sql(Sql::new(op, name, sql), vec![text(name)])
+        .await?;
     o.revoked_at = Some(now);
     Ok(o)
 }
@@ -95,7 +96,11 @@ pub(crate) async fn operator_by_token<T: Tx>(
         "SELECT {OPERATOR_COLS} FROM operators WHERE token_hash = $1 AND revoked_at IS NULL"
     );
     let found = tx
-        .query_sql("board login", "", &sql, vec![hash(presented)], operator_row)
+        .query_sql(
+            Sql::new("board login", "", &sql),
+            vec![hash(presented)],
+            operator_row,
+        )
         .await?;
     // The index found the row; compare again in constant time, as endpoints do.
     Ok(found
@@ -114,7 +119,8 @@ pub(crate) async fn session_create<T: Tx>(
     let expires_at = now.saturating_add(relay_core::board::SESSION_TTL);
     // Expired sessions of anyone are deleted on the way, so the table holds live ones only.
     let sql = "DELETE FROM board_sessions WHERE expires_at <= $1";
-    tx.exec_sql(op, operator, sql, vec![time(op, now)?]).await?;
+    tx.exec_sql(Sql::new(op, operator, sql), vec![time(op, now)?])
+        .await?;
     let sql = "INSERT INTO board_sessions (id_hash, operator, created_at, expires_at)
                VALUES ($1, $2, $3, $4)";
     let vals = vec![
@@ -123,7 +129,7 @@ pub(crate) async fn session_create<T: Tx>(
         time(op, now)?,
         time(op, expires_at)?,
     ];
-    tx.exec_sql(op, operator, sql, vals).await?;
+    tx.exec_sql(Sql::new(op, operator, sql), vals).await?;
     Ok(BoardSession {
         operator: operator.to_string(),
         expires_at,
@@ -140,14 +146,18 @@ pub(crate) async fn session_get<T: Tx>(
     let sql = "SELECT s.operator, s.expires_at, o.revoked_at FROM board_sessions s
                JOIN operators o ON o.name = s.operator WHERE s.id_hash = $1";
     let found = tx
-        .query_sql("board session", "", sql, vec![hash(id_hash)], |r| {
-            let what = "a board session";
-            Ok((
-                required(r.text(0), what)?,
-                millis(r.int(1), what)?.unwrap_or_default(),
-                millis(r.int(2), what)?,
-            ))
-        })
+        .query_sql(
+            Sql::new("board session", "", sql),
+            vec![hash(id_hash)],
+            |r| {
+                let what = "a board session";
+                Ok((
+                    required(r.text(0), what)?,
+                    millis(r.int(1), what)?.unwrap_or_default(),
+                    millis(r.int(2), what)?,
+                ))
+            },
+        )
         .await?;
     Ok(found
         .into_iter()
@@ -163,7 +173,7 @@ pub(crate) async fn session_get<T: Tx>(
 
 pub(crate) async fn session_delete<T: Tx>(tx: &mut T, id_hash: &TokenHash) -> Result<(), Error> {
     let sql = "DELETE FROM board_sessions WHERE id_hash = $1";
-    tx.exec_sql("board logout", "", sql, vec![hash(id_hash)])
+    tx.exec_sql(Sql::new("board logout", "", sql), vec![hash(id_hash)])
         .await
         .map(drop)
 }
@@ -178,7 +188,7 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
     let sql = "SELECT queue, state, COUNT(*), COUNT(next_retry_at), MIN(created_at),
                MIN(updated_at) FROM todos GROUP BY queue, state ORDER BY queue, state";
     let groups = tx
-        .query_sql(op, "", sql, vec![], |r| {
+        .query_sql(Sql::new(op, "", sql), vec![], |r| {
             let what = "a todo count";
             let state: String = required(r.text(1), what)?;
             Ok(StateCount {
@@ -201,7 +211,7 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
         time(op, relay_core::time::MINUTE)?,
     ];
     let closed = tx
-        .query_sql(op, "", sql, vals, |r| {
+        .query_sql(Sql::new(op, "", sql), vals, |r| {
             let what = "a closed-attempt count";
             Ok((
                 unsigned(r.int(0), what)?,
@@ -216,16 +226,18 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
          ORDER BY t.updated_at DESC, t.id LIMIT $1"
     );
     let dead_letters = tx
-        .query_sql(op, "", &sql, vec![limit(OVERVIEW_DEAD_LETTERS)], |r| {
-            rows::todo(r, 0)
-        })
+        .query_sql(
+            Sql::new(op, "", &sql),
+            vec![limit(OVERVIEW_DEAD_LETTERS)],
+            |r| rows::todo(r, 0),
+        )
         .await?;
     let sql = format!(
         "SELECT {todo_cols} FROM todos t WHERE t.state = 'claimed'
            AND t.lease_expires_at IS NOT NULL ORDER BY t.lease_expires_at, t.id LIMIT $1"
     );
     let lapsing = tx
-        .query_sql(op, "", &sql, vec![limit(OVERVIEW_LIST)], |r| {
+        .query_sql(Sql::new(op, "", &sql), vec![limit(OVERVIEW_LIST)], |r| {
             rows::todo(r, 0)
         })
         .await?;
@@ -242,7 +254,7 @@ pub(crate) async fn board_overview<T: Tx>(tx: &mut T, now: Millis) -> Result<Boa
     let mut vals: Vec<Val> = died.iter().map(|o| text(o)).collect();
     vals.push(limit(OVERVIEW_LIST));
     let died_again = tx
-        .query_sql(op, "", &sql, vals, |r| {
+        .query_sql(Sql::new(op, "", &sql), vals, |r| {
             let n = unsigned(r.int(rows::TODO_COLS.len()), "a death count")?;
             Ok((rows::todo(r, 0)?, n))
         })
@@ -313,7 +325,7 @@ pub(crate) async fn bulk_create<T: Tx>(tx: &mut T, now: Millis, new: &Bulk) -> R
         text(&new.filter),
         time(op, now)?,
     ];
-    tx.exec_sql(op, &new.id, &sql, vals).await?;
+    tx.exec_sql(Sql::new(op, &new.id, &sql), vals).await?;
     for chunk in new.items.chunks(BULK_INSERT_ROWS) {
         let mut sql = String::from(
             "INSERT INTO board_bulk_items (bulk_id, todo_id, listed_state, listed_attempts) VALUES ",
@@ -332,7 +344,7 @@ pub(crate) async fn bulk_create<T: Tx>(tx: &mut T, now: Millis, new: &Bulk) -> R
                 Val::Count(item.listed.attempts_total),
             ]);
         }
-        tx.exec_sql(op, &new.id, &sql, vals).await?;
+        tx.exec_sql(Sql::new(op, &new.id, &sql), vals).await?;
     }
     Ok(())
 }
@@ -342,7 +354,7 @@ pub(crate) async fn bulk_get<T: Tx>(tx: &mut T, id: &str) -> Result<Option<Bulk>
     let op = "board bulk";
     let sql = format!("SELECT {BULK_COLS} FROM board_bulk WHERE id = $1");
     let Some(mut bulk) = tx
-        .query_sql(op, id, &sql, vec![text(id)], bulk_row)
+        .query_sql(Sql::new(op, id, &sql), vec![text(id)], bulk_row)
         .await?
         .pop()
     else {
@@ -352,7 +364,7 @@ pub(crate) async fn bulk_get<T: Tx>(tx: &mut T, id: &str) -> Result<Option<Bulk>
         "SELECT {BULK_ITEM_COLS} FROM board_bulk_items WHERE bulk_id = $1 ORDER BY todo_id"
     );
     bulk.items = tx
-        .query_sql(op, id, &sql, vec![text(id)], bulk_item_row)
+        .query_sql(Sql::new(op, id, &sql), vec![text(id)], bulk_item_row)
         .await?;
     Ok(Some(bulk))
 }
@@ -370,14 +382,17 @@ pub(crate) async fn bulk_confirm<T: Tx>(
     let sql = "UPDATE board_bulk SET confirmed_at = $1
                WHERE id = $2 AND operator = $3 AND confirmed_at IS NULL";
     let changed = tx
-        .exec_sql(op, id, sql, vec![time(op, now)?, text(id), text(operator)])
+        .exec_sql(
+            Sql::new(op, id, sql),
+            vec![time(op, now)?, text(id), text(operator)],
+        )
         .await?;
     if changed == 1 {
         return Ok(());
     }
     let sql = format!("SELECT {BULK_COLS} FROM board_bulk WHERE id = $1");
     match tx
-        .query_sql(op, id, &sql, vec![text(id)], bulk_row)
+        .query_sql(Sql::new(op, id, &sql), vec![text(id)], bulk_row)
         .await?
         .pop()
     {
@@ -394,7 +409,7 @@ pub(crate) async fn bulk_confirm<T: Tx>(
 pub(crate) async fn bulk_open<T: Tx>(tx: &mut T) -> Result<Vec<String>, Error> {
     let sql = "SELECT id FROM board_bulk
                WHERE finished_at IS NULL AND confirmed_at IS NOT NULL ORDER BY created_at, id";
-    tx.query_sql("board bulk resume", "", sql, vec![], |r| {
+    tx.query_sql(Sql::new("board bulk resume", "", sql), vec![], |r| {
         required(r.text(0), "a bulk action's id")
     })
     .await
@@ -421,7 +436,7 @@ pub(crate) async fn bulk_record<T: Tx>(
         text(id),
         text(todo_id),
     ];
-    Ok(tx.exec_sql(op, todo_id, sql, vals).await? == 1)
+    Ok(tx.exec_sql(Sql::new(op, todo_id, sql), vals).await? == 1)
 }
 
 /// Marks a bulk action finished (every listed todo has its result).
@@ -429,7 +444,7 @@ pub(crate) async fn bulk_finish<T: Tx>(tx: &mut T, now: Millis, id: &str) -> Res
     let op = "board bulk";
     let now = tx.clock(now).await?;
     let sql = "UPDATE board_bulk SET finished_at = $1 WHERE id = $2 AND finished_at IS NULL";
-    tx.exec_sql(op, id, sql, vec![time(op, now)?, text(id)])
+    tx.exec_sql(Sql::new(op, id, sql), vec![time(op, now)?, text(id)])
         .await
         .map(drop)
 }
@@ -447,7 +462,7 @@ pub(crate) async fn spend_by_queue<T: Tx>(
                HAVING SUM(spent_cost_micros) > 0 OR SUM(spent_input_tokens) > 0
                    OR SUM(spent_output_tokens) > 0
                ORDER BY queue";
-    tx.query_sql("spend by queue", "", sql, vec![], |r| {
+    tx.query_sql(Sql::new("spend by queue", "", sql), vec![], |r| {
         let what = "a queue's spend";
         Ok((
             required(r.text(0), what)?,

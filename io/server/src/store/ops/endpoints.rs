@@ -6,7 +6,7 @@ use relay_core::Millis;
 use relay_core::ledger::Attempt;
 use relay_core::ledger::{LedgerConfig, Op, Todo, TokenHash, run};
 
-use super::tx::{Tx, hash, required, text, token_hash, unsigned};
+use super::tx::{Sql, Tx, hash, required, text, token_hash, unsigned};
 use crate::store::rows::{Val, time};
 use crate::store::types::{Endpoint, McpSessionNew, NewEndpoint};
 
@@ -74,7 +74,8 @@ pub(crate) async fn endpoint_revoke<T: Tx>(
     tx.set_revoked(name, now).await?;
     // Its requests are refused 401 from now on; its sessions go with it, on every server.
     let sql = "DELETE FROM mcp_sessions WHERE endpoint = $1";
-    tx.exec_sql(op, name, sql, vec![text(name)]).await?;
+    tx.exec_sql(Sql::new(op, name, sql), vec![text(name)])
+        .await?;
     e.revoked_at = Some(now);
     let revoke = Op::RevokeEndpoint {
         now,
@@ -107,7 +108,7 @@ pub(crate) async fn mcp_session_open<T: Tx>(
     tx.lock_sessions(op).await?;
     let cutoff = now.saturating_sub(new.idle);
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
-    tx.exec_sql(op, &new.endpoint, sql, vec![time(op, cutoff)?])
+    tx.exec_sql(Sql::new(op, &new.endpoint, sql), vec![time(op, cutoff)?])
         .await?;
     let sql = "SELECT count(*),
                       coalesce(sum(CASE WHEN endpoint = $1 THEN 1 ELSE 0 END), 0),
@@ -117,7 +118,7 @@ pub(crate) async fn mcp_session_open<T: Tx>(
                FROM mcp_sessions";
     let vals = vec![text(&new.endpoint), time(op, now)?];
     let counts = tx
-        .query_sql(op, &new.endpoint, sql, vals, |r| {
+        .query_sql(Sql::new(op, &new.endpoint, sql), vals, |r| {
             let n = |i| -> Result<usize, Error> {
                 let v = required(r.int(i), "a session count")?;
                 Ok(usize::try_from(v).unwrap_or(0))
@@ -141,7 +142,7 @@ pub(crate) async fn mcp_session_open<T: Tx>(
             Val::Big(Some(i64::try_from(end).unwrap_or(i64::MAX))),
         ];
         ended = tx
-            .query_sql(op, &new.endpoint, sql, vals, |r| {
+            .query_sql(Sql::new(op, &new.endpoint, sql), vals, |r| {
                 token_hash(r, 0, "an ended session")
             })
             .await?;
@@ -154,7 +155,7 @@ pub(crate) async fn mcp_session_open<T: Tx>(
         text(&new.protocol),
         time(op, now)?,
     ];
-    tx.exec_sql(op, &new.endpoint, sql, vals).await?;
+    tx.exec_sql(Sql::new(op, &new.endpoint, sql), vals).await?;
     Ok(ended)
 }
 
@@ -175,7 +176,7 @@ pub(crate) async fn mcp_session_check<T: Tx>(
     let sql = "SELECT last_used_at FROM mcp_sessions WHERE id_hash = $1 AND endpoint = $2";
     let vals = vec![hash(id_hash), text(endpoint)];
     let used = tx
-        .query_sql(op, endpoint, sql, vals, |r| {
+        .query_sql(Sql::new(op, endpoint, sql), vals, |r| {
             unsigned(r.int(0), "a session's last use")
         })
         .await?;
@@ -214,7 +215,7 @@ pub(crate) async fn mcp_session_touch<T: Tx>(
         time(op, now)?,
         time(op, cutoff)?,
     ];
-    Ok(tx.exec_sql(op, endpoint, sql, vals).await? == 1)
+    Ok(tx.exec_sql(Sql::new(op, endpoint, sql), vals).await? == 1)
 }
 
 /// Notes that a session's doorbell stream ended (its client went): it may be ended for room
@@ -226,7 +227,7 @@ pub(crate) async fn mcp_session_stream_end<T: Tx>(
 ) -> Result<(), Error> {
     let sql = "UPDATE mcp_sessions SET stream_until = NULL WHERE id_hash = $1 AND endpoint = $2";
     let vals = vec![hash(id_hash), text(endpoint)];
-    tx.exec_sql("stream end", endpoint, sql, vals)
+    tx.exec_sql(Sql::new("stream end", endpoint, sql), vals)
         .await
         .map(drop)
 }
@@ -239,7 +240,10 @@ pub(crate) async fn mcp_session_end<T: Tx>(
 ) -> Result<bool, Error> {
     let sql = "DELETE FROM mcp_sessions WHERE id_hash = $1 AND endpoint = $2";
     let vals = vec![hash(id_hash), text(endpoint)];
-    Ok(tx.exec_sql("session end", endpoint, sql, vals).await? == 1)
+    Ok(tx
+        .exec_sql(Sql::new("session end", endpoint, sql), vals)
+        .await?
+        == 1)
 }
 
 /// Forgets every session unused for `idle`; how many went.
@@ -254,8 +258,11 @@ pub(crate) async fn mcp_session_sweep<T: Tx>(
     }
     let now = tx.clock(now).await?;
     let sql = "DELETE FROM mcp_sessions WHERE last_used_at <= $1";
-    tx.exec_sql(op, "", sql, vec![time(op, now.saturating_sub(idle))?])
-        .await
+    tx.exec_sql(
+        Sql::new(op, "", sql),
+        vec![time(op, now.saturating_sub(idle))?],
+    )
+    .await
 }
 
 /// An endpoint's todos counted by queue and state, for the queue resources
@@ -278,7 +285,7 @@ pub(crate) async fn queue_counts<T: Tx>(
             vec![text(endpoint)],
         ),
     };
-    tx.query_sql(op, endpoint, sql, vals, |r| {
+    tx.query_sql(Sql::new(op, endpoint, sql), vals, |r| {
         let what = "a queue count";
         Ok((
             required(r.text(0), what)?,

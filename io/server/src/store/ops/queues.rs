@@ -6,7 +6,7 @@ use relay_core::Millis;
 use relay_core::ledger::Op;
 use relay_core::ledger::flow::{self, Limits, Load, QueueLine, WINDOW};
 
-use super::tx::{Tx, required, text};
+use super::tx::{Sql, Tx, required, text};
 use crate::store::rows::{Row, Val, time};
 
 /// The [`Rows`](relay_core::ledger::Rows) methods for the queues' own tables, as a backend's own
@@ -67,7 +67,7 @@ pub(crate) use queue_rows;
 
 pub(crate) async fn paused_queues<T: Tx>(tx: &mut T) -> Result<Vec<String>, Error> {
     let sql = "SELECT queue FROM paused_queues ORDER BY queue";
-    tx.query_sql("paused_queues", "", sql, vec![], |r| {
+    tx.query_sql(Sql::new("paused_queues", "", sql), vec![], |r| {
         required(r.text(0), "a paused queue")
     })
     .await
@@ -87,7 +87,7 @@ pub(crate) async fn set_paused<T: Tx>(
         let sql = "DELETE FROM paused_queues WHERE queue = $1";
         ("resume", sql, vec![text(queue)])
     };
-    tx.exec_sql(op, queue, sql, vals).await.map(drop)
+    tx.exec_sql(Sql::new(op, queue, sql), vals).await.map(drop)
 }
 
 /// Every queue's limits, by queue.
@@ -156,8 +156,12 @@ pub(crate) fn window_start(now: Millis) -> Millis {
 }
 
 pub(crate) async fn queue_limits<T: Tx>(tx: &mut T) -> Result<Vec<(String, Limits)>, Error> {
-    tx.query_sql("queue_show", "(queues)", LIMITS, vec![], limits_row)
-        .await
+    tx.query_sql(
+        Sql::new("queue_show", "(queues)", LIMITS),
+        vec![],
+        limits_row,
+    )
+    .await
 }
 
 pub(crate) async fn set_queue_limits<T: Tx>(
@@ -169,10 +173,11 @@ pub(crate) async fn set_queue_limits<T: Tx>(
     let op = "queue_set";
     if l.is_empty() {
         let sql = "DELETE FROM queue_limits WHERE queue = $1";
-        tx.exec_sql(op, queue, sql, vec![text(queue)]).await?;
+        tx.exec_sql(Sql::new(op, queue, sql), vec![text(queue)])
+            .await?;
         let sql = "DELETE FROM queue_claims WHERE queue = $1";
         return tx
-            .exec_sql(op, queue, sql, vec![text(queue)])
+            .exec_sql(Sql::new(op, queue, sql), vec![text(queue)])
             .await
             .map(drop);
     }
@@ -189,13 +194,13 @@ pub(crate) async fn set_queue_limits<T: Tx>(
         n(l.claims_per_minute),
         time(op, now)?,
     ];
-    tx.exec_sql(op, queue, sql, vals).await.map(drop)
+    tx.exec_sql(Sql::new(op, queue, sql), vals).await.map(drop)
 }
 
 pub(crate) async fn flow_load<T: Tx>(tx: &mut T, now: Millis) -> Result<Load, Error> {
     let vals = vec![time("claim", window_start(now))?];
     let rows = tx
-        .query_sql("claim", "(flow)", LOAD, vals, load_row)
+        .query_sql(Sql::new("claim", "(flow)", LOAD), vals, load_row)
         .await?;
     Ok(load_of(rows))
 }
@@ -203,10 +208,12 @@ pub(crate) async fn flow_load<T: Tx>(tx: &mut T, now: Millis) -> Result<Load, Er
 pub(crate) async fn note_claim<T: Tx>(tx: &mut T, now: Millis, queue: &str) -> Result<(), Error> {
     let op = "claim";
     let start = time(op, window_start(now))?;
-    tx.exec_sql(op, queue, FORGET_CLAIMS, vec![text(queue), start])
+    tx.exec_sql(Sql::new(op, queue, FORGET_CLAIMS), vec![text(queue), start])
         .await?;
     let vals = vec![text(queue), time(op, now)?];
-    tx.exec_sql(op, queue, NOTE_CLAIM, vals).await.map(drop)
+    tx.exec_sql(Sql::new(op, queue, NOTE_CLAIM), vals)
+        .await
+        .map(drop)
 }
 
 /// The limited queues' pending todos that are due at `$1`, by queue and key (what
@@ -227,9 +234,7 @@ pub(crate) async fn queue_lines<T: Tx>(
         .flow()?;
     let waiting = tx
         .query_sql(
-            "queue_show",
-            "(queues)",
-            WAITING,
+            Sql::new("queue_show", "(queues)", WAITING),
             vec![time("queue_show", now)?],
             |r| {
                 let n = required(r.int(2), "a count")?;

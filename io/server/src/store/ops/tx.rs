@@ -54,24 +54,30 @@ pub(crate) trait Tx: Rows {
     async fn endpoints(&mut self) -> Result<Vec<Endpoint>, Error>;
     async fn set_revoked(&mut self, name: &str, at: Millis) -> Result<(), Error>;
 
-    /// One statement over the store's own tables, written with `$N` placeholders (see
-    /// `rows::numbered`); the rows it changed.
-    async fn exec_sql(
-        &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<u64, Error>;
-    /// One query over the store's own tables (`$N` placeholders), each row decoded by `f`.
+    /// One statement over the store's own tables; the rows it changed.
+    async fn exec_sql(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<u64, Error>;
+    /// One query over the store's own tables, each row decoded by `f`.
     async fn query_sql<T>(
         &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
+        sql: Sql<'_>,
         vals: Vec<Val>,
         f: fn(&dyn Row) -> Result<T, Error>,
     ) -> Result<Vec<T>, Error>;
+}
+
+/// A statement over the store's own tables: the operation and subject that errors name, and
+/// its text, written with `$N` placeholders (see `rows::numbered`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sql<'a> {
+    pub op: &'a str,
+    pub subject: &'a str,
+    pub text: &'a str,
+}
+
+impl<'a> Sql<'a> {
+    pub(crate) fn new(op: &'a str, subject: &'a str, text: &'a str) -> Sql<'a> {
+        Sql { op, subject, text }
+    }
 }
 
 pub(super) fn text(s: &str) -> Val {

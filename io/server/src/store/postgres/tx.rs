@@ -11,7 +11,7 @@ use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo
 use tokio_postgres::types::ToSql;
 
 use super::encode::{pg_err, pg_vals};
-use crate::store::ops::{self, Tx, TxKind};
+use crate::store::ops::{self, Sql, Tx, TxKind};
 use crate::store::rows::{self, ENDPOINT_COLS, Val, ms};
 use crate::store::types::Endpoint;
 
@@ -536,25 +536,17 @@ impl Tx for PgTx<'_> {
         self.insert_attempt_row(op, a).await
     }
 
-    async fn exec_sql(
-        &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<u64, Error> {
-        self.exec(op, subject, sql, vals).await
+    async fn exec_sql(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<u64, Error> {
+        self.exec(sql.op, sql.subject, sql.text, vals).await
     }
 
     async fn query_sql<T>(
         &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
+        sql: Sql<'_>,
         vals: Vec<Val>,
         f: fn(&dyn rows::Row) -> Result<T, Error>,
     ) -> Result<Vec<T>, Error> {
-        let rs = self.query_vals(op, subject, sql, vals).await?;
+        let rs = self.query_vals(sql.op, sql.subject, sql.text, vals).await?;
         rs.iter().map(|r| f(r)).collect()
     }
 

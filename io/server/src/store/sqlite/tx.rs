@@ -9,7 +9,7 @@ use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::store::ops::{self, Tx};
+use crate::store::ops::{self, Sql, Tx};
 use crate::store::rows::{self, ENDPOINT_COLS, Val, ms};
 use crate::store::types::Endpoint;
 
@@ -319,25 +319,19 @@ impl Tx for SqliteTx<'_> {
         self.insert_attempt_row(op, a)
     }
 
-    async fn exec_sql(
-        &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<u64, Error> {
-        self.exec(op, subject, &rows::numbered('?', sql), &vals)
+    async fn exec_sql(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<u64, Error> {
+        let text = rows::numbered('?', sql.text);
+        self.exec(sql.op, sql.subject, &text, &vals)
     }
 
     async fn query_sql<T>(
         &mut self,
-        op: &str,
-        subject: &str,
-        sql: &str,
+        sql: Sql<'_>,
         vals: Vec<Val>,
         f: fn(&dyn rows::Row) -> Result<T, Error>,
     ) -> Result<Vec<T>, Error> {
-        self.rows(op, subject, &rows::numbered('?', sql), &vals, |r| f(r))
+        let text = rows::numbered('?', sql.text);
+        self.rows(sql.op, sql.subject, &text, &vals, |r| f(r))
     }
 
     async fn insert_endpoint(&mut self, e: &Endpoint) -> Result<bool, Error> {
