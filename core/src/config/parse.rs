@@ -30,6 +30,35 @@ crate::names! {
     }
 }
 
+/// A harness table's keys. The last six describe an attempt, so only a harness with a lease may
+/// set them ([`RELAY_ONLY_KEYS`]).
+const HARNESS_KEYS: [&str; 21] = [
+    "command",
+    "prompt_file",
+    "workdir",
+    "env_file",
+    "timeout",
+    "kill_grace",
+    "on_overlap",
+    "operating_hours",
+    "schedule",
+    "triggers",
+    "catch_up",
+    "keep_runs",
+    "enabled",
+    "description",
+    "lease",
+    "success_check",
+    "success_check_timeout",
+    "success_check_interval",
+    "success_check_before",
+    "attempt_receipt",
+    "non_retryable_exit_codes",
+];
+
+/// The harness keys that describe an attempt (see [`HARNESS_KEYS`]).
+pub(super) const RELAY_ONLY_KEYS: &[&str] = HARNESS_KEYS.split_at(21 - 6).1;
+
 impl TableKind {
     pub(super) fn keys(self) -> &'static [&'static str] {
         match self {
@@ -60,29 +89,7 @@ impl TableKind {
                 "description",
                 "mcp_era",
             ],
-            TableKind::Harness => &[
-                "command",
-                "prompt_file",
-                "workdir",
-                "env_file",
-                "timeout",
-                "kill_grace",
-                "on_overlap",
-                "operating_hours",
-                "schedule",
-                "triggers",
-                "catch_up",
-                "keep_runs",
-                "enabled",
-                "description",
-                "lease",
-                "success_check",
-                "success_check_timeout",
-                "success_check_interval",
-                "success_check_before",
-                "attempt_receipt",
-                "non_retryable_exit_codes",
-            ],
+            TableKind::Harness => &HARNESS_KEYS,
         }
     }
 }

@@ -908,3 +908,20 @@ fn mcp_era_is_auto_by_default_and_forced_by_the_key() {
         global("[cairn.a]\nurl = \"https://h.example.com/\"\nmcp_era = \"legacy\"\n").unwrap_err();
     assert!(e.to_string().contains("mcp_era"), "{e}");
 }
+
+/// The keys only a harness with a lease may set are exactly the attempt's: the success check's
+/// four, the receipt and the exit codes that do not retry (the tail of the harness's keys).
+#[test]
+fn the_relay_only_keys_are_the_attempts() {
+    assert_eq!(
+        super::parse::RELAY_ONLY_KEYS,
+        [
+            "success_check",
+            "success_check_timeout",
+            "success_check_interval",
+            "success_check_before",
+            "attempt_receipt",
+            "non_retryable_exit_codes",
+        ]
+    );
+}

@@ -5,23 +5,13 @@ use std::collections::BTreeSet;
 
 use toml::Value;
 
-use super::{Declared, Reader};
+use super::{Declared, RELAY_ONLY_KEYS, Reader};
 use crate::config::{
     DEFAULT_KEEP_RUNS, DEFAULT_KILL_GRACE, DEFAULT_SUCCESS_CHECK_INTERVAL,
     DEFAULT_SUCCESS_CHECK_TIMEOUT, FileKind, Harness, HarnessRelay, MAX_KEEP_RUNS, OnOverlap,
     OperatingHours, Schedule, format_duration,
 };
 use crate::time::Millis;
-
-/// The harness keys that describe an attempt, so only a harness with a lease may set them.
-const RELAY_ONLY_KEYS: [&str; 6] = [
-    "success_check",
-    "success_check_timeout",
-    "success_check_interval",
-    "success_check_before",
-    "attempt_receipt",
-    "non_retryable_exit_codes",
-];
 
 /// Reads a `kind.<name>` reference and checks it is declared; returns the name.
 pub(super) fn reference(
