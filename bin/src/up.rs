@@ -22,7 +22,6 @@ use relay_core::ledger::{
 };
 use relay_core::time::SECOND;
 use relay_core::time::WallClock;
-use relay_core::wire::Tool;
 use relay_server::server::{Server, ServerConfig, new_bearer_token};
 use relay_server::store::{NewEndpoint, Store};
 use relay_worker::clock::SystemClock;
@@ -288,13 +287,7 @@ async fn start(dir: &Path) -> Result<Stack, String> {
     store
         .endpoint_create(
             clock.now(),
-            NewEndpoint {
-                name: ENDPOINT.into(),
-                token_hash: TokenHash::of(&token),
-                // The quick start grants every tool.
-                verbs: Tool::ALL.iter().map(|t| t.as_str().to_string()).collect(),
-                queues: Some(vec![QUEUE.to_string()]),
-            },
+            NewEndpoint::every_tool_on(ENDPOINT, &token, QUEUE),
         )
         .await
         .map_err(|e| format!("cannot vend the sample endpoint: {e}"))?;

@@ -18,6 +18,21 @@ pub struct NewEndpoint {
     pub queues: Option<Vec<String>>,
 }
 
+impl NewEndpoint {
+    /// An endpoint granted every tool on one queue, for `token` (the quick start's, a test's).
+    pub fn every_tool_on(name: &str, token: &str, queue: &str) -> NewEndpoint {
+        NewEndpoint {
+            name: name.to_string(),
+            token_hash: TokenHash::of(token),
+            verbs: relay_core::wire::Tool::ALL
+                .iter()
+                .map(|t| t.as_str().to_string())
+                .collect(),
+            queues: Some(vec![queue.to_string()]),
+        }
+    }
+}
+
 /// A row of the endpoints table.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {

@@ -8,9 +8,8 @@ use std::time::Duration;
 use madsim::rand::{Rng, thread_rng};
 use madsim::runtime::{Handle, NodeHandle};
 use relay_core::Millis;
-use relay_core::ledger::{Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter, TokenHash};
+use relay_core::ledger::{Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter};
 use relay_core::time::SECOND;
-use relay_core::wire::Tool;
 use relay_server::server::{Server, ServerConfig};
 use relay_server::store::{NewEndpoint, Store};
 use relay_worker::daemon::{Daemon, DaemonOptions};
@@ -67,12 +66,7 @@ pub(super) async fn setup(dir: tempfile::TempDir) -> World {
     store
         .endpoint_create(
             true_ms(),
-            NewEndpoint {
-                name: ENDPOINT.into(),
-                token_hash: TokenHash::of(&token),
-                verbs: Tool::ALL.iter().map(|t| t.as_str().to_string()).collect(),
-                queues: Some(vec![QUEUE.to_string()]),
-            },
+            NewEndpoint::every_tool_on(ENDPOINT, &token, QUEUE),
         )
         .await
         .expect("the endpoint is vended");
