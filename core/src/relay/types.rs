@@ -251,14 +251,17 @@ impl ExitStatus {
     }
 }
 
-/// Why the daemon ends an attempt without a verdict on the work (an abort).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    Shutdown,
-    OperatorStop,
-    HarnessRemoved,
-    UsageLimit,
+crate::names! {
+    /// Why the daemon ends an attempt without a verdict on the work (an abort). Its text is the
+    /// value of `result.harness.reason`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum StopReason {
+        Shutdown => "daemon_stopping",
+        OperatorStop => "operator_stop",
+        HarnessRemoved => "harness_removed",
+        UsageLimit => "usage_limit",
+    }
 }
 
 impl StopReason {
@@ -269,15 +272,6 @@ impl StopReason {
             StopReason::OperatorStop => "operator stop",
             StopReason::HarnessRemoved => "harness removed",
             StopReason::UsageLimit => "usage limit",
-        }
-    }
-    /// The value of `result.harness.reason`.
-    pub fn code(self) -> &'static str {
-        match self {
-            StopReason::Shutdown => "daemon_stopping",
-            StopReason::OperatorStop => "operator_stop",
-            StopReason::HarnessRemoved => "harness_removed",
-            StopReason::UsageLimit => "usage_limit",
         }
     }
 }

@@ -483,7 +483,14 @@ impl Relay {
             (ReportVerb::Release, Value::Null)
         } else {
             let agent = a.agent.as_ref().map(|g| g.run);
-            let result = result_json(s, a.run_id, lease.claim.attempt, agent, None, reason.code());
+            let result = result_json(
+                s,
+                a.run_id,
+                lease.claim.attempt,
+                agent,
+                None,
+                reason.as_str(),
+            );
             (ReportVerb::Fail, result)
         };
         a.report = Some(PendingReport {
