@@ -9,11 +9,13 @@
 //! harnesses a doorbell rings ([`Fleet::rung`]) and which doorbell listeners run
 //! ([`Fleet::doorbells`], [`doorbell_changes`]), what a reload does ([`plan_reload`]: which
 //! sources close and open, which harnesses stop, leave, stay or start; [`Fleet::reload`] for
-//! one harness) and what happens between attempts ([`Fleet::settle`], [`rebind`]). Time arrives as a [`Now`]: machine timers run on its monotonic reading,
-//! schedule firings on its wall reading (as cron does). The daemon (`relay-worker::daemon`) is
-//! the shell: it reads the clock, runs the machines' commands and moves the bytes; the
-//! simulator fires its harness schedules through the same [`Timetable`], and reloads its hosts'
-//! configs through the same [`plan_reload`].
+//! one harness) and what happens between attempts ([`Fleet::settle`], [`rebind`]).
+//!
+//! Time arrives as a [`Now`]: machine timers run on its monotonic reading, schedule firings on
+//! its wall reading (as cron does). The daemon (`relay-worker::daemon`) is the shell: it reads
+//! the clock, runs the machines' commands and moves the bytes; the simulator fires its harness
+//! schedules through the same [`Timetable`], and reloads its hosts' configs through the same
+//! [`plan_reload`].
 
 use std::collections::BTreeMap;
 
