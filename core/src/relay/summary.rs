@@ -47,7 +47,7 @@ crate::names! {
 crate::names! {
     /// Why an attempt's verdict is what it is: `result.harness.reason` of its `complete` or `fail`,
     /// and the first part of a failure's signature. (An abort's `fail` carries a
-    /// [`StopReason::code`](super::StopReason::code) there instead.)
+    /// [`StopReason`](super::StopReason)'s text there instead.)
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum VerdictReason {
         /// No check: the agent exited 0.
