@@ -10,12 +10,12 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use relay_core::Error;
 use relay_core::ledger::{
-    Actor, Answer, LedgerConfig, LimitsChange, NewTodo, Op, Todo, TodoFilter, TodoState, TokenHash,
+    Actor, Answer, LedgerConfig, LimitsChange, Op, Todo, TodoFilter, TodoState, TokenHash,
     flow::QueueLine,
 };
 use relay_core::time::WallClock;
 use relay_core::time::rfc3339;
-use relay_core::wire::{GetTodoOut, TodoOut};
+use relay_core::wire::{AddTodoArgs, BudgetArg, GetTodoOut, TodoOut};
 use relay_server::clock::SystemClock;
 use relay_server::store::{Endpoint, NewEndpoint, Store};
 use serde_json::{Value, json};
@@ -638,29 +638,8 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 &a.queue,
                 ["--endpoint", "--queue"],
             )?;
-            let budget = relay_core::wire::BudgetArg {
-                cost_usd: a.budget_usd,
-                tokens: a.budget_tokens,
-            }
-            .to_budget("todo add")
-            .map_err(|e| Error::invalid(e.message.replace("budget.cost_usd", "--budget-usd")))?;
-            let run_at = match &a.run_at {
-                None => None,
-                Some(s) => Some(relay_core::time::parse_rfc3339(s).ok_or_else(|| {
-                    Error::invalid(format!(
-                        "todo add: --run-at must be an RFC 3339 instant such as \
-                         2026-12-24T09:00:00Z; got {s:?}"
-                    ))
-                })?),
-            };
             let id = relay_server::server::new_todo_id()?;
-            let new = NewTodo {
-                task_id: None,
-                priority: a.priority,
-                run_at,
-                delay_seconds: a.delay_seconds,
-                concurrency_key: a.concurrency_key,
-                id,
+            let args = AddTodoArgs {
                 queue: a.queue,
                 title: a.title,
                 kind: a.kind,
@@ -674,8 +653,28 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
                 max_same_failures: a.max_same_failures,
                 max_input_requests: a.max_input_requests,
                 answer_within_seconds: a.answer_within_seconds,
-                budget,
+                budget: Some(BudgetArg {
+                    cost_usd: a.budget_usd,
+                    tokens: a.budget_tokens,
+                }),
+                priority: a.priority,
+                run_at: a.run_at,
+                delay_seconds: a.delay_seconds,
+                concurrency_key: a.concurrency_key,
             };
+            // The same conversion as the add_todo tool; its errors name the wire's arguments,
+            // which this command spells as flags.
+            let new = args.into_new_todo("todo add", id, None).map_err(|e| {
+                let mut message = e.message;
+                for (arg, flag) in [
+                    ("budget.cost_usd", "--budget-usd"),
+                    ("budget.tokens", "--budget-tokens"),
+                    ("run_at", "--run-at"),
+                ] {
+                    message = message.replace(arg, flag);
+                }
+                Error::invalid(message)
+            })?;
             let add = Op::AddTodo {
                 now: now(),
                 endpoint: a.endpoint,

@@ -29,8 +29,8 @@ use crate::error::{Error, ErrorCode};
 use crate::grant::Grant;
 use crate::ledger::transition::not_found;
 use crate::ledger::{
-    Actor, Answer, Budget, ClaimOpts, Claimed, Disposition, NewTodo, Op, Outcome, Report, TaskId,
-    Todo, TodoFilter, TodoState,
+    Actor, Answer, ClaimOpts, Claimed, Disposition, Op, Outcome, Report, TaskId, Todo, TodoFilter,
+    TodoState,
 };
 use crate::wire::{
     self, ClaimArgs, ClaimOut, ErrorOut, GetTodoOut, LeaseToken, ListTodosOut, TodoOut, Tool,
@@ -445,32 +445,7 @@ impl Serving {
                     Some(_) => Some(TaskId::new(&id, &draw.task_secret()?)),
                     None => None,
                 };
-                let run_at = a.run_at_ms("add_todo")?;
-                let new = NewTodo {
-                    id,
-                    task_id,
-                    priority: a.priority,
-                    run_at,
-                    delay_seconds: a.delay_seconds,
-                    concurrency_key: a.concurrency_key,
-                    queue: a.queue,
-                    title: a.title,
-                    kind: a.kind,
-                    source: a.source,
-                    payload: a.payload,
-                    work_order: a.work_order,
-                    max_attempts: a.max_attempts,
-                    assignee: a.assignee,
-                    idempotency_key: a.idempotency_key,
-                    deadline_seconds: a.deadline_seconds,
-                    max_same_failures: a.max_same_failures,
-                    max_input_requests: a.max_input_requests,
-                    answer_within_seconds: a.answer_within_seconds,
-                    budget: match &a.budget {
-                        Some(b) => b.to_budget("add_todo")?,
-                        None => Budget::default(),
-                    },
-                };
+                let new = a.into_new_todo("add_todo", id, task_id)?;
                 let op = Op::AddTodo {
                     now,
                     endpoint: self.caller.endpoint.clone(),

@@ -11,8 +11,8 @@ use crate::ledger::flow::KEY_MAX_BYTES;
 use crate::ledger::{
     ANSWER_MAX_BYTES, ANSWER_WITHIN_MAX_SECS, Budget, DEADLINE_MAX_SECS, IDEMPOTENCY_KEY_MAX_BYTES,
     LEASE_TTL_DEFAULT_SECS, LEASE_TTL_MAX_SECS, MAX_ATTEMPTS_MAX, MAX_INPUT_REQUESTS_MAX,
-    MAX_SAME_FAILURES_MAX, PRIORITY_MAX, PRIORITY_MIN, RUN_AT_MAX_AHEAD_SECS, SIGNATURE_MAX_BYTES,
-    TodoState, USAGE_MAX, Usage,
+    MAX_SAME_FAILURES_MAX, NewTodo, PRIORITY_MAX, PRIORITY_MIN, RUN_AT_MAX_AHEAD_SECS,
+    SIGNATURE_MAX_BYTES, TaskId, TodoState, USAGE_MAX, Usage,
 };
 use crate::time::{Millis, parse_rfc3339};
 
@@ -350,6 +350,44 @@ impl AddTodoArgs {
                 })
             })
             .transpose()
+    }
+
+    /// The ledger's todo for this add, with the id (and task id) the caller drew. Only the
+    /// wire's own rules are checked here ([`Self::run_at_ms`], the budget's figures); the
+    /// others are the ledger's. Errors start with `tool` and name the argument.
+    pub fn into_new_todo(
+        self,
+        tool: &str,
+        id: String,
+        task_id: Option<TaskId>,
+    ) -> Result<NewTodo, Error> {
+        let run_at = self.run_at_ms(tool)?;
+        let budget = match &self.budget {
+            Some(b) => b.to_budget(tool)?,
+            None => Budget::default(),
+        };
+        Ok(NewTodo {
+            id,
+            task_id,
+            queue: self.queue,
+            title: self.title,
+            kind: self.kind,
+            source: self.source,
+            payload: self.payload,
+            work_order: self.work_order,
+            max_attempts: self.max_attempts,
+            assignee: self.assignee,
+            idempotency_key: self.idempotency_key,
+            deadline_seconds: self.deadline_seconds,
+            max_same_failures: self.max_same_failures,
+            max_input_requests: self.max_input_requests,
+            answer_within_seconds: self.answer_within_seconds,
+            budget,
+            priority: self.priority,
+            run_at,
+            delay_seconds: self.delay_seconds,
+            concurrency_key: self.concurrency_key,
+        })
     }
 }
 

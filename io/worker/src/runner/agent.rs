@@ -3,26 +3,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use relay_core::relay::Input;
 use relay_core::relay::summary::AGENT_SUMMARY_MAX_BYTES;
-use relay_core::relay::{ExitStatus, Input, Signal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin};
+use tokio::process::ChildStdin;
 use tokio::task::JoinHandle;
 
 use super::files::{open_append, write_private};
-use super::group::{GroupGuard, ProcessGroup};
-use super::{AgentSpec, RunnerError, Start, StartError, StartKind, exit_status};
+use super::{AgentSpec, Spawned, Start, StartError, StartKind};
 
-/// A running agent. Keep its [`ProcessGroup`] to signal it, and hand the rest to a task with
+/// A running agent. Keep its process group ([`Spawned::group`]) to signal it, and hand the rest to a task with
 /// [`Agent::deliver`] (or await [`Agent::wait`]).
 #[derive(Debug)]
 pub struct Agent {
-    run_id: u64,
-    pid: u32,
-    group: ProcessGroup,
-    /// Kills the group if this is dropped before the child was reaped.
-    guard: GroupGuard,
-    child: Child,
+    process: Spawned,
     stdin: Option<(ChildStdin, Vec<u8>)>,
     summary_file: PathBuf,
 }
@@ -80,54 +74,35 @@ pub fn spawn_agent(spec: AgentSpec) -> Result<Agent, StartError> {
     })
     .stdout(Stdio::from(log))
     .stderr(Stdio::from(log_err));
-    let (mut child, pid, group) = start.spawn(cmd)?;
-    let stdin = match (child.stdin.take(), spec.stdin) {
+    let mut process = start.spawn(cmd)?;
+    let stdin = match (process.child.stdin.take(), spec.stdin) {
         (Some(pipe), Some(bytes)) => Some((pipe, bytes)),
         _ => None,
     };
+    let pid = process.pid();
     tracing::debug!(run_id, pid, program = %start.program.display(), "agent spawned");
     Ok(Agent {
-        run_id,
-        pid,
-        guard: GroupGuard::new(group.clone()),
-        group,
-        child,
+        process,
         stdin,
         summary_file,
     })
 }
 
 impl Agent {
-    pub fn run_id(&self) -> u64 {
-        self.run_id
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// The process group, for the machine's `Signal` commands.
-    pub fn group(&self) -> ProcessGroup {
-        self.group.clone()
-    }
-
-    /// Signals the whole process group (SIGTERM or SIGKILL).
-    pub fn signal(&self, signal: Signal) -> Result<(), RunnerError> {
-        self.group.signal(signal)
+    /// The child and its process group (for the machine's `Signal` commands).
+    pub fn process(&self) -> &Spawned {
+        &self.process
     }
 
     /// Writes the prompt, waits for the process to exit, and reads the summary file:
     /// `Input::ProcessExited`. Dropping the future before then SIGKILLs the group.
     pub async fn wait(self) -> Input {
         let Agent {
-            run_id,
-            pid,
-            group,
-            mut guard,
-            mut child,
+            mut process,
             stdin,
             summary_file,
         } = self;
+        let (run_id, pid) = (process.run_id(), process.pid());
         let write = async move {
             if let Some((mut pipe, bytes)) = stdin {
                 // A process that exits or closes stdin early is its own business.
@@ -138,21 +113,12 @@ impl Agent {
         };
         tokio::pin!(write);
         let waited = tokio::select! {
-            status = child.wait() => status,
-            () = &mut write => child.wait().await,
+            status = process.child.wait() => status,
+            () = &mut write => process.child.wait().await,
         };
         // The stdin pipe is closed here at the latest (the write future is dropped).
-        let exit = match waited {
-            Ok(status) => exit_status(status),
-            Err(e) => {
-                tracing::error!(run_id, pid, error = %e, "waiting for the agent failed; killing its group");
-                let _ = group.raw_signal(nix::sys::signal::Signal::SIGKILL);
-                let _ = child.kill().await;
-                ExitStatus::Signal(nix::sys::signal::Signal::SIGKILL as i32)
-            }
-        };
-        group.mark_reaped();
-        guard.disarm();
+        let exit = process.exit(waited, "agent").await;
+        process.reaped();
         tracing::debug!(run_id, pid, ?exit, "agent exited");
         let summary_file = read_summary(&summary_file).await;
         Input::ProcessExited {

@@ -6,12 +6,10 @@ use std::time::Duration;
 use relay_core::relay::{ExitStatus, Input};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 use super::files::{FILE_MODE, create_parent};
-use super::group::{GroupGuard, ProcessGroup};
-use super::{CheckSpec, Start, StartError, StartKind, exit_status};
+use super::{CheckSpec, Spawned, Start, StartError, StartKind};
 
 /// How much of a check's latest output is kept for the summary.
 pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
@@ -20,17 +18,12 @@ pub const CHECK_TAIL_BYTES: usize = 4 * 1024;
 /// killed; only a descendant that left the group can keep the pipe open that long.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
-/// A running check. Keep its [`ProcessGroup`] for `KillCheck`, and hand the rest to a task
-/// with [`Check::deliver`] (or await [`Check::wait`]).
+/// A running check. Keep its process group ([`Spawned::group`]) for `KillCheck`, and hand the
+/// rest to a task with [`Check::deliver`] (or await [`Check::wait`]).
 #[derive(Debug)]
 pub struct Check {
-    run_id: u64,
-    pid: u32,
+    process: Spawned,
     name: String,
-    group: ProcessGroup,
-    /// Kills the group if this is dropped before the child was reaped.
-    guard: GroupGuard,
-    child: Child,
     output: pipe::Receiver,
     run_log: PathBuf,
 }
@@ -56,15 +49,12 @@ pub fn run_check(spec: CheckSpec) -> Result<Check, StartError> {
     cmd.stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err);
-    let (child, pid, group) = start.spawn(cmd)?;
+    let process = start.spawn(cmd)?;
+    let pid = process.pid();
     tracing::debug!(run_id, pid, program = %start.program.display(), "success check started");
     Ok(Check {
-        run_id,
-        pid,
+        process,
         name: start.argv0,
-        guard: GroupGuard::new(group.clone()),
-        group,
-        child,
         output,
         run_log: spec.run_log,
     })
@@ -140,22 +130,9 @@ impl Sink {
 }
 
 impl Check {
-    pub fn run_id(&self) -> u64 {
-        self.run_id
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// The check's process group, for `KillCheck` ([`ProcessGroup::kill`]).
-    pub fn group(&self) -> ProcessGroup {
-        self.group.clone()
-    }
-
-    /// `KillCheck`: SIGKILL to the check's whole group.
-    pub fn kill(&self) -> Result<(), super::RunnerError> {
-        self.group.kill()
+    /// The child and its process group (for `KillCheck`, [`ProcessGroup::kill`](super::ProcessGroup::kill)).
+    pub fn process(&self) -> &Spawned {
+        &self.process
     }
 
     /// Copies the output into the run log under the delimiter line and into the tail, waits
@@ -163,22 +140,19 @@ impl Check {
     /// `Input::CheckExited`. Dropping the future before then SIGKILLs the group.
     pub async fn wait(self) -> Input {
         let Check {
-            run_id,
-            pid,
+            mut process,
             name,
-            group,
-            mut guard,
-            mut child,
             mut output,
             run_log,
         } = self;
+        let (run_id, pid, group) = (process.run_id(), process.pid(), process.group());
         let mut sink = Sink::open(run_log).await;
         sink.log(delimiter(&name, run_id).as_bytes()).await;
         let mut buf = vec![0u8; 8 * 1024];
         let mut open = true;
         let waited = loop {
             tokio::select! {
-                status = child.wait() => break status,
+                status = process.child.wait() => break status,
                 read = output.read(&mut buf), if open => match read {
                     Ok(0) => open = false,
                     Ok(n) => sink.output(&buf[..n]).await,
@@ -189,20 +163,12 @@ impl Check {
                 },
             }
         };
-        let exit = match waited {
-            Ok(status) => exit_status(status),
-            Err(e) => {
-                tracing::error!(run_id, pid, error = %e, "waiting for the success check failed; killing its group");
-                let _ = child.kill().await;
-                ExitStatus::Signal(nix::sys::signal::Signal::SIGKILL as i32)
-            }
-        };
+        let exit = process.exit(waited, "success check").await;
         // What the check left behind in its group would hold the pipe open: it goes too.
         if let Err(e) = group.raw_signal(nix::sys::signal::Signal::SIGKILL) {
             tracing::warn!(run_id, pgid = group.pgid(), error = %e, "cannot kill what the success check left running");
         }
-        group.mark_reaped();
-        guard.disarm();
+        process.reaped();
         if open {
             let drain = async {
                 loop {

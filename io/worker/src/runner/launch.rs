@@ -59,7 +59,7 @@ impl Launcher for Processes {
     fn agent(&self, spec: AgentSpec) -> Result<Launched, StartError> {
         let agent = super::spawn_agent(spec)?;
         Ok(Launched {
-            control: Arc::new(agent.group()),
+            control: Arc::new(agent.process().group()),
             wait: Box::pin(agent.wait()),
         })
     }
@@ -67,7 +67,7 @@ impl Launcher for Processes {
     fn check(&self, spec: CheckSpec) -> Result<Launched, StartError> {
         let check = super::run_check(spec)?;
         Ok(Launched {
-            control: Arc::new(check.group()),
+            control: Arc::new(check.process().group()),
             wait: Box::pin(check.wait()),
         })
     }

@@ -61,7 +61,7 @@ pub use files::{
     write_context_file_now,
 };
 pub(crate) use files::{create_dirs, write_private_atomic};
-pub use group::ProcessGroup;
+pub use group::{ProcessGroup, Spawned};
 #[cfg(not(madsim))]
 pub use launch::Processes;
 pub use launch::{Control, Launched, Launcher};
@@ -189,11 +189,8 @@ impl Start {
         )
     }
 
-    /// Spawns `cmd`: the child, its pid and its process group.
-    pub fn spawn(
-        &self,
-        mut cmd: tokio::process::Command,
-    ) -> Result<(tokio::process::Child, u32, ProcessGroup), StartError> {
+    /// Spawns `cmd`, the leader of a process group of its own.
+    pub fn spawn(&self, mut cmd: tokio::process::Command) -> Result<Spawned, StartError> {
         let (named, argv0) = (self.kind.named(), &self.argv0);
         let child = cmd.spawn().map_err(|e| {
             self.fail(format!(
@@ -205,8 +202,7 @@ impl Start {
         let Some(pid) = child.id() else {
             return Err(self.fail(format!("{named}`{argv0}` exited before its pid was known")));
         };
-        let group = ProcessGroup::new(i32::try_from(pid).unwrap_or(i32::MAX));
-        Ok((child, pid, group))
+        Ok(Spawned::new(self.run_id, pid, child))
     }
 }
 

@@ -346,8 +346,8 @@ async fn term_is_ignored_by_a_trapping_process_and_kill_ends_it() {
     );
     let log = spec.run_log.clone();
     let agent = spawn_agent(spec).expect("spawn");
-    let group = agent.group();
-    assert_eq!(group.pgid(), i32::try_from(agent.pid()).unwrap());
+    let group = agent.process().group();
+    assert_eq!(group.pgid(), i32::try_from(agent.process().pid()).unwrap());
     let mut wait = Box::pin(agent.wait());
     until("the trap to be set", || log_of(&log).contains("ready")).await;
 
@@ -374,7 +374,7 @@ async fn a_grandchild_dies_with_the_group() {
     let dir = tempfile::tempdir().unwrap();
     let (spec, pidfile) = with_a_grandchild(dir.path());
     let agent = spawn_agent(spec).expect("spawn");
-    let group = agent.group();
+    let group = agent.process().group();
     let wait = agent.wait();
     let grandchild = grandchild_pid(&pidfile).await;
     assert!(!dead(grandchild));
@@ -391,7 +391,7 @@ async fn dropping_the_waiter_kills_the_group() {
     let dir = tempfile::tempdir().unwrap();
     let (spec, pidfile) = with_a_grandchild(dir.path());
     let agent = spawn_agent(spec).expect("spawn");
-    let pid = i32::try_from(agent.pid()).unwrap();
+    let pid = i32::try_from(agent.process().pid()).unwrap();
     let grandchild = grandchild_pid(&pidfile).await;
     drop(agent);
     until("the agent and its grandchild to die", || {
@@ -509,7 +509,7 @@ async fn kill_check_kills_the_group() {
     let spec = check(dir.path(), "echo started; sleep 1000");
     let log = spec.run_log.clone();
     let c = run_check(spec).expect("start");
-    let group = c.group();
+    let group = c.process().group();
     let (tx, mut rx) = mpsc::unbounded_channel();
     c.deliver(move |input| {
         let _ = tx.send(input);
