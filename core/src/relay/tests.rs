@@ -2079,6 +2079,43 @@ fn report_in(cmds: &[Command]) -> Command {
     reports[0].clone()
 }
 
+/// What the one report in `cmds` says (its request, run and token aside).
+#[derive(Debug)]
+struct Sent {
+    verb: ReportVerb,
+    summary: String,
+    artifact: Option<String>,
+    result: Value,
+    question: Option<String>,
+    retryable: Option<bool>,
+    failure_signature: Option<String>,
+}
+
+fn sent(cmds: &[Command]) -> Sent {
+    let Command::SendReport {
+        verb,
+        summary,
+        artifact,
+        result,
+        question,
+        retryable,
+        failure_signature,
+        ..
+    } = report_in(cmds)
+    else {
+        unreachable!("report_in answers reports")
+    };
+    Sent {
+        verb,
+        summary,
+        artifact,
+        result,
+        question,
+        retryable,
+        failure_signature,
+    }
+}
+
 #[test]
 fn an_agent_that_asks_sends_request_input_and_no_check_judges_it() {
     let s = with_check(settings(), 10 * MINUTE, 30 * SECOND);
@@ -2093,28 +2130,16 @@ fn an_agent_that_asks_sends_request_input_and_no_check_judges_it() {
             0,
             "the agent did not finish: no check"
         );
-        let Command::SendReport {
-            verb,
-            summary,
-            artifact,
-            result,
-            question,
-            retryable,
-            failure_signature,
-            ..
-        } = report_in(&cmds)
-        else {
-            unreachable!()
-        };
-        assert_eq!(verb, ReportVerb::RequestInput);
-        assert_eq!(question.as_deref(), Some("which branch? ([REDACTED])"));
+        let r = sent(&cmds);
+        assert_eq!(r.verb, ReportVerb::RequestInput);
+        assert_eq!(r.question.as_deref(), Some("which branch? ([REDACTED])"));
         assert_eq!(
-            summary,
+            r.summary,
             "attempt 1/5 · agent success (exit 0) after 2m\nstuck"
         );
-        assert_eq!(artifact.as_deref(), Some("mcp://cairn/Q1"));
+        assert_eq!(r.artifact.as_deref(), Some("mcp://cairn/Q1"));
         assert_eq!(
-            (result, retryable, failure_signature),
+            (r.result, r.retryable, r.failure_signature),
             (Value::Null, None, None)
         );
         // The token is nowhere in what the machine said.
@@ -2148,38 +2173,25 @@ fn a_question_where_the_server_cannot_take_one_fails_retryably_and_keeps_the_que
     d.start(claim_1());
     let cmds = d.exit(0, Some(&asking_file()));
     assert_eq!(count(&cmds, is_check), 0);
-    let Command::SendReport {
-        verb,
-        summary,
-        result,
-        question,
-        retryable,
-        failure_signature,
-        ..
-    } = report_in(&cmds)
-    else {
-        unreachable!()
-    };
-    assert_eq!(verb, ReportVerb::Fail);
-    assert_eq!(question, None);
-    assert_eq!(result["harness"]["reason"], "needs_input_unsupported");
+    let r = sent(&cmds);
+    assert_eq!(r.verb, ReportVerb::Fail);
+    assert_eq!(r.question, None);
+    assert_eq!(r.result["harness"]["reason"], "needs_input_unsupported");
     assert_eq!(
-        summary,
+        r.summary,
         "attempt 1/5 · agent success (exit 0) after 0s\n\
          needs input: which branch? ([REDACTED])\nstuck"
     );
-    assert_eq!(retryable, Some(true), "another endpoint may be able to ask");
+    assert_eq!(
+        r.retryable,
+        Some(true),
+        "another endpoint may be able to ask"
+    );
     // The same question failing again carries the same signature (max_same_failures ends it).
     let mut again = Driver::new(with_check(settings(), 10 * MINUTE, 30 * SECOND));
     again.start(claimed("td_1", 2, 5, Some(TOKEN)));
-    let Command::SendReport {
-        failure_signature: second,
-        ..
-    } = report_in(&again.exit(0, Some(&asking_file())))
-    else {
-        unreachable!()
-    };
-    assert!(failure_signature.is_some() && failure_signature == second);
+    let second = sent(&again.exit(0, Some(&asking_file()))).failure_signature;
+    assert!(r.failure_signature.is_some() && r.failure_signature == second);
     d.report_ok(false);
     assert_eq!(d.last_record().relay_outcome, Some(RelayOutcome::Failed));
     // A blank question is no question: the check judges as usual.
@@ -2200,13 +2212,7 @@ fn a_stop_before_the_agent_asks_releases_and_a_lost_lease_sends_no_question() {
         reason: StopReason::OperatorStop,
     });
     let cmds = d.exit(-15, Some(&asking_file()));
-    assert!(matches!(
-        report_in(&cmds),
-        Command::SendReport {
-            verb: ReportVerb::Release,
-            ..
-        }
-    ));
+    assert_eq!(sent(&cmds).verb, ReportVerb::Release);
     let mut d = Driver::with_capabilities(settings(), our_server_capabilities());
     d.auto_heartbeat = AutoHeartbeat::Reply(Err(conflict()));
     d.start(claim_1());

@@ -259,30 +259,49 @@ fn a_prior_attempts_times_are_read_liberally_once_and_written_strictly() {
     assert_eq!(back, c.prior_attempts[0]);
 }
 
-#[test]
-fn our_own_servers_full_answer_decodes() {
-    let endpoint = Actor::endpoint("sb".to_string());
+/// The real ledger after `new` (as `td_1`, "CI red on main" in `ci-failures`, three attempts)
+/// was added for endpoint `sb` and claimed once under the lease token `tok-1`.
+fn claimed_once(new: NewTodo) -> Ledger {
     let mut ledger = Ledger::new(LedgerConfig::default());
     let new = NewTodo {
         id: "td_1".into(),
         queue: "ci-failures".into(),
         title: "CI red on main".into(),
-        kind: Some("check_suite".into()),
-        payload: Some(json!({"sha": "abc123"})),
         max_attempts: Some(3),
-        ..NewTodo::default()
+        ..new
     };
     ledger
         .add_todo(t0() - MINUTE, "sb", new)
         .unwrap_or_else(|e| panic!("{e}"));
-    let opts = |token: &str| ClaimOpts {
+    ledger
+        .claim_next(
+            t0(),
+            &Actor::endpoint("sb".to_string()),
+            None,
+            &claim_opts("tok-1"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    ledger
+}
+
+/// A fenced claim by the harness `fixer`, for five minutes.
+fn claim_opts(token: &str) -> ClaimOpts {
+    ClaimOpts {
         ttl: 300 * SECOND,
         claimant: Some("harness/box/fixer/run-1".into()),
         token_hash: Some(TokenHash::of(token)),
+    }
+}
+
+#[test]
+fn our_own_servers_full_answer_decodes() {
+    let endpoint = Actor::endpoint("sb".to_string());
+    let new = NewTodo {
+        kind: Some("check_suite".into()),
+        payload: Some(json!({"sha": "abc123"})),
+        ..NewTodo::default()
     };
-    ledger
-        .claim_next(t0(), &endpoint, None, &opts("tok-1"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut ledger = claimed_once(new);
     let report = Report {
         summary: Some("first try".into()),
         token_hash: Some(TokenHash::of("tok-1")),
@@ -293,7 +312,7 @@ fn our_own_servers_full_answer_decodes() {
         .unwrap_or_else(|e| panic!("{e}"));
     let later = t0() + 60 * MINUTE;
     let second = ledger
-        .claim_next(later, &endpoint, None, &opts(TOKEN))
+        .claim_next(later, &endpoint, None, &claim_opts(TOKEN))
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("the retry is claimable an hour later"));
     let out = ClaimOut::claimed(&second, Some(LeaseToken::new(TOKEN)));
@@ -319,29 +338,14 @@ fn our_own_servers_full_answer_decodes() {
 fn answered_claim() -> Value {
     use crate::ledger::{Answer, Budget, Op, Usage};
     let endpoint = Actor::endpoint("sb".to_string());
-    let mut ledger = Ledger::new(LedgerConfig::default());
     let new = NewTodo {
-        id: "td_1".into(),
-        queue: "ci-failures".into(),
-        title: "CI red on main".into(),
-        max_attempts: Some(3),
         budget: Budget {
             cost_micros: Some(1_000_000),
             tokens: Some(1_000),
         },
         ..NewTodo::default()
     };
-    ledger
-        .add_todo(t0() - MINUTE, "sb", new)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let opts = |token: &str| ClaimOpts {
-        ttl: 300 * SECOND,
-        claimant: Some("harness/box/fixer/run-1".into()),
-        token_hash: Some(TokenHash::of(token)),
-    };
-    ledger
-        .claim_next(t0(), &endpoint, None, &opts("tok-1"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut ledger = claimed_once(new);
     let usage = Usage {
         cost_micros: 300_000,
         input_tokens: 700,
@@ -383,7 +387,7 @@ fn answered_claim() -> Value {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let second = ledger
-        .claim_next(t0() + 2 * MINUTE, &endpoint, None, &opts(TOKEN))
+        .claim_next(t0() + 2 * MINUTE, &endpoint, None, &claim_opts(TOKEN))
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("the answered todo is claimable"));
     let out = ClaimOut::claimed(&second, Some(LeaseToken::new(TOKEN)));

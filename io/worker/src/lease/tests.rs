@@ -266,16 +266,7 @@ async fn mcp_post(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> 
                 .expect("open");
             s.streams.push(tx);
             s.opened.send_modify(|n| *n += 1);
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv()
-                    .await
-                    .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-            });
-            (
-                [("content-type", "text/event-stream")],
-                Body::from_stream(stream),
-            )
-                .into_response()
+            event_stream(rx)
         }
         "initialize" => {
             let mut s = fake.lock();
@@ -359,6 +350,11 @@ async fn mcp_get(State(fake): State<Fake>, headers: HeaderMap) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     s.streams.push(tx);
     s.opened.send_modify(|n| *n += 1);
+    event_stream(rx)
+}
+
+/// An SSE stream answering what the test sends down `rx`, open until its sender is dropped.
+fn event_stream(rx: mpsc::UnboundedReceiver<Bytes>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
