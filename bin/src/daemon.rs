@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::operator::JsonOpt;
 use relay_worker::clock::SystemClock;
 use relay_worker::daemon::control::{self, Request, RequestError};
 use relay_worker::daemon::{Daemon, DaemonOptions};
@@ -62,9 +63,8 @@ pub struct DescribeArgs {
     harness: Option<String>,
     #[command(flatten)]
     state: StateArgs,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: JsonOpt,
 }
 
 #[derive(clap::Args)]
@@ -76,27 +76,24 @@ pub struct RunsArgs {
     /// How many runs, newest first.
     #[arg(long, default_value_t = 20)]
     limit: usize,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: JsonOpt,
 }
 
 #[derive(clap::Args)]
 pub struct DoctorArgs {
     #[command(flatten)]
     state: StateArgs,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: JsonOpt,
 }
 
 #[derive(clap::Args)]
 pub struct ReloadArgs {
     #[command(flatten)]
     state: StateArgs,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: JsonOpt,
 }
 
 #[derive(clap::Args)]
@@ -226,7 +223,7 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
         .get("harnesses")
         .cloned()
         .unwrap_or(Value::Array(Vec::new()));
-    if args.json {
+    if args.out.json {
         out!("{harnesses}");
         return ExitCode::SUCCESS;
     }
@@ -303,7 +300,7 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
         .into_iter()
         .flatten()
         .any(|r| r["level"] == "fail");
-    if args.json {
+    if args.out.json {
         out!("{rows}");
     } else {
         for r in rows.as_array().into_iter().flatten() {
@@ -332,7 +329,7 @@ pub fn runs(args: RunsArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    if args.json {
+    if args.out.json {
         out!("{}", serde_json::to_string(&records).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
@@ -375,7 +372,7 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    if args.json {
+    if args.out.json {
         out!("{answer}");
         return ExitCode::SUCCESS;
     }

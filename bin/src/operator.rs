@@ -29,6 +29,14 @@ pub struct DbOpt {
     pub db: String,
 }
 
+/// `--json`, which every listing has.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct JsonOpt {
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The default store: a SQLite file in the working directory.
 pub const DEFAULT_DB: &str = "sqlite:relay.db";
 
@@ -47,11 +55,7 @@ pub enum EndpointCmd {
         queues: Option<Vec<String>>,
     },
     /// List endpoints.
-    List {
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    List(JsonOpt),
     /// Revoke an endpoint: its token stops working, its open attempts close as `revoked` and
     /// its claimed todos become dead letters.
     Revoke {
@@ -68,11 +72,7 @@ pub enum OperatorCmd {
         name: String,
     },
     /// List operators.
-    List {
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    List(JsonOpt),
     /// Revoke an operator: its token stops opening the Board and its sessions end.
     Revoke {
         /// The operator's name.
@@ -93,11 +93,7 @@ pub enum QueueCmd {
         queue: String,
     },
     /// List the paused queues.
-    Paused {
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    Paused(JsonOpt),
     /// Set or lift a queue's flow limits: a number from 1 to 1000000, or `none` to lift it.
     Set {
         /// The queue's name.
@@ -116,9 +112,8 @@ pub enum QueueCmd {
     Show {
         /// Only this queue.
         queue: Option<String>,
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        out: JsonOpt,
     },
 }
 
@@ -140,9 +135,8 @@ pub enum TodoCmd {
         /// At most this many.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        out: JsonOpt,
     },
     /// Show a todo and its attempt timeline, newest first.
     Show {
@@ -150,9 +144,8 @@ pub enum TodoCmd {
         /// How many attempts to show.
         #[arg(long, default_value_t = 100)]
         attempts: usize,
-        /// One JSON document on stdout.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        out: JsonOpt,
     },
     /// Retry a failed, done or canceled todo now (resets its attempt count).
     Retry { id: String },
@@ -305,7 +298,7 @@ async fn run_operator(db: &DbOpt, cmd: OperatorCmd) -> Result<(), Error> {
             out!("{token}");
             Ok(())
         }
-        OperatorCmd::List { json } => {
+        OperatorCmd::List(JsonOpt { json }) => {
             let store = open(db).await?;
             let all = store.operator_list().await?;
             if json {
@@ -451,7 +444,10 @@ async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
             out!("{}: {}", esc(&queue), after.describe());
             return Ok(());
         }
-        QueueCmd::Show { queue, json } => {
+        QueueCmd::Show {
+            queue,
+            out: JsonOpt { json },
+        } => {
             let mut lines = store.queue_lines(now()).await?;
             lines.retain(|l| queue.as_ref().is_none_or(|q| q == &l.queue));
             if json {
@@ -469,7 +465,7 @@ async fn run_queue(db: &DbOpt, cmd: QueueCmd) -> Result<(), Error> {
         }
         QueueCmd::Pause { queue } => (queue, true),
         QueueCmd::Resume { queue } => (queue, false),
-        QueueCmd::Paused { json } => {
+        QueueCmd::Paused(JsonOpt { json }) => {
             let paused = store.apply(Op::PausedQueues).await?.queues()?;
             if json {
                 out!("{}", json!({ "paused": paused }));
@@ -536,7 +532,7 @@ async fn run_endpoint(db: &DbOpt, cmd: EndpointCmd) -> Result<(), Error> {
             out!("{token}");
             Ok(())
         }
-        EndpointCmd::List { json } => {
+        EndpointCmd::List(JsonOpt { json }) => {
             let store = open(db).await?;
             let all = store.endpoint_list().await?;
             if json {
@@ -689,7 +685,7 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             queue,
             state,
             limit,
-            json,
+            out: JsonOpt { json },
         } => {
             let state = state
                 .map(|s| {
@@ -734,7 +730,11 @@ async fn run_todo(db: &DbOpt, cmd: TodoCmd) -> Result<(), Error> {
             }
             Ok(())
         }
-        TodoCmd::Show { id, attempts, json } => {
+        TodoCmd::Show {
+            id,
+            attempts,
+            out: JsonOpt { json },
+        } => {
             let store = open(db).await?;
             let get = Op::GetTodo {
                 actor: Actor::cli(),
