@@ -262,20 +262,9 @@ async fn main() {
     let before = rss_kib();
     let (daemon, handle) = idle.daemon(&config).await;
     let running = tokio::spawn(daemon.run());
-    let state = idle.path().join("state");
     let start = tokio::time::Instant::now();
     loop {
-        let answer = relay_worker::daemon::control::request(
-            &state,
-            &relay_worker::daemon::control::Request::Describe { harness: None },
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("describe");
-        let supported = answer["harnesses"].as_array().is_some_and(|h| {
-            h.len() == 100 && h.iter().all(|h| h["source"]["session"] == "supported")
-        });
-        if supported {
+        if idle.sessions_verified(100).await {
             break;
         }
         assert!(

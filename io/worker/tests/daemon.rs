@@ -93,18 +93,8 @@ async fn a_stuck_spawn_holds_up_no_other_harness_and_gets_its_signals_once_start
 
     // Fired once the source's session is verified (a firing before that is skipped, and would
     // take the run id the FIFO is named for).
-    let state = system.path().join("state");
     until("the session verified", async || {
-        let answer = relay_worker::daemon::control::request(
-            &state,
-            &relay_worker::daemon::control::Request::Describe { harness: None },
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("describe");
-        answer["harnesses"]
-            .as_array()
-            .is_some_and(|h| h.iter().all(|h| h["source"]["session"] == "supported"))
+        system.sessions_verified(2).await
     })
     .await;
     // w0 claims and writes its context file; the next command is its spawn, which blocks.

@@ -168,6 +168,21 @@ impl System {
         ids
     }
 
+    /// Whether the running daemon lists `harnesses` harnesses and every one's source session is
+    /// verified (`describe` answers `supported`).
+    pub async fn sessions_verified(&self, harnesses: usize) -> bool {
+        let answer = relay_worker::daemon::control::request(
+            &self.path().join("state"),
+            &relay_worker::daemon::control::Request::Describe { harness: None },
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("describe");
+        answer["harnesses"].as_array().is_some_and(|h| {
+            h.len() == harnesses && h.iter().all(|h| h["source"]["session"] == "supported")
+        })
+    }
+
     /// How many todos are done.
     pub async fn done(&self) -> usize {
         // A count, not a list: a bench polls this while it measures, and decoding every done
