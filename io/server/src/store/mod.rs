@@ -141,6 +141,10 @@ pub struct WriteRefused {
     pub error: Error,
 }
 
+/// A backend's write probe refused: one of [`WriteRefused`]'s reasons and the error
+/// ([`Store::probe_write`] adds which store).
+pub(crate) type Refusal = (&'static str, Error);
+
 impl WriteRefused {
     /// The disk (or the database's quota) is full.
     pub const FULL: &str = "the disk is full: writes fail until space is freed on the \
@@ -592,7 +596,18 @@ impl Store {
         now: Millis,
         timeout: std::time::Duration,
     ) -> Result<(), WriteRefused> {
-        each!(self, |s| s.probe_write(now, timeout).await)
+        // The heartbeat's time as its column holds it.
+        let at = i64::try_from(now).unwrap_or(i64::MAX);
+        let (store, probed) = match self {
+            Store::Sqlite(s) => ("sqlite", s.probe_write(at, timeout).await),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(p) => ("postgres", p.probe_write(at, timeout).await),
+        };
+        probed.map_err(|(reason, error)| WriteRefused {
+            store,
+            reason,
+            error,
+        })
     }
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).
