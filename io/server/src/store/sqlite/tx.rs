@@ -72,17 +72,12 @@ pub(super) static LOAD: LazyLock<String> = LazyLock::new(|| {
 impl rows::ClaimReads for SqliteTx<'_> {
     type Todo = Todo;
 
-    async fn places(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<rows::Place>, Error> {
-        self.rows(op, "(next)", sql, &vals, |r| rows::place(r))
+    async fn places(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<rows::Place>, Error> {
+        self.rows(sql.op, sql.subject, sql.text, &vals, |r| rows::place(r))
     }
 
-    async fn todos(&mut self, op: &str, sql: &str, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
-        self.rows(op, "(next)", sql, &vals, |r| rows::todo(r, 0))
+    async fn todos(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
+        self.rows(sql.op, sql.subject, sql.text, &vals, |r| rows::todo(r, 0))
     }
 
     fn id_of(t: &Todo) -> Option<&str> {

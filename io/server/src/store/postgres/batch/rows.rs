@@ -7,21 +7,17 @@ use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{
     Actor, Attempt, AttemptWrite, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter, claim_order,
 };
+use tokio_postgres::Row;
 
 use super::stmt::claim_key;
 use super::tx::{Batch, Entry, Group, Held};
-use crate::store::ops;
+use crate::store::ops::{self, Sql};
 use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, PgClaimRows, SQL};
 use crate::store::rows::{self, Val};
 
 impl PgClaimRows for Batch<'_> {
-    async fn claim_rows(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        self.read(op, sql, vals).await
+    async fn claim_rows(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Row>, Error> {
+        self.read(sql.op, sql.text, vals).await
     }
 }
 
