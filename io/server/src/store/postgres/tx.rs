@@ -7,7 +7,9 @@ use deadpool_postgres::{Object, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Change, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -388,12 +390,8 @@ impl Rows for PgTx<'_> {
         Ok(self.exec(op, &t.id, &SQL.insert_todo, vals).await? == 1)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         // Pipelined: every statement goes out before the first answer comes back, one round
         // trip for the whole change. Their order does not matter: the one-open-attempt
         // constraint is checked at commit.

@@ -6,7 +6,9 @@ use std::sync::LazyLock;
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Change, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::ops::{self, Sql, Tx};
@@ -221,12 +223,8 @@ impl Rows for SqliteTx<'_> {
         Ok(self.exec(op, &t.id, &SQL.insert_todo, &vals)? == 1)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         // In order: SQLite checks the one-open-attempt index row by row, and a takeover's
         // change closes the dead attempt before it opens the next.
         self.update_todo(op, todo)?;

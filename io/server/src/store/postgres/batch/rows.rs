@@ -5,7 +5,8 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter, claim_order,
+    Actor, Attempt, AttemptWrite, Change, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter,
+    claim_order,
 };
 use tokio_postgres::Row;
 
@@ -96,12 +97,8 @@ impl Rows for Batch<'_> {
         Ok(inserted)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         let mut open = match self.rows.get(&todo.id) {
             Some(Entry::Row(_, open)) => open.clone(),
             _ => {
