@@ -8,7 +8,7 @@ mod harness;
 use harness::{Harness, T0, form};
 use relay_core::board::{CSRF_FIELD_LEN, SESSION_TTL};
 use relay_core::ledger::{LedgerConfig, TokenHash};
-use relay_server::store::Store;
+use relay_server::store::{BulkResult, Store};
 use serde_json::json;
 
 async fn start() -> Harness {
@@ -826,12 +826,12 @@ async fn a_confirmed_bulk_action_resumes_after_a_restart_from_the_todos_left() {
     // can be told apart from a fresh run: it must not touch them).
     h.store.bulk_confirm(T0, &id, "alice").await.unwrap();
     for todo in &ids[..2] {
-        assert!(
-            h.store
-                .bulk_record(T0, &id, todo, false, Some("test"))
-                .await
-                .unwrap()
-        );
+        let skipped = BulkResult {
+            todo_id: todo.clone(),
+            applied: false,
+            note: Some("test".into()),
+        };
+        assert!(h.store.bulk_record(T0, &id, skipped).await.unwrap());
     }
     // A server starting on the same store (with its background loops) carries on.
     let again = Harness::start_on(h.store.clone(), 8, |_| {}, true).await;

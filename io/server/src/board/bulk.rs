@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::login::{CsrfForm, posting, session};
 use super::{Board, failure, html, matching, see_other, status_of, todo_match};
 use crate::server::Server;
+use crate::store::BulkResult;
 
 #[derive(Deserialize, Default)]
 pub(super) struct BulkForm {
@@ -227,10 +228,12 @@ async fn run_bulk(server: Server, id: String) {
                 }
             },
         };
-        if let Err(e) = store
-            .bulk_record(server.now(), &id, &item.todo_id, applied, note.as_deref())
-            .await
-        {
+        let result = BulkResult {
+            todo_id: item.todo_id.clone(),
+            applied,
+            note,
+        };
+        if let Err(e) = store.bulk_record(server.now(), &id, result).await {
             tracing::warn!(bulk = %id, error = %e, "board: a bulk action stopped; it resumes at the next start");
             return;
         }

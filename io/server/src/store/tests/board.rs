@@ -6,7 +6,7 @@ use relay_core::ledger::{Actor, Op, TokenHash};
 use relay_core::testing::Queue;
 
 use super::{T0, cfg, new_todo, on_both_stores, opts};
-use crate::store::Store;
+use crate::store::{BulkResult, Store};
 
 async fn operators_and_sessions(store: Store) {
     let (tok, other) = (TokenHash::of("op-token-a"), TokenHash::of("op-token-b"));
@@ -127,6 +127,14 @@ fn a_paused_queue_answers_claim_next_empty_on_both_stores() {
     );
 }
 
+fn result(todo_id: &str, applied: bool, note: Option<&str>) -> BulkResult {
+    BulkResult {
+        todo_id: todo_id.into(),
+        applied,
+        note: note.map(str::to_string),
+    }
+}
+
 async fn bulk_actions(store: Store) {
     use crate::store::{Bulk, BulkItem};
     use relay_core::board::{BulkAction, Listed};
@@ -168,19 +176,19 @@ async fn bulk_actions(store: Store) {
     // A result is recorded once.
     assert!(
         store
-            .bulk_record(T0, "bk_1", "td_0001", true, None)
+            .bulk_record(T0, "bk_1", result("td_0001", true, None))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .bulk_record(T0, "bk_1", "td_0001", false, Some("again"))
+            .bulk_record(T0, "bk_1", result("td_0001", false, Some("again")))
             .await
             .unwrap()
     );
     assert!(
         store
-            .bulk_record(T0, "bk_1", "td_0002", false, Some("changed"))
+            .bulk_record(T0, "bk_1", result("td_0002", false, Some("changed")))
             .await
             .unwrap()
     );
