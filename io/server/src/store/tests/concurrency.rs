@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use relay_core::ErrorCode;
 use relay_core::ledger::{
-    Actor, Attempt, ClaimerKind, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
+    Actor, Attempt, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
 };
 use relay_core::testing::Queue;
 use relay_core::time::SECOND;
@@ -191,36 +191,6 @@ fn the_reaper_racing_a_takeover_closes_the_dead_attempt_once() {
     );
 }
 
-fn second_open(id: &str) -> Attempt {
-    Attempt {
-        todo_id: id.into(),
-        seq: 2,
-        attempt: 2,
-        claimer_kind: ClaimerKind::Endpoint,
-        claimer_endpoint: Some("e1".into()),
-        claimer_session: None,
-        owner: "e1".into(),
-        claimant: None,
-        claimed_at: T0,
-        last_heartbeat_at: None,
-        lease_expires_at: T0 + 30 * SECOND,
-        ended_at: None,
-        outcome: None,
-        disposition: None,
-        summary: None,
-        summary_truncated: false,
-        artifact: None,
-        failure_signature: None,
-        dead_letter_reason: None,
-        late_reports: Vec::new(),
-        late_reports_total: 0,
-        lease_token_hash: None,
-        closed_by: None,
-        question: None,
-        usage: Default::default(),
-    }
-}
-
 /// A second open attempt is refused by the database (SQLite: the partial unique index at the
 /// insert; Postgres: the deferred exclusion constraint at commit), as an internal error naming
 /// the todo, and nothing of it is kept.
@@ -231,9 +201,16 @@ async fn planted_second_open_attempt(mut store: Store) {
         .claim(T0, &Actor::endpoint("e1"), id, &opts(30, None))
         .await
         .unwrap();
+    // Beside the claim's attempt: the same lease, numbered after it.
+    let (_, first) = all_attempts(&store, id).await;
+    let second = Attempt {
+        seq: 2,
+        attempt: 2,
+        ..first[0].clone()
+    };
     let err = match &store {
-        Store::Sqlite(s) => s.plant_attempt(second_open(id)).await,
-        Store::Postgres(p) => p.plant_attempt(second_open(id)).await,
+        Store::Sqlite(s) => s.plant_attempt(second).await,
+        Store::Postgres(p) => p.plant_attempt(second).await,
     }
     .unwrap_err();
     assert_eq!(err.code, ErrorCode::Internal, "{err}");
