@@ -11,7 +11,7 @@ use relay_core::ledger::{
 use relay_core::testing::Queue;
 use relay_core::time::SECOND;
 
-use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, on_both_stores, opts};
+use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, opts};
 use crate::store::Store;
 
 const CLAIMERS: usize = 16;
@@ -97,14 +97,11 @@ async fn claimers_on(stores: Vec<Store>) {
     }
 }
 
-#[test]
-fn sixteen_claimers_never_share_a_todo() {
-    on_both_stores(
-        "sixteen_claimers_never_share_a_todo",
-        LedgerConfig::default(),
-        sixteen_claimers,
-    );
-}
+test_on_both_stores!(
+    sixteen_claimers_never_share_a_todo,
+    LedgerConfig::default(),
+    sixteen_claimers
+);
 
 /// Two handles of one Postgres database (as two server processes) never hand one todo to two
 /// claimers: their batches skip each other's locked rows.
@@ -182,14 +179,11 @@ async fn reaper_races_takeover(mut store: Store) {
     }
 }
 
-#[test]
-fn the_reaper_racing_a_takeover_closes_the_dead_attempt_once() {
-    on_both_stores(
-        "the_reaper_racing_a_takeover_closes_the_dead_attempt_once",
-        LedgerConfig::default(),
-        reaper_races_takeover,
-    );
-}
+test_on_both_stores!(
+    the_reaper_racing_a_takeover_closes_the_dead_attempt_once,
+    LedgerConfig::default(),
+    reaper_races_takeover
+);
 
 /// A second open attempt is refused by the database (SQLite: the partial unique index at the
 /// insert; Postgres: the deferred exclusion constraint at commit), as an internal error naming
@@ -224,14 +218,11 @@ async fn planted_second_open_attempt(mut store: Store) {
     check_todo(&todo, &attempts).unwrap();
 }
 
-#[test]
-fn a_planted_second_open_attempt_is_refused_naming_the_todo() {
-    on_both_stores(
-        "a_planted_second_open_attempt_is_refused_naming_the_todo",
-        LedgerConfig::default(),
-        planted_second_open_attempt,
-    );
-}
+test_on_both_stores!(
+    a_planted_second_open_attempt_is_refused_naming_the_todo,
+    LedgerConfig::default(),
+    planted_second_open_attempt
+);
 
 /// Postgres checks the one-open-attempt rule at COMMIT, so a transaction may pass through two
 /// open rows as long as it ends with one: the deferred constraint is what allows a takeover's
@@ -320,14 +311,11 @@ async fn concurrent_keyed_adds(store: Store) {
     assert_eq!(todos.len() as u64, keys, "one todo per key");
 }
 
-#[test]
-fn concurrent_adds_with_one_idempotency_key_make_one_todo() {
-    on_both_stores(
-        "concurrent_adds_with_one_idempotency_key_make_one_todo",
-        LedgerConfig::default(),
-        concurrent_keyed_adds,
-    );
-}
+test_on_both_stores!(
+    concurrent_adds_with_one_idempotency_key_make_one_todo,
+    LedgerConfig::default(),
+    concurrent_keyed_adds
+);
 
 /// The key heads (`rows::heads`) under writers that change one key at once: 16 claimers on two
 /// handles of one database complete, fail and cancel the todos of three keys while adding
@@ -407,14 +395,11 @@ async fn heads_under_writers(stores: Vec<Store>) {
     );
 }
 
-#[test]
-fn key_heads_stay_first_under_writers() {
-    on_both_stores(
-        "key_heads_stay_first_under_writers",
-        LedgerConfig::default(),
-        |s| heads_under_writers(vec![s]),
-    );
-}
+test_on_both_stores!(
+    key_heads_stay_first_under_writers,
+    LedgerConfig::default(),
+    |s| heads_under_writers(vec![s])
+);
 
 #[test]
 fn key_heads_stay_first_under_two_postgres_handles() {
