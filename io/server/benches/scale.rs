@@ -152,10 +152,7 @@ async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u6
     .await;
     let mut lat = Lat::default();
     for i in 0..CLAIMS {
-        let t = Instant::now();
-        let c = claim_next(store, i).await;
-        lat.push(t.elapsed());
-        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+        measured_claim(store, i, &mut lat).await;
     }
     let (p50, p99) = (lat.q(0.50), lat.q(0.99));
     println!(
@@ -196,6 +193,15 @@ async fn claim_next(store: &Store, i: usize) -> Todo {
         .and_then(Answer::next)
         .expect("claim_next");
     next.expect("a pending todo to claim").todo
+}
+
+/// [`claim_next`] `i`, its latency added to `lat`; it must take a todo of queue `q`.
+async fn measured_claim(store: &Store, i: usize, lat: &mut Lat) -> Todo {
+    let t = Instant::now();
+    let c = claim_next(store, i).await;
+    lat.push(t.elapsed());
+    assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+    c
 }
 
 /// The lease token's hash of [`claim_next`] `i`.
@@ -252,10 +258,7 @@ async fn held_keys(store: &Store, raw: &preload::Raw, name: &str, floor: f64) {
     );
     let mut lat = Lat::default();
     for i in 0..CLAIMS {
-        let t = Instant::now();
-        let c = claim_next(store, i).await;
-        lat.push(t.elapsed());
-        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+        let c = measured_claim(store, i, &mut lat).await;
         assert_ne!(
             c.concurrency_key.as_deref(),
             Some("hot"),
