@@ -1,14 +1,14 @@
 //! The Board's bulk actions: listing the todos a queue page's filter matches, the confirm
 //! page, and applying a confirmed action todo by todo (resumed after a stop).
 
-use axum::extract::{Form, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::Response;
 use relay_core::ledger::{Actor, Op, TodoState};
 use relay_core::{Error, ErrorCode};
 use serde::Deserialize;
 
-use super::login::{CsrfForm, posting, session};
+use super::login::{CsrfForm, LoggedIn, Posted, Posting};
 use super::{Board, failure, html, matching, see_other, status_of, todo_match};
 use crate::server::Server;
 use crate::store::BulkResult;
@@ -29,18 +29,19 @@ pub(super) struct BulkForm {
     q: String,
 }
 
+impl Posting for BulkForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 /// "Retry all" / "Cancel all" on a queue page: lists every todo the page's filter matches, as
 /// it stands now, in a bulk action that waits for the operator's confirmation (the next page
 /// shows the count). Nothing changes until then.
 pub(super) async fn bulk_create(
     State(b): State<Board>,
-    headers: HeaderMap,
-    Form(f): Form<BulkForm>,
+    Posted(s, f): Posted<BulkForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     let made = async {
         let action = relay_core::board::BulkAction::parse(f.action.trim()).ok_or_else(|| {
             Error::invalid(format!(
@@ -98,13 +99,9 @@ pub(super) async fn bulk_create(
 /// and every listed todo's result.
 pub(super) async fn bulk_page(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    s: LoggedIn,
 ) -> Response {
-    let s = match session(&b, &headers, true).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     match b.store().bulk_get(&id).await {
         Ok(Some(bulk)) => html(StatusCode::OK, html::bulk(&s.csrf, &s.operator, &bulk)),
         Ok(None) => failure(
@@ -119,14 +116,9 @@ pub(super) async fn bulk_page(
 /// The confirmation: from now on the action is applied, todo by todo, and resumed after a stop.
 pub(super) async fn bulk_confirm(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
+    Posted(s, _): Posted<CsrfForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     if let Err(e) = b
         .store()
         .bulk_confirm(b.server.now(), &id, &s.operator)
