@@ -497,6 +497,15 @@ mod preload {
             tokio::task::block_in_place(|| f(&c.lock().expect("the SQLite connection")))
         }
 
+        /// [`Raw::lite`] in one transaction: the preloads of rows and their attempts.
+        fn lite_tx(c: &Mutex<rusqlite::Connection>, f: impl FnOnce(&rusqlite::Connection)) {
+            Self::lite(c, |c| {
+                c.execute_batch("BEGIN").expect("begin");
+                f(c);
+                c.execute_batch("COMMIT").expect("commit");
+            })
+        }
+
         /// Empties the todo tables.
         pub async fn clear(&self) {
             match self {
@@ -557,8 +566,7 @@ mod preload {
         /// `lease`, each with its open attempt (seq 1) fenced by [`token`]'s hash.
         pub async fn held(&self, ep: &str, n: u64, lease: u64) {
             match self {
-                Raw::Sqlite(c) => Self::lite(c, |c| {
-                    c.execute_batch("BEGIN").expect("begin");
+                Raw::Sqlite(c) => Self::lite_tx(c, |c| {
                     c.execute(
                         "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?1)
                          INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
@@ -589,8 +597,6 @@ mod preload {
                         ])
                         .expect("preload an open attempt");
                     }
-                    drop(st);
-                    c.execute_batch("COMMIT").expect("commit");
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
@@ -626,8 +632,7 @@ mod preload {
         pub async fn done(&self, ep: &str, n: u64) {
             let (claimed, ended) = (big(T0), big(T0 + 60 * SECOND));
             match self {
-                Raw::Sqlite(c) => Self::lite(c, |c| {
-                    c.execute_batch("BEGIN").expect("begin");
+                Raw::Sqlite(c) => Self::lite_tx(c, |c| {
                     c.execute(
                         "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?1)
                          INSERT INTO todos (id, endpoint, queue, title, payload, state, attempt,
@@ -651,7 +656,6 @@ mod preload {
                         rusqlite::params![big(n), ep, claimed, ended, SUMMARY],
                     )
                     .expect("preload closed attempts");
-                    c.execute_batch("COMMIT").expect("commit");
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
