@@ -9,7 +9,7 @@ use relay_core::{Error, ErrorCode};
 use serde::Deserialize;
 
 use super::login::{CsrfForm, LoggedIn, Posted, Posting};
-use super::{Board, failure, html, matching, see_other, status_of, todo_match};
+use super::{Board, Filter, failure, html, matching, see_other, status_of};
 use crate::server::Server;
 use crate::store::BulkResult;
 
@@ -21,12 +21,8 @@ pub(super) struct BulkForm {
     queue: String,
     #[serde(default)]
     action: String,
-    #[serde(default)]
-    state: String,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    q: String,
+    #[serde(flatten)]
+    filter: Filter,
 }
 
 impl Posting for BulkForm {
@@ -49,7 +45,7 @@ pub(super) async fn bulk_create(
                 f.action
             ))
         })?;
-        let m = todo_match(&f.state, &f.reason, &f.q)?;
+        let m = f.filter.todo_match()?;
         let queue = f.queue.trim().to_string();
         let todos = matching(&b, &s.operator, &queue, &m).await?;
         if todos.is_empty() {

@@ -270,14 +270,21 @@ async fn paused(b: &Board) -> Result<Vec<String>, Error> {
     b.store().apply(Op::PausedQueues).await?.queues()
 }
 
-#[derive(Deserialize)]
-struct QueueQuery {
+/// A queue page's filter fields, as its query string and its bulk form carry them.
+#[derive(Deserialize, Default)]
+struct Filter {
     #[serde(default)]
     state: String,
     #[serde(default)]
     reason: String,
     #[serde(default)]
     q: String,
+}
+
+#[derive(Deserialize)]
+struct QueueQuery {
+    #[serde(flatten)]
+    filter: Filter,
     #[serde(default)]
     page: usize,
 }
@@ -285,40 +292,38 @@ struct QueueQuery {
 /// Todos a queue page searches through at most (and a bulk action lists at most).
 const QUEUE_SCAN: usize = relay_core::board::BULK_MAX;
 
-/// A queue page's filter from its fields; a bad state or reason names the field and the values.
-fn todo_match(
-    state: &str,
-    reason: &str,
-    text: &str,
-) -> Result<relay_core::board::TodoMatch, Error> {
-    let state = match state.trim() {
-        "" => None,
-        s => Some(TodoState::parse(s).ok_or_else(|| {
-            Error::invalid(format!(
-                "state {s:?} is not a todo state; use pending, claimed, failed, done or canceled"
-            ))
-        })?),
-    };
-    let reason = match reason.trim() {
-        "" => None,
-        r => Some(
-            relay_core::ledger::DeadLetterReason::parse(r).ok_or_else(|| {
-                let all: Vec<&str> = relay_core::ledger::DeadLetterReason::ALL
-                    .iter()
-                    .map(|r| r.as_str())
-                    .collect();
+impl Filter {
+    /// The filter the fields say; a bad state or reason names the field and the values.
+    fn todo_match(&self) -> Result<relay_core::board::TodoMatch, Error> {
+        let state = match self.state.trim() {
+            "" => None,
+            s => Some(TodoState::parse(s).ok_or_else(|| {
                 Error::invalid(format!(
-                    "reason {r:?} is not a dead-letter reason; use one of {}",
-                    all.join(", ")
+                    "state {s:?} is not a todo state; use pending, claimed, failed, done or canceled"
                 ))
-            })?,
-        ),
-    };
-    Ok(relay_core::board::TodoMatch {
-        state,
-        reason,
-        text: text.to_string(),
-    })
+            })?),
+        };
+        let reason = match self.reason.trim() {
+            "" => None,
+            r => Some(
+                relay_core::ledger::DeadLetterReason::parse(r).ok_or_else(|| {
+                    let all: Vec<&str> = relay_core::ledger::DeadLetterReason::ALL
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect();
+                    Error::invalid(format!(
+                        "reason {r:?} is not a dead-letter reason; use one of {}",
+                        all.join(", ")
+                    ))
+                })?,
+            ),
+        };
+        Ok(relay_core::board::TodoMatch {
+            state,
+            reason,
+            text: self.q.clone(),
+        })
+    }
 }
 
 /// The todos of `queue` that `m` matches, newest first: what a queue page lists and what a
@@ -352,7 +357,7 @@ async fn queue_page(
     Query(query): Query<QueueQuery>,
     s: LoggedIn,
 ) -> Response {
-    let m = match todo_match(&query.state, &query.reason, &query.q) {
+    let m = match query.filter.todo_match() {
         Ok(m) => m,
         Err(e) => return failure(&b, &s, &e),
     };
