@@ -66,13 +66,14 @@ impl Ledger {
     /// rows (a second open attempt, closing a closed one) is refused as an internal error with
     /// nothing applied. The simulator's canaries call it directly to plant such bugs.
     pub fn apply_change(&mut self, change: Change) -> Result<Todo, Error> {
-        self.write_rows(&change.todo, &change.writes)?;
+        self.write_rows(&change)?;
         Ok(change.todo)
     }
 
-    /// [`Ledger::apply_change`] on borrowed rows, as [`Rows::write`] hands them over: each row is
-    /// copied once, into the map.
-    fn write_rows(&mut self, todo: &Todo, writes: &[AttemptWrite]) -> Result<(), Error> {
+    /// [`Ledger::apply_change`] on a borrowed change, as [`Rows::write`] hands it over: each row
+    /// is copied once, into the map.
+    fn write_rows(&mut self, change: &Change) -> Result<(), Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         let id = &todo.id;
         let entry = self
             .todos
@@ -229,15 +230,10 @@ impl Rows for Mem<'_> {
         Ok(true)
     }
 
-    async fn write(
-        &mut self,
-        _op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, _op: &str, change: &Change) -> Result<Vec<u64>, Error> {
         // write_rows refuses a write that touches no open row, so each touched one.
-        self.0.write_rows(todo, writes)?;
-        Ok(vec![1; writes.len()])
+        self.0.write_rows(change)?;
+        Ok(vec![1; change.writes.len()])
     }
 
     async fn attempts(

@@ -198,10 +198,10 @@ impl Op {
         }
     }
 
-    /// What the operation is about, for an error's subject: the todo id, or what it ranges over.
-    pub fn subject(&self) -> String {
+    /// The existing todo the operation names by id: `None` for an add (the id it carries is the
+    /// new todo's) and for the operations over many todos or none.
+    pub fn todo_id(&self) -> Option<&str> {
         match self {
-            Op::AddTodo { new, .. } => new.id.clone(),
             Op::Claim { id, .. }
             | Op::Heartbeat { id, .. }
             | Op::Complete { id, .. }
@@ -213,14 +213,35 @@ impl Op {
             | Op::Retry { id, .. }
             | Op::Cancel { id, .. }
             | Op::GetTodo { id, .. }
-            | Op::DeleteTodo { id, .. } => id.clone(),
+            | Op::DeleteTodo { id, .. } => Some(id),
+            Op::AddTodo { .. }
+            | Op::ClaimNext { .. }
+            | Op::Reap { .. }
+            | Op::RequeueDue { .. }
+            | Op::RevokeEndpoint { .. }
+            | Op::ListTodos { .. }
+            | Op::PurgeFinished { .. }
+            | Op::PauseQueue { .. }
+            | Op::PausedQueues
+            | Op::SetQueueLimits { .. }
+            | Op::QueueFlow { .. } => None,
+        }
+    }
+
+    /// What the operation is about, for an error's subject: the todo id, or what it ranges over.
+    pub fn subject(&self) -> String {
+        match self {
+            Op::AddTodo { new, .. } => new.id.clone(),
             Op::ClaimNext { actor, .. } => format!("(next for {})", actor.owner()),
             Op::Reap { .. } | Op::RequeueDue { .. } | Op::PurgeFinished { .. } => "(sweep)".into(),
             Op::RevokeEndpoint { endpoint, .. } => format!("(endpoint {endpoint})"),
             Op::ListTodos { .. } => "(list)".into(),
-            Op::PauseQueue { queue, .. } => format!("(queue {queue})"),
-            Op::SetQueueLimits { queue, .. } => format!("(queue {queue})"),
+            Op::PauseQueue { queue, .. } | Op::SetQueueLimits { queue, .. } => {
+                format!("(queue {queue})")
+            }
             Op::PausedQueues | Op::QueueFlow { .. } => "(queues)".into(),
+            // The rest name their todo.
+            named => named.todo_id().unwrap_or_default().to_string(),
         }
     }
 

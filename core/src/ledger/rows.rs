@@ -137,17 +137,12 @@ pub trait Rows {
     /// Inserts a todo; `false` when the id is taken, or the endpoint's idempotency key is (a
     /// unique index, so that concurrent adds with one key make one todo).
     async fn insert_todo(&mut self, t: &Todo) -> Result<bool, Error>;
-    /// Writes a change: the columns of the todo a transition may change, then each attempt
+    /// Writes a change: the columns of its todo a transition may change, then each attempt
     /// write in order (`Open` inserts, `Update` rewrites the attempt only while it is open,
     /// `PruneThrough` deletes closed attempts at or below the floor, `Late` rewrites a closed
     /// attempt's late reports and nothing else). Returns the rows each
     /// attempt write touched, so that [`run`] can hold `Update` to exactly one.
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error>;
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error>;
     /// A todo's attempts newest first, as `which` says.
     async fn attempts(&mut self, op: &str, id: &str, which: Newest) -> Result<Vec<Attempt>, Error>;
     /// Candidate ids of a sweep, in id order, locked.
@@ -503,7 +498,7 @@ async fn write<R: Rows>(
             t.id
         )));
     }
-    let touched = rows.write(op, t, &change.writes).await?;
+    let touched = rows.write(op, &change).await?;
     for (w, n) in change.writes.iter().zip(touched) {
         match w {
             AttemptWrite::Update(a) if n != 1 => {

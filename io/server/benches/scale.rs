@@ -152,10 +152,7 @@ async fn claim_at_depth(store: &Store, raw: &preload::Raw, name: &str, depth: u6
     .await;
     let mut lat = Lat::default();
     for i in 0..CLAIMS {
-        let t = Instant::now();
-        let c = claim_next(store, i).await;
-        lat.push(t.elapsed());
-        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+        measured_claim(store, i, &mut lat).await;
     }
     let (p50, p99) = (lat.q(0.50), lat.q(0.99));
     println!(
@@ -196,6 +193,15 @@ async fn claim_next(store: &Store, i: usize) -> Todo {
         .and_then(Answer::next)
         .expect("claim_next");
     next.expect("a pending todo to claim").todo
+}
+
+/// [`claim_next`] `i`, its latency added to `lat`; it must take a todo of queue `q`.
+async fn measured_claim(store: &Store, i: usize, lat: &mut Lat) -> Todo {
+    let t = Instant::now();
+    let c = claim_next(store, i).await;
+    lat.push(t.elapsed());
+    assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+    c
 }
 
 /// The lease token's hash of [`claim_next`] `i`.
@@ -252,10 +258,7 @@ async fn held_keys(store: &Store, raw: &preload::Raw, name: &str, floor: f64) {
     );
     let mut lat = Lat::default();
     for i in 0..CLAIMS {
-        let t = Instant::now();
-        let c = claim_next(store, i).await;
-        lat.push(t.elapsed());
-        assert_eq!(c.queue, "q", "claim_next took another queue's todo");
+        let c = measured_claim(store, i, &mut lat).await;
         assert_ne!(
             c.concurrency_key.as_deref(),
             Some("hot"),
@@ -494,6 +497,15 @@ mod preload {
             tokio::task::block_in_place(|| f(&c.lock().expect("the SQLite connection")))
         }
 
+        /// [`Raw::lite`] in one transaction: the preloads of rows and their attempts.
+        fn lite_tx(c: &Mutex<rusqlite::Connection>, f: impl FnOnce(&rusqlite::Connection)) {
+            Self::lite(c, |c| {
+                c.execute_batch("BEGIN").expect("begin");
+                f(c);
+                c.execute_batch("COMMIT").expect("commit");
+            })
+        }
+
         /// Empties the todo tables.
         pub async fn clear(&self) {
             match self {
@@ -554,8 +566,7 @@ mod preload {
         /// `lease`, each with its open attempt (seq 1) fenced by [`token`]'s hash.
         pub async fn held(&self, ep: &str, n: u64, lease: u64) {
             match self {
-                Raw::Sqlite(c) => Self::lite(c, |c| {
-                    c.execute_batch("BEGIN").expect("begin");
+                Raw::Sqlite(c) => Self::lite_tx(c, |c| {
                     c.execute(
                         "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?1)
                          INSERT INTO todos (id, endpoint, queue, title, state, owner, attempt,
@@ -586,8 +597,6 @@ mod preload {
                         ])
                         .expect("preload an open attempt");
                     }
-                    drop(st);
-                    c.execute_batch("COMMIT").expect("commit");
                 }),
                 Raw::Postgres(c) => {
                     c.execute(
@@ -623,8 +632,7 @@ mod preload {
         pub async fn done(&self, ep: &str, n: u64) {
             let (claimed, ended) = (big(T0), big(T0 + 60 * SECOND));
             match self {
-                Raw::Sqlite(c) => Self::lite(c, |c| {
-                    c.execute_batch("BEGIN").expect("begin");
+                Raw::Sqlite(c) => Self::lite_tx(c, |c| {
                     c.execute(
                         "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?1)
                          INSERT INTO todos (id, endpoint, queue, title, payload, state, attempt,
@@ -648,7 +656,6 @@ mod preload {
                         rusqlite::params![big(n), ep, claimed, ended, SUMMARY],
                     )
                     .expect("preload closed attempts");
-                    c.execute_batch("COMMIT").expect("commit");
                 }),
                 Raw::Postgres(c) => {
                     c.execute(

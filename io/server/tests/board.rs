@@ -5,10 +5,10 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Harness, T0, form};
+use harness::{Harness, Mcp, T0, form};
 use relay_core::board::{CSRF_FIELD_LEN, SESSION_TTL};
 use relay_core::ledger::{LedgerConfig, TokenHash};
-use relay_server::store::Store;
+use relay_server::store::{BulkResult, Store};
 use serde_json::json;
 
 async fn start() -> Harness {
@@ -41,6 +41,13 @@ impl Board {
         }
     }
 
+    /// A Board logged in with `token`.
+    async fn logged_in(h: &Harness, token: &str) -> Board {
+        let mut b = Board::new(h);
+        b.login(token).await;
+        b
+    }
+
     async fn get(&self, path: &str) -> reqwest::Response {
         let mut r = self.http.get(format!("{}{path}", self.base));
         if let Some(c) = &self.cookie {
@@ -70,12 +77,36 @@ impl Board {
         set
     }
 
+    /// The page at `path`, as text.
+    async fn page(&self, path: &str) -> String {
+        self.get(path).await.text().await.unwrap()
+    }
+
     /// The CSRF token the page at `path` carries in its forms.
     async fn csrf(&self, path: &str) -> String {
-        let page = self.get(path).await.text().await.unwrap();
+        let page = self.page(path).await;
         let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
         page[at..at + CSRF_FIELD_LEN].to_string()
     }
+}
+
+/// A server with operator `alice` (her token) and endpoint `ci` granted `verbs`, its MCP
+/// session initialised.
+async fn with_ci(verbs: &[&str]) -> (Harness, String, Mcp) {
+    let h = start().await;
+    let token = operator(&h, "alice").await;
+    let bearer = h.endpoint("ci", verbs, None).await;
+    let mut mcp = h.mcp("ci", &bearer);
+    mcp.init().await;
+    (h, token, mcp)
+}
+
+/// Adds a todo through `mcp`; its id.
+async fn add(mcp: &mut Mcp, args: serde_json::Value) -> String {
+    mcp.ok("add_todo", args).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 async fn operator(h: &Harness, name: &str) -> String {
@@ -158,8 +189,7 @@ async fn a_wrong_token_or_an_endpoint_token_never_opens_the_board_and_failures_a
 async fn a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing() {
     let h = start().await;
     let token = operator(&h, "alice").await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let r = b
         .post("/board/queues/ci/pause", &[("csrf", "forged")])
         .await;
@@ -180,7 +210,7 @@ async fn a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing()
     assert_eq!(r.status(), 303);
     let paused = h.store.apply(relay_core::ledger::Op::PausedQueues).await;
     assert_eq!(paused.unwrap().queues().unwrap(), ["ci"]);
-    let page = b.get("/board/queues/ci").await.text().await.unwrap();
+    let page = b.page("/board/queues/ci").await;
     assert!(page.contains(">Resume</button>"), "{page}");
 }
 
@@ -188,8 +218,7 @@ async fn a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing()
 async fn a_session_ends_at_its_expiry_at_logout_and_when_its_operator_is_revoked() {
     let h = start().await;
     let token = operator(&h, "alice").await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let mut b = Board::logged_in(&h, &token).await;
     assert_eq!(b.get("/board/").await.status(), 200);
     h.clock.advance(SESSION_TTL);
     assert_eq!(b.get("/board/").await.status(), 303);
@@ -215,33 +244,20 @@ async fn a_session_ends_at_its_expiry_at_logout_and_when_its_operator_is_revoked
 
 #[tokio::test]
 async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let bearer = h
-        .endpoint("ci", &["claim_next", "add_todo", "fail", "get_todo"], None)
-        .await;
-    let mut mcp = h.mcp("ci", &bearer);
-    mcp.init().await;
-    let added = mcp
-        .ok(
-            "add_todo",
-            json!({"queue": "ci", "title": "<script>alert(1)</script>", "max_attempts": 1}),
-        )
-        .await;
-    let id = added["id"].as_str().unwrap().to_string();
+    let (h, token, mut mcp) = with_ci(&["claim_next", "add_todo", "fail", "get_todo"]).await;
+    let title = "<script>alert(1)</script>";
+    let id = add(
+        &mut mcp,
+        json!({"queue": "ci", "title": title, "max_attempts": 1}),
+    )
+    .await;
     mcp.ok(
         "claim_next",
         json!({"queue": "ci", "claimant": "<b>bold</b>"}),
     )
     .await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let page = b
-        .get(&format!("/board/todos/{id}"))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let b = Board::logged_in(&h, &token).await;
+    let page = b.page(&format!("/board/todos/{id}")).await;
     assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     assert!(!page.contains("<script>alert"));
     assert!(page.contains("&lt;b&gt;bold&lt;/b&gt;"));
@@ -257,12 +273,7 @@ async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
         )
         .await;
     assert_eq!(r.status(), 303);
-    let page = b
-        .get(&format!("/board/todos/{id}"))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = b.page(&format!("/board/todos/{id}")).await;
     assert!(
         page.contains("<span class=\"outcome\">released</span>"),
         "{page}"
@@ -285,17 +296,8 @@ async fn an_operator_recovers_a_stuck_claim_and_untrusted_text_stays_text() {
 
 #[tokio::test]
 async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let bearer = h
-        .endpoint("ci", &["claim_next", "add_todo", "complete"], None)
-        .await;
-    let mut mcp = h.mcp("ci", &bearer);
-    mcp.init().await;
-    let added = mcp
-        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
-        .await;
-    let id = added["id"].as_str().unwrap().to_string();
+    let (h, token, mut mcp) = with_ci(&["claim_next", "add_todo", "complete"]).await;
+    let id = add(&mut mcp, json!({"queue": "ci", "title": "t"})).await;
     let mut b = Board::new(&h);
     // Without a session the stream does not open.
     assert_eq!(b.get("/board/events").await.status(), 401);
@@ -314,19 +316,12 @@ async fn the_live_stream_tells_an_open_page_when_a_worker_completes_its_todo() {
 
 #[tokio::test]
 async fn the_overview_counts_charts_closes_and_lists_lapsing_claims_and_repeated_deaths() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let bearer = h
-        .endpoint("ci", &["claim_next", "add_todo", "complete", "fail"], None)
-        .await;
-    let mut mcp = h.mcp("ci", &bearer);
-    mcp.init().await;
-    let add = |title: &str, max: u32| json!({"queue": "ci", "title": title, "max_attempts": max});
+    let (h, token, mut mcp) = with_ci(&["claim_next", "add_todo", "complete", "fail"]).await;
     // One millisecond apart, so that claim_next takes them in this order.
     let mut ids = Vec::new();
     for (title, max) in [("done", 3), ("flaky <i>", 3), ("dead", 1), ("waiting", 3)] {
-        let t = mcp.ok("add_todo", add(title, max)).await;
-        ids.push(t["id"].as_str().unwrap().to_string());
+        let args = json!({"queue": "ci", "title": title, "max_attempts": max});
+        ids.push(add(&mut mcp, args).await);
         h.clock.advance(1);
     }
     let (done, flaky) = (ids[0].clone(), ids[1].clone());
@@ -343,8 +338,7 @@ async fn the_overview_counts_charts_closes_and_lists_lapsing_claims_and_repeated
     let c = mcp.ok("claim_next", json!({"queue": "ci"})).await;
     mcp.ok("fail", json!({"id": c["todo"]["id"]})).await;
 
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let r = b.get("/board/").await;
     assert_eq!(r.status(), 200);
     let page = r.text().await.unwrap();
@@ -386,9 +380,8 @@ async fn an_operator_adds_a_todo_for_an_endpoint_and_bad_input_changes_nothing()
     let token = operator(&h, "alice").await;
     h.endpoint("ci", &["claim_next", "get_todo"], None).await;
     h.endpoint("narrow", &["claim_next"], Some(&["a"])).await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let page = b.get("/board/add?queue=ci").await.text().await.unwrap();
+    let b = Board::logged_in(&h, &token).await;
+    let page = b.page("/board/add?queue=ci").await;
     assert!(page.contains("<option value=\"ci\""), "{page}");
     assert!(
         page.contains("name=\"queue\" required value=\"ci\""),
@@ -499,21 +492,11 @@ async fn an_operator_adds_a_todo_for_an_endpoint_and_bad_input_changes_nothing()
 
 #[tokio::test]
 async fn an_operator_revokes_an_endpoint_from_the_board() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let bearer = h.endpoint("ci", &["claim_next", "add_todo"], None).await;
-    let mut mcp = h.mcp("ci", &bearer);
-    mcp.init().await;
-    let id = mcp
-        .ok("add_todo", json!({"queue": "ci", "title": "t"}))
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (h, token, mut mcp) = with_ci(&["claim_next", "add_todo"]).await;
+    let id = add(&mut mcp, json!({"queue": "ci", "title": "t"})).await;
     mcp.ok("claim_next", json!({"queue": "ci"})).await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    let b = Board::logged_in(&h, &token).await;
+    let page = b.page("/board/endpoints").await;
     assert!(page.contains("data-endpoint=\"ci\"") && page.contains(">Revoke</button>"));
     // Without the CSRF token: refused, nothing changes.
     let r = b.post("/board/endpoints/ci/revoke", &[]).await;
@@ -535,12 +518,7 @@ async fn an_operator_revokes_an_endpoint_from_the_board() {
     let e = h.store.endpoint_get("ci").await.unwrap().unwrap();
     assert_eq!(e.revoked_at, Some(h.now()));
     // As `relay endpoint revoke`: the claim is a dead letter, the token opens nothing.
-    let page = b
-        .get(&format!("/board/todos/{id}"))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = b.page(&format!("/board/todos/{id}")).await;
     assert!(
         page.contains("<span class=\"outcome\">revoked</span>"),
         "{page}"
@@ -549,7 +527,7 @@ async fn an_operator_revokes_an_endpoint_from_the_board() {
         .post_raw(json!({"jsonrpc": "2.0", "id": 9, "method": "ping"}).to_string())
         .await;
     assert_eq!(r.status(), 401);
-    let page = b.get("/board/endpoints").await.text().await.unwrap();
+    let page = b.page("/board/endpoints").await;
     assert!(!page.contains(">Revoke</button>"), "{page}");
     // Twice: the store's conflict, said on the page.
     let r = b
@@ -570,8 +548,7 @@ async fn a_change_made_outside_this_server_reaches_an_open_board_stream() {
     let token = operator(&h, "alice").await;
     h.endpoint("ci", &["claim_next"], None).await;
     let cli = Store::open(&url, LedgerConfig::default()).await.unwrap();
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let mut stream = b.get("/board/events").await;
     assert_eq!(stream.status(), 200);
     // The first scan only takes the store's watermark.
@@ -617,28 +594,17 @@ async fn a_change_made_outside_this_server_reaches_an_open_board_stream() {
 
 #[tokio::test]
 async fn a_retry_on_the_board_rings_the_doorbell_at_once() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let bearer = h
-        .endpoint("ci", &["claim_next", "add_todo", "fail"], None)
-        .await;
-    let mut mcp = h.mcp("ci", &bearer);
-    mcp.init().await;
-    let id = mcp
-        .ok(
-            "add_todo",
-            json!({"queue": "ci", "title": "t", "max_attempts": 1}),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (h, token, mut mcp) = with_ci(&["claim_next", "add_todo", "fail"]).await;
+    let id = add(
+        &mut mcp,
+        json!({"queue": "ci", "title": "t", "max_attempts": 1}),
+    )
+    .await;
     mcp.ok("claim_next", json!({"queue": "ci"})).await;
     mcp.ok("fail", json!({"id": id})).await;
     // The stream opens after the add's own ring; only the retry can ring it.
     let mut stream = mcp.stream().await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let csrf = b.csrf(&format!("/board/todos/{id}")).await;
     let r = b
         .post(
@@ -662,15 +628,8 @@ async fn dead_letters(h: &Harness, q: &str, n: usize) -> Vec<String> {
     mcp.init().await;
     let mut ids = Vec::new();
     for k in 0..n {
-        let id = mcp
-            .ok(
-                "add_todo",
-                json!({"queue": q, "title": format!("dead {k}"), "max_attempts": 1}),
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let args = json!({"queue": q, "title": format!("dead {k}"), "max_attempts": 1});
+        let id = add(&mut mcp, args).await;
         mcp.ok("claim", json!({"id": id})).await;
         mcp.ok("fail", json!({"id": id})).await;
         ids.push(id);
@@ -714,14 +673,10 @@ async fn retry_all_lists_the_filter_confirms_the_count_and_records_each_todo() {
     let h = start().await;
     let token = operator(&h, "alice").await;
     let ids = dead_letters(&h, "q", 5).await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let page = b
-        .get("/board/queues/q?state=failed&reason=attempts_exhausted")
-        .await
-        .text()
-        .await
-        .unwrap();
+        .page("/board/queues/q?state=failed&reason=attempts_exhausted")
+        .await;
     assert!(
         page.contains("<span class=\"n-matched\">5</span>"),
         "{page}"
@@ -755,12 +710,7 @@ async fn retry_all_lists_the_filter_confirms_the_count_and_records_each_todo() {
         .await;
     assert_eq!(r.status(), 303);
     let id = bulk_id(&r);
-    let confirm = b
-        .get(&format!("/board/bulk/{id}"))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let confirm = b.page(&format!("/board/bulk/{id}")).await;
     assert!(
         confirm.contains("<span class=\"bulk-count\">5</span>"),
         "{confirm}"
@@ -778,8 +728,7 @@ async fn retry_all_lists_the_filter_confirms_the_count_and_records_each_todo() {
     );
     // Another operator may not confirm it.
     let mallory = operator(&h, "mallory").await;
-    let mut m = Board::new(&h);
-    m.login(&mallory).await;
+    let m = Board::logged_in(&h, &mallory).await;
     let mcsrf = m.csrf("/board/").await;
     let refused = m
         .post(&format!("/board/bulk/{id}"), &[("csrf", &mcsrf)])
@@ -806,8 +755,7 @@ async fn a_confirmed_bulk_action_resumes_after_a_restart_from_the_todos_left() {
     let h = start().await;
     let token = operator(&h, "alice").await;
     let ids = dead_letters(&h, "q", 4).await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
+    let b = Board::logged_in(&h, &token).await;
     let csrf = b.csrf("/board/queues/q").await;
     let r = b
         .post(
@@ -826,12 +774,12 @@ async fn a_confirmed_bulk_action_resumes_after_a_restart_from_the_todos_left() {
     // can be told apart from a fresh run: it must not touch them).
     h.store.bulk_confirm(T0, &id, "alice").await.unwrap();
     for todo in &ids[..2] {
-        assert!(
-            h.store
-                .bulk_record(T0, &id, todo, false, Some("test"))
-                .await
-                .unwrap()
-        );
+        let skipped = BulkResult {
+            todo_id: todo.clone(),
+            applied: false,
+            note: Some("test".into()),
+        };
+        assert!(h.store.bulk_record(T0, &id, skipped).await.unwrap());
     }
     // A server starting on the same store (with its background loops) carries on.
     let again = Harness::start_on(h.store.clone(), 8, |_| {}, true).await;
@@ -866,43 +814,26 @@ async fn a_task_page_says_it_is_a_task_and_whose_but_never_its_id() {
         .expect("a task")
         .to_string();
     let (todo, secret) = task_id.rsplit_once('.').unwrap();
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let page = b
-        .get(&format!("/board/todos/{todo}"))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let b = Board::logged_in(&h, &token).await;
+    let page = b.page(&format!("/board/todos/{todo}")).await;
     assert!(page.contains("An MCP task"), "{page}");
     assert!(page.contains("endpoint ci"), "{page}");
     assert!(!page.contains(secret), "the page shows the task id");
-    let list = b.get("/board/queues/q").await.text().await.unwrap();
+    let list = b.page("/board/queues/q").await;
     assert!(!list.contains(secret), "the queue page shows the task id");
 }
 
 #[tokio::test]
 async fn a_delayed_todo_page_says_until_when_it_waits_and_its_priority() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let ep = h.endpoint("ci", &["add_todo"], None).await;
-    let mut c = h.mcp("ci", &ep);
-    c.init().await;
+    let (h, token, mut c) = with_ci(&["add_todo"]).await;
     let at = relay_core::time::rfc3339(h.now() + 3_600_000);
-    let later = c
-        .ok(
-            "add_todo",
-            json!({"queue": "q", "title": "later", "run_at": at, "priority": 7}),
-        )
-        .await;
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let page = b
-        .get(&format!("/board/todos/{}", later["id"].as_str().unwrap()))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let later = add(
+        &mut c,
+        json!({"queue": "q", "title": "later", "run_at": at, "priority": 7}),
+    )
+    .await;
+    let b = Board::logged_in(&h, &token).await;
+    let page = b.page(&format!("/board/todos/{later}")).await;
     assert!(
         page.contains(&format!("waits until {at}")) && page.contains("priority 7"),
         "{page}"
@@ -914,11 +845,7 @@ async fn a_delayed_todo_page_says_until_when_it_waits_and_its_priority() {
 /// which limit holds it; `/metrics` shows the same held-back count.
 #[tokio::test]
 async fn a_held_back_todo_says_which_limit_holds_it_and_the_board_counts_them() {
-    let h = start().await;
-    let token = operator(&h, "alice").await;
-    let ep = h.endpoint("ci", &["add_todo", "claim_next"], None).await;
-    let mut c = h.mcp("ci", &ep);
-    c.init().await;
+    let (h, token, mut c) = with_ci(&["add_todo", "claim_next"]).await;
     let op = relay_core::ledger::Op::SetQueueLimits {
         now: h.now(),
         actor: relay_core::ledger::Actor::cli(),
@@ -931,20 +858,14 @@ async fn a_held_back_todo_says_which_limit_holds_it_and_the_board_counts_them() 
     h.store.apply(op).await.unwrap();
     let mut ids = Vec::new();
     for i in 0..3 {
-        let t = c
-            .ok(
-                "add_todo",
-                json!({"queue": "q", "title": format!("t{i}"), "concurrency_key": "repo-a"}),
-            )
-            .await;
-        ids.push(t["id"].as_str().unwrap().to_string());
+        let args = json!({"queue": "q", "title": format!("t{i}"), "concurrency_key": "repo-a"});
+        ids.push(add(&mut c, args).await);
         h.clock.advance(1);
     }
     let first = c.ok("claim_next", json!({"queue": "q"})).await;
     assert_eq!(first["todo"]["id"], ids[0].as_str());
-    let mut b = Board::new(&h);
-    b.login(&token).await;
-    let overview = b.get("/board/").await.text().await.unwrap();
+    let b = Board::logged_in(&h, &token).await;
+    let overview = b.page("/board/").await;
     assert!(overview.contains("<h2>Flow limits</h2>"), "{overview}");
     assert!(
         overview.contains("<td class=\"n-held-back\">2</td>")
@@ -952,29 +873,19 @@ async fn a_held_back_todo_says_which_limit_holds_it_and_the_board_counts_them() 
             && overview.contains("keys at max_claimed_per_key: &quot;repo-a&quot;"),
         "{overview}"
     );
-    let queue = b.get("/board/queues/q").await.text().await.unwrap();
+    let queue = b.page("/board/queues/q").await;
     assert!(
         queue.contains("<td class=\"n-held-back\">2</td>"),
         "{queue}"
     );
-    let page = b
-        .get(&format!("/board/todos/{}", ids[1]))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = b.page(&format!("/board/todos/{}", ids[1])).await;
     assert!(
         page.contains("held back: its queue has max_claimed_per_key 1 todos with concurrency_key &quot;repo-a&quot; claimed")
             && page.contains("concurrency_key repo-a"),
         "{page}"
     );
     // The claimed one is not held back: it runs.
-    let page = b
-        .get(&format!("/board/todos/{}", ids[0]))
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = b.page(&format!("/board/todos/{}", ids[0])).await;
     assert!(!page.contains("held back"), "{page}");
     let metrics = h
         .http

@@ -1,16 +1,17 @@
 //! The Board's bulk actions: listing the todos a queue page's filter matches, the confirm
 //! page, and applying a confirmed action todo by todo (resumed after a stop).
 
-use axum::extract::{Form, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::Response;
 use relay_core::ledger::{Actor, Op, TodoState};
 use relay_core::{Error, ErrorCode};
 use serde::Deserialize;
 
-use super::login::{CsrfForm, posting, session};
-use super::{Board, failure, html, matching, see_other, status_of, todo_match};
+use super::login::{CsrfForm, LoggedIn, Posted, Posting};
+use super::{Board, Filter, failure, html, matching, see_other, status_of};
 use crate::server::Server;
+use crate::store::BulkResult;
 
 #[derive(Deserialize, Default)]
 pub(super) struct BulkForm {
@@ -20,12 +21,14 @@ pub(super) struct BulkForm {
     queue: String,
     #[serde(default)]
     action: String,
-    #[serde(default)]
-    state: String,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    q: String,
+    #[serde(flatten)]
+    filter: Filter,
+}
+
+impl Posting for BulkForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
 }
 
 /// "Retry all" / "Cancel all" on a queue page: lists every todo the page's filter matches, as
@@ -33,13 +36,8 @@ pub(super) struct BulkForm {
 /// shows the count). Nothing changes until then.
 pub(super) async fn bulk_create(
     State(b): State<Board>,
-    headers: HeaderMap,
-    Form(f): Form<BulkForm>,
+    Posted(s, f): Posted<BulkForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     let made = async {
         let action = relay_core::board::BulkAction::parse(f.action.trim()).ok_or_else(|| {
             Error::invalid(format!(
@@ -47,7 +45,7 @@ pub(super) async fn bulk_create(
                 f.action
             ))
         })?;
-        let m = todo_match(&f.state, &f.reason, &f.q)?;
+        let m = f.filter.todo_match()?;
         let queue = f.queue.trim().to_string();
         let todos = matching(&b, &s.operator, &queue, &m).await?;
         if todos.is_empty() {
@@ -97,13 +95,9 @@ pub(super) async fn bulk_create(
 /// and every listed todo's result.
 pub(super) async fn bulk_page(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    s: LoggedIn,
 ) -> Response {
-    let s = match session(&b, &headers, true).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     match b.store().bulk_get(&id).await {
         Ok(Some(bulk)) => html(StatusCode::OK, html::bulk(&s.csrf, &s.operator, &bulk)),
         Ok(None) => failure(
@@ -118,14 +112,9 @@ pub(super) async fn bulk_page(
 /// The confirmation: from now on the action is applied, todo by todo, and resumed after a stop.
 pub(super) async fn bulk_confirm(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
+    Posted(s, _): Posted<CsrfForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     if let Err(e) = b
         .store()
         .bulk_confirm(b.server.now(), &id, &s.operator)
@@ -227,10 +216,12 @@ async fn run_bulk(server: Server, id: String) {
                 }
             },
         };
-        if let Err(e) = store
-            .bulk_record(server.now(), &id, &item.todo_id, applied, note.as_deref())
-            .await
-        {
+        let result = BulkResult {
+            todo_id: item.todo_id.clone(),
+            applied,
+            note,
+        };
+        if let Err(e) = store.bulk_record(server.now(), &id, result).await {
             tracing::warn!(bulk = %id, error = %e, "board: a bulk action stopped; it resumes at the next start");
             return;
         }

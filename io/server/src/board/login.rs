@@ -3,12 +3,14 @@
 
 use std::sync::Mutex;
 
-use axum::extract::{Form, Query, State};
+use axum::extract::{Form, FromRequest, FromRequestParts, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use relay_core::board::{SESSION_TTL, csrf_matches, csrf_token};
 use relay_core::ledger::TokenHash;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use super::{Board, COOKIE, failure, html, see_other};
 
@@ -91,15 +93,37 @@ fn csrf_ok(s: &LoggedIn, presented: &str) -> Result<(), Response> {
     }
 }
 
-/// A POST's session and CSRF check together: what every state-changing request passes first.
-pub(super) async fn posting(
-    b: &Board,
-    headers: &HeaderMap,
-    csrf: &str,
-) -> Result<LoggedIn, Response> {
-    let s = session(b, headers, false).await?;
-    csrf_ok(&s, csrf)?;
-    Ok(s)
+/// A page request's live session ([`session`]), as a handler's argument: without one, the
+/// login page is the response.
+impl FromRequestParts<Board> for LoggedIn {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, b: &Board) -> Result<LoggedIn, Response> {
+        session(b, &parts.headers, true).await
+    }
+}
+
+/// A form a state-changing POST sends: it carries the session's CSRF token.
+pub(super) trait Posting: DeserializeOwned + Send {
+    fn csrf(&self) -> &str;
+}
+
+/// A POST's session and form, past the session and CSRF checks together: what every
+/// state-changing handler takes, so that none runs without them.
+pub(super) struct Posted<F>(pub(super) LoggedIn, pub(super) F);
+
+impl<F: Posting> FromRequest<Board> for Posted<F> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, b: &Board) -> Result<Posted<F>, Response> {
+        let headers = req.headers().clone();
+        let Form(f) = Form::<F>::from_request(req, b)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let s = session(b, &headers, false).await?;
+        csrf_ok(&s, f.csrf())?;
+        Ok(Posted(s, f))
+    }
 }
 
 pub(super) async fn login_page(State(b): State<Board>, headers: HeaderMap) -> Response {
@@ -243,21 +267,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A form with nothing but the CSRF token (a button).
 #[derive(Deserialize)]
 pub(super) struct CsrfForm {
     #[serde(default)]
-    pub(super) csrf: String,
+    csrf: String,
 }
 
-pub(super) async fn logout(
-    State(b): State<Board>,
-    headers: HeaderMap,
-    Form(f): Form<CsrfForm>,
-) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+impl Posting for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+pub(super) async fn logout(State(b): State<Board>, Posted(s, _): Posted<CsrfForm>) -> Response {
     if let Err(e) = b.store().session_delete(TokenHash::of(&s.secret)).await {
         return failure(&b, &s, &e);
     }

@@ -26,13 +26,13 @@ mod login;
 
 pub(crate) use bulk::resume_bulks;
 use bulk::{bulk_confirm, bulk_create, bulk_page};
-use login::{CsrfForm, LoggedIn, login, login_link, login_page, logout, posting, session};
+use login::{CsrfForm, LoggedIn, Posted, Posting, login, login_link, login_page, logout, session};
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -237,11 +237,7 @@ fn failure(b: &Board, s: &LoggedIn, e: &Error) -> Response {
     )
 }
 
-async fn overview(State(b): State<Board>, headers: HeaderMap) -> Response {
-    let s = match session(&b, &headers, true).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+async fn overview(State(b): State<Board>, s: LoggedIn) -> Response {
     let now = b.server.now();
     let read = async {
         let o = b.store().board_overview(now).await?;
@@ -274,14 +270,21 @@ async fn paused(b: &Board) -> Result<Vec<String>, Error> {
     b.store().apply(Op::PausedQueues).await?.queues()
 }
 
-#[derive(Deserialize)]
-struct QueueQuery {
+/// A queue page's filter fields, as its query string and its bulk form carry them.
+#[derive(Deserialize, Default)]
+struct Filter {
     #[serde(default)]
     state: String,
     #[serde(default)]
     reason: String,
     #[serde(default)]
     q: String,
+}
+
+#[derive(Deserialize)]
+struct QueueQuery {
+    #[serde(flatten)]
+    filter: Filter,
     #[serde(default)]
     page: usize,
 }
@@ -289,40 +292,38 @@ struct QueueQuery {
 /// Todos a queue page searches through at most (and a bulk action lists at most).
 const QUEUE_SCAN: usize = relay_core::board::BULK_MAX;
 
-/// A queue page's filter from its fields; a bad state or reason names the field and the values.
-fn todo_match(
-    state: &str,
-    reason: &str,
-    text: &str,
-) -> Result<relay_core::board::TodoMatch, Error> {
-    let state = match state.trim() {
-        "" => None,
-        s => Some(TodoState::parse(s).ok_or_else(|| {
-            Error::invalid(format!(
-                "state {s:?} is not a todo state; use pending, claimed, failed, done or canceled"
-            ))
-        })?),
-    };
-    let reason = match reason.trim() {
-        "" => None,
-        r => Some(
-            relay_core::ledger::DeadLetterReason::parse(r).ok_or_else(|| {
-                let all: Vec<&str> = relay_core::ledger::DeadLetterReason::ALL
-                    .iter()
-                    .map(|r| r.as_str())
-                    .collect();
+impl Filter {
+    /// The filter the fields say; a bad state or reason names the field and the values.
+    fn todo_match(&self) -> Result<relay_core::board::TodoMatch, Error> {
+        let state = match self.state.trim() {
+            "" => None,
+            s => Some(TodoState::parse(s).ok_or_else(|| {
                 Error::invalid(format!(
-                    "reason {r:?} is not a dead-letter reason; use one of {}",
-                    all.join(", ")
+                    "state {s:?} is not a todo state; use pending, claimed, failed, done or canceled"
                 ))
-            })?,
-        ),
-    };
-    Ok(relay_core::board::TodoMatch {
-        state,
-        reason,
-        text: text.to_string(),
-    })
+            })?),
+        };
+        let reason = match self.reason.trim() {
+            "" => None,
+            r => Some(
+                relay_core::ledger::DeadLetterReason::parse(r).ok_or_else(|| {
+                    let all: Vec<&str> = relay_core::ledger::DeadLetterReason::ALL
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect();
+                    Error::invalid(format!(
+                        "reason {r:?} is not a dead-letter reason; use one of {}",
+                        all.join(", ")
+                    ))
+                })?,
+            ),
+        };
+        Ok(relay_core::board::TodoMatch {
+            state,
+            reason,
+            text: self.q.clone(),
+        })
+    }
 }
 
 /// The todos of `queue` that `m` matches, newest first: what a queue page lists and what a
@@ -352,15 +353,11 @@ async fn matching(
 
 async fn queue_page(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(queue): Path<String>,
     Query(query): Query<QueueQuery>,
+    s: LoggedIn,
 ) -> Response {
-    let s = match session(&b, &headers, true).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let m = match todo_match(&query.state, &query.reason, &query.q) {
+    let m = match query.filter.todo_match() {
         Ok(m) => m,
         Err(e) => return failure(&b, &s, &e),
     };
@@ -392,14 +389,9 @@ async fn queue_page(
 
 async fn queue_action(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path((queue, action)): Path<(String, String)>,
-    Form(f): Form<CsrfForm>,
+    Posted(s, _): Posted<CsrfForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     let paused = match action.as_str() {
         "pause" => true,
         "resume" => false,
@@ -452,11 +444,8 @@ async fn todo_view(b: &Board, s: &LoggedIn, id: &str, error: Option<&str>) -> Re
     }
 }
 
-async fn todo_page(State(b): State<Board>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    match session(&b, &headers, true).await {
-        Ok(s) => todo_view(&b, &s, &id, None).await,
-        Err(r) => r,
-    }
+async fn todo_page(State(b): State<Board>, Path(id): Path<String>, s: LoggedIn) -> Response {
+    todo_view(&b, &s, &id, None).await
 }
 
 #[derive(Deserialize)]
@@ -470,6 +459,12 @@ struct ActionForm {
     /// The answer of the `answer` action.
     #[serde(default)]
     answer: String,
+}
+
+impl Posting for ActionForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
 }
 
 /// The operation a todo's button stands for: the very one the CLI sends, as the operator.
@@ -521,14 +516,9 @@ fn action_op(now: relay_core::Millis, s: &LoggedIn, id: &str, f: &ActionForm) ->
 
 async fn todo_action(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<ActionForm>,
+    Posted(s, f): Posted<ActionForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     let op = match action_op(b.server.now(), &s, &id, &f) {
         Ok(op) => op,
         Err(e) => return todo_view(&b, &s, &id, Some(&e.message)).await,
@@ -610,21 +600,12 @@ async fn add_view(b: &Board, s: &LoggedIn, f: &AddForm, error: Option<&Error>) -
     )
 }
 
-async fn add_page(
-    State(b): State<Board>,
-    headers: HeaderMap,
-    Query(q): Query<AddQuery>,
-) -> Response {
-    match session(&b, &headers, true).await {
-        Ok(s) => {
-            let f = AddForm {
-                queue: q.queue,
-                ..AddForm::default()
-            };
-            add_view(&b, &s, &f, None).await
-        }
-        Err(r) => r,
-    }
+async fn add_page(State(b): State<Board>, Query(q): Query<AddQuery>, s: LoggedIn) -> Response {
+    let f = AddForm {
+        queue: q.queue,
+        ..AddForm::default()
+    };
+    add_view(&b, &s, &f, None).await
 }
 
 #[derive(Deserialize, Default)]
@@ -641,6 +622,12 @@ struct AddForm {
     title: String,
     #[serde(default)]
     payload: String,
+}
+
+impl Posting for AddForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
 }
 
 impl AddForm {
@@ -693,11 +680,7 @@ async fn add_op(b: &Board, f: &AddForm) -> Result<Op, Error> {
     })
 }
 
-async fn add_todo(State(b): State<Board>, headers: HeaderMap, Form(f): Form<AddForm>) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+async fn add_todo(State(b): State<Board>, Posted(s, f): Posted<AddForm>) -> Response {
     let answer = match add_op(&b, &f).await {
         Ok(op) => b.store().apply(op).await,
         Err(e) => Err(e),
@@ -717,11 +700,7 @@ async fn add_todo(State(b): State<Board>, headers: HeaderMap, Form(f): Form<AddF
     }
 }
 
-async fn endpoints_page(State(b): State<Board>, headers: HeaderMap) -> Response {
-    let s = match session(&b, &headers, true).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+async fn endpoints_page(State(b): State<Board>, s: LoggedIn) -> Response {
     match b.store().endpoint_list().await {
         Ok(all) => html(StatusCode::OK, html::endpoints(&s.csrf, &all, None)),
         Err(e) => failure(&b, &s, &e),
@@ -732,14 +711,9 @@ async fn endpoints_page(State(b): State<Board>, headers: HeaderMap) -> Response 
 /// working, its open attempts close as `revoked`, its claimed todos become dead letters).
 async fn endpoint_revoke(
     State(b): State<Board>,
-    headers: HeaderMap,
     Path(name): Path<String>,
-    Form(f): Form<CsrfForm>,
+    Posted(s, _): Posted<CsrfForm>,
 ) -> Response {
-    let s = match posting(&b, &headers, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
     match b.store().endpoint_revoke(b.server.now(), &name).await {
         Ok((_, todos)) => {
             tracing::info!(operator = %s.operator, endpoint = %name, dead_lettered = todos.len(), "board: endpoint revoked");

@@ -64,7 +64,7 @@ pub use postgres::{PgClock, PgStore, PgTuning};
 pub use sqlite::SqliteStore;
 pub use sqlite::threads::Tuning as SqliteTuning;
 pub use types::{
-    BoardOverview, BoardSession, Bulk, BulkItem, DB_URL_FORMS, Endpoint, McpSessionNew,
+    BoardOverview, BoardSession, Bulk, BulkItem, BulkResult, DB_URL_FORMS, Endpoint, McpSessionNew,
     NewEndpoint, Operator, PendingChange, PendingPage,
 };
 
@@ -140,6 +140,10 @@ pub struct WriteRefused {
     pub reason: &'static str,
     pub error: Error,
 }
+
+/// A backend's write probe refused: one of [`WriteRefused`]'s reasons and the error
+/// ([`Store::probe_write`] adds which store).
+pub(crate) type Refusal = (&'static str, Error);
 
 impl WriteRefused {
     /// The disk (or the database's quota) is full.
@@ -456,23 +460,11 @@ impl Store {
     }
 
     /// Records one listed todo's result; `false` when it had one already.
-    pub async fn bulk_record(
-        &self,
-        now: Millis,
-        id: &str,
-        todo_id: &str,
-        applied: bool,
-        note: Option<&str>,
-    ) -> Result<bool, Error> {
-        let (id, todo_id) = (id.to_string(), todo_id.to_string());
-        let note = note.map(str::to_string);
-        run!(
-            self,
-            ops::TxKind::Write,
-            "board bulk",
-            todo_id.clone(),
-            |tx| ops::bulk_record(tx, now, &id, &todo_id, applied, note.as_deref())
-        )
+    pub async fn bulk_record(&self, now: Millis, id: &str, r: BulkResult) -> Result<bool, Error> {
+        let (id, subject) = (id.to_string(), r.todo_id.clone());
+        run!(self, ops::TxKind::Write, "board bulk", subject, |tx| {
+            ops::bulk_record(tx, now, &id, &r)
+        })
     }
 
     /// Marks a bulk action finished.
@@ -592,7 +584,18 @@ impl Store {
         now: Millis,
         timeout: std::time::Duration,
     ) -> Result<(), WriteRefused> {
-        each!(self, |s| s.probe_write(now, timeout).await)
+        // The heartbeat's time as its column holds it.
+        let at = i64::try_from(now).unwrap_or(i64::MAX);
+        let (store, probed) = match self {
+            Store::Sqlite(s) => ("sqlite", s.probe_write(at, timeout).await),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(p) => ("postgres", p.probe_write(at, timeout).await),
+        };
+        probed.map_err(|(reason, error)| WriteRefused {
+            store,
+            reason,
+            error,
+        })
     }
 
     /// One endpoint by name (revoked ones included: the caller checks `revoked_at`).

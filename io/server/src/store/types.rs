@@ -143,6 +143,17 @@ pub struct BulkItem {
     pub note: Option<String>,
 }
 
+/// What became of one todo a bulk action listed, as
+/// [`Store::bulk_record`](super::Store::bulk_record) records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BulkResult {
+    pub todo_id: String,
+    /// Whether the action was applied to it (`false`: skipped).
+    pub applied: bool,
+    /// Why it was skipped, or how it was applied.
+    pub note: Option<String>,
+}
+
 /// A new MCP session, as [`Store::mcp_session_open`](super::Store::mcp_session_open) records it.
 #[derive(Clone)]
 pub struct McpSessionNew {

@@ -7,7 +7,7 @@ use relay_core::ledger::TokenHash;
 
 use super::tx::{Sql, Tx, column, hash, millis, required, text, token_hash, unsigned};
 use crate::store::rows::{self, Row, Val, time};
-use crate::store::types::{BoardOverview, BoardSession, Bulk, BulkItem, Operator};
+use crate::store::types::{BoardOverview, BoardSession, Bulk, BulkItem, BulkResult, Operator};
 
 const OPERATOR_COLS: &str = "name, token_hash, created_at, revoked_at";
 
@@ -421,22 +421,20 @@ pub(crate) async fn bulk_record<T: Tx>(
     tx: &mut T,
     now: Millis,
     id: &str,
-    todo_id: &str,
-    applied: bool,
-    note: Option<&str>,
+    r: &BulkResult,
 ) -> Result<bool, Error> {
     let op = "board bulk";
     let now = tx.clock(now).await?;
     let sql = "UPDATE board_bulk_items SET result = $1, note = $2, done_at = $3
                WHERE bulk_id = $4 AND todo_id = $5 AND result IS NULL";
     let vals = vec![
-        text(if applied { "applied" } else { "skipped" }),
-        Val::Text(note.map(str::to_string)),
+        text(if r.applied { "applied" } else { "skipped" }),
+        Val::Text(r.note.clone()),
         time(op, now)?,
         text(id),
-        text(todo_id),
+        text(&r.todo_id),
     ];
-    Ok(tx.exec_sql(Sql::new(op, todo_id, sql), vals).await? == 1)
+    Ok(tx.exec_sql(Sql::new(op, &r.todo_id, sql), vals).await? == 1)
 }
 
 /// Marks a bulk action finished (every listed todo has its result).

@@ -65,8 +65,9 @@ pub(crate) trait Tx: Rows {
     ) -> Result<Vec<T>, Error>;
 }
 
-/// A statement over the store's own tables: the operation and subject that errors name, and
-/// its text, written with `$N` placeholders (see `rows::numbered`).
+/// A statement: the operation and subject that errors name, and its text. Over the store's own
+/// tables (`Tx::exec_sql`, `Tx::query_sql`) the text is written once with `$N` placeholders
+/// (see `rows::numbered`); a claim's reads (`rows::ClaimReads`) come in the backend's dialect.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Sql<'a> {
     pub op: &'a str,

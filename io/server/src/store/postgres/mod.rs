@@ -21,21 +21,21 @@ pub(crate) mod tx;
 use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::Object;
+use relay_core::Error;
 #[cfg(test)]
 use relay_core::ledger::{Actor, Attempt, Rows};
 use relay_core::ledger::{Answer, LedgerConfig, Op};
-use relay_core::{Error, Millis};
 
 pub use batch::Tuning as PgTuning;
 pub use listen::{READY_CHANNEL, Ready, ReadyListener};
 pub use tx::PgClock;
 
-use crate::store::WriteRefused;
 #[cfg(test)]
 use crate::store::ops;
 use crate::store::ops::TxKind;
 use crate::store::rows::{self, ENDPOINT_COLS};
 use crate::store::types::{Endpoint, PendingChange, PendingPage};
+use crate::store::{Refusal, WriteRefused};
 use batch::{Tuning, Writers};
 use db::Db;
 use encode::pg_err;
@@ -188,36 +188,30 @@ impl PgStore {
         migrate(&mut client, target).await
     }
 
-    /// See [`Store::probe_write`](super::Store::probe_write): the heartbeat in a transaction of
-    /// its own, within `timeout` (a pooled connection included).
+    /// See [`Store::probe_write`](super::Store::probe_write): the heartbeat (at `at`) in a
+    /// transaction of its own, within `timeout` (a pooled connection included).
     pub(crate) async fn probe_write(
         &self,
-        now: Millis,
+        at: i64,
         timeout: std::time::Duration,
-    ) -> Result<(), WriteRefused> {
-        let refused = |reason, error| WriteRefused {
-            store: "postgres",
-            reason,
-            error,
-        };
-        let at = i64::try_from(now).unwrap_or(i64::MAX);
+    ) -> Result<(), Refusal> {
         let probe = async {
             let client = self
                 .client("healthz")
                 .await
-                .map_err(|e| refused(WriteRefused::UNREACHABLE, e))?;
+                .map_err(|e| (WriteRefused::UNREACHABLE, e))?;
             client.execute(super::HEARTBEAT, &[&at]).await.map_err(|e| {
                 let reason = match e.code() {
                     Some(c) if *c == SqlState::DISK_FULL => WriteRefused::FULL,
                     Some(_) => WriteRefused::FAILED,
                     None => WriteRefused::UNREACHABLE,
                 };
-                refused(reason, pg_err("healthz", "(write probe)", &e))
+                (reason, pg_err("healthz", "(write probe)", &e))
             })
         };
         match tokio::time::timeout(timeout, probe).await {
             Ok(r) => r.map(drop),
-            Err(_) => Err(refused(
+            Err(_) => Err((
                 WriteRefused::LOCKED,
                 Error::internal(format!(
                     "healthz: no write within {} ms",

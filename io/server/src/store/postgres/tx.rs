@@ -7,7 +7,10 @@ use deadpool_postgres::{Object, Transaction};
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Change, Newest, Rows, Sweep, Todo, TodoFilter,
+};
+use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::encode::{pg_err, pg_vals};
@@ -121,56 +124,36 @@ impl<'c> PgTx<'c> {
 }
 
 /// The todo of a query's only row, or `None`.
-fn one_todo(rs: &[tokio_postgres::Row]) -> Result<Option<Todo>, Error> {
+fn one_todo(rs: &[Row]) -> Result<Option<Todo>, Error> {
     rs.first().map(|r| rows::todo(r, 0)).transpose()
 }
 
 /// A claim's reads on Postgres, in a transaction ([`PgTx`]) or a batch of them: each hands on
 /// the rows of one statement, and the claim's two reads follow from that.
 pub(super) trait PgClaimRows {
-    async fn claim_rows(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error>;
+    async fn claim_rows(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Row>, Error>;
 }
 
 impl<T: PgClaimRows> rows::ClaimReads for T {
-    type Todo = tokio_postgres::Row;
+    type Todo = Row;
 
-    async fn places(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<rows::Place>, Error> {
-        let rs = self.claim_rows(op, sql, vals).await?;
+    async fn places(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<rows::Place>, Error> {
+        let rs = self.claim_rows(sql, vals).await?;
         rs.iter().map(rows::place).collect()
     }
 
-    async fn todos(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        self.claim_rows(op, sql, vals).await
+    async fn todos(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Row>, Error> {
+        self.claim_rows(sql, vals).await
     }
 
-    fn id_of(t: &tokio_postgres::Row) -> Option<&str> {
+    fn id_of(t: &Row) -> Option<&str> {
         t.try_get(0).ok()
     }
 }
 
 impl PgClaimRows for PgTx<'_> {
-    async fn claim_rows(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        self.query_vals(op, "(next)", sql, vals).await
+    async fn claim_rows(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Row>, Error> {
+        self.query_vals(sql.op, sql.subject, sql.text, vals).await
     }
 }
 
@@ -221,7 +204,7 @@ impl PgTx<'_> {
         subject: &str,
         st: &tokio_postgres::Statement,
         args: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+    ) -> Result<Vec<Row>, Error> {
         self.t
             .query(st, args)
             .await
@@ -229,12 +212,7 @@ impl PgTx<'_> {
     }
 
     /// The open attempt from its query's rows; two open attempts are an internal error.
-    fn one_open(
-        &self,
-        op: &str,
-        id: &str,
-        rs: &[tokio_postgres::Row],
-    ) -> Result<Option<Attempt>, Error> {
+    fn one_open(&self, op: &str, id: &str, rs: &[Row]) -> Result<Option<Attempt>, Error> {
         match rs {
             [] => Ok(None),
             [row] => rows::attempt(row, 0),
@@ -248,7 +226,7 @@ impl PgTx<'_> {
         subject: &str,
         sql: &str,
         args: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+    ) -> Result<Vec<Row>, Error> {
         let st = self
             .t
             .prepare_cached(sql)
@@ -310,7 +288,7 @@ impl PgTx<'_> {
         subject: &str,
         sql: &str,
         vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
+    ) -> Result<Vec<Row>, Error> {
         let vals = pg_vals(op, vals)?;
         let args: Vec<&(dyn ToSql + Sync)> = vals.iter().map(|v| &**v as _).collect();
         self.query(op, subject, sql, &args).await
@@ -412,12 +390,8 @@ impl Rows for PgTx<'_> {
         Ok(self.exec(op, &t.id, &SQL.insert_todo, vals).await? == 1)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         // Pipelined: every statement goes out before the first answer comes back, one round
         // trip for the whole change. Their order does not matter: the one-open-attempt
         // constraint is checked at commit.

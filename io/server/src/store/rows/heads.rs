@@ -28,6 +28,7 @@ use super::ClaimQuery;
 use super::cols::{Val, label};
 use super::decode::Row;
 use super::sql::{CLAIM_ORDER, Keys, LIVE, Shared};
+use crate::store::ops::Sql;
 
 /// How many heads a claim probes: a few first (the first claimable head most often settles
 /// it), then more, then it walks instead. Fewer in the unit tests, so that their programs reach
@@ -82,14 +83,9 @@ pub(crate) trait ClaimReads {
     /// A row of todo columns, as the backend hands it on.
     type Todo;
     /// The rows of [`Shared::heads_first`].
-    async fn places(&mut self, op: &str, sql: &str, vals: Vec<Val>) -> Result<Vec<Place>, Error>;
+    async fn places(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Place>, Error>;
     /// The rows of a statement that selects todo columns.
-    async fn todos(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<Self::Todo>, Error>;
+    async fn todos(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Self::Todo>, Error>;
     /// The id of a row of [`ClaimReads::todos`].
     fn id_of(t: &Self::Todo) -> Option<&str>;
 }
@@ -103,12 +99,14 @@ pub(crate) async fn claimable<C: ClaimReads>(
     limit: usize,
     lock: &str,
 ) -> Result<Vec<C::Todo>, Error> {
+    // Each read's text comes in the backend's dialect already (`sql`'s); its errors name the
+    // claim's operation, about "(next)".
     let op = claim.op;
     for window in WINDOWS {
         let Some((s, vals)) = sql.heads_first(claim, limit, window)? else {
             break;
         };
-        let found = c.places(op, &s, vals).await?;
+        let found = c.places(Sql::new(op, "(next)", &s), vals).await?;
         let Some(ids) = exact(&found, limit) else {
             continue;
         };
@@ -116,7 +114,7 @@ pub(crate) async fn claimable<C: ClaimReads>(
             return Ok(Vec::new());
         }
         let (s, vals) = sql.claimable_ids(claim, &ids, lock)?;
-        let mut rows = c.todos(op, &s, vals).await?;
+        let mut rows = c.todos(Sql::new(op, "(next)", &s), vals).await?;
         if rows.len() == ids.len() {
             rows.sort_by_key(|r| ids.iter().position(|id| C::id_of(r) == Some(id.as_str())));
             return Ok(rows);
@@ -124,7 +122,7 @@ pub(crate) async fn claimable<C: ClaimReads>(
         break;
     }
     let (s, vals) = sql.next_claimable_n(claim, limit, lock)?;
-    c.todos(op, &s, vals).await
+    c.todos(Sql::new(op, "(next)", &s), vals).await
 }
 
 impl Shared {

@@ -24,18 +24,18 @@ mod tx;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
+use relay_core::Error;
 #[cfg(test)]
 use relay_core::ledger::Attempt;
 use relay_core::ledger::LedgerConfig;
-use relay_core::{Error, Millis};
 use rusqlite::{Connection, TransactionBehavior, params};
 
-use crate::store::WriteRefused;
 #[cfg(test)]
 use crate::store::ops;
 use crate::store::ops::TxKind;
 use crate::store::rows;
 use crate::store::types::{PendingChange, PendingPage};
+use crate::store::{Refusal, WriteRefused};
 #[cfg(test)]
 pub(crate) use migrations::MIGRATIONS;
 pub(crate) use migrations::latest_migration;
@@ -222,21 +222,15 @@ impl SqliteStore {
             .await
     }
 
-    /// See [`Store::probe_write`](super::Store::probe_write): `BEGIN IMMEDIATE`, the heartbeat,
-    /// `COMMIT`. A database write-locked by another process answers `Err` after `timeout`, not
-    /// after the usual busy timeout. On a reader's connection, so the probe waits for this
-    /// process's own writer only as long as one batch holds the lock.
+    /// See [`Store::probe_write`](super::Store::probe_write): `BEGIN IMMEDIATE`, the heartbeat
+    /// (at `at`), `COMMIT`. A database write-locked by another process answers `Err` after
+    /// `timeout`, not after the usual busy timeout. On a reader's connection, so the probe waits
+    /// for this process's own writer only as long as one batch holds the lock.
     pub(crate) async fn probe_write(
         &self,
-        now: Millis,
+        at: i64,
         timeout: std::time::Duration,
-    ) -> Result<(), WriteRefused> {
-        let refused = |reason, error| WriteRefused {
-            store: "sqlite",
-            reason,
-            error,
-        };
-        let at = i64::try_from(now).unwrap_or(i64::MAX);
+    ) -> Result<(), Refusal> {
         let probed = self.threads.alone(To::Reader, "healthz", move |conn| {
             let err = |e: rusqlite::Error| sql_err("healthz", "(write probe)", e);
             conn.busy_timeout(timeout).map_err(err)?;
@@ -258,11 +252,9 @@ impl SqliteStore {
                 (reason, err(e))
             }))
         });
-        match probed.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err((reason, e))) => Err(refused(reason, e)),
-            Err(e) => Err(refused(WriteRefused::FAILED, e)),
-        }
+        probed
+            .await
+            .unwrap_or_else(|e| Err((WriteRefused::FAILED, e)))
     }
 
     /// See [`Store::pending_since`](super::Store::pending_since). One read snapshot: with a

@@ -6,7 +6,9 @@ use std::sync::LazyLock;
 use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
-use relay_core::ledger::{Actor, Attempt, AttemptWrite, Newest, Rows, Sweep, Todo, TodoFilter};
+use relay_core::ledger::{
+    Actor, Attempt, AttemptWrite, Change, Newest, Rows, Sweep, Todo, TodoFilter,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::ops::{self, Sql, Tx};
@@ -72,17 +74,12 @@ pub(super) static LOAD: LazyLock<String> = LazyLock::new(|| {
 impl rows::ClaimReads for SqliteTx<'_> {
     type Todo = Todo;
 
-    async fn places(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<rows::Place>, Error> {
-        self.rows(op, "(next)", sql, &vals, |r| rows::place(r))
+    async fn places(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<rows::Place>, Error> {
+        self.rows(sql.op, sql.subject, sql.text, &vals, |r| rows::place(r))
     }
 
-    async fn todos(&mut self, op: &str, sql: &str, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
-        self.rows(op, "(next)", sql, &vals, |r| rows::todo(r, 0))
+    async fn todos(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Todo>, Error> {
+        self.rows(sql.op, sql.subject, sql.text, &vals, |r| rows::todo(r, 0))
     }
 
     fn id_of(t: &Todo) -> Option<&str> {
@@ -226,12 +223,8 @@ impl Rows for SqliteTx<'_> {
         Ok(self.exec(op, &t.id, &SQL.insert_todo, &vals)? == 1)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         // In order: SQLite checks the one-open-attempt index row by row, and a takeover's
         // change closes the dead attempt before it opens the next.
         self.update_todo(op, todo)?;

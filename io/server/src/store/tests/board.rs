@@ -5,8 +5,8 @@ use relay_core::board::SESSION_TTL;
 use relay_core::ledger::{Actor, Op, TokenHash};
 use relay_core::testing::Queue;
 
-use super::{T0, cfg, new_todo, on_both_stores, opts};
-use crate::store::Store;
+use super::{T0, cfg, new_todo, opts};
+use crate::store::{BulkResult, Store};
 
 async fn operators_and_sessions(store: Store) {
     let (tok, other) = (TokenHash::of("op-token-a"), TokenHash::of("op-token-b"));
@@ -74,14 +74,11 @@ async fn operators_and_sessions(store: Store) {
     assert_eq!(e.code, ErrorCode::NotFound);
 }
 
-#[test]
-fn operators_and_board_sessions_are_stored_hashed_and_end_on_expiry_logout_and_revoke() {
-    on_both_stores(
-        "operators_and_board_sessions_are_stored_hashed_and_end_on_expiry_logout_and_revoke",
-        cfg(),
-        operators_and_sessions,
-    );
-}
+test_on_both_stores!(
+    operators_and_board_sessions_are_stored_hashed_and_end_on_expiry_logout_and_revoke,
+    cfg(),
+    operators_and_sessions
+);
 
 async fn pause(mut store: Store) {
     let e = Actor::endpoint("e");
@@ -118,13 +115,18 @@ async fn pause(mut store: Store) {
     assert!(listed.queues().unwrap().is_empty());
 }
 
-#[test]
-fn a_paused_queue_answers_claim_next_empty_on_both_stores() {
-    on_both_stores(
-        "a_paused_queue_answers_claim_next_empty_on_both_stores",
-        cfg(),
-        pause,
-    );
+test_on_both_stores!(
+    a_paused_queue_answers_claim_next_empty_on_both_stores,
+    cfg(),
+    pause
+);
+
+fn result(todo_id: &str, applied: bool, note: Option<&str>) -> BulkResult {
+    BulkResult {
+        todo_id: todo_id.into(),
+        applied,
+        note: note.map(str::to_string),
+    }
 }
 
 async fn bulk_actions(store: Store) {
@@ -168,19 +170,19 @@ async fn bulk_actions(store: Store) {
     // A result is recorded once.
     assert!(
         store
-            .bulk_record(T0, "bk_1", "td_0001", true, None)
+            .bulk_record(T0, "bk_1", result("td_0001", true, None))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .bulk_record(T0, "bk_1", "td_0001", false, Some("again"))
+            .bulk_record(T0, "bk_1", result("td_0001", false, Some("again")))
             .await
             .unwrap()
     );
     assert!(
         store
-            .bulk_record(T0, "bk_1", "td_0002", false, Some("changed"))
+            .bulk_record(T0, "bk_1", result("td_0002", false, Some("changed")))
             .await
             .unwrap()
     );
@@ -202,11 +204,8 @@ async fn bulk_actions(store: Store) {
     assert_eq!(e.code, ErrorCode::NotFound);
 }
 
-#[test]
-fn bulk_actions_are_recorded_and_resumable_on_both_stores() {
-    on_both_stores(
-        "bulk_actions_are_recorded_and_resumable_on_both_stores",
-        cfg(),
-        bulk_actions,
-    );
-}
+test_on_both_stores!(
+    bulk_actions_are_recorded_and_resumable_on_both_stores,
+    cfg(),
+    bulk_actions
+);

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use relay_core::ErrorCode;
 use relay_core::ledger::{
-    Actor, Attempt, ClaimerKind, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
+    Actor, Attempt, LedgerConfig, Outcome, Report, TodoState, TokenHash, check_todo,
 };
 use relay_core::testing::Queue;
 use relay_core::time::SECOND;
 
-use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, on_both_stores, opts};
+use super::{PgSchema, T0, all_attempts, multi_thread, new_todo, opts};
 use crate::store::Store;
 
 const CLAIMERS: usize = 16;
@@ -97,14 +97,11 @@ async fn claimers_on(stores: Vec<Store>) {
     }
 }
 
-#[test]
-fn sixteen_claimers_never_share_a_todo() {
-    on_both_stores(
-        "sixteen_claimers_never_share_a_todo",
-        LedgerConfig::default(),
-        sixteen_claimers,
-    );
-}
+test_on_both_stores!(
+    sixteen_claimers_never_share_a_todo,
+    LedgerConfig::default(),
+    sixteen_claimers
+);
 
 /// Two handles of one Postgres database (as two server processes) never hand one todo to two
 /// claimers: their batches skip each other's locked rows.
@@ -182,44 +179,11 @@ async fn reaper_races_takeover(mut store: Store) {
     }
 }
 
-#[test]
-fn the_reaper_racing_a_takeover_closes_the_dead_attempt_once() {
-    on_both_stores(
-        "the_reaper_racing_a_takeover_closes_the_dead_attempt_once",
-        LedgerConfig::default(),
-        reaper_races_takeover,
-    );
-}
-
-fn second_open(id: &str) -> Attempt {
-    Attempt {
-        todo_id: id.into(),
-        seq: 2,
-        attempt: 2,
-        claimer_kind: ClaimerKind::Endpoint,
-        claimer_endpoint: Some("e1".into()),
-        claimer_session: None,
-        owner: "e1".into(),
-        claimant: None,
-        claimed_at: T0,
-        last_heartbeat_at: None,
-        lease_expires_at: T0 + 30 * SECOND,
-        ended_at: None,
-        outcome: None,
-        disposition: None,
-        summary: None,
-        summary_truncated: false,
-        artifact: None,
-        failure_signature: None,
-        dead_letter_reason: None,
-        late_reports: Vec::new(),
-        late_reports_total: 0,
-        lease_token_hash: None,
-        closed_by: None,
-        question: None,
-        usage: Default::default(),
-    }
-}
+test_on_both_stores!(
+    the_reaper_racing_a_takeover_closes_the_dead_attempt_once,
+    LedgerConfig::default(),
+    reaper_races_takeover
+);
 
 /// A second open attempt is refused by the database (SQLite: the partial unique index at the
 /// insert; Postgres: the deferred exclusion constraint at commit), as an internal error naming
@@ -231,9 +195,16 @@ async fn planted_second_open_attempt(mut store: Store) {
         .claim(T0, &Actor::endpoint("e1"), id, &opts(30, None))
         .await
         .unwrap();
+    // Beside the claim's attempt: the same lease, numbered after it.
+    let (_, first) = all_attempts(&store, id).await;
+    let second = Attempt {
+        seq: 2,
+        attempt: 2,
+        ..first[0].clone()
+    };
     let err = match &store {
-        Store::Sqlite(s) => s.plant_attempt(second_open(id)).await,
-        Store::Postgres(p) => p.plant_attempt(second_open(id)).await,
+        Store::Sqlite(s) => s.plant_attempt(second).await,
+        Store::Postgres(p) => p.plant_attempt(second).await,
     }
     .unwrap_err();
     assert_eq!(err.code, ErrorCode::Internal, "{err}");
@@ -247,14 +218,11 @@ async fn planted_second_open_attempt(mut store: Store) {
     check_todo(&todo, &attempts).unwrap();
 }
 
-#[test]
-fn a_planted_second_open_attempt_is_refused_naming_the_todo() {
-    on_both_stores(
-        "a_planted_second_open_attempt_is_refused_naming_the_todo",
-        LedgerConfig::default(),
-        planted_second_open_attempt,
-    );
-}
+test_on_both_stores!(
+    a_planted_second_open_attempt_is_refused_naming_the_todo,
+    LedgerConfig::default(),
+    planted_second_open_attempt
+);
 
 /// Postgres checks the one-open-attempt rule at COMMIT, so a transaction may pass through two
 /// open rows as long as it ends with one: the deferred constraint is what allows a takeover's
@@ -343,14 +311,11 @@ async fn concurrent_keyed_adds(store: Store) {
     assert_eq!(todos.len() as u64, keys, "one todo per key");
 }
 
-#[test]
-fn concurrent_adds_with_one_idempotency_key_make_one_todo() {
-    on_both_stores(
-        "concurrent_adds_with_one_idempotency_key_make_one_todo",
-        LedgerConfig::default(),
-        concurrent_keyed_adds,
-    );
-}
+test_on_both_stores!(
+    concurrent_adds_with_one_idempotency_key_make_one_todo,
+    LedgerConfig::default(),
+    concurrent_keyed_adds
+);
 
 /// The key heads (`rows::heads`) under writers that change one key at once: 16 claimers on two
 /// handles of one database complete, fail and cancel the todos of three keys while adding
@@ -430,14 +395,11 @@ async fn heads_under_writers(stores: Vec<Store>) {
     );
 }
 
-#[test]
-fn key_heads_stay_first_under_writers() {
-    on_both_stores(
-        "key_heads_stay_first_under_writers",
-        LedgerConfig::default(),
-        |s| heads_under_writers(vec![s]),
-    );
-}
+test_on_both_stores!(
+    key_heads_stay_first_under_writers,
+    LedgerConfig::default(),
+    |s| heads_under_writers(vec![s])
+);
 
 #[test]
 fn key_heads_stay_first_under_two_postgres_handles() {

@@ -8,9 +8,7 @@ use relay_core::testing::Queue;
 use relay_core::time::{HOUR, SECOND};
 use serde_json::json;
 
-use super::{
-    PgSchema, T0, all_attempts, attempt_rows, current_thread, new_todo, on_both_stores, opts,
-};
+use super::{PgSchema, T0, all_attempts, attempt_rows, cfg, current_thread, new_todo, opts};
 use crate::store::{DB_URL_FORMS, DbUrl, NewEndpoint, PgStore, SqliteStore, Store};
 
 // ---- retention ------------------------------------------------------------------------------
@@ -87,14 +85,7 @@ async fn retention(mut store: Store) {
     );
 }
 
-#[test]
-fn retention_cascades_caps_and_purges() {
-    let cfg = LedgerConfig {
-        attempts_cap: 4,
-        ..LedgerConfig::default()
-    };
-    on_both_stores("retention_cascades_caps_and_purges", cfg, retention);
-}
+test_on_both_stores!(retention_cascades_caps_and_purges, cfg(), retention);
 
 // ---- parameterisation -----------------------------------------------------------------------
 
@@ -193,14 +184,11 @@ async fn injection_shaped_values(mut store: Store) {
     assert_eq!(attempt_rows(&store, "td_inject").await, 1);
 }
 
-#[test]
-fn injection_shaped_values_are_stored_verbatim() {
-    on_both_stores(
-        "injection_shaped_values_are_stored_verbatim",
-        LedgerConfig::default(),
-        injection_shaped_values,
-    );
-}
+test_on_both_stores!(
+    injection_shaped_values_are_stored_verbatim,
+    LedgerConfig::default(),
+    injection_shaped_values
+);
 
 // ---- endpoints ------------------------------------------------------------------------------
 
@@ -271,14 +259,11 @@ async fn endpoints(mut store: Store) {
     );
 }
 
-#[test]
-fn endpoints_are_created_listed_and_revoked() {
-    on_both_stores(
-        "endpoints_are_created_listed_and_revoked",
-        LedgerConfig::default(),
-        endpoints,
-    );
-}
+test_on_both_stores!(
+    endpoints_are_created_listed_and_revoked,
+    LedgerConfig::default(),
+    endpoints
+);
 
 // ---- URLs -----------------------------------------------------------------------------------
 
@@ -498,14 +483,7 @@ async fn counts(mut store: Store) {
     );
 }
 
-#[test]
-fn todos_are_counted_by_state() {
-    on_both_stores(
-        "todos_are_counted_by_state",
-        LedgerConfig::default(),
-        counts,
-    );
-}
+test_on_both_stores!(todos_are_counted_by_state, LedgerConfig::default(), counts);
 
 /// A file store maps no part of its database into memory: mapped pages count in the server's
 /// RSS, and reads through a 256 MiB window mapped all of it for an idle server with a large

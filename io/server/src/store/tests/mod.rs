@@ -5,6 +5,17 @@
 //! own, dropped at the end); without it they say they were skipped, unless
 //! `RELAY_REQUIRE_POSTGRES=1`, where they fail instead.
 
+/// A test of its own that runs `$body` on both stores ([`on_both_stores`]) with `$cfg`,
+/// named `$name`.
+macro_rules! test_on_both_stores {
+    ($name:ident, $cfg:expr, $body:expr) => {
+        #[test]
+        fn $name() {
+            $crate::store::tests::on_both_stores(stringify!($name), $cfg, $body);
+        }
+    };
+}
+
 mod batch;
 mod board;
 mod concurrency;

@@ -7,7 +7,7 @@ use relay_core::ledger::{Actor, NewTodo, Op};
 use relay_core::testing::Queue;
 use serde_json::json;
 
-use super::{PgSchema, T0, cfg, new_todo, on_both_stores, opts};
+use super::{PgSchema, T0, cfg, new_todo, opts};
 use crate::store::Store;
 
 /// A payload near the 64 KiB bound.
@@ -75,14 +75,11 @@ async fn scan_reads_only_what_a_ring_needs(mut store: Store) {
     assert!(again.changes.is_empty(), "nothing twice");
 }
 
-#[test]
-fn the_scan_reads_only_ids_queues_and_endpoints_a_page_at_a_time() {
-    on_both_stores(
-        "the_scan_reads_only_ids_queues_and_endpoints_a_page_at_a_time",
-        cfg(),
-        scan_reads_only_what_a_ring_needs,
-    );
-}
+test_on_both_stores!(
+    the_scan_reads_only_ids_queues_and_endpoints_a_page_at_a_time,
+    cfg(),
+    scan_reads_only_what_a_ring_needs
+);
 
 /// Postgres numbers changes before commit, so they commit out of order: a scan must not step
 /// over a number whose transaction is still running, or that todo would never ring.

@@ -5,7 +5,7 @@ use relay_core::ErrorCode;
 use relay_core::ledger::{Actor, Report, TodoFilter};
 use relay_core::testing::Queue;
 
-use super::{T0, all_attempts, cfg, new_todo, on_both_stores, opts};
+use super::{T0, all_attempts, cfg, new_todo, opts};
 use crate::store::Store;
 
 /// A summary with NUL, an escape sequence, a bell and a non-BMP character.
@@ -37,14 +37,11 @@ async fn reports_with_nul_close_their_attempts(mut store: Store) {
     }
 }
 
-#[test]
-fn a_summary_with_nul_and_controls_is_cleaned_and_closes_the_attempt() {
-    on_both_stores(
-        "a_summary_with_nul_and_controls_is_cleaned_and_closes_the_attempt",
-        cfg(),
-        reports_with_nul_close_their_attempts,
-    );
-}
+test_on_both_stores!(
+    a_summary_with_nul_and_controls_is_cleaned_and_closes_the_attempt,
+    cfg(),
+    reports_with_nul_close_their_attempts
+);
 
 async fn nul_in_ids_and_queue_filters(mut store: Store) {
     let e1 = Actor::endpoint("e1");
@@ -116,11 +113,8 @@ async fn nul_in_ids_and_queue_filters(mut store: Store) {
     }
 }
 
-#[test]
-fn nul_in_an_id_or_queue_filter_answers_not_found_or_empty_on_both_stores() {
-    on_both_stores(
-        "nul_in_an_id_or_queue_filter_answers_not_found_or_empty_on_both_stores",
-        cfg(),
-        nul_in_ids_and_queue_filters,
-    );
-}
+test_on_both_stores!(
+    nul_in_an_id_or_queue_filter_answers_not_found_or_empty_on_both_stores,
+    cfg(),
+    nul_in_ids_and_queue_filters
+);

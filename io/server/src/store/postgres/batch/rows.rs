@@ -5,23 +5,20 @@ use relay_core::Error;
 use relay_core::Millis;
 use relay_core::ledger::rows::{ClaimQuery, Loaded};
 use relay_core::ledger::{
-    Actor, Attempt, AttemptWrite, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter, claim_order,
+    Actor, Attempt, AttemptWrite, Change, Limits, Load, Newest, Rows, Sweep, Todo, TodoFilter,
+    claim_order,
 };
+use tokio_postgres::Row;
 
 use super::stmt::claim_key;
 use super::tx::{Batch, Entry, Group, Held};
-use crate::store::ops;
+use crate::store::ops::{self, Sql};
 use crate::store::postgres::tx::{CLAIM_LOCK, FLOW_LOCK, PgClaimRows, SQL};
 use crate::store::rows::{self, Val};
 
 impl PgClaimRows for Batch<'_> {
-    async fn claim_rows(
-        &mut self,
-        op: &str,
-        sql: &str,
-        vals: Vec<Val>,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        self.read(op, sql, vals).await
+    async fn claim_rows(&mut self, sql: Sql<'_>, vals: Vec<Val>) -> Result<Vec<Row>, Error> {
+        self.read(sql.op, sql.text, vals).await
     }
 }
 
@@ -100,12 +97,8 @@ impl Rows for Batch<'_> {
         Ok(inserted)
     }
 
-    async fn write(
-        &mut self,
-        op: &str,
-        todo: &Todo,
-        writes: &[AttemptWrite],
-    ) -> Result<Vec<u64>, Error> {
+    async fn write(&mut self, op: &str, change: &Change) -> Result<Vec<u64>, Error> {
+        let (todo, writes) = (&change.todo, &change.writes);
         let mut open = match self.rows.get(&todo.id) {
             Some(Entry::Row(_, open)) => open.clone(),
             _ => {

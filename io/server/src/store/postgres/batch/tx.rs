@@ -20,23 +20,6 @@ use crate::store::postgres::encode::{pg_err, pg_vals};
 use crate::store::postgres::tx::{SQL, db_now};
 use crate::store::rows::{self, Val};
 
-/// The todo an operation names by id.
-pub(super) fn named(op: &Op) -> Option<&str> {
-    match op {
-        Op::Claim { id, .. }
-        | Op::Heartbeat { id, .. }
-        | Op::Complete { id, .. }
-        | Op::Fail { id, .. }
-        | Op::Release { id, .. }
-        | Op::RequestInput { id, .. }
-        | Op::AnswerTodo { id, .. }
-        | Op::NoteLate { id, .. }
-        | Op::Retry { id, .. }
-        | Op::Cancel { id, .. } => Some(id),
-        _ => None,
-    }
-}
-
 /// A todo row as the batch knows it: locked by this transaction, so only it changes it.
 #[derive(Clone, Debug)]
 pub(super) enum Entry {
@@ -158,7 +141,11 @@ impl<'c> Batch<'c> {
         ops: &[Op],
         db_clock: bool,
     ) -> Result<Option<Millis>, Error> {
-        let mut ids: Vec<String> = ops.iter().filter_map(named).map(String::from).collect();
+        let mut ids: Vec<String> = ops
+            .iter()
+            .filter_map(Op::todo_id)
+            .map(String::from)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         let (paused, load, open) = self.statements().await?;
