@@ -5,6 +5,7 @@
 //! and defines [`Now`], the pair of readings (monotonic for deadlines, wall for text) that the
 //! relay machine takes.
 
+use std::ops::Add;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -12,6 +13,82 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 /// on the wire, or from a host's own origin for monotonic readings (see [`Now`]). The only
 /// notion of time in core.
 pub type Millis = u64;
+
+/// Defines an instant type on one clock: its number of milliseconds goes in and out only
+/// through `from_ms` and `ms`, a span moves it (saturating), and the span between two of its
+/// instants is `since`.
+macro_rules! instant {
+    ($(#[$doc:meta])* $name:ident, $origin:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        pub struct $name(Millis);
+
+        impl $name {
+            #[doc = concat!("The instant `ms` milliseconds after ", $origin, ".")]
+            pub const fn from_ms(ms: Millis) -> $name {
+                $name(ms)
+            }
+
+            #[doc = concat!("Milliseconds after ", $origin, ".")]
+            pub const fn ms(self) -> Millis {
+                self.0
+            }
+
+            /// The span from `earlier` to this instant; 0 when `earlier` is not earlier.
+            pub const fn since(self, earlier: $name) -> Millis {
+                self.0.saturating_sub(earlier.0)
+            }
+        }
+
+        /// The instant a span later (saturating: no clock runs that long).
+        impl Add<Millis> for $name {
+            type Output = $name;
+            fn add(self, span: Millis) -> $name {
+                $name(self.0.saturating_add(span))
+            }
+        }
+    };
+}
+
+instant!(
+    /// An instant on a host's monotonic clock: milliseconds from an origin of the clock's own
+    /// (a boot, a process start), meaningless on any other host. It never steps; every deadline
+    /// and timer of the relay side runs on it (see the [module doc](self)).
+    ///
+    /// It does not mix with a [`Wall`]: neither adds to, subtracts from nor compares with the
+    /// other, and neither converts into the other.
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::{Mono, Wall};
+    /// let late = Wall::from_ms(2_000) > Mono::from_ms(1_000);
+    /// ```
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::{Mono, Wall};
+    /// let wall: Wall = Mono::from_ms(1_000); // no conversion either way
+    /// ```
+    ///
+    /// A span moves an instant along its own clock, and saturates rather than overflow:
+    ///
+    /// ```
+    /// use relay_core::time::{Mono, SECOND};
+    /// let start = Mono::from_ms(5 * SECOND);
+    /// let deadline = start + 30 * SECOND;
+    /// assert_eq!(deadline.since(start), 30 * SECOND);
+    /// assert_eq!(start.since(deadline), 0);
+    /// assert_eq!(Mono::from_ms(u64::MAX) + 1, Mono::from_ms(u64::MAX));
+    /// ```
+    Mono,
+    "the clock's own origin"
+);
+
+instant!(
+    /// An instant on a host's wall clock: milliseconds since 1970-01-01T00:00:00Z (UTC). It may
+    /// step either way; on the relay side it stamps text and places schedules, never a deadline
+    /// (see the [module doc](self)).
+    Wall,
+    "1970-01-01T00:00:00Z"
+);
 
 /// One reading of a host's two clocks, taken together, as every input of the relay machine
 /// carries it.
@@ -315,6 +392,15 @@ mod tests {
         assert_eq!(parse_rfc3339("2001-02-29T00:00:00Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22 14:13:20Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22T14:13:20"), None);
+    }
+
+    #[test]
+    fn instants_move_by_spans_and_saturate() {
+        let start = Mono::from_ms(10 * SECOND);
+        let deadline = start + MINUTE;
+        assert_eq!(deadline.since(start), MINUTE);
+        assert_eq!(start.since(deadline), 0, "a span is never negative");
+        assert_eq!(Wall::from_ms(Millis::MAX) + 1, Wall::from_ms(Millis::MAX));
     }
 
     /// The digit writer answers what `format!` with padding answers, past year 9999 too.
