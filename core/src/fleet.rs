@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use crate::config::{Config, ConfigDiff, Harness, Schedule};
 use crate::mcp::client::{Subscriptions, channel_subscriptions};
 use crate::relay::{HarnessSettings, Input, Reconfigured, Relay};
-use crate::time::{Millis, Now};
+use crate::time::{Millis, Now, Wall};
 
 /// The trigger name of a `catch_up` firing.
 pub const CATCH_UP: &str = "catch_up";
@@ -31,19 +31,19 @@ pub const CATCH_UP: &str = "catch_up";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Timetable {
     schedule: Option<Schedule>,
-    next: Option<Millis>,
+    next: Option<Wall>,
 }
 
 impl Timetable {
     /// The schedule's first firing strictly after wall time `wall`; never without a schedule.
-    pub fn new(schedule: Option<Schedule>, wall: Millis) -> Timetable {
+    pub fn new(schedule: Option<Schedule>, wall: Wall) -> Timetable {
         let next = schedule.as_ref().map(|s| s.next_after(wall));
         Timetable { schedule, next }
     }
 
     /// A schedule whose first firing is `first` (the simulator spreads its hosts' first
     /// firings over one interval).
-    pub fn starting_at(schedule: Schedule, first: Millis) -> Timetable {
+    pub fn starting_at(schedule: Schedule, first: Wall) -> Timetable {
         Timetable {
             schedule: Some(schedule),
             next: Some(first),
@@ -51,14 +51,14 @@ impl Timetable {
     }
 
     /// The next firing, wall time.
-    pub fn next(&self) -> Option<Millis> {
+    pub fn next(&self) -> Option<Wall> {
         self.next
     }
 
     /// Whether the schedule fires at wall time `wall`. When it does, the next firing is the
     /// first slot strictly after `wall`: slots missed meanwhile (a suspend, a wall clock stepped
     /// forward) fire once, not one by one.
-    pub fn due(&mut self, wall: Millis) -> bool {
+    pub fn due(&mut self, wall: Wall) -> bool {
         if self.next.is_none_or(|at| at > wall) {
             return false;
         }
@@ -68,7 +68,7 @@ impl Timetable {
 
     /// A reload's schedule: an unchanged one keeps its next firing, another one starts after
     /// wall time `wall`.
-    pub fn reschedule(&mut self, schedule: Option<Schedule>, wall: Millis) {
+    pub fn reschedule(&mut self, schedule: Option<Schedule>, wall: Wall) {
         if schedule != self.schedule {
             *self = Timetable::new(schedule, wall);
         }
@@ -84,7 +84,7 @@ pub struct Member {
     /// A reload removed the harness: it fires nothing more and goes once its attempt closes.
     removed: bool,
     /// The missed schedule slot `catch_up` fires for, once the source's session is checked.
-    catch_up: Option<Millis>,
+    catch_up: Option<Wall>,
 }
 
 impl Member {
@@ -101,7 +101,7 @@ impl Member {
     }
 
     /// The schedule's next firing, wall time.
-    pub fn next_fire(&self) -> Option<Millis> {
+    pub fn next_fire(&self) -> Option<Wall> {
         self.timetable.next()
     }
 }
@@ -252,7 +252,7 @@ impl Fleet {
         settings: HarnessSettings,
         seed: u64,
         first_run_id: u64,
-        wall: Millis,
+        wall: Wall,
     ) {
         let seed = seed ^ crate::mix::fnv1a(harness.name.as_bytes());
         let member = Member {
@@ -315,9 +315,9 @@ impl Fleet {
     pub fn owe_catch_up(
         &mut self,
         name: &str,
-        last_run_started: Option<Millis>,
-        wall: Millis,
-    ) -> Option<Millis> {
+        last_run_started: Option<Wall>,
+        wall: Wall,
+    ) -> Option<Wall> {
         let m = self.members.get_mut(name)?;
         m.catch_up = m.harness.catch_up_slot(last_run_started, wall);
         m.catch_up
@@ -335,7 +335,7 @@ impl Fleet {
 
     /// The input a firing by `trigger` at wall time `wall` gives a running harness: operating
     /// hours are read on the wall clock.
-    pub fn firing(&self, name: &str, trigger: &str, wall: Millis) -> Option<Input> {
+    pub fn firing(&self, name: &str, trigger: &str, wall: Wall) -> Option<Input> {
         let m = self.members.get(name).filter(|m| !m.removed)?;
         Some(Input::Firing {
             trigger: trigger.to_string(),
@@ -412,13 +412,13 @@ impl Fleet {
     pub fn next_wake(&self, now: Now) -> Option<Millis> {
         let timers = self.members.values().filter_map(|m| {
             let (at, _) = m.relay.poll_timeout()?;
-            Some(at.saturating_sub(now.mono))
+            Some(at.since(now.mono))
         });
         let fires = self
             .members
             .values()
             .filter(|m| !self.stopping && !m.removed)
-            .filter_map(|m| Some(m.timetable.next()?.saturating_sub(now.wall)));
+            .filter_map(|m| Some(m.timetable.next()?.since(now.wall)));
         timers.chain(fires).min()
     }
 
@@ -443,7 +443,7 @@ impl Fleet {
         &mut self,
         name: &str,
         new: Option<(HarnessSettings, Option<Harness>)>,
-        wall: Millis,
+        wall: Wall,
     ) -> Option<Reconfigured> {
         let m = self.members.get_mut(name)?;
         let Some((settings, harness)) = new else {

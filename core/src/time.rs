@@ -1,46 +1,160 @@
-//! Time as a value: milliseconds since the Unix epoch, and durations in milliseconds.
+//! Time as a value: instants on a host's two clocks, durations, and their text.
 //!
-//! Core never reads a clock; every input carries `now`. This module converts between the
-//! millisecond numbers the machines use and the RFC 3339 strings the wire and the records show,
-//! and defines [`Now`], the pair of readings (monotonic for deadlines, wall for text) that the
-//! relay machine takes.
+//! Core never reads a clock; every input carries `now`. Three types of milliseconds:
+//!
+//! - [`Mono`]: an instant on a host's monotonic clock, from an origin of the clock's own. Every
+//!   deadline and timer of the relay side runs on it (the relay machine, its [`Monitor`], the
+//!   fleet's wake-ups, the daemon, both simulators).
+//! - [`Wall`]: an instant on a host's wall clock, since the Unix epoch. It stamps text (run
+//!   records, context files, `describe`) and places wall-clock schedules and operating hours.
+//! - [`Millis`]: a span (a ttl, an interval, a backoff, a timeout).
+//!
+//! `Mono` and `Wall` are distinct types so that a deadline computed on one clock and compared on
+//! the other does not compile: a span moves an instant along its own clock, the span between two
+//! instants of one clock is a `Millis`, and [`Now::wall_at`] is the one bridge (for text). Each
+//! goes in and out as a number only at an edge ([`Mono::from_ms`], [`Wall::ms`]: the wire's
+//! text, [`rfc3339`], a clock's reading).
+//!
+//! The queue server's side — the [`Ledger`](crate::ledger), its stores, the server — keeps its
+//! instants as bare `Millis` since the epoch: it reads one clock only ([`WallClock`]), so there is
+//! nothing to mix them up with, and its stamps are stored as SQL integers and compared with the
+//! same arithmetic as its spans.
+//!
+//! This module also converts between those numbers and the RFC 3339 strings the wire and the
+//! records show, and defines [`Now`], the pair of readings that the relay machine takes.
+//!
+//! [`Monitor`]: crate::relay::invariants::Monitor
 
+use std::ops::Add;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-/// A time in milliseconds: since 1970-01-01T00:00:00Z (UTC) for wall readings and everything
-/// on the wire, or from a host's own origin for monotonic readings (see [`Now`]). The only
-/// notion of time in core.
+/// A span of time in milliseconds: a ttl, an interval, a backoff, the time between two
+/// instants of one clock. Also the queue server's instants, in milliseconds since
+/// 1970-01-01T00:00:00Z (see the module doc).
 pub type Millis = u64;
+
+/// Defines an instant type on one clock: its number of milliseconds goes in and out only
+/// through `from_ms` and `ms`, a span moves it (saturating), and the span between two of its
+/// instants is `since`.
+macro_rules! instant {
+    ($(#[$doc:meta])* $name:ident, $origin:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        pub struct $name(Millis);
+
+        impl $name {
+            #[doc = concat!("The instant `ms` milliseconds after ", $origin, ".")]
+            pub const fn from_ms(ms: Millis) -> $name {
+                $name(ms)
+            }
+
+            #[doc = concat!("Milliseconds after ", $origin, ".")]
+            pub const fn ms(self) -> Millis {
+                self.0
+            }
+
+            /// The span from `earlier` to this instant; 0 when `earlier` is not earlier.
+            pub const fn since(self, earlier: $name) -> Millis {
+                self.0.saturating_sub(earlier.0)
+            }
+        }
+
+        /// The instant a span later (saturating: no clock runs that long).
+        impl Add<Millis> for $name {
+            type Output = $name;
+            fn add(self, span: Millis) -> $name {
+                $name(self.0.saturating_add(span))
+            }
+        }
+    };
+}
+
+instant!(
+    /// An instant on a host's monotonic clock: milliseconds from an origin of the clock's own
+    /// (a boot, a process start), meaningless on any other host. It never steps; every deadline
+    /// and timer of the relay side runs on it (see the [module doc](self)).
+    ///
+    /// It does not mix with a [`Wall`]: neither adds to, subtracts from nor compares with the
+    /// other, and neither converts into the other.
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::Now;
+    /// let now = Now::agreeing(1_000);
+    /// let deadline = now.mono + 60_000;
+    /// let late = now.wall > deadline; // a wall reading against a monotonic deadline
+    /// ```
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::Now;
+    /// let now = Now::agreeing(1_000);
+    /// let sum = now.mono + now.wall;
+    /// ```
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::Now;
+    /// let now = Now::agreeing(1_000);
+    /// let span = now.mono.since(now.wall);
+    /// ```
+    ///
+    /// ```compile_fail,E0308
+    /// use relay_core::time::{Mono, Wall};
+    /// let wall: Wall = Mono::from_ms(1_000); // no conversion either way
+    /// ```
+    ///
+    /// A span moves an instant along its own clock, and saturates rather than overflow:
+    ///
+    /// ```
+    /// use relay_core::time::{Mono, SECOND};
+    /// let start = Mono::from_ms(5 * SECOND);
+    /// let deadline = start + 30 * SECOND;
+    /// assert_eq!(deadline.since(start), 30 * SECOND);
+    /// assert_eq!(start.since(deadline), 0);
+    /// assert_eq!(Mono::from_ms(u64::MAX) + 1, Mono::from_ms(u64::MAX));
+    /// ```
+    Mono,
+    "the clock's own origin"
+);
+
+instant!(
+    /// An instant on a host's wall clock: milliseconds since 1970-01-01T00:00:00Z (UTC). It may
+    /// step either way; on the relay side it stamps text and places schedules, never a deadline
+    /// (see the [module doc](self)).
+    Wall,
+    "1970-01-01T00:00:00Z"
+);
 
 /// One reading of a host's two clocks, taken together, as every input of the relay machine
 /// carries it.
 ///
 /// Deadlines and timers run on `mono`: a clock that never steps (the shell reads one that also
-/// counts time suspended, so that a lease does not outlive a laptop lid), in milliseconds from
-/// an origin of its own. `wall` (milliseconds since the epoch) only stamps text: run records,
-/// context files, summaries, `describe`. A wall clock stepped back or forward (an NTP
-/// correction, a VM restore, an operator's `date -s`) therefore moves no deadline: a worker
-/// whose wall clock went back an hour still stops its agent when its lease runs out.
+/// counts time suspended, so that a lease does not outlive a laptop lid). `wall` only stamps
+/// text (run records, context files, summaries, `describe`) and places schedules. A wall clock
+/// stepped back or forward (an NTP correction, a VM restore, an operator's `date -s`) therefore
+/// moves no deadline: a worker whose wall clock went back an hour still stops its agent when its
+/// lease runs out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Now {
-    pub mono: Millis,
-    pub wall: Millis,
+    pub mono: Mono,
+    pub wall: Wall,
 }
 
 impl Now {
     /// Both clocks read `ms`: for tests and models in which the wall clock never steps.
-    pub fn agreeing(ms: Millis) -> Now {
-        Now { mono: ms, wall: ms }
+    pub const fn agreeing(ms: Millis) -> Now {
+        Now {
+            mono: Mono(ms),
+            wall: Wall(ms),
+        }
     }
 
     /// The wall time at which the monotonic instant `mono` falls, judged from this reading (for
     /// text only: a later step of the wall clock makes it wrong, never the deadline itself).
-    pub fn wall_at(self, mono: Millis) -> Millis {
+    pub fn wall_at(self, mono: Mono) -> Wall {
         if mono >= self.mono {
-            self.wall.saturating_add(mono - self.mono)
+            self.wall + mono.since(self.mono)
         } else {
-            self.wall.saturating_sub(self.mono - mono)
+            Wall(self.wall.0.saturating_sub(self.mono.since(mono)))
         }
     }
 }
@@ -52,7 +166,8 @@ pub fn millis(span: std::time::Duration) -> Millis {
 
 /// A source of wall time, as the shells read it: core takes `now` as a value, the shells get
 /// it from a clock, so that tests drive the server and the daemon on a clock they move by hand
-/// instead of sleeping. The queue server needs only this reading (lease times, every stamp).
+/// instead of sleeping. The queue server needs only this reading (lease times, every stamp), and
+/// keeps it as the bare `Millis` its ledger stores (see the module doc).
 pub trait WallClock: Send + Sync + 'static {
     /// Wall time, milliseconds since the Unix epoch. It may step either way.
     fn now(&self) -> Millis;
@@ -61,13 +176,17 @@ pub trait WallClock: Send + Sync + 'static {
 /// A wall and a monotonic reading: what the daemon needs. Its deadlines run on [`Clock::mono`],
 /// which never steps, so a wall clock stepped back cannot keep an agent running past its lease.
 pub trait Clock: WallClock {
-    /// Monotonic time, milliseconds from an origin of the clock's own. It never decreases.
-    fn mono(&self) -> Millis;
+    /// Monotonic time, from an origin of the clock's own. It never decreases.
+    fn mono(&self) -> Mono;
+    /// The wall reading ([`WallClock::now`]) as the relay side takes it.
+    fn wall(&self) -> Wall {
+        Wall(self.now())
+    }
     /// Both readings, as the relay machine takes them.
     fn reading(&self) -> Now {
         Now {
             mono: self.mono(),
-            wall: self.now(),
+            wall: self.wall(),
         }
     }
 }
@@ -98,14 +217,15 @@ impl ManualClock {
 
 impl WallClock for ManualClock {
     fn now(&self) -> Millis {
-        self.mono()
+        self.mono
+            .load(Ordering::SeqCst)
             .saturating_add_signed(self.wall_offset.load(Ordering::SeqCst))
     }
 }
 
 impl Clock for ManualClock {
-    fn mono(&self) -> Millis {
-        self.mono.load(Ordering::SeqCst)
+    fn mono(&self) -> Mono {
+        Mono(self.mono.load(Ordering::SeqCst))
     }
 }
 
@@ -114,8 +234,9 @@ pub const MINUTE: Millis = 60 * SECOND;
 pub const HOUR: Millis = 60 * MINUTE;
 pub const DAY: Millis = 24 * HOUR;
 
-/// Formats `ms` as RFC 3339 in UTC: `2026-09-22T15:32:00Z`, with `.mmm` only when the
-/// milliseconds are not zero.
+/// Formats `ms` (milliseconds since the epoch) as RFC 3339 in UTC: `2026-09-22T15:32:00Z`, with
+/// `.mmm` only when the milliseconds are not zero. It takes the number, as the ledger keeps its
+/// stamps; a [`Wall`] comes as [`Wall::ms`].
 pub fn rfc3339(ms: Millis) -> String {
     let secs = ms / SECOND;
     let millis = ms % SECOND;
@@ -226,24 +347,24 @@ pub fn parse_rfc3339(s: &str) -> Option<Millis> {
 /// A wall time that comes in as text (a peer's answer, a file): read once, at the edge, by
 /// [`parse_rfc3339`] (any offset, `t`/`z` in either case, any fraction, surrounding blanks);
 /// `None` when it is no such time.
-pub fn read_wall_text(text: &str) -> Option<Millis> {
-    parse_rfc3339(text.trim())
+pub fn read_wall_text(text: &str) -> Option<Wall> {
+    parse_rfc3339(text.trim()).map(Wall)
 }
 
 /// Serde for an optional wall time carried as text: written strictly as [`rfc3339`] writes it
 /// (or `null`), read as [`read_wall_text`] reads it (anything else, a non-string included, is
 /// `None`). Use with `#[serde(with = "crate::time::wall_text")]`.
 pub mod wall_text {
-    use super::{Millis, read_wall_text, rfc3339};
+    use super::{Wall, read_wall_text, rfc3339};
 
-    pub fn serialize<S: serde::Serializer>(t: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(t: &Option<Wall>, s: S) -> Result<S::Ok, S::Error> {
         match t {
-            Some(ms) => s.serialize_str(&rfc3339(*ms)),
+            Some(wall) => s.serialize_str(&rfc3339(wall.ms())),
             None => s.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Millis>, D::Error> {
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Wall>, D::Error> {
         let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
         Ok(v.as_str().and_then(read_wall_text))
     }
@@ -315,6 +436,26 @@ mod tests {
         assert_eq!(parse_rfc3339("2001-02-29T00:00:00Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22 14:13:20Z"), None);
         assert_eq!(parse_rfc3339("2026-09-22T14:13:20"), None);
+    }
+
+    #[test]
+    fn instants_move_by_spans_and_saturate() {
+        let now = Now::agreeing(10 * SECOND);
+        let deadline = now.mono + MINUTE;
+        assert_eq!(deadline.since(now.mono), MINUTE);
+        assert_eq!(now.mono.since(deadline), 0, "a span is never negative");
+        assert_eq!(Wall::from_ms(Millis::MAX) + 1, Wall::from_ms(Millis::MAX));
+        assert_eq!(now.wall_at(deadline), now.wall + MINUTE);
+        assert_eq!(now.wall_at(Mono::from_ms(4 * SECOND)).ms(), 4 * SECOND);
+        let stepped = Now {
+            wall: Wall::from_ms(SECOND),
+            ..now
+        };
+        assert_eq!(
+            stepped.wall_at(Mono::default()),
+            Wall::default(),
+            "saturates at the epoch"
+        );
     }
 
     /// The digit writer answers what `format!` with padding answers, past year 9999 too.

@@ -8,7 +8,7 @@
 //! - `OFFSET`: `UTC`, `Z`, or a fixed `+HH:MM` / `-HH:MM` offset from UTC; omitted means UTC.
 //!   Fixed offsets do not follow daylight saving time.
 
-use crate::time::{DAY, MINUTE, Millis};
+use crate::time::{DAY, MINUTE, Millis, Wall};
 use std::fmt;
 
 const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
@@ -81,14 +81,14 @@ impl OperatingHours {
     }
 
     /// True when `now` falls inside any window.
-    pub fn contains(&self, now: Millis) -> bool {
-        self.windows.iter().any(|w| w.contains(now))
+    pub fn contains(&self, now: Wall) -> bool {
+        self.windows.iter().any(|w| w.contains(now.ms()))
     }
 }
 
 /// Whether a firing at wall time `now` may start a run under `hours` (`None`: no restriction).
 /// The daemon and the simulator both ask this; the machine skips or holds a firing outside.
-pub fn within_hours(hours: Option<&OperatingHours>, now: Millis) -> bool {
+pub fn within_hours(hours: Option<&OperatingHours>, now: Wall) -> bool {
     hours.is_none_or(|h| h.contains(now))
 }
 
@@ -186,14 +186,14 @@ fn parse_days(s: &str) -> Result<u8, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::parse_rfc3339;
+    use crate::time::read_wall_text;
 
     fn hours(ws: &[&str]) -> OperatingHours {
         OperatingHours::parse(ws).unwrap()
     }
 
     fn inside(h: &OperatingHours, t: &str) -> bool {
-        h.contains(parse_rfc3339(t).unwrap())
+        h.contains(read_wall_text(t).unwrap())
     }
 
     #[test]
@@ -233,8 +233,8 @@ mod tests {
         let h = hours(&["fri-mon 00:00-24:00 -05:00"]);
         assert!(inside(&h, "2026-09-22T04:59:00Z")); // still Monday at -05:00
         assert!(!inside(&h, "2026-09-22T05:00:00Z"));
-        assert!(hours(&["00:00-24:00"]).contains(0));
-        assert!(hours(&["23:00-01:00 -01:00"]).contains(0));
+        assert!(hours(&["00:00-24:00"]).contains(Wall::default()));
+        assert!(hours(&["23:00-01:00 -01:00"]).contains(Wall::default()));
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub use schedule::{Cron, Schedule};
 pub use secrets::{EnvVars, HeaderTemplate, Secret, parse_env_file};
 pub use url::{Url, parse_url};
 
-use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND};
+use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, Wall};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -275,7 +275,7 @@ impl Harness {
     /// fires once (trigger `catch_up`). `None` without `catch_up`, without a schedule, when no
     /// slot fell in between, or when the harness never ran (it owes no slot it was never
     /// scheduled for).
-    pub fn catch_up_slot(&self, last_run_started: Option<Millis>, now: Millis) -> Option<Millis> {
+    pub fn catch_up_slot(&self, last_run_started: Option<Wall>, now: Wall) -> Option<Wall> {
         if !self.catch_up {
             return None;
         }
@@ -283,12 +283,12 @@ impl Harness {
     }
 
     /// Whether a firing at wall time `now` falls within the operating hours (always, without).
-    pub fn within_hours(&self, now: Millis) -> bool {
+    pub fn within_hours(&self, now: Wall) -> bool {
         within_hours(self.operating_hours.as_ref(), now)
     }
 
     /// The schedule's next firing strictly after wall time `now`; `None` without a schedule.
-    pub fn next_fire(&self, now: Millis) -> Option<Millis> {
+    pub fn next_fire(&self, now: Wall) -> Option<Wall> {
         self.schedule.as_ref().map(|s| s.next_after(now))
     }
 }

@@ -1,7 +1,7 @@
 //! When a scheduled harness fires: `@every <duration>` or a five-field cron expression, in UTC.
 
 use super::duration::{format_duration, parse_duration};
-use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, civil_from_days, days_from_civil};
+use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, Wall, civil_from_days, days_from_civil};
 use std::fmt;
 
 /// A harness's `schedule`. Both forms are fixed grids in time, so a slot missed while the daemon
@@ -53,20 +53,22 @@ impl Schedule {
 
     /// The first slot strictly after `last` (when the harness last ran) that is not after
     /// `now`: a firing owed while nothing ran. `None` when no slot fell in between.
-    pub fn missed_since(&self, last: Millis, now: Millis) -> Option<Millis> {
+    pub fn missed_since(&self, last: Wall, now: Wall) -> Option<Wall> {
         let slot = self.next_after(last);
         (slot <= now).then_some(slot)
     }
 
-    /// The first firing time strictly after `now`. [`Millis::MAX`] means "never", which parsing
-    /// rules out, so callers may treat it as unreachable.
-    pub fn next_after(&self, now: Millis) -> Millis {
+    /// The first firing time strictly after `now`. `Millis::MAX` ms after the epoch means
+    /// "never", which parsing rules out, so callers may treat it as unreachable.
+    pub fn next_after(&self, now: Wall) -> Wall {
         match self {
-            Schedule::Every(every) => now
-                .checked_div(*every)
-                .and_then(|n| n.checked_add(1))
-                .and_then(|n| n.checked_mul(*every))
-                .unwrap_or(Millis::MAX),
+            Schedule::Every(every) => Wall::from_ms(
+                now.ms()
+                    .checked_div(*every)
+                    .and_then(|n| n.checked_add(1))
+                    .and_then(|n| n.checked_mul(*every))
+                    .unwrap_or(Millis::MAX),
+            ),
             Schedule::Cron(cron) => cron.next_after(now),
         }
     }
@@ -282,8 +284,8 @@ impl Cron {
     }
 
     /// The first whole minute strictly after `now` that the expression matches, in UTC.
-    pub fn next_after(&self, now: Millis) -> Millis {
-        self.search(now).unwrap_or(Millis::MAX)
+    pub fn next_after(&self, now: Wall) -> Wall {
+        Wall::from_ms(self.search(now.ms()).unwrap_or(Millis::MAX))
     }
 
     // `None` when the answer would not fit in a `Millis`.
@@ -323,15 +325,15 @@ impl Cron {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{parse_rfc3339, rfc3339};
+    use crate::time::{read_wall_text, rfc3339};
     use proptest::prelude::*;
 
-    fn at(s: &str) -> Millis {
-        parse_rfc3339(s).unwrap()
+    fn at(s: &str) -> Wall {
+        read_wall_text(s).unwrap()
     }
 
     fn next(expr: &str, now: &str) -> String {
-        rfc3339(Schedule::parse(expr).unwrap().next_after(at(now)))
+        rfc3339(Schedule::parse(expr).unwrap().next_after(at(now)).ms())
     }
 
     #[test]
@@ -398,23 +400,25 @@ mod tests {
         let s = Schedule::parse("@every 30m").unwrap();
         assert_eq!(s, Schedule::Every(30 * MINUTE));
         assert_eq!(
-            rfc3339(s.next_after(at("2026-09-22T15:32:00Z"))),
+            rfc3339(s.next_after(at("2026-09-22T15:32:00Z")).ms()),
             "2026-09-22T16:00:00Z"
         );
         assert_eq!(
-            rfc3339(s.next_after(at("2026-09-22T16:00:00Z"))),
+            rfc3339(s.next_after(at("2026-09-22T16:00:00Z")).ms()),
             "2026-09-22T16:30:00Z"
         );
-        assert_eq!(s.next_after(Millis::MAX), Millis::MAX);
-        assert_eq!(Schedule::Every(0).next_after(5), Millis::MAX);
+        let never = Wall::from_ms(Millis::MAX);
+        assert_eq!(s.next_after(never), never);
+        assert_eq!(Schedule::Every(0).next_after(Wall::from_ms(5)), never);
         let cron = Schedule::parse("*/5 * * * *").unwrap();
-        assert_eq!(cron.next_after(Millis::MAX), Millis::MAX);
-        assert!(cron.next_after(Millis::MAX - 2 * DAY) > Millis::MAX - 2 * DAY);
+        assert_eq!(cron.next_after(never), never);
+        let late = Wall::from_ms(Millis::MAX - 2 * DAY);
+        assert!(cron.next_after(late) > late);
         assert_eq!(
             Schedule::parse("*/4294967295 * * * *")
                 .unwrap()
-                .next_after(0),
-            HOUR
+                .next_after(Wall::default()),
+            Wall::from_ms(HOUR)
         );
         assert_eq!(s.to_string(), "@every 30m");
     }
@@ -443,7 +447,7 @@ mod tests {
             let Ok(Schedule::Cron(cron)) = Schedule::parse(&expr) else {
                 return Ok(()); // combinations that never fire are refused at parse
             };
-            let next = cron.next_after(now);
+            let next = cron.next_after(Wall::from_ms(now)).ms();
             prop_assert!(next > now && next % MINUTE == 0, "{expr}");
             prop_assert!(matches(&cron, next), "{expr}: {} does not match", rfc3339(next));
             // No earlier minute matches (checked where the gap is small enough to walk).

@@ -707,8 +707,8 @@ fn catch_up_without_a_schedule_is_refused_naming_the_key() {
 
 #[test]
 fn catch_up_fires_once_for_a_slot_missed_since_the_last_run() {
-    use crate::time::{HOUR, parse_rfc3339};
-    let at = |s: &str| parse_rfc3339(s).unwrap();
+    use crate::time::{HOUR, read_wall_text};
+    let at = |s: &str| read_wall_text(s).unwrap();
     let c =
         global("[harness.x]\ncommand = [\"agent\"]\nschedule = \"@every 1h\"\ncatch_up = true\n")
             .unwrap();
@@ -723,7 +723,7 @@ fn catch_up_fires_once_for_a_slot_missed_since_the_last_run() {
     );
     assert_eq!(
         h.catch_up_slot(last, at("2026-09-22T11:00:00Z")),
-        Some(11 * HOUR + at("2026-09-22T00:00:00Z"))
+        Some(at("2026-09-22T00:00:00Z") + 11 * HOUR)
     );
     // A harness that never ran owes nothing; without catch_up nothing is owed either.
     assert_eq!(h.catch_up_slot(None, at("2026-09-22T12:30:00Z")), None);
@@ -860,8 +860,8 @@ fn a_removed_lease_source_aborts_the_attempts_on_it() {
 
 #[test]
 fn a_harness_answers_its_next_firing_and_whether_a_firing_is_within_hours() {
-    use crate::time::parse_rfc3339;
-    let at = |s: &str| parse_rfc3339(s).unwrap();
+    use crate::time::read_wall_text;
+    let at = |s: &str| read_wall_text(s).unwrap();
     let c = global(
         "[harness.x]\ncommand = [\"agent\"]\nschedule = \"@every 30m\"\n\
          operating_hours = \"mon-fri 09:00-18:00 +02:00\"\n\

@@ -3,10 +3,10 @@ use crate::config::{ConfigFile, FileKind, parse};
 use crate::mcp::client::Subscriptions;
 use crate::relay::OnOverlap;
 use crate::testing::relay::{claimed, is_claim, our_server_capabilities, request_in, settings};
-use crate::time::{HOUR, MINUTE, SECOND, parse_rfc3339};
+use crate::time::{HOUR, MINUTE, Mono, SECOND, read_wall_text};
 
-fn at(s: &str) -> Millis {
-    parse_rfc3339(s).unwrap()
+fn at(s: &str) -> Wall {
+    read_wall_text(s).unwrap()
 }
 
 /// `[harness.<name>]` with these extra keys.
@@ -31,7 +31,7 @@ fn on(name: &str, lease: &str) -> HarnessSettings {
 }
 
 /// Plain harnesses, each on its lease source, added at wall time `wall`.
-fn fleet_on(members: &[(&str, &str)], wall: Millis) -> Fleet {
+fn fleet_on(members: &[(&str, &str)], wall: Wall) -> Fleet {
     let mut f = Fleet::default();
     for (name, lease) in members {
         f.add(harness(name, ""), on(name, lease), 1, 1, wall);
@@ -39,8 +39,11 @@ fn fleet_on(members: &[(&str, &str)], wall: Millis) -> Fleet {
     f
 }
 
-fn now(mono: Millis, wall: Millis) -> Now {
-    Now { mono, wall }
+fn now(mono: Millis, wall: Wall) -> Now {
+    Now {
+        mono: Mono::from_ms(mono),
+        wall,
+    }
 }
 
 #[test]
@@ -48,7 +51,7 @@ fn a_schedule_fires_once_per_slot_on_the_wall_clock() {
     let t0 = at("2026-09-22T10:00:00Z");
     let mut t = Timetable::new(Some(Schedule::parse("@every 30m").unwrap()), t0 + MINUTE);
     assert_eq!(t.next(), Some(t0 + 30 * MINUTE));
-    assert!(!t.due(t0 + 30 * MINUTE - 1));
+    assert!(!t.due(t0 + (30 * MINUTE - 1)));
     assert!(t.due(t0 + 30 * MINUTE));
     assert_eq!(t.next(), Some(t0 + HOUR));
     // Slots missed meanwhile (a suspend, a wall clock stepped forward) fire once.
@@ -59,7 +62,7 @@ fn a_schedule_fires_once_per_slot_on_the_wall_clock() {
     assert!(!t.due(t0 + HOUR));
     let mut never = Timetable::new(None, t0);
     assert_eq!(never.next(), None);
-    assert!(!never.due(Millis::MAX));
+    assert!(!never.due(Wall::from_ms(Millis::MAX)));
 }
 
 #[test]
@@ -113,8 +116,8 @@ fn the_next_wake_is_the_earliest_timer_or_firing_each_on_its_own_clock() {
         .poll_timeout()
         .expect("the claim request has a deadline");
     let wake = f.next_wake(now(10, wall + MINUTE)).unwrap();
-    assert_eq!(wake, (timer - 10).min(MINUTE));
-    let due = f.due(now(timer, wall + MINUTE + 1));
+    assert_eq!(wake, timer.since(Mono::from_ms(10)).min(MINUTE));
+    let due = f.due(now(timer.ms(), wall + MINUTE + 1));
     assert_eq!(due, [Due::Timer("a".into())]);
     // Stopping: no schedule fires, timers still do.
     f.stop();

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::types::{ClaimedTodo, PriorAttempt};
 use crate::bounds::bound_claimant;
-use crate::time::{Millis, rfc3339};
+use crate::time::{Wall, rfc3339};
 
 /// `harness/<host>/<harness>/run-<run_id>`, cut to 128 bytes on a char boundary.
 pub fn claimant(host: &str, harness: &str, run_id: u64) -> String {
@@ -60,7 +60,7 @@ pub const UNTRUSTED: [&str; 6] = [
 /// contract's claim answer has no such field), written as RFC 3339.
 pub fn context_file(
     claim: &ClaimedTodo,
-    claimed_at: Millis,
+    claimed_at: Wall,
     lease_ttl_seconds: u64,
     summary_file: &str,
 ) -> Value {
@@ -82,7 +82,7 @@ pub fn context_file(
             "seq": claim.attempt_seq,
             "number": claim.attempt,
             "max": claim.max_attempts,
-            "claimed_at": rfc3339(claimed_at),
+            "claimed_at": rfc3339(claimed_at.ms()),
             "lease_ttl_seconds": lease_ttl_seconds,
             "idempotency_key": idempotency_key(claim),
         },
@@ -95,7 +95,7 @@ pub fn context_file(
 /// The context file's bytes as written.
 pub fn context_file_bytes(
     claim: &ClaimedTodo,
-    claimed_at: Millis,
+    claimed_at: Wall,
     lease_ttl_seconds: u64,
     summary_file: &str,
 ) -> Vec<u8> {

@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Input, RequestId, RunOutcome};
-use crate::time::Millis;
+use crate::time::{Millis, Mono};
 
 /// A broken invariant: its name (as above) and what broke it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,9 +39,9 @@ pub struct Monitor {
     /// The lease's ttl, as the machine asks it of the server.
     ttl: Millis,
     /// The monotonic time of the step being watched (its input's).
-    now: Millis,
+    now: Mono,
     /// Lease calls sent and not yet answered, by request: the run and the send time.
-    sent: BTreeMap<RequestId, (u64, Millis)>,
+    sent: BTreeMap<RequestId, (u64, Mono)>,
     /// Each fenced run's lease, as the server's answers tell it.
     leases: BTreeMap<u64, Lease>,
     /// Lease tokens handed to this machine, by run.
@@ -57,7 +57,7 @@ pub struct Monitor {
 /// One run's lease, as the server's answers tell it (see the module doc).
 #[derive(Clone, Copy, Debug)]
 struct Lease {
-    until: Millis,
+    until: Mono,
     lost: bool,
     reported: bool,
     /// A heartbeat was refused after the report went out.
@@ -69,7 +69,7 @@ impl Monitor {
     pub fn new(lease_ttl: Millis) -> Monitor {
         Monitor {
             ttl: lease_ttl,
-            now: 0,
+            now: Mono::default(),
             sent: BTreeMap::new(),
             leases: BTreeMap::new(),
             tokens: BTreeMap::new(),
@@ -88,7 +88,7 @@ impl Monitor {
     /// Notes an input, at the machine's monotonic `now`, before the machine handles it (a claim
     /// answer hands over a token and a lease, a heartbeat's answer extends or ends it). Only the
     /// first answer to a request counts: a stale replay hands over nothing new.
-    pub fn input(&mut self, now: Millis, input: &Input) {
+    pub fn input(&mut self, now: Mono, input: &Input) {
         self.now = now;
         for lease in self.leases.values_mut() {
             lease.lost |= now >= lease.until;
@@ -177,7 +177,7 @@ impl Monitor {
                 );
             }
             Command::SendHeartbeat { request, .. } | Command::SendReport { request, .. } => {
-                let now = self.now;
+                let now = self.now.ms();
                 let Some(lease) = self.leases.get_mut(&run).filter(|l| !l.lost) else {
                     return breach(
                         "silent_after_lease_loss",
@@ -197,7 +197,7 @@ impl Monitor {
                         ),
                     );
                 }
-                self.sent.insert(*request, (run, now));
+                self.sent.insert(*request, (run, self.now));
             }
             Command::WriteRunRecord { record } => {
                 if record.relay_outcome.is_some() {

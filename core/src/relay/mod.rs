@@ -11,7 +11,7 @@
 //! # Driving it
 //!
 //! ```text
-//! let now = Now { mono: monotonic_ms(), wall: wall_ms() };
+//! let now = clock.reading();          // Now { mono: Mono, wall: Wall }
 //! relay.handle_input(now, input)?;    // the one door: a due timer is Input::TimerFired
 //! while let Some(cmd) = relay.poll_command() { execute(cmd) }
 //! sleep_until_mono(relay.poll_timeout())      // then handle_input(now, Input::TimerFired)
@@ -22,9 +22,9 @@
 //!
 //! `now` is a [`Now`](crate::time::Now): a monotonic and a wall reading taken together. Every
 //! deadline and timer (lease deadline, heartbeats, run timeout, kill grace, check interval and
-//! timeout, receipt wait, report retries) is computed and compared on the monotonic one, and
-//! [`Relay::poll_timeout`] answers on it; the wall reading only stamps the text of run records
-//! and `describe`. A wall clock that steps back therefore cannot keep an agent running past
+//! timeout, receipt wait, report retries) is a [`Mono`](crate::time::Mono), computed and compared
+//! on the monotonic reading, and [`Relay::poll_timeout`] answers on it; the wall reading (a
+//! [`Wall`](crate::time::Wall)) only stamps the text of run records and `describe`. A wall clock that steps back therefore cannot keep an agent running past
 //! its lease. Answers to network
 //! commands carry the command's [`RequestId`]; an answer to a request that is no longer awaited
 //! (a heartbeat answer after the attempt ended, a duplicate report answer) is an ordinary input

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::time::{Millis, rfc3339};
+use crate::time::{Wall, rfc3339};
 
 /// How a run ended, as every run's record (leased or not) says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,7 +87,7 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    pub(crate) fn new(harness: &str, lease: &str, run_id: u64, trigger: &str, now: Millis) -> Self {
+    pub(crate) fn new(harness: &str, lease: &str, run_id: u64, trigger: &str, now: Wall) -> Self {
         RunRecord {
             harness: harness.to_string(),
             run_id,
@@ -95,7 +95,7 @@ impl RunRecord {
             outcome: RunOutcome::Running,
             skipped_reason: None,
             claim_error: None,
-            started_at: rfc3339(now),
+            started_at: rfc3339(now.ms()),
             ended_at: None,
             exit_code: None,
             lease: lease.to_string(),
@@ -111,10 +111,10 @@ impl RunRecord {
 /// After a restart, a record a crashed daemon left `running` becomes `interrupted`. Nothing else
 /// changes — in particular no relay outcome is invented, because no call is made for it: the
 /// lease lapses and the server records the attempt as having died. Other records pass through.
-pub fn reconcile_interrupted(mut record: RunRecord, now: Millis) -> RunRecord {
+pub fn reconcile_interrupted(mut record: RunRecord, now: Wall) -> RunRecord {
     if record.outcome == RunOutcome::Running {
         record.outcome = RunOutcome::Interrupted;
-        record.ended_at = Some(rfc3339(now));
+        record.ended_at = Some(rfc3339(now.ms()));
     }
     record
 }

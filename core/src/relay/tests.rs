@@ -11,7 +11,7 @@ use crate::ledger::{Ledger, LedgerConfig, NewTodo};
 use crate::relay::invariants::shown;
 use crate::testing::Queue;
 use crate::testing::relay::*;
-use crate::time::{HOUR, MINUTE, Millis, SECOND, parse_rfc3339, read_wall_text};
+use crate::time::{HOUR, MINUTE, Millis, SECOND, Wall, parse_rfc3339, read_wall_text};
 
 const TOKEN: &str = "q3vZw-T0K3N-f3nc3";
 
@@ -74,7 +74,7 @@ fn is_term(c: &Command) -> bool {
 }
 
 /// What a firing refused before any lease call emits: the run_skipped event, then its record.
-fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Millis) -> Vec<Command> {
+fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Wall) -> Vec<Command> {
     let mut record = RunRecord {
         harness: "fixer".into(),
         run_id,
@@ -82,7 +82,7 @@ fn skipped(run_id: u64, trigger: &str, reason: SkippedReason, now: Millis) -> Ve
         outcome: RunOutcome::Skipped,
         skipped_reason: Some(reason),
         claim_error: None,
-        started_at: crate::time::rfc3339(now),
+        started_at: crate::time::rfc3339(now.ms()),
         ended_at: None,
         exit_code: None,
         lease: "queue.ci".into(),
@@ -120,7 +120,7 @@ fn firing_during_a_run() {
     let cmds = d.fire();
     assert_eq!(
         cmds,
-        skipped(2, "channel.sb", SkippedReason::Overlap, d.now)
+        skipped(2, "channel.sb", SkippedReason::Overlap, d.clock().wall)
     );
 }
 
@@ -137,7 +137,7 @@ fn a_held_firing_claims_only_when_it_starts() {
     );
     assert_eq!(
         d.fire(),
-        skipped(2, "channel.sb", SkippedReason::Overlap, d.now),
+        skipped(2, "channel.sb", SkippedReason::Overlap, d.clock().wall),
         "one firing is held; a further one is skipped"
     );
     d.exit(0, None);
@@ -168,7 +168,7 @@ fn outside_hours() {
     });
     assert_eq!(
         cmds,
-        skipped(1, "schedule", SkippedReason::OutsideHours, d.now)
+        skipped(1, "schedule", SkippedReason::OutsideHours, d.clock().wall)
     );
 }
 
@@ -179,14 +179,19 @@ fn a_disabled_harness_or_lease_source_claims_nothing() {
     let mut d = Driver::new(s);
     assert_eq!(
         d.fire(),
-        skipped(1, "channel.sb", SkippedReason::Disabled, d.now)
+        skipped(1, "channel.sb", SkippedReason::Disabled, d.clock().wall)
     );
     let mut s = settings();
     s.lease_enabled = false;
     let mut d = Driver::new(s);
     assert_eq!(
         d.fire(),
-        skipped(1, "channel.sb", SkippedReason::LeaseDisabled, d.now)
+        skipped(
+            1,
+            "channel.sb",
+            SkippedReason::LeaseDisabled,
+            d.clock().wall
+        )
     );
 }
 
@@ -196,7 +201,7 @@ fn a_disabled_harness_or_lease_source_claims_nothing() {
 fn claimed_and_spawned() {
     let mut d = Driver::new(settings());
     let fired = d.fire();
-    let mut running = RunRecord::new("fixer", "queue.ci", 1, "channel.sb", d.now);
+    let mut running = RunRecord::new("fixer", "queue.ci", 1, "channel.sb", d.clock().wall);
     assert_eq!(
         fired,
         [
@@ -1250,7 +1255,7 @@ fn crash_mid_attempt() {
     let left = d.last_record();
     assert_eq!(left.outcome, RunOutcome::Running);
     drop(d); // the daemon is killed: its machine and token are gone
-    let reconciled = reconcile_interrupted(left, t0() + 4 * MINUTE);
+    let reconciled = reconcile_interrupted(left, Wall::from_ms(t0() + 4 * MINUTE));
     assert_eq!(reconciled.outcome, RunOutcome::Interrupted);
     assert_eq!(reconciled.relay_outcome, None);
     assert_eq!(reconciled.ended_at.as_deref(), Some("2026-09-22T12:04:00Z"));
@@ -1404,7 +1409,7 @@ fn a_server_that_predates_attempt_history() {
             1,
             "channel.sb",
             SkippedReason::LeaseSourceUnsupported,
-            d.now
+            d.clock().wall
         )
     );
 }
@@ -1436,7 +1441,7 @@ fn a_claim_waits_for_the_capability_check_of_a_new_session() {
             1,
             "channel.sb",
             SkippedReason::LeaseSourceUnsupported,
-            d.now
+            d.clock().wall
         )
     );
 }
@@ -1630,7 +1635,8 @@ fn a_conflict_is_not_a_transport_error() {
     });
     assert_eq!(cmds, []);
     let next = d.relay.poll_timeout();
-    assert!(matches!(next, Some((t, TimerReason::Heartbeat)) if t <= d.now + SECOND && t > d.now));
+    let now = d.clock().mono;
+    assert!(matches!(next, Some((t, TimerReason::Heartbeat)) if t <= now + SECOND && t > now));
 }
 
 #[test]
@@ -1916,7 +1922,7 @@ fn a_reload_without_an_attempt_applies_at_once_and_a_revert_drops_the_waiting_se
     assert_eq!(d.relay.reconfigure(new.clone()), Reconfigured::Now);
     assert_eq!(
         d.fire(),
-        skipped(1, "channel.sb", SkippedReason::Disabled, d.now)
+        skipped(1, "channel.sb", SkippedReason::Disabled, d.clock().wall)
     );
     assert_eq!(d.relay.reconfigure(new), Reconfigured::Unchanged);
 
@@ -1949,7 +1955,7 @@ fn a_new_lease_source_is_unverified_until_its_capability_check() {
             1,
             "channel.sb",
             SkippedReason::LeaseSourceUnsupported,
-            d.now,
+            d.clock().wall,
         );
         if let Command::WriteRunRecord { record } = &mut s[1] {
             record.lease = "queue.other".into();

@@ -8,7 +8,7 @@ use super::record::{Event, RunRecord};
 use super::redact::Redactor;
 use super::usage::BudgetRemaining;
 use crate::error::ErrorCode;
-use crate::time::{Millis, SECOND};
+use crate::time::{Millis, SECOND, Wall};
 
 // One definition of each, in the config model the settings come from.
 pub use crate::config::{DEFAULT_KILL_GRACE, OnOverlap};
@@ -200,9 +200,9 @@ pub struct PriorAttempt {
     ///
     /// [`rfc3339`]: crate::time::rfc3339
     #[serde(with = "crate::time::wall_text")]
-    pub claimed_at: Option<Millis>,
+    pub claimed_at: Option<Wall>,
     #[serde(with = "crate::time::wall_text")]
-    pub ended_at: Option<Millis>,
+    pub ended_at: Option<Wall>,
     pub summary: Option<String>,
     pub artifact: Option<String>,
     /// The question the attempt ended with (outcome `needs_input`), and its answer once given:

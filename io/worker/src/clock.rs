@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use relay_core::Millis;
-use relay_core::time::{Clock, WallClock, millis};
+use relay_core::time::{Clock, Mono, WallClock, millis};
 
 /// The system's clocks: `CLOCK_REALTIME` for the wall, `CLOCK_BOOTTIME` for the monotonic one.
 /// Boot time (not `CLOCK_MONOTONIC`, which stops while the machine is suspended) because a lease
@@ -22,12 +22,13 @@ impl WallClock for SystemClock {
 }
 
 impl Clock for SystemClock {
-    fn mono(&self) -> Millis {
-        read(nix::time::ClockId::CLOCK_BOOTTIME).unwrap_or_else(|| {
+    fn mono(&self) -> Mono {
+        let ms = read(nix::time::ClockId::CLOCK_BOOTTIME).unwrap_or_else(|| {
             // Not on this kernel: the process's own monotonic clock, which at least never steps.
             static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
             millis(ORIGIN.get_or_init(std::time::Instant::now).elapsed())
-        })
+        });
+        Mono::from_ms(ms)
     }
 }
 

@@ -43,9 +43,9 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
-use relay_core::Millis;
 use relay_core::config::is_valid_name;
 use relay_core::relay::{RunOutcome, RunRecord, reconcile_interrupted, run_files};
+use relay_core::time::Wall;
 
 use crate::runner::write_private_atomic;
 
@@ -377,7 +377,7 @@ impl Journal {
     /// [`reconcile_interrupted`] and is written back, and its context file is removed. Nothing
     /// else happens: no lease call, no other file. Returns the reconciled records. Call it
     /// once, holding [`Journal::lock`], before any machine starts.
-    pub fn reconcile(&self, now: Millis) -> Result<Vec<RunRecord>, JournalError> {
+    pub fn reconcile(&self, now: Wall) -> Result<Vec<RunRecord>, JournalError> {
         let mut reconciled = Vec::new();
         for harness in self.harnesses()? {
             for id in self.run_ids(&harness)? {
@@ -731,7 +731,7 @@ pub(crate) mod tests {
         j.write_record(&record("other", 9, RunOutcome::Running))
             .unwrap();
 
-        let now = t0() + 60_000;
+        let now = Wall::from_ms(t0() + 60_000);
         let reconciled = j.reconcile(now).unwrap();
         let want_fixer = reconcile_interrupted(record("fixer", 2, RunOutcome::Running), now);
         let want_other = reconcile_interrupted(record("other", 9, RunOutcome::Running), now);
@@ -791,7 +791,7 @@ pub(crate) mod tests {
         let context = j.run_paths("fixer", first).context_file;
         assert!(context.exists(), "the context file was written");
         assert_eq!(mode(&context), 0o600);
-        assert_eq!(j.reconcile(t0()).unwrap().len(), 1);
+        assert_eq!(j.reconcile(Wall::from_ms(t0())).unwrap().len(), 1);
         assert_eq!(
             j.records("fixer", 1).unwrap()[0].outcome,
             RunOutcome::Interrupted

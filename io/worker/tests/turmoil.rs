@@ -338,7 +338,8 @@ async fn drive(mut script: Script, trace: Trace) -> turmoil::Result {
     let mut closed_at: Option<Millis> = None;
     loop {
         let input = {
-            let deadline = relay.poll_timeout().map(|(at, _)| at);
+            // The relay reads the world's one clock as both of its own (`Now::agreeing`).
+            let deadline = relay.poll_timeout().map(|(at, _)| at.ms());
             let linger_end = closed_at.map(|at| at + script.linger);
             let wake = deadline.into_iter().chain(linger_end).min();
             let wait = wake.map(|at| at.saturating_sub(now()));

@@ -299,7 +299,9 @@ impl World {
                     "process_within_lease",
                     format!(
                         "relay {r}'s process for {} runs at local {} with lease deadline {:?}",
-                        p.todo, local, d
+                        p.todo,
+                        local.ms(),
+                        d.map(Mono::ms)
                     ),
                 )),
             }

@@ -1,9 +1,10 @@
 //! A host's clocks: wall and monotonic, each with its own offset and drift.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
 
 use relay_core::relay::{Relay, RequestId, RunRecord};
-use relay_core::time::{Millis, Now};
+use relay_core::time::{Millis, Mono, Now, Wall};
 
 use crate::options::Mutation;
 
@@ -11,30 +12,65 @@ use relay_core::relay::invariants::Monitor;
 
 use super::*;
 
-/// One clock of a host: it reads `global + offset`, running fast or slow by `drift_ppm`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct HostClock {
-    pub(super) offset: i64,
-    pub(super) drift_ppm: i64,
+/// What a host clock reads: [`Mono`] or [`Wall`] instants, which it makes from and reads as
+/// milliseconds (the only place the simulator does).
+pub(super) trait Reading: Copy {
+    fn from_ms(ms: Millis) -> Self;
+    fn ms(self) -> Millis;
 }
 
-impl HostClock {
-    pub(super) fn read(&self, global: Millis) -> Millis {
+impl Reading for Mono {
+    fn from_ms(ms: Millis) -> Mono {
+        Mono::from_ms(ms)
+    }
+    fn ms(self) -> Millis {
+        Mono::ms(self)
+    }
+}
+
+impl Reading for Wall {
+    fn from_ms(ms: Millis) -> Wall {
+        Wall::from_ms(ms)
+    }
+    fn ms(self) -> Millis {
+        Wall::ms(self)
+    }
+}
+
+/// One clock of a host, reading instants of type `R`: it reads `global + offset`, running fast
+/// or slow by `drift_ppm`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HostClock<R> {
+    pub(super) offset: i64,
+    pub(super) drift_ppm: i64,
+    reads: PhantomData<R>,
+}
+
+impl<R: Reading> HostClock<R> {
+    pub(super) fn new(offset: i64, drift_ppm: i64) -> HostClock<R> {
+        HostClock {
+            offset,
+            drift_ppm,
+            reads: PhantomData,
+        }
+    }
+
+    pub(super) fn read(&self, global: Millis) -> R {
         let g = global as i128;
         let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
-        (g + self.offset as i128 + drift).max(0) as Millis
+        R::from_ms((g + self.offset as i128 + drift).max(0) as Millis)
     }
 
     /// Sets the clock so that it reads `local` at `global`.
-    pub(super) fn set(&mut self, global: Millis, local: Millis) {
+    pub(super) fn set(&mut self, global: Millis, local: R) {
         let g = global as i128;
         let drift = (g - T0 as i128) * self.drift_ppm as i128 / 1_000_000;
-        self.offset = (local as i128 - g - drift) as i64;
+        self.offset = (local.ms() as i128 - g - drift) as i64;
     }
 
     /// The global instant at which this clock reads `local` (the inverse of `read`).
-    pub(super) fn when(&self, local: Millis) -> Millis {
-        let l = local as i128 - self.offset as i128;
+    pub(super) fn when(&self, local: R) -> Millis {
+        let l = local.ms() as i128 - self.offset as i128;
         let g = (l * 1_000_000 + T0 as i128 * self.drift_ppm as i128)
             / (1_000_000 + self.drift_ppm as i128);
         g.max(0) as Millis
@@ -47,9 +83,9 @@ pub(super) struct Host {
     pub(super) life: u32,
     /// The monotonic clock: it drifts, it runs on through a pause (it counts suspended time),
     /// it never steps; a reboot starts it again from a small number.
-    pub(super) mono: HostClock,
+    pub(super) mono: HostClock<Mono>,
     /// The wall clock: it drifts on its own and steps either way ([`Fault::WallStep`]).
-    pub(super) wall: HostClock,
+    pub(super) wall: HostClock<Wall>,
     pub(super) timer_gen: u64,
     pub(super) proc: Option<Proc>,
     pub(super) check: Option<(u64, u64)>,
@@ -87,10 +123,10 @@ pub(super) struct HostConfig {
 
 impl Host {
     /// The clock the driver hands the machine as monotonic: the wall clock under the canary
-    /// that puts deadlines on wall time.
-    pub(super) fn machine_clock(&self, mutation: Option<Mutation>) -> HostClock {
+    /// that puts deadlines on wall time (its readings passed off as monotonic ones).
+    pub(super) fn machine_clock(&self, mutation: Option<Mutation>) -> HostClock<Mono> {
         if mutation == Some(Mutation::DeadlinesOnWallClock) {
-            self.wall
+            HostClock::new(self.wall.offset, self.wall.drift_ppm)
         } else {
             self.mono
         }

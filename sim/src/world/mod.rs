@@ -16,7 +16,7 @@ use relay_core::relay::{
     Capabilities, Command, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     RequestId, SuccessCheck, reconcile_interrupted,
 };
-use relay_core::time::{HOUR, MINUTE, Millis, SECOND};
+use relay_core::time::{HOUR, MINUTE, Millis, Mono, SECOND};
 use serde_json::{Value, json};
 
 use crate::options::{ANSWER_WITHIN_MAX, MAX_DRIFT_PPM, Options, Surface};
@@ -209,6 +209,8 @@ struct Truth {
 
 pub struct World {
     o: Options,
+    /// The true time, which the queue server reads as its one clock (a bare `Millis`, as the
+    /// ledger keeps it); each host's [`Mono`] and wall clocks read their own from it.
     now: Millis,
     seq: u64,
     step: u64,
@@ -297,14 +299,11 @@ impl World {
                 life: 0,
                 // Up for a while already: the monotonic clock reads an uptime, nothing like a
                 // wall time, so that a reading used as the other shows at once.
-                mono: HostClock {
-                    offset: setup.range(MINUTE, 30 * 24 * HOUR) as i64 - T0 as i64,
-                    drift_ppm: drift(&mut setup),
-                },
-                wall: HostClock {
-                    offset: 0,
-                    drift_ppm: drift(&mut setup),
-                },
+                mono: HostClock::new(
+                    setup.range(MINUTE, 30 * 24 * HOUR) as i64 - T0 as i64,
+                    drift(&mut setup),
+                ),
+                wall: HostClock::new(0, drift(&mut setup)),
                 timer_gen: 0,
                 proc: None,
                 check: None,
@@ -924,7 +923,7 @@ impl World {
                     *rec = reconcile_interrupted(rec.clone(), wall);
                 }
                 if let Some(uptime) = reboot {
-                    h.mono.set(self.now + down, uptime);
+                    h.mono.set(self.now + down, Mono::from_ms(uptime));
                 }
                 self.schedule(self.now + down, Ev::Restart(relay));
             }

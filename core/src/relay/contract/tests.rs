@@ -8,7 +8,7 @@ use crate::ledger::{Actor, ClaimOpts, Ledger, LedgerConfig, NewTodo, Report, Tok
 use crate::relay::RequestId;
 use crate::testing::Queue;
 use crate::testing::relay::{contract_tools, t0};
-use crate::time::{MINUTE, SECOND, read_wall_text, rfc3339};
+use crate::time::{MINUTE, SECOND, Wall, read_wall_text, rfc3339};
 use crate::wire::ClaimOut;
 
 const TOKEN: &str = "tok-C0NTRACT-s3cr3t";
@@ -226,7 +226,10 @@ fn a_prior_attempts_times_are_read_liberally_once_and_written_strictly() {
     let times: Vec<_> = c
         .prior_attempts
         .iter()
-        .map(|p| (p.claimed_at.map(rfc3339), p.ended_at.map(rfc3339)))
+        .map(|p| {
+            let text = |t: Wall| rfc3339(t.ms());
+            (p.claimed_at.map(text), p.ended_at.map(text))
+        })
         .collect();
     let text = |s: &str| Some(s.to_string());
     assert_eq!(
@@ -240,7 +243,7 @@ fn a_prior_attempts_times_are_read_liberally_once_and_written_strictly() {
     // The context file writes them as the server does, and what it cannot read as null.
     let bytes = crate::relay::context_file_bytes(
         &c,
-        read_wall_text("2026-09-22T12:00:00Z").unwrap_or(0),
+        read_wall_text("2026-09-22T12:00:00Z").unwrap_or_default(),
         300,
         "/s",
     );

@@ -14,7 +14,7 @@ use crate::relay::types::{
     ClaimedTodo, Command, ExitStatus, Input, LeaseError, OnOverlap, ReportVerb, RequestId, Signal,
     StopReason, TimerReason,
 };
-use crate::time::{Millis, Now, SECOND};
+use crate::time::{Mono, Now, SECOND};
 
 use super::*;
 
@@ -83,7 +83,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn handle_due_timers(&mut self, now: Millis) {
+    pub(super) fn handle_due_timers(&mut self, now: Mono) {
         // A driver that wakes late (a paused host, a clock that jumped) may find several timers
         // due at once. The lease deadline goes first whatever its place among them: nothing due
         // earlier (a heartbeat, a report retry) may go out once the lease is already gone.
@@ -99,10 +99,10 @@ impl Relay {
                 _ => return,
             }
         }
-        debug_assert!(false, "timers did not settle at {now}");
+        debug_assert!(false, "timers did not settle at {now:?}");
     }
 
-    pub(super) fn handle_firing(&mut self, now: Millis, trigger: String, within_hours: bool) {
+    pub(super) fn handle_firing(&mut self, now: Mono, trigger: String, within_hours: bool) {
         if !self.settings.enabled {
             return self.skip(&trigger, SkippedReason::Disabled);
         }
@@ -128,7 +128,7 @@ impl Relay {
     }
 
     /// The lease-side admission steps, then the claim. A held firing comes here when it starts.
-    pub(super) fn start(&mut self, now: Millis, trigger: &str) {
+    pub(super) fn start(&mut self, now: Mono, trigger: &str) {
         if !self.settings.enabled {
             return self.skip(trigger, SkippedReason::Disabled);
         }
@@ -185,7 +185,7 @@ impl Relay {
 
     pub(super) fn handle_claim_answer(
         &mut self,
-        now: Millis,
+        now: Mono,
         request: RequestId,
         claim: ClaimedTodo,
     ) -> Result<(), ContractError> {
@@ -213,8 +213,8 @@ impl Relay {
         a.redactor = Redactor::new(s.secret_values().chain([token.expose()]));
         // The claim request's send time, not the answer's: see `handle_heartbeat_answer`.
         a.lease = Some(Lease {
-            deadline: a.claim_sent_at.saturating_add(s.lease_ttl),
-            next_heartbeat: a.claim_sent_at.saturating_add(s.heartbeat_interval.max(1)),
+            deadline: a.claim_sent_at + s.lease_ttl,
+            next_heartbeat: a.claim_sent_at + s.heartbeat_interval.max(1),
             heartbeat_failures: 0,
             outstanding: BTreeMap::new(),
             lost: false,
@@ -230,7 +230,7 @@ impl Relay {
             attempt: a.record.attempt.unwrap_or_default(),
         };
         let record = a.record.clone();
-        let lapsed = a.claim_sent_at.saturating_add(s.lease_ttl) <= now;
+        let lapsed = a.claim_sent_at + s.lease_ttl <= now;
         let stopping = a.stop.is_some();
         self.commands.push_back(Command::Emit { event });
         self.commands.push_back(Command::WriteRunRecord { record });
@@ -255,7 +255,7 @@ impl Relay {
 
     pub(super) fn handle_claim_refused(
         &mut self,
-        now: Millis,
+        now: Mono,
         request: RequestId,
         error: Option<LeaseError>,
     ) -> Result<(), ContractError> {
@@ -289,7 +289,7 @@ impl Relay {
 
     pub(super) fn handle_heartbeat_answer(
         &mut self,
-        now: Millis,
+        now: Mono,
         request: RequestId,
         error: Option<LeaseError>,
     ) -> Result<(), ContractError> {
@@ -310,7 +310,7 @@ impl Relay {
                 // The server's expiry is its receive time + ttl, which is no earlier than our
                 // send time + ttl. Measuring from the send time (not the answer) keeps the local
                 // deadline at or before the server's, so the local stop can only come early.
-                lease.deadline = lease.deadline.max(sent.saturating_add(ttl));
+                lease.deadline = lease.deadline.max(sent + ttl);
                 lease.heartbeat_failures = 0;
             }
             // Found by the simulator: a heartbeat that crosses our own report on the wire finds
@@ -333,7 +333,7 @@ impl Relay {
             Some(LeaseError::Transport) => {
                 lease.heartbeat_failures += 1;
                 let delay = self.jitter.backoff(lease.heartbeat_failures, interval);
-                lease.next_heartbeat = lease.next_heartbeat.min(now.saturating_add(delay));
+                lease.next_heartbeat = lease.next_heartbeat.min(now + delay);
             }
             Some(error) => {
                 // forbidden, invalid or unknown: a quick retry would not help; the regular
@@ -349,7 +349,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn handle_spawned(&mut self, now: Millis, run_id: u64) -> Result<(), ContractError> {
+    pub(super) fn handle_spawned(&mut self, now: Mono, run_id: u64) -> Result<(), ContractError> {
         let a = self.process_of(run_id, "ProcessSpawned", |s| s == ProcState::Requested)?;
         a.process.state = ProcState::Running { since: now };
         if a.end.is_some() || a.stop.is_some() {
@@ -360,7 +360,7 @@ impl Relay {
 
     pub(super) fn handle_process_end(
         &mut self,
-        now: Millis,
+        now: Mono,
         run_id: u64,
         end: Result<(ExitStatus, Option<Vec<u8>>), String>,
     ) -> Result<(), ContractError> {
@@ -390,7 +390,7 @@ impl Relay {
                 let run = AgentRun {
                     outcome,
                     exit: exit.code(),
-                    duration: now.saturating_sub(since),
+                    duration: now.since(since),
                 };
                 // Redacted on arrival, so that not even this machine's Debug shows a secret.
                 let mut summary = summary_file
@@ -442,7 +442,7 @@ impl Relay {
 
     pub(super) fn handle_check_end(
         &mut self,
-        now: Millis,
+        now: Mono,
         run_id: u64,
         end: Result<(ExitStatus, Vec<u8>), String>,
     ) -> Result<(), ContractError> {
@@ -500,7 +500,7 @@ impl Relay {
 
     pub(super) fn handle_report_answer(
         &mut self,
-        now: Millis,
+        now: Mono,
         request: RequestId,
         answer: Result<bool, LeaseError>,
     ) -> Result<(), ContractError> {
@@ -546,7 +546,7 @@ impl Relay {
                 let delay = self.jitter.backoff(failures + 1, interval);
                 a.phase = Phase::Reporting {
                     request: None,
-                    retry_at: Some(now.saturating_add(delay)),
+                    retry_at: Some(now + delay),
                     failures: failures + 1,
                 };
             }
@@ -603,7 +603,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn handle_stop(&mut self, now: Millis, reason: StopReason) {
+    pub(super) fn handle_stop(&mut self, now: Mono, reason: StopReason) {
         // A stopping harness does not start its held firing later.
         self.held = None;
         // Once the verdict is known (receipt, report) it is reported as it is: releasing would
@@ -633,7 +633,7 @@ impl Relay {
         self.input_advertised = caps.asks();
     }
 
-    pub(super) fn handle_timer(&mut self, now: Millis, reason: TimerReason) {
+    pub(super) fn handle_timer(&mut self, now: Mono, reason: TimerReason) {
         let interval = self.settings.heartbeat_interval.max(1);
         let Some(a) = self.run.as_mut() else {
             return;
@@ -652,7 +652,7 @@ impl Relay {
                     lease.outstanding.pop_first();
                 }
                 lease.outstanding.insert(request, now);
-                lease.next_heartbeat = now.saturating_add(interval);
+                lease.next_heartbeat = now + interval;
                 self.commands.push_back(Command::SendHeartbeat {
                     request,
                     run_id,

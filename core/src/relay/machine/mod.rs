@@ -12,7 +12,7 @@ use super::types::{
     ClaimedTodo, Command, ExitStatus, HarnessSettings, LeaseToken, ReportVerb, RequestId,
     StopReason, TimerReason,
 };
-use crate::time::{Millis, Now, SECOND, rfc3339};
+use crate::time::{Millis, Mono, Now, SECOND, Wall, rfc3339};
 
 mod inputs;
 mod steps;
@@ -109,12 +109,12 @@ enum Phase {
     Checking,
     Receipt {
         request: RequestId,
-        until: Millis,
+        until: Mono,
     },
     /// `request` is `None` while a retry waits for `retry_at`.
     Reporting {
         request: Option<RequestId>,
-        retry_at: Option<Millis>,
+        retry_at: Option<Mono>,
         failures: u32,
     },
     /// The end is decided; the attempt closes once its children have exited.
@@ -140,13 +140,13 @@ struct Lease {
     claim: ClaimedTodo,
     /// When the claim was answered (wall), for the context file (the claim answer carries no
     /// time).
-    claimed_at: Millis,
+    claimed_at: Wall,
     token: LeaseToken,
-    deadline: Millis,
-    next_heartbeat: Millis,
+    deadline: Mono,
+    next_heartbeat: Mono,
     heartbeat_failures: u32,
     /// Heartbeats awaiting an answer, with the time each was sent.
-    outstanding: BTreeMap<RequestId, Millis>,
+    outstanding: BTreeMap<RequestId, Mono>,
     lost: bool,
     /// A heartbeat was refused while the report was out: the report's own answer decides
     /// whether the lease was lost or the report closed the attempt, and no more heartbeats go.
@@ -157,14 +157,14 @@ struct Lease {
 enum ProcState {
     None,
     Requested,
-    Running { since: Millis },
+    Running { since: Mono },
     Exited,
 }
 
 #[derive(Debug)]
 struct Process {
     state: ProcState,
-    term_at: Option<Millis>,
+    term_at: Option<Mono>,
     kill_sent: bool,
     timed_out: bool,
 }
@@ -172,7 +172,7 @@ struct Process {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CheckState {
     Running,
-    Waiting { until: Millis },
+    Waiting { until: Mono },
     Done,
 }
 
@@ -186,11 +186,11 @@ enum KillCause {
 #[derive(Debug)]
 struct Check {
     before: bool,
-    first_start: Millis,
+    first_start: Mono,
     runs: u32,
     state: CheckState,
     last_exit: Option<ExitStatus>,
-    last_end: Millis,
+    last_end: Mono,
     /// The last lines of the last run's output, folded and redacted on arrival.
     output: String,
     killed: Option<KillCause>,
@@ -223,7 +223,7 @@ struct PendingReport {
 struct Run {
     run_id: u64,
     record: RunRecord,
-    claim_sent_at: Millis,
+    claim_sent_at: Mono,
     phase: Phase,
     lease: Option<Lease>,
     stop: Option<StopReason>,
@@ -272,8 +272,8 @@ pub struct Relay {
     pending: Option<HarnessSettings>,
     commands: VecDeque<Command>,
     /// The wall reading of the input being handled. It stamps the text of run records and
-    /// nothing else: every `now: Millis` inside the machine is the monotonic reading.
-    wall: Millis,
+    /// nothing else: every `now: Mono` inside the machine is the monotonic reading.
+    wall: Wall,
 }
 
 /// What [`Relay::reconfigure`] did with a reload's settings.
@@ -302,7 +302,7 @@ impl Relay {
             held: None,
             pending: None,
             commands: VecDeque::new(),
-            wall: 0,
+            wall: Wall::default(),
         }
     }
 
@@ -363,9 +363,9 @@ impl Relay {
 
     /// The earliest deadline and why. When several fall on one instant the lease deadline
     /// comes first.
-    pub fn poll_timeout(&self) -> Option<(Millis, TimerReason)> {
+    pub fn poll_timeout(&self) -> Option<(Mono, TimerReason)> {
         let a = self.run.as_ref()?;
-        let mut timers: Vec<(Millis, TimerReason)> = Vec::new();
+        let mut timers: Vec<(Mono, TimerReason)> = Vec::new();
         if let Some(lease) = a.live_lease() {
             timers.push((lease.deadline, TimerReason::LeaseDeadline));
             if !lease.disputed {
@@ -376,11 +376,11 @@ impl Relay {
             match a.process.term_at {
                 None if !a.process.timed_out => {
                     if let Some(timeout) = self.settings.timeout {
-                        timers.push((since.saturating_add(timeout), TimerReason::AgentTimeout));
+                        timers.push((since + timeout, TimerReason::AgentTimeout));
                     }
                 }
                 Some(term_at) if !a.process.kill_sent => {
-                    let at = term_at.saturating_add(self.settings.kill_grace);
+                    let at = term_at + self.settings.kill_grace;
                     timers.push((at, TimerReason::KillGrace));
                 }
                 _ => {}
@@ -390,7 +390,7 @@ impl Relay {
             && check.killed.is_none()
             && a.end.is_none()
         {
-            let total = check.first_start.saturating_add(cs.timeout);
+            let total = check.first_start + cs.timeout;
             match check.state {
                 CheckState::Running => timers.push((total, TimerReason::CheckTimeout)),
                 CheckState::Waiting { until } => {
@@ -425,7 +425,9 @@ impl Relay {
                 todo_id: a.lease.as_ref().map(|l| l.claim.todo_id.clone()),
                 attempt: a.lease.as_ref().map(|l| l.claim.attempt),
                 max_attempts: a.lease.as_ref().map(|l| l.claim.max_attempts),
-                lease_deadline: a.live_lease().map(|l| rfc3339(now.wall_at(l.deadline))),
+                lease_deadline: a
+                    .live_lease()
+                    .map(|l| rfc3339(now.wall_at(l.deadline).ms())),
             }),
         }
     }
@@ -436,7 +438,7 @@ impl Relay {
     }
 
     /// The local lease deadline of the attempt in flight, while its lease is live.
-    pub fn lease_deadline(&self) -> Option<Millis> {
+    pub fn lease_deadline(&self) -> Option<Mono> {
         self.run
             .as_ref()
             .and_then(Run::live_lease)

@@ -10,7 +10,7 @@ use crate::relay::summary::{
     VerdictReason, abort_summary, choose_artifact, compose_summary, first_line, receipt_markdown,
 };
 use crate::relay::types::{Command, ExitStatus, ProcessEnv, ReportVerb, RequestId, Signal};
-use crate::time::{Millis, rfc3339};
+use crate::time::{Mono, rfc3339};
 
 use super::*;
 
@@ -28,7 +28,7 @@ impl Relay {
         let mut record = RunRecord::new(&s.harness, &s.lease, run_id, trigger, self.wall);
         record.outcome = RunOutcome::Skipped;
         record.skipped_reason = Some(reason);
-        record.ended_at = Some(rfc3339(self.wall));
+        record.ended_at = Some(rfc3339(self.wall.ms()));
         let event = Event::closing(&record);
         self.commands.push_back(Command::Emit { event });
         self.commands.push_back(Command::WriteRunRecord { record });
@@ -133,7 +133,7 @@ impl Relay {
     }
 
     /// The stop of any run: SIGTERM now, SIGKILL after the grace (the `KillGrace` timer).
-    pub(super) fn stop_process(&mut self, now: Millis) {
+    pub(super) fn stop_process(&mut self, now: Mono) {
         let Some(a) = self.run.as_mut() else {
             return;
         };
@@ -166,7 +166,7 @@ impl Relay {
         }
     }
 
-    pub(super) fn start_check(&mut self, now: Millis, before: bool) {
+    pub(super) fn start_check(&mut self, now: Mono, before: bool) {
         let Some(a) = self.run.as_mut() else {
             return;
         };
@@ -218,7 +218,7 @@ impl Relay {
 
     /// Exit 75: run again after the interval, unless that would start past the check's total
     /// time, in which case the check is inconclusive now (no later run could start anyway).
-    pub(super) fn check_not_yet(&mut self, now: Millis) {
+    pub(super) fn check_not_yet(&mut self, now: Mono) {
         let Some(cs) = self.settings.success_check.as_ref() else {
             return;
         };
@@ -226,8 +226,8 @@ impl Relay {
         let Some(check) = self.run.as_mut().and_then(|a| a.check.as_mut()) else {
             return;
         };
-        let rerun_at = now.saturating_add(interval);
-        if rerun_at < check.first_start.saturating_add(timeout) {
+        let rerun_at = now + interval;
+        if rerun_at < check.first_start + timeout {
             check.state = CheckState::Waiting { until: rerun_at };
         } else {
             self.verdict(now, VerdictReason::CheckInconclusive);
@@ -236,11 +236,7 @@ impl Relay {
 
     /// Runs `next` unless the attempt is ending (lease lost) or stopping (aborted), in which
     /// case the right ending step runs instead once the children are gone.
-    pub(super) fn after_children_change(
-        &mut self,
-        now: Millis,
-        next: impl FnOnce(&mut Relay, Millis),
-    ) {
+    pub(super) fn after_children_change(&mut self, now: Mono, next: impl FnOnce(&mut Relay, Mono)) {
         let Some(a) = self.run.as_ref() else {
             return;
         };
@@ -255,7 +251,7 @@ impl Relay {
 
     /// The verdict after the agent (and the check): compose the summary, then the receipt
     /// or the report.
-    pub(super) fn verdict(&mut self, now: Millis, reason: VerdictReason) {
+    pub(super) fn verdict(&mut self, now: Mono, reason: VerdictReason) {
         let success = reason.passed();
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
@@ -276,7 +272,7 @@ impl Relay {
         let check = a.check.as_ref().filter(|c| !c.before);
         let check_summary = check.map(|c| CheckRunSummary {
             exit: c.last_exit.map_or(-1, ExitStatus::code),
-            duration: c.last_end.saturating_sub(c.first_start),
+            duration: c.last_end.since(c.first_start),
         });
         let first = first_line(
             lease.claim.attempt,
@@ -361,7 +357,7 @@ impl Relay {
     /// endpoint ask; elsewhere a retryable fail with reason `needs_input_unsupported` whose
     /// summary carries the question (an endpoint granted `request_input` may take the todo
     /// next; the same question failing again and again dead-letters it by its signature).
-    pub(super) fn ask(&mut self, now: Millis) {
+    pub(super) fn ask(&mut self, now: Mono) {
         if !self.input_advertised {
             return self.verdict(now, VerdictReason::NeedsInputUnsupported);
         }
@@ -404,7 +400,7 @@ impl Relay {
     }
 
     /// `success_check_before` passed: the world is already as the todo wants it.
-    pub(super) fn already_satisfied(&mut self, now: Millis) {
+    pub(super) fn already_satisfied(&mut self, now: Mono) {
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
             return;
@@ -435,7 +431,7 @@ impl Relay {
     }
 
     /// A receipt when one is configured and the agent named no artifact.
-    pub(super) fn receipt_or_report(&mut self, now: Millis) {
+    pub(super) fn receipt_or_report(&mut self, now: Mono) {
         let s = &self.settings;
         let Some(a) = self.run.as_mut() else {
             return;
@@ -458,7 +454,7 @@ impl Relay {
             tags: RECEIPT_TAGS.iter().map(|t| t.to_string()).collect(),
             timeout: RECEIPT_TIMEOUT,
         });
-        let until = now.saturating_add(RECEIPT_TIMEOUT);
+        let until = now + RECEIPT_TIMEOUT;
         a.phase = Phase::Receipt { request, until };
     }
 
@@ -539,7 +535,7 @@ impl Relay {
     }
 
     /// Lease loss (and a report lost): from here on nothing more goes to the lease source.
-    pub(super) fn lose_lease(&mut self, now: Millis) {
+    pub(super) fn lose_lease(&mut self, now: Mono) {
         let Some(a) = self.run.as_mut() else {
             return;
         };
@@ -573,14 +569,14 @@ impl Relay {
         self.try_close(now);
     }
 
-    pub(super) fn try_close(&mut self, now: Millis) {
+    pub(super) fn try_close(&mut self, now: Mono) {
         if self.run.as_ref().is_some_and(|a| !a.children_alive()) {
             self.close(now);
         }
     }
 
     /// Writes the final record, forgets the attempt (and its token), starts a held firing.
-    pub(super) fn close(&mut self, now: Millis) {
+    pub(super) fn close(&mut self, now: Mono) {
         let Some(mut a) = self.run.take() else {
             return;
         };
@@ -588,7 +584,7 @@ impl Relay {
             a.record.outcome = outcome;
             a.record.relay_outcome = Some(relay_outcome);
         }
-        a.record.ended_at = Some(rfc3339(self.wall));
+        a.record.ended_at = Some(rfc3339(self.wall.ms()));
         let event = Event::closing(&a.record);
         self.commands.push_back(Command::Emit { event });
         self.commands

@@ -11,7 +11,7 @@ use crate::relay::{
     call_params_with, failed_input, result_input,
 };
 use crate::serve::{Caller, Draw, refusal, serve, tool_of};
-use crate::time::{MINUTE, Millis, Now, parse_rfc3339};
+use crate::time::{MINUTE, Millis, Mono, Now, Wall, parse_rfc3339};
 use crate::wire::UsageArg;
 
 /// 2026-09-22T12:00:00Z, where every scripted test starts.
@@ -158,7 +158,8 @@ pub enum AutoHeartbeat {
 /// instants, and keeps every command it saw.
 pub struct Driver {
     pub relay: Relay,
-    /// The monotonic clock; the wall clock reads `now + wall_offset`.
+    /// The scripted world's time: the ledger serves at it, and the host's monotonic clock reads
+    /// it (the wall clock reads `now + wall_offset`).
     pub now: Millis,
     /// How far the wall clock has been stepped from the monotonic one (0: they agree).
     pub wall_offset: i64,
@@ -211,8 +212,8 @@ impl Driver {
     /// Both clocks as the machine reads them now.
     pub fn clock(&self) -> Now {
         Now {
-            mono: self.now,
-            wall: self.now.saturating_add_signed(self.wall_offset),
+            mono: Mono::from_ms(self.now),
+            wall: Wall::from_ms(self.now.saturating_add_signed(self.wall_offset)),
         }
     }
 
@@ -249,7 +250,9 @@ impl Driver {
         let mut out = Vec::new();
         // Bounded: a machine whose due timer does not move would otherwise spin forever.
         for _ in 0..100_000 {
-            let Some((at, _)) = self.relay.poll_timeout().filter(|(at, _)| *at <= t) else {
+            // The monotonic clock reads the world's time, so a timer is due at its own reading.
+            let due = self.relay.poll_timeout().map(|(at, _)| at.ms());
+            let Some(at) = due.filter(|at| *at <= t) else {
                 self.now = self.now.max(t);
                 return out;
             };

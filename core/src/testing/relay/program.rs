@@ -11,7 +11,7 @@ use crate::relay::{
     Capabilities, Command, ExitStatus, HarnessSettings, Input, LeaseError, OnOverlap, Relay,
     RequestId, StopReason,
 };
-use crate::time::{MINUTE, Millis, Now, SECOND};
+use crate::time::{MINUTE, Millis, Mono, Now, SECOND, Wall};
 
 use super::driver::*;
 
@@ -168,7 +168,8 @@ pub fn decode_relay_program(bytes: &[u8]) -> RelayProgram {
 /// One input and what it led to.
 #[derive(Clone, Debug)]
 pub struct Step {
-    pub now: Millis,
+    /// The monotonic reading the input was handled at.
+    pub now: Mono,
     pub input: Input,
     pub commands: Vec<Command>,
     /// `harness describe` after the step, as JSON.
@@ -189,8 +190,9 @@ pub struct Trace {
 /// The world around one relay: what it asked for and has not been answered yet.
 struct World {
     relay: Relay,
-    now: Millis,
-    /// The wall clock reads `now + wall_offset` (see [`RelayOp::WallStep`]).
+    /// The host's monotonic clock; the wall clock reads `now + wall_offset` (see
+    /// [`RelayOp::WallStep`]).
+    now: Mono,
     wall_offset: i64,
     /// Whether `WallStep` operations step the wall clock (the comparison run ignores them).
     wall_steps: bool,
@@ -219,13 +221,10 @@ impl World {
         {
             self.feed(Input::TimerFired)?;
         }
-        let now = Now {
-            mono: self.now,
-            wall: self.now.saturating_add_signed(self.wall_offset),
-        };
+        let now = self.clock();
         self.relay
             .handle_input(now, input.clone())
-            .map_err(|e| format!("at {}: {input:?} was refused: {e}", self.now))?;
+            .map_err(|e| format!("at {}: {input:?} was refused: {e}", self.now.ms()))?;
         let mut commands = Vec::new();
         while let Some(c) = self.relay.poll_command() {
             match &c {
@@ -260,13 +259,21 @@ impl World {
         Ok(())
     }
 
+    /// Both clocks as the machine reads them now.
+    fn clock(&self) -> Now {
+        Now {
+            mono: self.now,
+            wall: Wall::from_ms(self.now.ms().saturating_add_signed(self.wall_offset)),
+        }
+    }
+
     fn answer(&mut self, input: Input) -> Result<(), String> {
         self.answered.push(input.clone());
         self.feed(input)
     }
 
     /// Moves to `t` the way a driver does: each timer at its own instant.
-    fn advance_to(&mut self, t: Millis) -> Result<(), String> {
+    fn advance_to(&mut self, t: Mono) -> Result<(), String> {
         for _ in 0..10_000 {
             match self.relay.poll_timeout() {
                 Some((at, _)) if at <= t => {
@@ -293,7 +300,7 @@ impl World {
             _ => LeaseError::Code(ErrorCode::Invalid),
         };
         match op {
-            RelayOp::Advance(by) => self.advance_to(self.now + by)?,
+            RelayOp::Advance(by) => self.advance_to(self.now + *by)?,
             RelayOp::WallStep(by) if self.wall_steps => self.wall_offset += by,
             RelayOp::WallStep(_) => {}
             RelayOp::Fire { within_hours } => self.feed(Input::Firing {
@@ -522,7 +529,7 @@ impl World {
             } else {
                 return Err(format!(
                     "stuck: in flight with nothing awaited and no timer: {}",
-                    serde_json::to_string(&self.relay.describe(Now::agreeing(self.now)))
+                    serde_json::to_string(&self.relay.describe(Now::agreeing(self.now.ms())))
                         .unwrap_or_default()
                 ));
             }
@@ -543,7 +550,7 @@ pub(super) fn run_relay_program_with(
 ) -> Result<Trace, String> {
     let mut w = World {
         relay: Relay::new(program.settings.clone(), 11, 1),
-        now: t0(),
+        now: Mono::from_ms(t0()),
         wall_offset: 0,
         wall_steps,
         trace: Trace {

@@ -59,7 +59,10 @@ pub fn relay_wall_clock_moves_no_deadline(bytes: &[u8]) -> Result<(), String> {
         if a.now != b.now || a.input != b.input || ca != cb {
             return Err(format!(
                 "step {i} differs once the wall clock steps:\n  stepped: at {} {:?} -> {ca:?}\n  steady:  at {} {:?} -> {cb:?}",
-                a.now, a.input, b.now, b.input
+                a.now.ms(),
+                a.input,
+                b.now.ms(),
+                b.input
             ));
         }
     }

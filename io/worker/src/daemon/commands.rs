@@ -116,7 +116,7 @@ impl Daemon {
                 }
             }
             Command::Emit { event } => {
-                let now = self.clock.now();
+                let now = self.clock.wall();
                 let line = self.events.push(&event, now);
                 tracing::info!(target: "relay::event", harness, event = %line, "relay event");
             }

@@ -297,6 +297,7 @@ mod tests {
     use super::*;
     use crate::daemon::events::{EventLog, FOLLOW_BUFFER};
     use relay_core::relay::Event;
+    use relay_core::time::Wall;
     use tokio::sync::mpsc;
 
     fn event(run_id: u64) -> Event {
@@ -323,7 +324,7 @@ mod tests {
             .await
             .expect("request");
         let mut log = EventLog::default();
-        log.push(&event(0), 0);
+        log.push(&event(0), Wall::default());
         match rx.recv().await {
             Some(Msg::Events {
                 follow: true,
@@ -336,7 +337,7 @@ mod tests {
         // The actor's side: far more than the follower may fall behind by, without waiting.
         let total = FOLLOW_BUFFER as u64 * 20;
         for n in 1..=total {
-            log.push(&event(n), 0);
+            log.push(&event(n), Wall::default());
         }
         let mut lines = BufReader::new(stream).lines();
         let mut received = Vec::new();

@@ -8,8 +8,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use relay_core::Millis;
 use relay_core::relay::Event;
+use relay_core::time::Wall;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -46,10 +46,10 @@ impl Default for EventLog {
 
 impl EventLog {
     /// Records an event with the wall time it happened at (`at`, RFC 3339); returns its line.
-    pub fn push(&mut self, event: &Event, now: Millis) -> Arc<str> {
+    pub fn push(&mut self, event: &Event, now: Wall) -> Arc<str> {
         let line = Line {
             event,
-            at: relay_core::time::rfc3339(now),
+            at: relay_core::time::rfc3339(now.ms()),
         };
         let line: Arc<str> = serde_json::to_string(&line).unwrap_or_default().into();
         if self.ring.len() == RING {

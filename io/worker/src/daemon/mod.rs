@@ -52,7 +52,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use relay_core::Millis;
 use relay_core::config::{ConfigDiff, ResolvedConfig};
 use relay_core::fleet::{CATCH_UP, Due, Fleet, Rebind, Settled, doorbell_changes, rebind};
 use relay_core::relay::{
@@ -281,7 +280,7 @@ impl Daemon {
         let journal = Journal::open(&state_dir)
             .map_err(|e| format!("{e} (the state dir: choose a writable --state-dir)"))?;
         let lock = journal.lock().map_err(|e| e.to_string())?;
-        let now = opts.clock.now();
+        let now = opts.clock.wall();
         let reconciled = journal.reconcile(now).map_err(|e| e.to_string())?;
         for r in &reconciled {
             tracing::warn!(harness = %r.harness, run_id = r.run_id, "run left running by an earlier daemon recorded interrupted; its lease is left to lapse");
@@ -471,7 +470,7 @@ impl Daemon {
     }
 
     fn fire(&mut self, harness: &str, trigger: &str) {
-        let Some(firing) = self.fleet.firing(harness, trigger, self.clock.now()) else {
+        let Some(firing) = self.fleet.firing(harness, trigger, self.clock.wall()) else {
             tracing::warn!(harness, "fired a harness that is not running; ignored");
             return;
         };

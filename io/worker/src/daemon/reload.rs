@@ -75,7 +75,7 @@ impl Daemon {
             );
         }
         let mut reconfigured = Vec::new();
-        let wall = self.clock.now();
+        let wall = self.clock.wall();
         for name in &plan.remove {
             self.fleet.reload(name, None, wall);
             self.settle(name);

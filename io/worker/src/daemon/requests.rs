@@ -84,7 +84,7 @@ impl Daemon {
                                 "session": session,
                             },
                             "removed": member.removed(),
-                            "schedule": member.next_fire().map(relay_core::time::rfc3339),
+                            "schedule": member.next_fire().map(|at| relay_core::time::rfc3339(at.ms())),
                             "triggers": member.harness().triggers,
                         })
                     })

@@ -56,7 +56,7 @@ impl Daemon {
         let recorded = self.journal.next_run_id(name).map_err(|e| e.to_string())?;
         let first = recorded.max(self.last_run_ids.get(name).map_or(0, |id| id + 1));
         self.metrics.harness(name);
-        let wall = self.clock.now();
+        let wall = self.clock.wall();
         self.fleet.add(harness, settings, self.seed, first, wall);
         self.slots.insert(
             name.to_string(),
@@ -81,21 +81,21 @@ impl Daemon {
     /// The trigger `catch_up`, at start: a schedule slot passed since the harness's newest run
     /// is fired once, when its source's session has been checked (a firing before that would
     /// only be skipped as unsupported).
-    pub(super) fn owe_catch_up(&mut self, name: &str, now: Millis) {
+    pub(super) fn owe_catch_up(&mut self, name: &str, now: relay_core::time::Wall) {
         if !self.fleet.catches_up(name) {
             return;
         }
         let last = match self.journal.records(name, 1) {
             Ok(records) => records
                 .first()
-                .and_then(|r| relay_core::time::parse_rfc3339(&r.started_at)),
+                .and_then(|r| relay_core::time::read_wall_text(&r.started_at)),
             Err(e) => {
                 tracing::warn!(harness = name, error = %e, "catch_up: the last run could not be read; nothing is caught up");
                 return;
             }
         };
         if let Some(missed) = self.fleet.owe_catch_up(name, last, now) {
-            tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed), "a schedule slot was missed while the daemon was down; catch_up fires once");
+            tracing::info!(harness = name, missed = %relay_core::time::rfc3339(missed.ms()), "a schedule slot was missed while the daemon was down; catch_up fires once");
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use relay_core::Millis;
-use relay_core::time::{Clock, WallClock};
+use relay_core::time::{Clock, Mono, WallClock};
 
 /// Milliseconds of the simulated wall clock (madsim's, inside the world).
 pub(super) fn true_ms() -> Millis {
@@ -22,20 +22,14 @@ pub(super) struct SteppedClock {
     pub(super) offset: Arc<AtomicI64>,
 }
 
-impl SteppedClock {
-    pub(super) fn wall(&self) -> Millis {
+impl WallClock for SteppedClock {
+    fn now(&self) -> Millis {
         true_ms().saturating_add_signed(self.offset.load(Ordering::Relaxed))
     }
 }
 
-impl WallClock for SteppedClock {
-    fn now(&self) -> Millis {
-        self.wall()
-    }
-}
-
 impl Clock for SteppedClock {
-    fn mono(&self) -> Millis {
+    fn mono(&self) -> Mono {
         relay_worker::clock::SystemClock.mono()
     }
 }

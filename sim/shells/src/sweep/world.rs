@@ -9,7 +9,7 @@ use madsim::rand::{Rng, thread_rng};
 use madsim::runtime::{Handle, NodeHandle};
 use relay_core::Millis;
 use relay_core::ledger::{Actor, Answer, LedgerConfig, NewTodo, Op, Todo, TodoFilter};
-use relay_core::time::SECOND;
+use relay_core::time::{SECOND, WallClock};
 use relay_server::server::{Server, ServerConfig};
 use relay_server::store::{NewEndpoint, Store};
 use relay_worker::daemon::{Daemon, DaemonOptions};
@@ -200,7 +200,7 @@ pub(super) async fn operator(store: Store, world: Arc<World>, added: Arc<Mutex<V
     while tokio::time::Instant::now() < end {
         let pause = Duration::from_millis(thread_rng().gen_range(5_000..90_000));
         tokio::time::sleep(pause).await;
-        let now = world.server_clock.wall();
+        let now = world.server_clock.now();
         let roll: u32 = thread_rng().gen_range(0..100);
         if n < TODOS && roll < 60 {
             n += 1;
@@ -236,7 +236,7 @@ pub(super) async fn operator(store: Store, world: Arc<World>, added: Arc<Mutex<V
     // Whatever was not added yet is added now, so every seed works all of them.
     while n < TODOS {
         n += 1;
-        add(&store, world.server_clock.wall(), n, 3, &added).await;
+        add(&store, world.server_clock.now(), n, 3, &added).await;
     }
 }
 
