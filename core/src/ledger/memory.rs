@@ -170,7 +170,7 @@ impl Ledger {
 }
 
 /// The ledger as the rows of one transaction (see [`run`]).
-struct Mem<'a>(&'a mut Ledger);
+pub(super) struct Mem<'a>(pub(super) &'a mut Ledger);
 
 impl Mem<'_> {
     fn loaded(&self, id: &str) -> Option<Loaded> {

@@ -18,8 +18,10 @@ use std::task::{Context, Poll, Waker};
 use super::flow::QueueFlow;
 use super::flow::{self, Holds, Limits, Load};
 use super::op::{Answer, Op};
-use super::transition::{self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig};
-use super::types::{Attempt, Outcome, Todo, TodoState, TokenHash, Usage};
+use super::transition::{
+    self, Actor, AttemptWrite, Change, ClaimOpts, LedgerConfig, Report, Reporter,
+};
+use super::types::{Attempt, Outcome, Todo, TodoState};
 use super::{Claimed, NewTodo, PRIOR_ATTEMPTS, TodoFilter, TodoView};
 use crate::error::Error;
 use crate::time::Millis;
@@ -224,35 +226,13 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             actor,
             id,
             report,
-        } => {
-            let fence = (report.token_hash, report.result.as_ref());
-            let f = |t: &Todo, open: Option<&Attempt>, _: &[Attempt]| {
-                transition::complete(cfg, now, t, open, &actor, &report)
-            };
-            reported(
-                rows,
-                cfg,
-                "complete",
-                &id,
-                &actor,
-                fence,
-                Outcome::Completed,
-                f,
-            )
-            .await
-        }
+        } => closed_by(rows, cfg, now, &actor, &id, &report, Outcome::Completed).await,
         Op::Fail {
             now,
             actor,
             id,
             report,
-        } => {
-            let fence = (report.token_hash, report.result.as_ref());
-            let f = |t: &Todo, open: Option<&Attempt>, recent: &[Attempt]| {
-                transition::fail(cfg, now, t, open, &actor, &report, recent)
-            };
-            reported(rows, cfg, "fail", &id, &actor, fence, Outcome::Failed, f).await
-        }
+        } => closed_by(rows, cfg, now, &actor, &id, &report, Outcome::Failed).await,
         Op::Release {
             now,
             actor,
@@ -261,17 +241,17 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             token_hash,
             usage,
         } => {
-            let fence: (Option<TokenHash>, Option<Usage>) = (token_hash, usage);
-            reported(
-                rows,
-                cfg,
-                "release",
-                &id,
-                &actor,
-                (token_hash, None),
-                Outcome::Released,
-                |t, open, _| transition::release(now, t, open, &actor, summary.as_deref(), fence),
-            )
+            let by = Reporter::new(&actor, token_hash, Outcome::Released);
+            reported(rows, cfg, "release", &id, by, None, |t, open, _| {
+                transition::release(
+                    now,
+                    t,
+                    open,
+                    &actor,
+                    summary.as_deref(),
+                    (token_hash, usage),
+                )
+            })
             .await
         }
         Op::RequestInput {
@@ -281,12 +261,11 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             question,
             report,
         } => {
-            let f = |t: &Todo, open: Option<&Attempt>, _: &[Attempt]| {
+            let by = Reporter::new(&actor, report.token_hash, Outcome::NeedsInput);
+            reported(rows, cfg, "request_input", &id, by, None, |t, open, _| {
                 transition::request_input(cfg, now, t, open, &actor, &question, &report)
-            };
-            let fence = (report.token_hash, None);
-            let op = "request_input";
-            reported(rows, cfg, op, &id, &actor, fence, Outcome::NeedsInput, f).await
+            })
+            .await
         }
         Op::AnswerTodo {
             now,
@@ -315,31 +294,8 @@ pub async fn run<R: Rows>(rows: &mut R, cfg: &LedgerConfig, op: Op) -> Result<An
             summary,
             token_hash,
         } => {
-            let op = "note_late";
-            let (todo, _) = load(rows, op, &id).await?;
-            if token_hash.is_none() || !actor.sees(&todo) {
-                return Ok(Answer::Late(None));
-            }
-            let retained = cfg.attempts_cap.max(1) as usize;
-            let closed = rows.attempts(op, &id, Newest::closed(retained)).await?;
-            let late = transition::note_late;
-            let Some(change) = late(
-                now,
-                &todo,
-                &closed,
-                &actor,
-                token_hash,
-                outcome,
-                summary.as_deref(),
-            ) else {
-                return Ok(Answer::Late(None));
-            };
-            let seq = change.writes.first().and_then(|w| match w {
-                AttemptWrite::Amend(a) => Some(a.seq),
-                _ => None,
-            });
-            write(rows, op, &todo, change).await?;
-            Ok(Answer::Late(seq))
+            let by = Reporter::new(&actor, token_hash, outcome);
+            late(rows, cfg, now, &id, by, summary.as_deref()).await
         }
         Op::Retry { now, actor, id } => {
             let (todo, _) = load(rows, "retry", &id).await?;
@@ -465,7 +421,7 @@ impl Gate {
 
 /// Writes a transition's change. Updates close exactly once: an `Update` that finds no open row
 /// is an internal error, and the caller's transaction rolls back.
-async fn write<R: Rows>(
+pub(super) async fn write<R: Rows>(
     rows: &mut R,
     op: &str,
     before: &Todo,
@@ -474,24 +430,7 @@ async fn write<R: Rows>(
     let t = &change.todo;
     // A store writes only what transitions change; a transition that changed anything else
     // would be silently lost, so refuse it loudly instead.
-    let same = t.id == before.id
-        && t.endpoint == before.endpoint
-        && t.queue == before.queue
-        && t.title == before.title
-        && t.kind == before.kind
-        && t.source == before.source
-        && t.assignee == before.assignee
-        && t.max_attempts == before.max_attempts
-        && t.idempotency_key == before.idempotency_key
-        && t.task_id == before.task_id
-        && t.priority == before.priority
-        && t.concurrency_key == before.concurrency_key
-        && t.max_same_failures == before.max_same_failures
-        && t.asking.max_requests == before.asking.max_requests
-        && t.asking.answer_within == before.asking.answer_within
-        && t.created_at == before.created_at
-        && t.payload == before.payload
-        && t.work_order == before.work_order;
+    let same = fixed(t) == fixed(before);
     if !same {
         return Err(Error::internal(format!(
             "{op} {}: the transition changed a column the store does not write",
@@ -557,22 +496,20 @@ async fn transit<R: Rows>(
 }
 
 /// A report: its transition, or, when that is refused as a conflict, the answer to a repeat of
-/// a report already applied under the same lease token (see `transition::replay`). `fence` is
-/// the report's token hash and result. A fail's transition also gets the todo's newest closed
-/// attempts its repeated-failure rule looks at (`max_same_failures - 1` of them).
-#[allow(clippy::too_many_arguments)]
+/// a report already applied under the same lease token (see `transition::replay`; `result` is
+/// the report's). A fail's transition also gets the todo's newest closed attempts its
+/// repeated-failure rule looks at (`max_same_failures - 1` of them).
 async fn reported<R: Rows>(
     rows: &mut R,
     cfg: &LedgerConfig,
     op: &str,
     id: &str,
-    actor: &Actor,
-    (token_hash, result): (Option<TokenHash>, Option<&serde_json::Value>),
-    outcome: Outcome,
+    by: Reporter<'_>,
+    result: Option<&serde_json::Value>,
     f: impl FnOnce(&Todo, Option<&Attempt>, &[Attempt]) -> Result<Change, Error>,
 ) -> Result<Answer, Error> {
     let (todo, open) = load(rows, op, id).await?;
-    let history = match outcome {
+    let history = match by.outcome {
         Outcome::Failed if todo.max_same_failures > 1 && open.is_some() => {
             let n = todo.max_same_failures as usize - 1;
             rows.attempts(op, id, Newest::closed(n)).await?
@@ -585,13 +522,85 @@ async fn reported<R: Rows>(
             let recent = rows
                 .attempts(op, id, Newest::closed(PRIOR_ATTEMPTS))
                 .await?;
-            let replay = transition::replay;
-            replay(
-                cfg, refused, &todo, &recent, actor, token_hash, outcome, result,
-            )?
+            transition::replay(cfg, refused, &todo, &recent, by, result)?
         }
     };
     Ok(Answer::Todo(todo))
+}
+
+/// A `complete` (`outcome` completed) or a `fail` (failed): the report closes the attempt.
+async fn closed_by<R: Rows>(
+    rows: &mut R,
+    cfg: &LedgerConfig,
+    now: Millis,
+    actor: &Actor,
+    id: &str,
+    report: &Report,
+    outcome: Outcome,
+) -> Result<Answer, Error> {
+    let by = Reporter::new(actor, report.token_hash, outcome);
+    let result = report.result.as_ref();
+    if outcome == Outcome::Completed {
+        reported(rows, cfg, "complete", id, by, result, |t, open, _| {
+            transition::complete(cfg, now, t, open, actor, report)
+        })
+        .await
+    } else {
+        reported(rows, cfg, "fail", id, by, result, |t, open, recent| {
+            transition::fail(cfg, now, t, open, actor, report, recent)
+        })
+        .await
+    }
+}
+
+/// A report refused as stale, kept on the closed attempt `by`'s lease opened (see
+/// `transition::note_late`); answers that attempt's seq, or `None` when it was not kept.
+async fn late<R: Rows>(
+    rows: &mut R,
+    cfg: &LedgerConfig,
+    now: Millis,
+    id: &str,
+    by: Reporter<'_>,
+    summary: Option<&str>,
+) -> Result<Answer, Error> {
+    let op = "note_late";
+    let (todo, _) = load(rows, op, id).await?;
+    if by.token_hash.is_none() || !by.actor.sees(&todo) {
+        return Ok(Answer::Late(None));
+    }
+    let retained = cfg.attempts_cap.max(1) as usize;
+    let closed = rows.attempts(op, id, Newest::closed(retained)).await?;
+    let Some(change) = transition::note_late(now, &todo, &closed, by, summary) else {
+        return Ok(Answer::Late(None));
+    };
+    let seq = change.writes.first().and_then(|w| match w {
+        AttemptWrite::Amend(a) => Some(a.seq),
+        _ => None,
+    });
+    write(rows, op, &todo, change).await?;
+    Ok(Answer::Late(seq))
+}
+
+/// What no transition changes: the todo's identity and what its add set (a store writes only
+/// the columns transitions change).
+fn fixed(t: &Todo) -> impl PartialEq + '_ {
+    (
+        (&t.id, &t.endpoint, &t.queue, &t.title, &t.kind, &t.source),
+        (
+            &t.payload,
+            &t.work_order,
+            &t.assignee,
+            &t.idempotency_key,
+            &t.task_id,
+        ),
+        (
+            &t.concurrency_key,
+            t.priority,
+            t.max_attempts,
+            t.max_same_failures,
+        ),
+        (t.asking.max_requests, t.asking.answer_within, t.created_at),
+    )
 }
 
 /// Adds a todo, or answers the one an earlier add with the same idempotency key made. The key is

@@ -733,6 +733,35 @@ fn the_checker_sees_a_stale_write_and_an_early_death_but_not_an_operators_close(
     );
 }
 
+/// A store writes only the columns transitions change, so a transition that changed another
+/// (a bug) is refused whole, naming the todo, instead of being half written.
+#[test]
+fn a_change_to_a_column_no_transition_writes_is_refused_whole() {
+    let mut l = ledger_with(1, 5);
+    let before = l.todo("td_1").unwrap().clone();
+    let write = |l: &mut Ledger, f: &dyn Fn(&mut Todo)| {
+        let mut change = Change {
+            todo: before.clone(),
+            writes: Vec::new(),
+        };
+        f(&mut change.todo);
+        rows::ready(rows::write(&mut memory::Mem(l), "test", &before, change))
+    };
+    let broken: [&dyn Fn(&mut Todo); 3] = [
+        &|t| t.title = "another title".into(),
+        &|t| t.asking.max_requests += 1,
+        &|t| t.created_at = t.created_at + SECOND,
+    ];
+    for f in broken {
+        let e = write(&mut l, f).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert!(e.message.contains("td_1") && e.message.contains("does not write"));
+        assert_eq!(l.todo("td_1"), Some(&before), "nothing was written");
+    }
+    let written = write(&mut l, &|t| t.updated_at = t.updated_at + SECOND).unwrap();
+    assert_eq!(written.updated_at, before.updated_at + SECOND);
+}
+
 #[test]
 fn a_lapsed_lease_cannot_be_revived() {
     let mut l = ledger_with(1, 5);

@@ -44,7 +44,7 @@ mod sweep;
 
 pub use asking::{ANSWER_MAX_BYTES, answer, answered_by, request_input};
 pub use operator::{cancel, pause, retry, revoke, set_limits};
-pub use stale::{note_late, replay};
+pub use stale::{Reporter, note_late, replay};
 pub use sweep::{reap, requeue_due};
 
 /// Settings of the queue side that change what a transition does.

@@ -12,39 +12,71 @@ use crate::ledger::types::{
 };
 use crate::time::Millis;
 
+/// Who sent a report, under which lease token, and what it said: what ties a repeated or late
+/// report to the closed attempt it belongs to.
+#[derive(Clone, Copy, Debug)]
+pub struct Reporter<'a> {
+    pub actor: &'a Actor,
+    /// The SHA-256 of the lease token the report presented, if any.
+    pub token_hash: Option<TokenHash>,
+    pub outcome: Outcome,
+}
+
+impl<'a> Reporter<'a> {
+    pub fn new(actor: &'a Actor, token_hash: Option<TokenHash>, outcome: Outcome) -> Self {
+        Reporter {
+            actor,
+            token_hash,
+            outcome,
+        }
+    }
+
+    /// The closed attempt among `attempts` this reporter's lease opened: claimed by this same
+    /// endpoint under this same token. `None` for an unfenced report, an operator's, or a
+    /// stranger's (one who cannot see the todo): a report without a fence cannot be told from
+    /// anyone else's.
+    fn attempt<'b>(
+        &self,
+        todo: &Todo,
+        attempts: impl IntoIterator<Item = &'b Attempt>,
+    ) -> Option<&'b Attempt> {
+        let Actor::Endpoint { endpoint, .. } = self.actor else {
+            return None;
+        };
+        self.token_hash?;
+        if !self.actor.sees(todo) {
+            return None;
+        }
+        attempts.into_iter().find(|a| {
+            !a.is_open()
+                && a.lease_token_hash == self.token_hash
+                && a.claimer_endpoint.as_ref() == Some(endpoint)
+        })
+    }
+}
+
 /// The answer to a report its transition refused with `refused`: when the refusal is a
 /// `conflict` and the report repeats one the caller already made (its answer was lost), the
 /// answer is what the first report answered, and nothing changes; otherwise the refusal stands.
 /// A repeat is recognised when one of the todo's recent closed attempts (`recent`; the newest
-/// [`PRIOR_ATTEMPTS`] are enough: a holder stops repeating at its lease deadline) was closed
-/// with `outcome` under this same lease token, by this same endpoint. `result` is the repeated
-/// report's result.
+/// [`PRIOR_ATTEMPTS`] are enough: a holder stops repeating at its lease deadline) was opened by
+/// `by`'s lease and closed with its outcome. `result` is the repeated report's result.
 ///
 /// [`PRIOR_ATTEMPTS`]: crate::ledger::PRIOR_ATTEMPTS
-#[allow(clippy::too_many_arguments)]
 pub fn replay<'a>(
     cfg: &LedgerConfig,
     refused: Error,
     todo: &Todo,
     recent: impl IntoIterator<Item = &'a Attempt>,
-    actor: &Actor,
-    token_hash: Option<TokenHash>,
-    outcome: Outcome,
+    by: Reporter<'_>,
     result: Option<&Value>,
 ) -> Result<Todo, Error> {
-    let Actor::Endpoint { endpoint, .. } = actor else {
-        return Err(refused);
-    };
-    if refused.code != crate::ErrorCode::Conflict || token_hash.is_none() || !actor.sees(todo) {
+    if refused.code != crate::ErrorCode::Conflict {
         return Err(refused);
     }
-    let closed = recent
-        .into_iter()
-        .find(|a| a.lease_token_hash == token_hash)
-        .filter(|a| a.outcome == Some(outcome) && a.claimer_endpoint.as_ref() == Some(endpoint));
-    match closed {
-        Some(a) => Ok(as_reported(cfg, todo, a, result)),
-        None => Err(refused),
+    match by.attempt(todo, recent) {
+        Some(a) if a.outcome == Some(by.outcome) => Ok(as_reported(cfg, todo, a, result)),
+        _ => Err(refused),
     }
 }
 
@@ -86,36 +118,23 @@ fn as_reported(cfg: &LedgerConfig, todo: &Todo, a: &Attempt, result: Option<&Val
 }
 
 /// Records a report refused as stale on the closed attempt it belongs to: one of `retained` (the
-/// todo's closed attempts) that was claimed by this endpoint under this lease token. `None` when
-/// there is none (an unfenced report, an operator's, a stranger's): nothing is recorded. The
-/// todo row is left exactly as it is; only the attempt's late reports change.
+/// todo's closed attempts) that `by`'s lease opened. `None` when there is none (an unfenced
+/// report, an operator's, a stranger's): nothing is recorded. The todo row is left exactly as it
+/// is; only the attempt's late reports change.
 pub fn note_late<'a>(
     now: Millis,
     todo: &Todo,
     retained: impl IntoIterator<Item = &'a Attempt>,
-    actor: &Actor,
-    token_hash: Option<TokenHash>,
-    outcome: Outcome,
+    by: Reporter<'_>,
     summary: Option<&str>,
 ) -> Option<Change> {
-    let Actor::Endpoint { endpoint, .. } = actor else {
-        return None;
-    };
-    token_hash?;
-    if !actor.sees(todo) {
-        return None;
-    }
-    let closed = retained.into_iter().find(|a| {
-        !a.is_open()
-            && a.lease_token_hash == token_hash
-            && a.claimer_endpoint.as_ref() == Some(endpoint)
-    })?;
+    let closed = by.attempt(todo, retained)?;
     let mut a = closed.clone();
     a.late_reports_total = a.late_reports_total.saturating_add(1);
     if a.late_reports.len() < LATE_REPORTS_KEPT {
         a.late_reports.push(LateReport {
             at: now,
-            outcome,
+            outcome: by.outcome,
             summary: summary
                 .map(|s| bounds::cut_at_char_boundary(s, LATE_SUMMARY_MAX_BYTES).to_string()),
         });
