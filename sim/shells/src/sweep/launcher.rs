@@ -100,21 +100,52 @@ impl Drop for EndGuard {
     }
 }
 
+/// Which of a run's processes a launch stands for.
+#[derive(Clone, Copy, Debug)]
+enum Proc {
+    Agent { run_id: u64 },
+    Check { run_id: u64 },
+}
+
+impl Proc {
+    fn kind(self) -> &'static str {
+        match self {
+            Proc::Agent { .. } => "agent",
+            Proc::Check { .. } => "check",
+        }
+    }
+
+    /// What the daemon hears when it ends with `exit`.
+    fn exited(self, exit: ExitStatus) -> Input {
+        match self {
+            Proc::Agent { run_id } => Input::ProcessExited {
+                run_id,
+                exit,
+                summary_file: Some(br#"{"summary":"simulated work"}"#.to_vec()),
+            },
+            Proc::Check { run_id } => Input::CheckExited {
+                run_id,
+                exit,
+                output_tail: Vec::new(),
+            },
+        }
+    }
+}
+
 impl SimLauncher {
-    pub(super) fn start(
+    fn start(
         &self,
-        kind: &'static str,
+        proc: Proc,
         env: &relay_core::relay::ProcessEnv,
         work: Duration,
         ignores_term: bool,
         exit: ExitStatus,
-        finish: impl FnOnce(ExitStatus) -> Input + Send + 'static,
     ) -> Launched {
         let index = {
             let mut j = lock(&self.journal);
             j.procs.push(ProcRecord {
                 node: self.node.clone(),
-                kind,
+                kind: proc.kind(),
                 todo: env_var(env, "HARNESS_TODO_ID"),
                 seq: env_var(env, "HARNESS_ATTEMPT_SEQ").parse().unwrap_or(0),
                 start: true_ms(),
@@ -154,7 +185,7 @@ impl SimLauncher {
                     p.exit = Some(format!("{exit:?}"));
                 }
             }
-            finish(exit)
+            proc.exited(exit)
         });
         Launched {
             control: Arc::new(SimControl {
@@ -179,16 +210,10 @@ impl Launcher for SimLauncher {
             // Hangs: only its timeout or a lost lease ends it.
             _ => (ExitStatus::Code(0), Duration::from_secs(24 * 3600)),
         };
-        let run_id = spec.run_id;
-        Ok(
-            self.start("agent", &spec.env, work, ignores_term, exit, move |exit| {
-                Input::ProcessExited {
-                    run_id,
-                    exit,
-                    summary_file: Some(br#"{"summary":"simulated work"}"#.to_vec()),
-                }
-            }),
-        )
+        let proc = Proc::Agent {
+            run_id: spec.run_id,
+        };
+        Ok(self.start(proc, &spec.env, work, ignores_term, exit))
     }
 
     fn check(&self, spec: CheckSpec) -> Result<Launched, StartError> {
@@ -200,15 +225,9 @@ impl Launcher for SimLauncher {
             _ => ExitStatus::Code(1),
         };
         let work = Duration::from_millis(rng.gen_range(50..3_000));
-        let run_id = spec.run_id;
-        Ok(
-            self.start("check", &spec.env, work, false, exit, move |exit| {
-                Input::CheckExited {
-                    run_id,
-                    exit,
-                    output_tail: Vec::new(),
-                }
-            }),
-        )
+        let proc = Proc::Check {
+            run_id: spec.run_id,
+        };
+        Ok(self.start(proc, &spec.env, work, false, exit))
     }
 }
