@@ -1,7 +1,7 @@
 use super::*;
-use crate::config::{ConfigFile, FileKind, parse};
 use crate::mcp::client::Subscriptions;
 use crate::relay::OnOverlap;
+use crate::testing::config::{config, rung_fixer};
 use crate::testing::relay::{claimed, is_claim, our_server_capabilities, request_in, settings};
 use crate::time::{HOUR, MINUTE, Mono, SECOND, read_wall_text};
 
@@ -12,12 +12,7 @@ fn at(s: &str) -> Wall {
 /// `[harness.<name>]` with these extra keys.
 fn harness(name: &str, keys: &str) -> Harness {
     let text = format!("[harness.{name}]\ncommand = [\"agent\"]\n{keys}");
-    let c = parse(
-        &ConfigFile::new("harness.toml", &text),
-        &[],
-        FileKind::Global,
-    )
-    .unwrap();
+    let c = config(&text);
     c.harnesses[name].clone()
 }
 
@@ -281,40 +276,29 @@ fn a_harness_between_attempts_follows_its_source() {
 
 #[test]
 fn doorbells_listen_on_the_enabled_channels_of_running_harnesses() {
-    let text = r#"
-[queue.ci]
-url = "http://127.0.0.1:1/mcp"
-queue = "ci"
-[channel.bell]
-url = "http://127.0.0.1:1/mcp"
+    // `fixer` rung by bell; `quiet` by a disabled channel; gong rings nobody.
+    let url = "http://127.0.0.1:1/mcp";
+    let quiet = r#"
 [channel.gong]
 url = "http://127.0.0.1:1/mcp"
 [channel.off]
 url = "http://127.0.0.1:1/mcp"
 enabled = false
-[harness.a]
+[harness.quiet]
 command = ["agent"]
-triggers = ["channel.bell", "channel.off"]
+triggers = ["channel.off"]
 lease = "queue.ci"
 "#;
-    let config = parse(
-        &ConfigFile::new("harness.toml", text),
-        &[],
-        FileKind::Global,
-    )
-    .unwrap();
+    let config = config(&(rung_fixer(url, url) + quiet));
     let wall = at("2026-09-22T10:00:00Z");
     let mut f = Fleet::default();
-    f.add(
-        config.harnesses["a"].clone(),
-        on("a", "queue.ci"),
-        1,
-        1,
-        wall,
-    );
+    for name in ["fixer", "quiet"] {
+        let h = config.harnesses[name].clone();
+        f.add(h, on(name, "queue.ci"), 1, 1, wall);
+    }
     let wanted = f.doorbells(&config);
     assert_eq!(wanted.keys().collect::<Vec<_>>(), ["bell"]);
-    let ci = Subscriptions::Queues(["ci".to_string()].into());
+    let ci = Subscriptions::Queues(["ci-failures".to_string()].into());
     assert_eq!(wanted["bell"], ci);
     // Nothing listens yet: bell starts.
     let none = BTreeMap::new();
@@ -341,8 +325,8 @@ lease = "queue.ci"
         (stop, start),
         (names(&["bell"]), vec![("bell".to_string(), ci)])
     );
-    // A removed harness rings nothing: no listener is wanted.
-    f.reload("a", None, wall);
+    // A removed harness rings nothing: no listener is wanted (quiet's channel is off).
+    f.reload("fixer", None, wall);
     assert!(f.doorbells(&config).is_empty());
 }
 

@@ -309,35 +309,18 @@ mod tests {
 
     #[test]
     fn a_channel_hears_the_queues_its_harnesses_claim_from() {
-        use crate::config::{ConfigFile, FileKind, parse};
-        let text = r#"
-[channel.bell]
-url = "http://127.0.0.1:1/mcp/a"
-[queue.ci]
-url = "http://127.0.0.1:1/mcp/a"
-queue = "ci-failures"
-[queue.all]
-url = "http://127.0.0.1:1/mcp/a"
-[harness.fixer]
-command = ["true"]
-triggers = ["channel.bell"]
-lease = "queue.ci"
-"#;
-        let config = parse(&ConfigFile::new("h.toml", text), &[], FileKind::Global).unwrap();
+        use crate::testing::config::{config, rung_fixer};
+        let text = rung_fixer("http://127.0.0.1:1/mcp/a", "http://127.0.0.1:1/mcp/a");
+        let fixer = config(&text);
         assert_eq!(
-            channel_subscriptions(&config, "bell"),
+            channel_subscriptions(&fixer, "bell"),
             Subscriptions::Queues(BTreeSet::from(["ci-failures".to_string()]))
         );
-        let any = format!(
-            "{text}[harness.sweeper]\ncommand = [\"true\"]\ntriggers = [\"channel.bell\"]\nlease = \"queue.all\"\n"
-        );
-        let config = parse(&ConfigFile::new("h.toml", &any), &[], FileKind::Global).unwrap();
+        let sweeper = "[harness.sweeper]\ncommand = [\"true\"]\ntriggers = [\"channel.bell\"]\nlease = \"queue.all\"\n";
+        let both = config(&format!("{text}{sweeper}"));
+        assert_eq!(channel_subscriptions(&both, "bell"), Subscriptions::Granted);
         assert_eq!(
-            channel_subscriptions(&config, "bell"),
-            Subscriptions::Granted
-        );
-        assert_eq!(
-            channel_subscriptions(&config, "nobody"),
+            channel_subscriptions(&fixer, "nobody"),
             Subscriptions::Granted
         );
     }

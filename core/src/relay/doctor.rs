@@ -219,24 +219,19 @@ mod tests {
 
     #[test]
     fn a_channel_on_another_url_warns() {
-        use crate::config::{ConfigFile, FileKind, parse};
-        let text = r#"
-[channel.bell]
-url = "http://127.0.0.1:1/mcp/a"
-[queue.q]
-url = "http://127.0.0.1:1/mcp/b"
-[harness.h]
-command = ["true"]
-triggers = ["channel.bell"]
-lease = "queue.q"
-"#;
-        let config = parse(&ConfigFile::new("h.toml", text), &[], FileKind::Global).unwrap();
-        let rows = binding_rows(&config);
-        assert_eq!(bound_sources(&config), ["queue.q"]);
+        use crate::testing::config::{config, rung_fixer};
+        let apart = config(&rung_fixer(
+            "http://127.0.0.1:1/mcp/a",
+            "http://127.0.0.1:1/mcp/b",
+        ));
+        let rows = binding_rows(&apart);
+        assert_eq!(bound_sources(&apart), ["queue.ci"]);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].level, Level::Warn);
-        let same = text.replace("/mcp/b", "/mcp/a");
-        let config = parse(&ConfigFile::new("h.toml", &same), &[], FileKind::Global).unwrap();
-        assert!(binding_rows(&config).is_empty());
+        let same = config(&rung_fixer(
+            "http://127.0.0.1:1/mcp/a",
+            "http://127.0.0.1:1/mcp/a",
+        ));
+        assert!(binding_rows(&same).is_empty());
     }
 }

@@ -2,6 +2,7 @@
 //! stable) and `cargo fuzz` (libFuzzer) hammer exactly the same code. Compiled for tests and
 //! behind the `testing` feature; never part of a production build.
 
+pub mod config;
 mod fuzz;
 mod ledger_program;
 mod model;

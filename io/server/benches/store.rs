@@ -257,9 +257,8 @@ async fn cycles(
                 i += 1;
                 let token = TokenHash::of(&format!("tok-{w}-{i}"));
                 let opts = ClaimOpts {
-                    ttl: TTL,
                     claimant: Some("bench".into()),
-                    token_hash: Some(token),
+                    ..ClaimOpts::fenced(TTL, token)
                 };
                 let claim = Op::ClaimNext {
                     now,

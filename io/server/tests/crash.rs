@@ -97,11 +97,7 @@ async fn drive(store: &Store, round: u64, w: usize) {
             now,
             actor: actor.clone(),
             queues: Some(vec!["q".into()]),
-            opts: ClaimOpts {
-                ttl: 3_600 * SECOND,
-                claimant: None,
-                token_hash: Some(token),
-            },
+            opts: ClaimOpts::fenced(3_600 * SECOND, token),
         };
         let Some(c) = store
             .apply(claim)

@@ -141,6 +141,17 @@ pub struct ClaimOpts {
     pub token_hash: Option<TokenHash>,
 }
 
+impl ClaimOpts {
+    /// A claim for `ttl` fenced by the token whose hash is `token_hash`, naming no claimant.
+    pub fn fenced(ttl: Millis, token_hash: TokenHash) -> ClaimOpts {
+        ClaimOpts {
+            ttl,
+            claimant: None,
+            token_hash: Some(token_hash),
+        }
+    }
+}
+
 /// What a report (complete, fail) carries.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Report {

@@ -290,9 +290,8 @@ fn claimed_once(new: NewTodo) -> Ledger {
 /// A fenced claim by the harness `fixer`, for five minutes.
 fn claim_opts(token: &str) -> ClaimOpts {
     ClaimOpts {
-        ttl: 300 * SECOND,
         claimant: Some("harness/box/fixer/run-1".into()),
-        token_hash: Some(TokenHash::of(token)),
+        ..ClaimOpts::fenced(300 * SECOND, TokenHash::of(token))
     }
 }
 
