@@ -13,4 +13,4 @@ pub(crate) use board::*;
 pub(crate) use endpoints::*;
 pub(crate) use queues::queue_rows;
 pub(crate) use queues::*;
-pub(crate) use tx::{Sql, Tx, TxKind};
+pub(crate) use tx::{Decode, Sql, Tx, TxKind};

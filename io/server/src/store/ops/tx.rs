@@ -61,9 +61,12 @@ pub(crate) trait Tx: Rows {
         &mut self,
         sql: Sql<'_>,
         vals: Vec<Val>,
-        f: fn(&dyn Row) -> Result<T, Error>,
+        f: Decode<T>,
     ) -> Result<Vec<T>, Error>;
 }
+
+/// Reads one row of a query's answer as a `T`.
+pub(crate) type Decode<T> = fn(&dyn Row) -> Result<T, Error>;
 
 /// A statement: the operation and subject that errors name, and its text. Over the store's own
 /// tables (`Tx::exec_sql`, `Tx::query_sql`) the text is written once with `$N` placeholders

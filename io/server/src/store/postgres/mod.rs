@@ -35,7 +35,7 @@ use crate::store::ops;
 use crate::store::ops::TxKind;
 use crate::store::rows::{self, ENDPOINT_COLS};
 use crate::store::types::{Endpoint, PendingChange, PendingPage};
-use crate::store::{Refusal, WriteRefused};
+use crate::store::{PENDING_SCAN, Refusal, WriteRefused};
 use batch::{Tuning, Writers};
 use db::Db;
 use encode::pg_err;
@@ -260,7 +260,7 @@ impl PgStore {
         after: Option<u64>,
         limit: usize,
     ) -> Result<PendingPage, Error> {
-        let op = "pending scan";
+        let op = PENDING_SCAN;
         let mut client = self.client(op).await?;
         let tx = client.transaction().await.map_err(|e| pg_err(op, "", &e))?;
         tx.batch_execute(&format!(

@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::encode::{pg_err, pg_vals};
-use crate::store::ops::{self, Sql, Tx, TxKind};
+use crate::store::ops::{self, Decode, Sql, Tx, TxKind};
 use crate::store::rows::{self, ENDPOINT_COLS, Val, ms};
 use crate::store::types::Endpoint;
 
@@ -518,7 +518,7 @@ impl Tx for PgTx<'_> {
         &mut self,
         sql: Sql<'_>,
         vals: Vec<Val>,
-        f: fn(&dyn rows::Row) -> Result<T, Error>,
+        f: Decode<T>,
     ) -> Result<Vec<T>, Error> {
         let rs = self.query_vals(sql.op, sql.subject, sql.text, vals).await?;
         rs.iter().map(|r| f(r)).collect()

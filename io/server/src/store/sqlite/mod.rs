@@ -35,7 +35,7 @@ use crate::store::ops;
 use crate::store::ops::TxKind;
 use crate::store::rows;
 use crate::store::types::{PendingChange, PendingPage};
-use crate::store::{Refusal, WriteRefused};
+use crate::store::{PENDING_SCAN, Refusal, WriteRefused};
 #[cfg(test)]
 pub(crate) use migrations::MIGRATIONS;
 pub(crate) use migrations::latest_migration;
@@ -264,13 +264,12 @@ impl SqliteStore {
         after: Option<u64>,
         limit: usize,
     ) -> Result<PendingPage, Error> {
-        let op = "pending scan";
-        self.run(TxKind::Read, op, String::new(), move |tx| {
+        self.run(TxKind::Read, PENDING_SCAN, String::new(), move |tx| {
             let horizon: i64 =
                 tx.c.query_row("SELECT n FROM todo_change_counter WHERE id = 1", [], |r| {
                     r.get(0)
                 })
-                .map_err(|e| sql_err(op, "", e))?;
+                .map_err(|e| sql_err(PENDING_SCAN, "", e))?;
             let horizon = u64::try_from(horizon).unwrap_or(0);
             let Some(after) = after else {
                 return Ok(PendingPage {
@@ -280,7 +279,7 @@ impl SqliteStore {
             };
             let mut st =
                 tx.c.prepare_cached(&PENDING_SINCE)
-                    .map_err(|e| sql_err(op, "", e))?;
+                    .map_err(|e| sql_err(PENDING_SCAN, "", e))?;
             let changes = st
                 .query_map(
                     params![
@@ -299,7 +298,7 @@ impl SqliteStore {
                     },
                 )
                 .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-                .map_err(|e| sql_err(op, "", e))?;
+                .map_err(|e| sql_err(PENDING_SCAN, "", e))?;
             Ok(rows::pending_page(changes, limit, horizon))
         })
         .await

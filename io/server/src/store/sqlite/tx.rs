@@ -11,7 +11,7 @@ use relay_core::ledger::{
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::store::ops::{self, Sql, Tx};
+use crate::store::ops::{self, Decode, Sql, Tx};
 use crate::store::rows::{self, ENDPOINT_COLS, Val, ms};
 use crate::store::types::Endpoint;
 
@@ -321,7 +321,7 @@ impl Tx for SqliteTx<'_> {
         &mut self,
         sql: Sql<'_>,
         vals: Vec<Val>,
-        f: fn(&dyn rows::Row) -> Result<T, Error>,
+        f: Decode<T>,
     ) -> Result<Vec<T>, Error> {
         let text = rows::numbered('?', sql.text);
         self.rows(sql.op, sql.subject, &text, &vals, |r| f(r))
