@@ -6,10 +6,11 @@
 //! the daemon asks between messages: when to wake next ([`Fleet::next_wake`]), which timers and
 //! schedules are due ([`Fleet::due`]), the input a firing gives ([`Fleet::firing`]), which lease
 //! sources harnesses are bound to ([`Fleet::bound_sources`], [`Fleet::harnesses_on`]), which
-//! harnesses a doorbell rings ([`Fleet::rung`]) and which doorbell listeners run
-//! ([`Fleet::doorbells`], [`doorbell_changes`]), what a reload does ([`plan_reload`]: which
-//! sources close and open, which harnesses stop, leave, stay or start; [`Fleet::reload`] for
-//! one harness) and what happens between attempts ([`Fleet::settle`], [`rebind`]).
+//! harnesses a doorbell rings ([`Fleet::rung`]), which doorbell listeners run and what each hears
+//! ([`Fleet::doorbells`], [`doorbell_changes`], [`channel_subscriptions`]), what a reload does
+//! ([`plan_reload`]: which sources close and open, which harnesses stop, leave, stay or start;
+//! [`Fleet::reload`] for one harness) and what happens between attempts ([`Fleet::settle`],
+//! [`rebind`]).
 //!
 //! Time arrives as a [`Now`]: machine timers run on its monotonic reading, schedule firings on
 //! its wall reading (as cron does). The daemon (`relay-worker::daemon`) is the shell: it reads
@@ -17,10 +18,10 @@
 //! schedules through the same [`Timetable`], and reloads its hosts' configs through the same
 //! [`plan_reload`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{Config, ConfigDiff, Harness, Schedule};
-use crate::mcp::client::{Subscriptions, channel_subscriptions};
+use crate::mcp::client::Subscriptions;
 use crate::relay::{HarnessSettings, Input, Reconfigured, Relay};
 use crate::time::{Millis, Now, Wall};
 
@@ -476,6 +477,38 @@ impl Fleet {
             lease: m.relay.settings().lease.clone(),
         }
     }
+}
+
+/// What `[channel.<name>]` should hear in the modern era: the queues its harnesses claim from.
+/// A harness triggered by the channel leases from a `[queue.<source>]` whose `queue` key names
+/// one queue; if every triggered harness does, the listener subscribes to those names (a ring
+/// for another queue would fire a harness that cannot claim it). A triggered harness that
+/// claims from every granted queue (no `queue` key), or that leases nothing, needs every ring:
+/// then [`Subscriptions::Granted`]. Channels name no queues of their own, so that one key
+/// decides both where a harness claims and what wakes it.
+pub fn channel_subscriptions(config: &Config, channel: &str) -> Subscriptions {
+    let mut queues = BTreeSet::new();
+    let triggered = config
+        .harnesses
+        .values()
+        .filter(|h| h.enabled && h.triggers.iter().any(|t| t == channel));
+    for h in triggered {
+        let named = h
+            .relay
+            .as_ref()
+            .and_then(|r| config.queues.get(&r.lease))
+            .and_then(|q| q.queue.clone());
+        match named {
+            Some(q) => {
+                queues.insert(q);
+            }
+            None => return Subscriptions::Granted,
+        }
+    }
+    if queues.is_empty() {
+        return Subscriptions::Granted;
+    }
+    Subscriptions::Queues(queues)
 }
 
 #[cfg(test)]

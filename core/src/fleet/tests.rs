@@ -345,3 +345,20 @@ fn a_channel_rings_the_running_harnesses_it_triggers() {
     f.reload("a", None, wall);
     assert_eq!(f.rung("bell"), ["b"]);
 }
+
+#[test]
+fn a_channel_hears_the_queues_its_harnesses_claim_from() {
+    let text = rung_fixer("http://127.0.0.1:1/mcp/a", "http://127.0.0.1:1/mcp/a");
+    let fixer = config(&text);
+    assert_eq!(
+        channel_subscriptions(&fixer, "bell"),
+        Subscriptions::Queues(BTreeSet::from(["ci-failures".to_string()]))
+    );
+    let sweeper = "[harness.sweeper]\ncommand = [\"true\"]\ntriggers = [\"channel.bell\"]\nlease = \"queue.all\"\n";
+    let both = config(&format!("{text}{sweeper}"));
+    assert_eq!(channel_subscriptions(&both, "bell"), Subscriptions::Granted);
+    assert_eq!(
+        channel_subscriptions(&fixer, "nobody"),
+        Subscriptions::Granted
+    );
+}

@@ -11,7 +11,6 @@ use serde_json::Value;
 use super::era::{self, Probe};
 use super::listen::{ACKNOWLEDGED, UPDATED, queue_of};
 use super::{HEADER_MISMATCH, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_VERSION};
-use crate::config::Config;
 
 crate::names! {
     /// Which era a source is spoken in: `auto` (the default) probes `server/discover` and falls
@@ -96,38 +95,6 @@ pub enum Subscriptions {
     /// Every queue the endpoint lists as a resource (`resources/list`), as the legacy GET
     /// stream hears every granted queue.
     Granted,
-}
-
-/// What `[channel.<name>]` should hear in the modern era: the queues its harnesses claim from.
-/// A harness triggered by the channel leases from a `[queue.<source>]` whose `queue` key names
-/// one queue; if every triggered harness does, the listener subscribes to those names (a ring
-/// for another queue would fire a harness that cannot claim it). A triggered harness that
-/// claims from every granted queue (no `queue` key), or that leases nothing, needs every ring:
-/// then [`Subscriptions::Granted`]. Channels name no queues of their own, so that one key
-/// decides both where a harness claims and what wakes it.
-pub fn channel_subscriptions(config: &Config, channel: &str) -> Subscriptions {
-    let mut queues = BTreeSet::new();
-    let triggered = config
-        .harnesses
-        .values()
-        .filter(|h| h.enabled && h.triggers.iter().any(|t| t == channel));
-    for h in triggered {
-        let named = h
-            .relay
-            .as_ref()
-            .and_then(|r| config.queues.get(&r.lease))
-            .and_then(|q| q.queue.clone());
-        match named {
-            Some(q) => {
-                queues.insert(q);
-            }
-            None => return Subscriptions::Granted,
-        }
-    }
-    if queues.is_empty() {
-        return Subscriptions::Granted;
-    }
-    Subscriptions::Queues(queues)
 }
 
 /// The queues of the queue resources in a `resources/list` result (other resources, such as
@@ -304,24 +271,6 @@ mod tests {
         assert_eq!(
             listen_params(&BTreeSet::from(["a".to_string()])),
             json!({"notifications": {"resourceSubscriptions": ["relay://queues/a"]}})
-        );
-    }
-
-    #[test]
-    fn a_channel_hears_the_queues_its_harnesses_claim_from() {
-        use crate::testing::config::{config, rung_fixer};
-        let text = rung_fixer("http://127.0.0.1:1/mcp/a", "http://127.0.0.1:1/mcp/a");
-        let fixer = config(&text);
-        assert_eq!(
-            channel_subscriptions(&fixer, "bell"),
-            Subscriptions::Queues(BTreeSet::from(["ci-failures".to_string()]))
-        );
-        let sweeper = "[harness.sweeper]\ncommand = [\"true\"]\ntriggers = [\"channel.bell\"]\nlease = \"queue.all\"\n";
-        let both = config(&format!("{text}{sweeper}"));
-        assert_eq!(channel_subscriptions(&both, "bell"), Subscriptions::Granted);
-        assert_eq!(
-            channel_subscriptions(&fixer, "nobody"),
-            Subscriptions::Granted
         );
     }
 }

@@ -3,7 +3,7 @@
 //! It finds the source's era like the lease client (`mcp_era`, or the `server/discover` probe)
 //! and calls no tools, ever:
 //! - **modern**: a `subscriptions/listen` POST subscribed to the channel's queues
-//!   (`relay_core::mcp::client::channel_subscriptions`: the `queue` keys of the lease sources
+//!   (`relay_core::fleet::channel_subscriptions`: the `queue` keys of the lease sources
 //!   its harnesses claim from, or every queue the endpoint lists as a resource); each
 //!   `notifications/resources/updated` for one of them is forwarded;
 //! - **legacy**: its own session (`initialize`, `notifications/initialized`) and the session's
@@ -121,7 +121,10 @@ impl DoorbellListener {
                 transport,
             )
             .with_era(source.address.mcp_era)
-            .with_subscriptions(era_rules::channel_subscriptions(&config.config, name)),
+            .with_subscriptions(relay_core::fleet::channel_subscriptions(
+                &config.config,
+                name,
+            )),
         )
     }
 
