@@ -750,7 +750,7 @@ fn a_change_to_a_column_no_transition_writes_is_refused_whole() {
     let broken: [&dyn Fn(&mut Todo); 3] = [
         &|t| t.title = "another title".into(),
         &|t| t.asking.max_requests += 1,
-        &|t| t.created_at = t.created_at + SECOND,
+        &|t| t.created_at += SECOND,
     ];
     for f in broken {
         let e = write(&mut l, f).unwrap_err();
@@ -758,7 +758,7 @@ fn a_change_to_a_column_no_transition_writes_is_refused_whole() {
         assert!(e.message.contains("td_1") && e.message.contains("does not write"));
         assert_eq!(l.todo("td_1"), Some(&before), "nothing was written");
     }
-    let written = write(&mut l, &|t| t.updated_at = t.updated_at + SECOND).unwrap();
+    let written = write(&mut l, &|t| t.updated_at += SECOND).unwrap();
     assert_eq!(written.updated_at, before.updated_at + SECOND);
 }
 
