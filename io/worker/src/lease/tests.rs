@@ -125,6 +125,13 @@ impl Fake {
         self.0.lock().expect("fake state")
     }
 
+    /// Sends `b` on the newest open GET or listen stream.
+    fn send(&self, b: Bytes) {
+        let s = self.lock();
+        let stream = s.streams.last().expect("a stream");
+        stream.send(b).expect("stream open");
+    }
+
     fn reply(&self, r: Reply) -> &Fake {
         self.lock().replies.push_back(r);
         self
@@ -449,6 +456,21 @@ async fn run(client: &LeaseClient, cmd: Command) -> LeaseOutcome {
     client.execute(&cmd).await.expect("a lease call")
 }
 
+/// Heartbeat `n`, which finds its session gone: it succeeds, carried by a new session (the
+/// machine hears the expiry, then the server's capabilities again).
+async fn heartbeat_on_a_new_session(client: &LeaseClient, n: u64) -> LeaseOutcome {
+    let out = run(client, heartbeat_cmd(n)).await;
+    let ok = Input::HeartbeatOk {
+        request: RequestId(n),
+    };
+    assert_eq!(out.input, ok);
+    assert_eq!(
+        out.session,
+        [SessionNews::Expired, SessionNews::Known(ours())]
+    );
+    out
+}
+
 fn failed_with(o: &LeaseOutcome) -> LeaseError {
     match &o.input {
         Input::ClaimFailed { error, .. }
@@ -635,34 +657,14 @@ async fn a_server_upgraded_or_downgraded_under_the_client_is_followed() {
         s.modern = true;
         s.sessions.clear();
     }
-    let out = run(&client, heartbeat_cmd(1)).await;
-    assert_eq!(
-        out.input,
-        Input::HeartbeatOk {
-            request: RequestId(1)
-        }
-    );
-    assert_eq!(
-        out.session,
-        [SessionNews::Expired, SessionNews::Known(ours())]
-    );
+    heartbeat_on_a_new_session(&client, 1).await;
     assert!(client.era().is_some_and(|e| e.contains("modern")));
     assert_eq!(fake.count("initialize"), 1);
 
     // Downgraded: the modern call is refused (404, no session), the probe falls back, a new
     // session carries the call.
     fake.lock().modern = false;
-    let out = run(&client, heartbeat_cmd(2)).await;
-    assert_eq!(
-        out.input,
-        Input::HeartbeatOk {
-            request: RequestId(2)
-        }
-    );
-    assert_eq!(
-        out.session,
-        [SessionNews::Expired, SessionNews::Known(ours())]
-    );
+    heartbeat_on_a_new_session(&client, 2).await;
     assert!(client.era().is_some_and(|e| e.contains("legacy")));
     assert_eq!(fake.count("initialize"), 2);
     assert_eq!(fake.count("server/discover"), 3);
@@ -1084,17 +1086,7 @@ async fn an_expired_session_is_reinitialized_and_the_call_retried_once() {
     client.initialize().await.expect("initialize");
     fake.lock().sessions.clear();
 
-    let out = run(&client, heartbeat_cmd(1)).await;
-    assert_eq!(
-        out.input,
-        Input::HeartbeatOk {
-            request: RequestId(1)
-        }
-    );
-    assert_eq!(
-        out.session,
-        [SessionNews::Expired, SessionNews::Known(ours())]
-    );
+    let out = heartbeat_on_a_new_session(&client, 1).await;
     assert_eq!(
         out.inputs(),
         [
@@ -1303,16 +1295,8 @@ async fn doorbell_over(transport: Arc<dyn Transport>) {
     let task = listener.spawn(tx, stop);
 
     opened(&mut streams, 1).await;
-    let send = |b: Bytes| {
-        let s = fake.lock();
-        s.streams
-            .last()
-            .expect("a stream")
-            .send(b)
-            .expect("stream open");
-    };
-    send(Bytes::from_static(b": keep-alive\n\n"));
-    send(bell(1));
+    fake.send(Bytes::from_static(b": keep-alive\n\n"));
+    fake.send(bell(1));
     let got = rx.recv().await.expect("doorbell");
     assert_eq!(got.source, "channel.bell");
     assert_eq!(got.method, "notifications/todo_ready");
@@ -1321,7 +1305,7 @@ async fn doorbell_over(transport: Arc<dyn Transport>) {
     // The server drops the stream: the listener comes back on the same session.
     fake.lock().streams.clear();
     opened(&mut streams, 2).await;
-    send(bell(2));
+    fake.send(bell(2));
     assert_eq!(rx.recv().await.expect("doorbell").params["n"], json!(2));
     assert_eq!(fake.count("initialize"), 1);
 
@@ -1332,7 +1316,7 @@ async fn doorbell_over(transport: Arc<dyn Transport>) {
         s.streams.clear();
     }
     opened(&mut streams, 3).await;
-    send(bell(3));
+    fake.send(bell(3));
     assert_eq!(rx.recv().await.expect("doorbell").params["n"], json!(3));
     assert_eq!(fake.count("initialize"), 2);
     assert_eq!(fake.count("tools/call"), 0, "the listener calls no tools");
@@ -1391,18 +1375,10 @@ async fn a_modern_doorbell_listens_to_its_queues_and_follows_a_downgrade() {
         json!({"resourceSubscriptions": ["relay://queues/ci-failures"]})
     );
     let id = json!(fake.lock().posts.len() as u64);
-    let send = |b: Bytes| {
-        let s = fake.lock();
-        s.streams
-            .last()
-            .expect("a stream")
-            .send(b)
-            .expect("stream open");
-    };
     // Another subscription's ring and a keep-alive are passed over; ours is forwarded.
-    send(Bytes::from_static(b": keepalive\n\n"));
-    send(update("elsewhere", &json!("other-listen")));
-    send(update("ci-failures", &id));
+    fake.send(Bytes::from_static(b": keepalive\n\n"));
+    fake.send(update("elsewhere", &json!("other-listen")));
+    fake.send(update("ci-failures", &id));
     let got = rx.recv().await.expect("doorbell");
     assert_eq!(got.source, "channel.bell");
     assert_eq!(got.method, "notifications/resources/updated");
@@ -1417,7 +1393,7 @@ async fn a_modern_doorbell_listens_to_its_queues_and_follows_a_downgrade() {
     }
     opened(&mut streams, 2).await;
     assert_eq!(fake.lock().gets, 1);
-    send(bell(9));
+    fake.send(bell(9));
     let got = rx.recv().await.expect("doorbell");
     assert_eq!(got.method, "notifications/todo_ready");
     assert_eq!(fake.count("initialize"), 1);
