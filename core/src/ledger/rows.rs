@@ -565,7 +565,8 @@ async fn late<R: Rows>(
 ) -> Result<Answer, Error> {
     let op = "note_late";
     let (todo, _) = load(rows, op, id).await?;
-    if by.token_hash.is_none() || !by.actor.sees(&todo) {
+    if !by.may_own(&todo) {
+        // Nothing to keep it on: no attempt read.
         return Ok(Answer::Late(None));
     }
     let retained = cfg.attempts_cap.max(1) as usize;

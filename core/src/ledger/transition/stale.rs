@@ -31,10 +31,17 @@ impl<'a> Reporter<'a> {
         }
     }
 
+    /// Whether any of `todo`'s attempts can be this reporter's: only a fenced report by an
+    /// endpoint that sees the todo can. A report without a fence cannot be told from anyone
+    /// else's; an operator holds no lease; a stranger's report matches nothing.
+    pub fn may_own(&self, todo: &Todo) -> bool {
+        matches!(self.actor, Actor::Endpoint { .. })
+            && self.token_hash.is_some()
+            && self.actor.sees(todo)
+    }
+
     /// The closed attempt among `attempts` this reporter's lease opened: claimed by this same
-    /// endpoint under this same token. `None` for an unfenced report, an operator's, or a
-    /// stranger's (one who cannot see the todo): a report without a fence cannot be told from
-    /// anyone else's.
+    /// endpoint under this same token (`None` unless [`Reporter::may_own`]).
     fn attempt<'b>(
         &self,
         todo: &Todo,
@@ -43,8 +50,7 @@ impl<'a> Reporter<'a> {
         let Actor::Endpoint { endpoint, .. } = self.actor else {
             return None;
         };
-        self.token_hash?;
-        if !self.actor.sees(todo) {
+        if !self.may_own(todo) {
             return None;
         }
         attempts.into_iter().find(|a| {
