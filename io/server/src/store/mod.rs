@@ -126,11 +126,11 @@ impl DbUrl {
     }
 }
 
-/// `/healthz`'s write probe ([`Store::probe_write`]), in both backends' dialect: rewrites the
-/// time of the one row of `store_heartbeat`.
 /// The operation a doorbell's scan (`pending_since`) names in its errors.
 pub(crate) const PENDING_SCAN: &str = "pending scan";
 
+/// `/healthz`'s write probe ([`Store::probe_write`]), in both backends' dialect: rewrites the
+/// time of the one row of `store_heartbeat`.
 pub(crate) const HEARTBEAT: &str = "INSERT INTO store_heartbeat (id, beat_at) VALUES (1, $1)
      ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at";
 
