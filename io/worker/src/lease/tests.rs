@@ -1624,7 +1624,7 @@ fn the_hyper_transport_runs_the_lease_client_and_the_doorbell_over_turmoil() {
 
 #[tokio::test]
 async fn the_clients_are_built_from_a_resolved_config() {
-    use relay_core::config::{ConfigFile, FileKind, parse, resolve};
+    use relay_core::config::resolve;
     let fake = Fake::new();
     let url = fake.start().await;
     let base = url.trim_end_matches("/mcp/e1");
@@ -1636,12 +1636,7 @@ async fn the_clients_are_built_from_a_resolved_config() {
          [cairn.main]\nurl = \"{base}\"\nenv_file = \"ci.env\"\n\
          headers = {{ Authorization = \"Bearer ${{TOKEN}}\" }}\nttl = \"1h\"\n"
     );
-    let config = parse(
-        &ConfigFile::new("harness.toml", text),
-        &[],
-        FileKind::Global,
-    )
-    .expect("the config parses");
+    let config = relay_core::testing::config::config(&text);
     let env = BTreeMap::from([("ci.env".to_string(), "TOKEN=hdr-SECRET-456\n".to_string())]);
     let resolved = resolve(&config, &env).expect("the headers resolve");
     let transport: Arc<dyn Transport> = Arc::new(ReqwestTransport::new().unwrap());
